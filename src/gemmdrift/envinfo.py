@@ -1,0 +1,130 @@
+"""The environment record written into every result.
+
+Drift depends on the kernel MLX dispatches, which depends on the mlx version,
+the backend, the chip and a few environment variables. This module collects
+all of that once, through mlx's own API, so results from different machines
+can be told apart and merged.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import importlib.metadata as md
+import os
+import platform
+import re
+import socket
+import sys
+from typing import Any
+
+# Environment variables read by mlx that change which kernel runs or how it
+# accumulates (grep of "MLX_" in mlx/backend and mlx/fast).
+KERNEL_ENV_VARS = (
+    "MLX_ENABLE_TF32",  # fp32 matmul at reduced precision on NAX / CUDA tensor cores
+    "MLX_SDPA_BLOCKS",  # block count of the 2-pass vector SDPA kernel
+    "MLX_METAL_GPU_ARCH",  # overrides the detected Metal architecture
+    "MLX_CUDA_USE_CUDNN_SDPA",
+    "MLX_USE_CUDA_GRAPHS",
+    "MLX_DISABLE_COMPILE",  # compiled (fused) vs plain elementwise graphs
+    "MLX_MAX_OPS_PER_BUFFER",
+    "MLX_MAX_MB_PER_BUFFER",
+    "MLX_BFS_MAX_WIDTH",
+)
+
+_METAL_GEN = re.compile(r"applegpu_g(\d+)([a-z]?)")
+_METAL_SIZE = {"p": "phone", "g": "base", "s": "Max", "d": "Ultra"}
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return md.version(dist)
+    except md.PackageNotFoundError:
+        return None
+
+
+def metal_generation(architecture: str) -> str | None:
+    """'applegpu_g15s' -> 'M3 (Max)': g13 is M1, g14 M2, g15 M3, g16 M4, g17 M5."""
+    m = _METAL_GEN.search(architecture or "")
+    if not m:
+        return None
+    gen = int(m.group(1)) - 12
+    size = _METAL_SIZE.get(m.group(2))
+    return f"M{gen}" + (f" ({size})" if size else "")
+
+
+def device_record() -> dict[str, Any]:
+    """Backend and device as mlx reports them. Never guesses a backend it cannot see."""
+    import mlx.core as mx
+
+    dev = mx.default_device()
+    backend = "cpu"
+    if dev.type == mx.gpu:
+        if mx.metal.is_available():
+            backend = "metal"
+        elif hasattr(mx, "cuda") and mx.cuda.is_available():
+            backend = "cuda"
+        else:
+            backend = "gpu"
+    info: dict[str, Any] = {}
+    try:
+        # mx.device_info() (0.30+) describes the default device; older releases
+        # only have mx.metal.device_info().
+        if hasattr(mx, "device_info"):
+            info = dict(mx.device_info())
+        elif backend == "metal":
+            info = dict(mx.metal.device_info())
+    except Exception:  # device_info is informative only
+        info = {}
+    arch = str(info.get("architecture", ""))
+    record = {
+        "backend": backend,
+        "device": str(dev),
+        "device_name": info.get("device_name") or platform.processor() or platform.machine(),
+        "architecture": arch or platform.machine(),
+        "metal_generation": metal_generation(arch) if backend == "metal" else None,
+        "memory_bytes": info.get("memory_size"),
+    }
+    return record
+
+
+def environment() -> dict[str, Any]:
+    """Everything that decides which kernels ran: versions, device, kernel env vars."""
+    import mlx.core as mx
+
+    env_vars = {k: os.environ.get(k) for k in KERNEL_ENV_VARS}
+    env_vars.update({k: v for k, v in os.environ.items() if k.startswith("MLX_")})
+    return {
+        "gemmdrift": _version("gemmdrift"),
+        "mlx": getattr(mx, "__version__", None) or _version("mlx"),
+        "mlx_lm": _version("mlx-lm") or _version("mlx_lm"),
+        "mlx_backend_package": _version("mlx-cpu") and "mlx-cpu"
+        or _version("mlx-metal") and "mlx-metal"
+        or _version("mlx-cuda-13") and "mlx-cuda-13"
+        or _version("mlx-cuda-12") and "mlx-cuda-12"
+        or _version("mlx-cuda") and "mlx-cuda",
+        "numpy": _version("numpy"),
+        "python": platform.python_version(),
+        "os": f"{platform.system()} {platform.release()}",
+        "machine": platform.machine(),
+        "hostname": socket.gethostname(),
+        **device_record(),
+        "env": env_vars,
+        "time_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "argv": list(sys.argv),
+    }
+
+
+def describe(record: dict[str, Any]) -> str:
+    """A short human-readable block for `gemmdrift env`."""
+    lines = [
+        f"gemmdrift  {record['gemmdrift']}",
+        f"mlx        {record['mlx']}  (backend package: {record['mlx_backend_package']})",
+        f"mlx-lm     {record['mlx_lm']}",
+        f"backend    {record['backend']}  {record['device']}",
+        f"device     {record['device_name']}  arch={record['architecture']}"
+        + (f"  ({record['metal_generation']})" if record.get("metal_generation") else ""),
+        f"os         {record['os']}  {record['machine']}  python {record['python']}",
+    ]
+    set_vars = {k: v for k, v in record["env"].items() if v is not None}
+    lines.append("kernel env " + (", ".join(f"{k}={v}" for k, v in set_vars.items()) or "(none set)"))
+    return "\n".join(lines)

@@ -1,0 +1,94 @@
+"""Atomic file output and the cache directory.
+
+Every result file is written to a temporary sibling and renamed into place, so
+an interrupted run never leaves a half-written table behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any, Iterator
+
+
+def cache_dir() -> Path:
+    """Where converted weights live: ``$GEMMDRIFT_CACHE`` or the user's cache dir."""
+    env = os.environ.get("GEMMDRIFT_CACHE")
+    if env:
+        return Path(env).expanduser()
+    if sys.platform == "darwin":
+        base = Path.home() / "Library" / "Caches"
+    else:
+        base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return base / "gemmdrift"
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
+    """Yield a temporary path next to ``path``; rename it onto ``path`` on success."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=path.suffix, dir=path.parent)
+    os.close(fd)
+    tmp = Path(tmp)
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
+def write_text(path: str | os.PathLike, text: str) -> Path:
+    with atomic_path(path) as tmp:
+        tmp.write_text(text, encoding="utf-8")
+    return Path(path)
+
+
+def _default(o: Any) -> Any:
+    # numpy scalars and arrays, Paths: the only non-JSON types results carry.
+    if hasattr(o, "tolist"):
+        return o.tolist()
+    if isinstance(o, Path):
+        return str(o)
+    raise TypeError(f"not JSON serializable: {type(o).__name__}")
+
+
+def _finite(obj: Any) -> Any:
+    """NaN and infinities become null: JSON has no spelling for them."""
+    if isinstance(obj, float):
+        return obj if obj == obj and obj not in (float("inf"), float("-inf")) else None
+    if isinstance(obj, dict):
+        return {str(k): _finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite(v) for v in obj]
+    if hasattr(obj, "tolist") and not isinstance(obj, (str, bytes)):
+        return _finite(obj.tolist())
+    return obj
+
+
+def to_json(obj: Any, indent: int | None = 2) -> str:
+    return json.dumps(_finite(obj), indent=indent, default=_default, allow_nan=False)
+
+
+def write_json(path: str | os.PathLike, obj: Any) -> Path:
+    return write_text(path, to_json(obj) + "\n")
+
+
+def write_csv(path: str | os.PathLike, frame) -> Path:
+    with atomic_path(path) as tmp:
+        frame.to_csv(tmp, index=False)
+    return Path(path)
+
+
+def save_figure(path: str | os.PathLike, fig) -> Path:
+    import matplotlib.pyplot as plt
+
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=120, bbox_inches="tight", format=Path(path).suffix.lstrip(".") or "png")
+    plt.close(fig)
+    return Path(path)

@@ -1,0 +1,116 @@
+"""Writing results: tidy CSVs, a metadata record, figures, printed and markdown summaries.
+
+Every output directory gets ``meta.json`` with the environment record (see
+:mod:`envinfo`) and the exact inputs, so a table never travels without the
+machine, versions, model and tokens it was measured on.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from . import files, plots
+from .stack import StackResult, pair_verdict, summary_frame
+
+
+def fmt(v: Any) -> str:
+    if isinstance(v, float):
+        if math.isnan(v):
+            return "-"
+        if v == 0:
+            return "0"
+        if math.isinf(v):
+            return "inf"
+        if abs(v) >= 1e4 or abs(v) < 1e-3:
+            return f"{v:.2e}"
+        return f"{v:.4g}"
+    return str(v)
+
+
+def text_table(df: pd.DataFrame) -> str:
+    """A plain fixed-width table (no extra dependency)."""
+    if df.empty:
+        return "(empty)"
+    cols = list(df.columns)
+    cells = [[fmt(v) for v in row] for row in df.itertuples(index=False)]
+    widths = [max(len(str(c)), *(len(r[i]) for r in cells)) for i, c in enumerate(cols)]
+    lines = ["  ".join(str(c).ljust(w) for c, w in zip(cols, widths))]
+    lines.append("  ".join("-" * w for w in widths))
+    lines += ["  ".join(v.rjust(w) if i else v.ljust(w) for i, (v, w) in enumerate(zip(r, widths))) for r in cells]
+    return "\n".join(lines)
+
+
+def stack_summary(result: StackResult) -> dict[str, Any]:
+    """The machine-readable summary (also what --json prints)."""
+    base = result.inputs["model"]["dtype"]
+    env = result.envelope
+    pairs = []
+    for pair in dict.fromkeys(result.table["pair"]):
+        t = result.table[(result.table["pair"] == pair) & (result.table["dtype"] == base)]
+        acc = t[(t["mode"] == "accumulated") & (t["metric"] == "frac_differ") & (t["tap"].str.startswith("layer"))]
+        first = acc[acc["value"] > 0]["layer"]
+        item: dict[str, Any] = {
+            "pair": pair,
+            "first_layer_with_drift": int(first.min()) if len(first) else None,
+            "max_rel_l2_hidden": float(t[(t["mode"] == "accumulated") & (t["metric"] == "rel_l2")
+                                         & (t["tap"] != "logits")]["value"].max()),
+        }
+        e = env[(env["pair"] == pair) & (env["dtype"] == base) & (env["mode"] == "accumulated")] if len(env) else env
+        if len(e):
+            row = e.iloc[0]
+            item.update({k: row[k] for k in ("positions", "max_abs_dlogit", "max_abs_dgap", "p99_abs_dgap", "flips",
+                                             "max_gap_at_flip")})
+            item["flip_gaps"] = list(row["flip_gaps"])
+        if result.ladder is not None and len(result.ladder):
+            item["ladder_verdict"] = pair_verdict(result.ladder, pair)
+        pairs.append(item)
+    return {"model": result.inputs["model"]["source"], "dtype": base, "tokens": len(result.inputs["tokens"]),
+            "split": result.inputs["split"], "reference": result.inputs["reference"], "pairs": pairs}
+
+
+def write_stack(result: StackResult, out: str | Path, env: dict[str, Any]) -> dict[str, Path]:
+    """stack.csv, positions.csv, envelope.csv, ladder.csv, meta.json, summary.json and figures."""
+    out = Path(out)
+    base = result.inputs["model"]["dtype"]
+    written = {
+        "table": files.write_csv(out / "stack.csv", result.table),
+        "positions": files.write_csv(out / "positions.csv", result.positions),
+        "envelope": files.write_csv(out / "envelope.csv", result.envelope),
+        "meta": files.write_json(out / "meta.json", {"env": env, "inputs": result.inputs}),
+        "summary": files.write_json(out / "summary.json", stack_summary(result)),
+    }
+    kinds = result.inputs["model"].get("layer_types") or []
+    synthetic = " [synthetic weights]" if result.inputs["model"].get("synthetic") else ""
+    written["fig_layers"] = files.save_figure(
+        out / "stack_drift.png",
+        plots.stack_drift(result.table, kinds, base, title=f"Drift per layer, {result.inputs['model']['source']} "
+                                                          f"{base}{synthetic}"))
+    if len(result.positions):
+        written["fig_dgap"] = files.save_figure(out / "dgap.png", plots.dgap(result.positions, base))
+    if result.ladder is not None and len(result.ladder):
+        written["ladder"] = files.write_csv(out / "ladder.csv", result.ladder)
+        written["fig_ladder"] = files.save_figure(out / "ladder.png", plots.ladder(result.ladder, base))
+    return written
+
+
+def print_stack(result: StackResult) -> str:
+    """Per-layer table and the envelope, as printed by `gemmdrift stack`."""
+    lines = []
+    wide = summary_frame(result)
+    for pair, s in wide.groupby("pair", sort=False):
+        lines.append(f"\n== {pair}  ({result.inputs['model']['dtype']})")
+        lines.append(text_table(s.drop(columns=["pair", "layer"])))
+    summ = stack_summary(result)
+    lines.append("\n== logit envelope")
+    rows = [{k: p.get(k) for k in ("pair", "positions", "max_abs_dlogit", "max_abs_dgap", "p99_abs_dgap", "flips",
+                                   "max_gap_at_flip", "ladder_verdict") if k in p} for p in summ["pairs"]]
+    lines.append(text_table(pd.DataFrame(rows)))
+    if result.ladder is not None and len(result.ladder):
+        lines.append("\n== precision ladder (rel_l2 at the logits and the last layer)")
+        last = result.ladder[result.ladder["tap"].isin(["logits", "norm"])]
+        lines.append(text_table(last))
+    return "\n".join(lines)

@@ -1,0 +1,262 @@
+"""Layer-stack drift: schedules against a reference, layer by layer, to the logits.
+
+For each schedule compared with the reference schedule:
+
+* **accumulated** drift: each schedule feeds itself; the difference at layer i
+  is everything introduced at or below i.
+* **local** drift: layer i gets the reference's own inputs (see
+  :mod:`taps`), so the difference is what layer i alone introduces.
+* at the logits: max|Δlogit|, Δgap per position, and argmax flips.
+* the **precision ladder** reruns both schedules with the same weights at
+  float32: rounding drift shrinks by orders of magnitude, a semantic
+  difference (other keys, a wrong offset, a stale cache) does not.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import numpy as np
+import pandas as pd
+
+from . import metrics
+from .errors import GemmdriftError
+from .schedules import parse_schedule
+from .taps import Taps, run_schedule
+
+# Ladder verdicts: rounding drift shrinks by ~u_low/u_high (2**16 from bf16 to
+# f32); a semantic difference keeps its size. Between the two: unclear.
+LADDER_ROUNDING_SHRINK = 100.0
+LADDER_SEMANTIC_SHRINK = 10.0
+
+
+def tap_names(n_layers: int) -> list[str]:
+    return [f"layer {i}" for i in range(n_layers)] + ["norm", "logits"]
+
+
+@dataclass
+class StackResult:
+    """Everything one `stack` measurement produced (tidy tables plus inputs)."""
+
+    table: pd.DataFrame  # one row per pair x mode x dtype x tap x metric
+    positions: pd.DataFrame  # one row per pair x dtype x logit position
+    envelope: pd.DataFrame  # one row per pair x dtype x mode: the logit envelope
+    ladder: pd.DataFrame | None  # one row per pair x tap: shrink and verdict
+    inputs: dict[str, Any] = field(default_factory=dict)
+    taps: dict[tuple[str, str, str], Taps] = field(default_factory=dict)
+
+
+def _progress(desc: str, total: int):
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc=desc, unit="tok", leave=False, file=sys.stderr, disable=None, mininterval=1.0)
+
+
+def _run(model, tokens, schedule, *, log=True, **kw) -> Taps:
+    bar = _progress(f"{schedule}{' (local)' if kw.get('reference') is not None else ''}", len(tokens))
+    try:
+        taps = run_schedule(model, tokens, schedule, progress=bar.update, **kw)
+    finally:
+        bar.close()
+    if log:
+        mode = "local" if kw.get("reference") is not None else "run"
+        print(f"  {mode:5s} {schedule:28s} {taps.blocks:5d} passes  {taps.seconds:7.1f} s", file=sys.stderr, flush=True)
+    return taps
+
+
+def compare_taps(ref: Taps, other: Taps, layer_kinds: Sequence[str], labels: dict[str, Any]) -> tuple[list[dict], pd.DataFrame | None, dict | None]:
+    """Tidy metric rows for every tap, plus per-position and envelope logit figures."""
+    rows = []
+    positions = other.positions
+    ref_rows = ref.rows(positions)
+    names = tap_names(other.n_layers)
+    for i in range(other.n_layers + 1):
+        kind = layer_kinds[i] if i < len(layer_kinds) else "norm"
+        m = metrics.compare(ref.hidden[i, ref_rows], other.hidden[i], other.dtype)
+        rows += [{**labels, "tap": names[i], "layer": i, "layer_type": kind, "metric": k, "value": v} for k, v in m.items()]
+    per_pos = envelope = None
+    if other.logits is not None and ref.logits is not None:
+        lr = ref.logit_rows(other.logit_positions)
+        la, lb = ref.logits[lr], other.logits
+        m = metrics.compare(la, lb, other.logits_dtype)
+        d = metrics.logit_drift(la, lb)
+        envelope = metrics.envelope_summary(d)
+        m.update({k: v for k, v in envelope.items() if k not in ("flip_gaps", "positions")})
+        li = other.n_layers + 1
+        rows += [{**labels, "tap": "logits", "layer": li, "layer_type": "logits", "metric": k, "value": float(v)}
+                 for k, v in m.items()]
+        per_pos = pd.DataFrame({**{k: labels[k] for k in ("pair", "reference", "schedule", "mode", "dtype")},
+                                "position": other.logit_positions, **d})
+    return rows, per_pos, envelope
+
+
+def ladder_verdict(low: float, high: float) -> tuple[float, str]:
+    """(shrink factor, verdict) for a drift measured at low and at high precision."""
+    if low == 0:
+        return (math.nan if high == 0 else 0.0), ("identical" if high == 0 else "semantic")
+    if high == 0:
+        return math.inf, "rounding"
+    shrink = low / high
+    if shrink >= LADDER_ROUNDING_SHRINK:
+        return shrink, "rounding"
+    if shrink < LADDER_SEMANTIC_SHRINK:
+        return shrink, "semantic"
+    return shrink, "unclear"
+
+
+def ladder_table(table: pd.DataFrame, base: str, high: str = "float32") -> pd.DataFrame:
+    """Per pair and tap: rel_l2 drift at the base dtype and at ``high``, shrink, verdict."""
+    t = table[(table["mode"] == "accumulated") & (table["metric"] == "rel_l2")]
+    lo = t[t["dtype"] == base].set_index(["pair", "tap"])["value"]
+    hi = t[t["dtype"] == high].set_index(["pair", "tap"])["value"]
+    out = []
+    for key in lo.index:
+        if key not in hi.index:
+            continue
+        shrink, verdict = ladder_verdict(float(lo[key]), float(hi[key]))
+        layer = t[(t["pair"] == key[0]) & (t["tap"] == key[1])]["layer"].iloc[0]
+        out.append({"pair": key[0], "tap": key[1], "layer": int(layer), f"rel_l2_{base}": float(lo[key]),
+                    f"rel_l2_{high}": float(hi[key]), "shrink": shrink, "verdict": verdict})
+    return pd.DataFrame(out)
+
+
+def pair_verdict(ladder: pd.DataFrame, pair: str) -> str:
+    """'semantic' if any tap failed to shrink, 'rounding' if all drift shrank, 'identical' if none."""
+    v = set(ladder[ladder["pair"] == pair]["verdict"])
+    for verdict in ("semantic", "unclear", "rounding"):
+        if verdict in v:
+            return verdict
+    return "identical"
+
+
+def measure_stack(
+    lm,
+    tokens: Sequence[int],
+    schedules: Sequence[str],
+    *,
+    split: int | None = None,
+    positions: Sequence[int] | None = None,
+    logit_positions: Sequence[int] | None = None,
+    local: bool = True,
+    ladder: bool = False,
+    keep_taps: bool = False,
+) -> StackResult:
+    """Compare every schedule with the first one over the same tokens.
+
+    Args:
+        lm: a :class:`gemmdrift.models.LoadedModel`.
+        tokens: the token stream (teacher forced).
+        schedules: reference first, e.g. ``["prefill:512,decode", "prefill:512,verify:2"]``.
+        split: prompt/continuation boundary for two-phase schedules.
+        positions: positions whose hidden states are compared (default
+            ``split..end``, or every position without a split).
+        logit_positions: positions whose logits are compared (default: ``positions``).
+        local: also measure local drift (one more run per schedule).
+        ladder: rerun the accumulated comparison at float32.
+        keep_taps: keep the raw taps in the result (for triage and tests).
+    """
+    import mlx.core as mx
+
+    from .models import _cast
+
+    if len(schedules) < 2:
+        raise GemmdriftError("give at least two schedules: a reference and one to compare")
+    parsed = [parse_schedule(s) for s in schedules]
+    n = len(tokens)
+    if n < 2:
+        raise GemmdriftError(f"the token stream is too short ({n} tokens)")
+    for s in parsed:
+        s.blocks(n, split)  # validates the schedule against the stream before any work
+    if positions is None:
+        positions = np.arange(split if split is not None else 0, n)
+    positions = np.unique(np.asarray(positions, dtype=np.int64))
+    if positions.size == 0:
+        raise GemmdriftError("no positions to compare")
+    if positions[0] < 0 or positions[-1] >= n:
+        raise GemmdriftError(f"positions out of range: the stream has {n} tokens (0..{n - 1})")
+    logit_positions = positions if logit_positions is None else np.unique(np.asarray(logit_positions, dtype=np.int64))
+    if logit_positions.size and (logit_positions[0] < 0 or logit_positions[-1] >= n):
+        raise GemmdriftError(f"logit positions out of range: the stream has {n} tokens (0..{n - 1})")
+    base = lm.info["dtype"]
+    if ladder and base == "float32":
+        raise GemmdriftError("the precision ladder needs a base dtype below float32 (bfloat16 or float16)")
+    kinds = lm.info.get("layer_types") or ["layer"] * lm.n_layers
+    ref_text = parsed[0].text
+    rows: list[dict] = []
+    per_pos: list[pd.DataFrame] = []
+    env_rows: list[dict] = []
+    kept: dict[tuple[str, str, str], Taps] = {}
+    dtypes = [base] + (["float32"] if ladder else [])
+    try:
+        for dtype in dtypes:
+            if dtype != lm.info["dtype"]:
+                # Same weights, higher precision: bf16/fp16 values upcast exactly.
+                _cast(lm.model, dtype)
+            print(f"gemmdrift stack: {dtype}, {n} tokens, reference {ref_text}", file=sys.stderr, flush=True)
+            ref = _run(lm.model, tokens, ref_text, split=split,
+                       positions=None if (local and dtype == base) else positions,
+                       logit_positions=logit_positions)
+            if keep_taps:
+                kept[(ref_text, "accumulated", dtype)] = ref
+            for sched in parsed[1:]:
+                modes = ["accumulated"] + (["local"] if local and dtype == base else [])
+                for mode in modes:
+                    other = _run(lm.model, tokens, sched.text, split=split, positions=positions,
+                                 logit_positions=logit_positions, reference=ref if mode == "local" else None)
+                    if keep_taps:
+                        kept[(sched.text, mode, dtype)] = other
+                    labels = {"pair": f"{ref_text} vs {sched.text}", "reference": ref_text, "schedule": sched.text,
+                              "mode": mode, "dtype": dtype}
+                    r, pp, env = compare_taps(ref, other, kinds, labels)
+                    rows += r
+                    if pp is not None:
+                        per_pos.append(pp)
+                    if env is not None:
+                        env_rows.append({**labels, **{k: v for k, v in env.items() if k != "flip_gaps"},
+                                         "flip_gaps": env["flip_gaps"]})
+                    del other
+            del ref
+            if hasattr(mx, "clear_cache"):  # mx.metal.clear_cache before 0.26
+                mx.clear_cache()
+    finally:
+        if lm.info["dtype"] != base or ladder:
+            _cast(lm.model, base)  # bf16/fp16 values survived the f32 detour exactly
+    table = pd.DataFrame(rows)
+    ladder_df = ladder_table(table, base) if ladder else None
+    inputs = {
+        "model": lm.info,
+        "tokens": [int(t) for t in tokens],
+        "schedules": [s.text for s in parsed],
+        "reference": ref_text,
+        "split": split,
+        "positions": [int(p) for p in positions],
+        "logit_positions": [int(p) for p in logit_positions],
+        "local": local,
+        "ladder": ladder,
+    }
+    return StackResult(
+        table=table,
+        positions=pd.concat(per_pos, ignore_index=True) if per_pos else pd.DataFrame(),
+        envelope=pd.DataFrame(env_rows),
+        ladder=ladder_df,
+        inputs=inputs,
+        taps=kept,
+    )
+
+
+def summary_frame(result: StackResult, dtype: str | None = None) -> pd.DataFrame:
+    """A wide per-layer view for printing: accumulated and local rel_l2, ULPs, differing fraction."""
+    t = result.table
+    if dtype is None:
+        dtype = result.inputs["model"]["dtype"]
+    t = t[t["dtype"] == dtype]
+    wide = t.pivot_table(index=["pair", "layer", "tap", "layer_type"], columns=["mode", "metric"], values="value",
+                         aggfunc="first")
+    cols = [c for c in [("accumulated", "frac_differ"), ("accumulated", "p99_ulp"), ("accumulated", "rel_l2"),
+                        ("local", "rel_l2")] if c in wide.columns]
+    out = wide[cols].copy()
+    out.columns = [f"{m}:{k}" for m, k in cols]
+    return out.reset_index().sort_values(["pair", "layer"])

@@ -128,8 +128,13 @@ def cmd_stack(args) -> int:
     from .envinfo import environment
     from .models import describe
     from .report import print_stack, stack_summary, write_stack
+    from .schedules import parse_schedule
     from .stack import measure_stack
 
+    for text in args.schedules:
+        parse_schedule(text)  # a bad schedule fails before the model loads
+    if len(args.schedules) < 2:
+        raise GemmdriftError("give at least two schedules: a reference and one to compare")
     lm = _load(args)
     ids, label = _tokens(args, lm)
     n = len(ids)
@@ -143,6 +148,118 @@ def cmd_stack(args) -> int:
     written = write_stack(result, args.out, environment())
     _emit(args, stack_summary(result), print_stack(result) + f"\n\nwritten to {Path(args.out)}/ "
           f"({', '.join(p.name for p in written.values())})")
+    return 0
+
+
+def _load_draft(args):
+    from .models import load_model, parse_quantization
+
+    if args.draft is None:
+        if args.draft_quantize is not None:
+            raise GemmdriftError("--draft-quantize needs --draft (e.g. --draft embedded --draft-quantize 4)")
+        return None
+    q = parse_quantization(args.draft_quantize, None, "affine") if args.draft_quantize is not None else None
+    return load_model(args.draft, dtype=args.draft_dtype or args.dtype, quantize=q).model
+
+
+def _triage_lines(t: dict) -> list[str]:
+    if t["verdict"] == "IDENTICAL":
+        return [f"verdict: IDENTICAL ({t['reason']})"]
+    return [
+        f"first divergence at generated token {t['index']} (logits of position {t['position']})",
+        f"  context: {t['context']}",
+        f"  A {t['schedule_a']:24s} top-2 {t['top2_a']}  gap {t['gap_a']:.4g}",
+        f"  B {t['schedule_b']:24s} top-2 {t['top2_b']}  gap {t['gap_b']:.4g}",
+        f"  Δgap {t['dgap']:.4g}; competing tokens {t['token_a']} vs {t['token_b']} are {t['margin']:.4g} apart",
+        f"  envelope {t['envelope']:.4g} ({t['envelope_source']})",
+        f"  hidden states first differ at tap {t['first_layer_differ']}; bit-identical: {t['bit_identical']}",
+        f"verdict: {t['verdict']} - {t['reason']}",
+    ]
+
+
+def cmd_diverge(args) -> int:
+    from . import files, plots
+    from .diverge import divergence_stats, diverge, stats_summary
+    from .envinfo import environment
+    from .models import describe
+    from .prompts import builtin_prompts, builtin_text, read_prompts
+
+    if args.n <= 0:
+        raise GemmdriftError(f"--n must be positive, got {args.n}")
+    lm = _load(args)
+    draft = _load_draft(args)
+    opts = dict(k=args.k, draft=draft, prefill_a=args.prefill_a, prefill_b=args.prefill_b, plain_vs=args.compare,
+                envelope=args.envelope)
+    record = {**opts, "draft": args.draft or "self", "draft_quantize": args.draft_quantize}
+    out = Path(args.out)
+    env = environment()
+    print(f"gemmdrift diverge: {describe(lm.info)}", file=sys.stderr)
+    if args.prompts is not None:
+        texts = builtin_prompts() if args.prompts == "builtin" else read_prompts(args.prompts)
+        if lm.tokenizer is None:
+            raise GemmdriftError("--prompts needs a model with a tokenizer")
+        prefix = "" if args.context is None else builtin_text(args.context) + "\n\n"
+        ids = [lm.tokenizer.encode(prefix + t) for t in texts]
+        df = divergence_stats(lm, ids, args.n, checkpoint=out / "prompts", labels=[str(i) for i in range(len(ids))],
+                              do_triage=not args.no_triage, **opts)
+        summary = stats_summary(df)
+        files.write_csv(out / "divergence.csv", df)
+        files.write_json(out / "meta.json", {"env": env, "inputs": {"model": lm.info, "prompts": texts, "n": args.n,
+                                                                   "context": args.context, **record}})
+        files.write_json(out / "summary.json", summary)
+        files.save_figure(out / "divergence.png", plots.divergence(df))
+        from .report import text_table
+
+        text = text_table(df[["prompt", "prompt_tokens", "first_divergence", "verdict", "margin", "envelope",
+                              "acceptance"]])
+        text += (f"\n\n{summary['diverged']} of {summary['prompts']} prompts diverged; "
+                 f"{summary['divergences_per_1k']:.3g} divergences per 1,000 tokens; "
+                 f"{summary['near_ties']} near-ties, {summary['outside_envelope']} outside the envelope"
+                 f"\nwritten to {out}/")
+        _emit(args, summary, text)
+        return 0
+    ids, label = _tokens(args, lm)
+    r = diverge(lm, ids, args.n, do_triage=not args.no_triage, **opts)
+    for key in ("stream_a", "stream_b"):
+        files.write_json(out / f"{key}.json", {"prompt": ids, **r[key]})
+    files.write_json(out / "diverge.json", r)
+    files.write_json(out / "meta.json", {"env": env, "inputs": {"model": lm.info, "prompt": label, "tokens": ids,
+                                                               "n": args.n, **record}})
+    lines = [f"A ({r['stream_a']['label']}, {r['stream_a']['schedule']}): {r['text_a']!r}",
+             f"B ({r['stream_b']['label']}, {r['stream_b']['schedule']}): {r['text_b']!r}"]
+    if r["first_divergence"] is None:
+        lines.append(f"no divergence in {args.n} tokens")
+    elif "triage" in r:
+        lines += _triage_lines(r["triage"])
+    else:
+        lines.append(f"first divergence at generated token {r['first_divergence']}")
+    lines.append(f"written to {out}/ (stream_a.json and stream_b.json feed `gemmdrift triage`)")
+    _emit(args, r, "\n".join(lines))
+    return 0
+
+
+def cmd_triage(args) -> int:
+    from . import files
+    from .diverge import read_stream, triage
+    from .envinfo import environment
+
+    lm = _load(args)
+    pa, sa = read_stream(args.stream_a)
+    pb, sb = read_stream(args.stream_b)
+    if pa is not None and pb is not None and pa != pb:
+        raise GemmdriftError("the two stream files have unequal prompts")
+    given = any(x is not None for x in (args.prompt, args.prompt_file, args.prompt_ids))
+    if given:
+        prompt, _ = _tokens(args, lm)
+        if (pa is not None and pa != prompt) or (pb is not None and pb != prompt):
+            raise GemmdriftError("the prompt given does not match the prompt stored in the stream files")
+    else:
+        prompt = pa if pa is not None else pb
+        if prompt is None:
+            raise GemmdriftError("the stream files carry no prompt: give --prompt, --prompt-file or --prompt-ids")
+    t = triage(lm, prompt, sa, sb, args.schedule_a, args.schedule_b, envelope=args.envelope).as_dict()
+    files.write_json(Path(args.out) / "triage.json", {"env": environment(), "triage": t})
+    _emit(args, t, "\n".join(_triage_lines(t)))
     return 0
 
 
@@ -169,6 +286,36 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--ladder", action="store_true", help="rerun at float32: rounding shrinks, semantic differences do not")
     _add_output(s, "results/stack")
     s.set_defaults(func=cmd_stack)
+
+    s = sub.add_parser("diverge", help="greedy generation under two schedules (mlx-lm generate vs speculative), first divergence, triage")
+    _add_model(s)
+    _add_prompt(s)
+    s.add_argument("--n", type=int, default=64, help="tokens to generate (default 64)")
+    s.add_argument("--k", type=int, default=2, help="draft tokens per verification (default 2: blocks of 3)")
+    s.add_argument("--compare", choices=["speculative", "prefill"], default="speculative",
+                   help="plain vs speculative generate (default), or plain generate with two prefill chunk sizes")
+    s.add_argument("--prefill-a", type=int, default=2048, help="prefill chunk of stream A (mlx-lm generate: 2048)")
+    s.add_argument("--prefill-b", type=int, default=512, help="prefill chunk of stream B (speculative generate: 512)")
+    s.add_argument("--draft", help="draft model (same sources as --model); default: the target drafts for itself")
+    s.add_argument("--draft-quantize", type=int, metavar="BITS", help="re-quantize the draft (e.g. 4)")
+    s.add_argument("--draft-dtype", help="draft compute dtype (default: --dtype)")
+    s.add_argument("--prompts", help="divergence statistics over a prompt set: a file (one per line) or 'builtin'")
+    s.add_argument("--context", help="prefix every prompt of --prompts with a built-in text (e.g. essay) to cross the sliding window")
+    s.add_argument("--no-triage", action="store_true", help="only report the divergence")
+    s.add_argument("--envelope", type=float, help="use this envelope (max |Δgap|, logits) instead of measuring it")
+    _add_output(s, "results/diverge")
+    s.set_defaults(func=cmd_diverge)
+
+    s = sub.add_parser("triage", help="judge a divergence between two token streams: near-tie or state bug")
+    _add_model(s)
+    _add_prompt(s)
+    s.add_argument("--stream-a", required=True, help="stream file (from `diverge`, or a JSON list / whitespace-separated ids)")
+    s.add_argument("--stream-b", required=True, help="the other stream file")
+    s.add_argument("--schedule-a", default="prefill:2048,decode", help="how stream A was computed (default: mlx-lm generate)")
+    s.add_argument("--schedule-b", default="prefill:512,verify:2", help="how stream B was computed (default: speculative, K=2)")
+    s.add_argument("--envelope", type=float, help="use this envelope instead of measuring it on the shared prefix")
+    _add_output(s, "results/triage")
+    s.set_defaults(func=cmd_triage)
     return p
 
 

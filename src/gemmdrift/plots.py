@@ -86,6 +86,31 @@ def dgap(positions: pd.DataFrame, dtype: str, title: str = ""):
     return fig
 
 
+def divergence(df: pd.DataFrame, title: str = ""):
+    """Left: where the streams first diverged. Right: margin of the competing tokens vs the envelope."""
+    plt = _plt()
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4.2))
+    div = df[df["first_divergence"].notna()]
+    n = int(df["n"].max()) if len(df) else 1
+    a1.hist(div["first_divergence"].astype(float), bins=min(20, max(1, n)), range=(0, n), color="C0")
+    a1.set_xlabel("first divergent generated token")
+    a1.set_ylabel("prompts")
+    a1.set_title(f"{len(div)} of {len(df)} prompts diverged")
+    x = np.arange(len(div))
+    colors = ["C2" if v == "NEAR-TIE" else "C3" for v in div["verdict"]]
+    a2.bar(x, div["margin"].astype(float), color=colors, label="margin (green: near-tie, red: outside)")
+    a2.plot(x, div["envelope"].astype(float), "k_", ms=20, mew=2, linestyle="none", label="envelope")
+    a2.set_xticks(x)
+    a2.set_xticklabels(div["prompt"].astype(str), rotation=45, fontsize=7)
+    a2.set_ylabel("logits")
+    a2.set_title("gap between the competing tokens at divergence")
+    a2.legend(fontsize=7)
+    for a in (a1, a2):
+        a.grid(alpha=0.3)
+    fig.suptitle(title or "Greedy divergence between schedules")
+    return fig
+
+
 def ladder(ladder_df: pd.DataFrame, base: str, high: str = "float32"):
     """rel_l2 drift per tap at the base dtype and at float32, per pair."""
     plt = _plt()

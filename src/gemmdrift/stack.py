@@ -93,12 +93,20 @@ def compare_taps(ref: Taps, other: Taps, layer_kinds: Sequence[str], labels: dic
     return rows, per_pos, envelope
 
 
-def ladder_verdict(low: float, high: float) -> tuple[float, str]:
-    """(shrink factor, verdict) for a drift measured at low and at high precision."""
-    if low == 0:
-        return (math.nan if high == 0 else 0.0), ("identical" if high == 0 else "semantic")
+def ladder_verdict(low: float, high: float, low_dtype: str = "bfloat16") -> tuple[float, str]:
+    """(shrink factor, verdict) for a drift measured at low and at high precision.
+
+    Rounding drift shrinks by orders of magnitude when the precision rises; a
+    semantic difference keeps its size. A drift that is zero at low precision
+    but not at high precision was rounded away by the low dtype: rounding, as
+    long as it stays below the low dtype's unit roundoff.
+    """
+    if low == 0 and high == 0:
+        return math.nan, "identical"
     if high == 0:
         return math.inf, "rounding"
+    if low == 0:
+        return 0.0, "rounding" if high < metrics.UNIT_ROUNDOFF[low_dtype] else "unclear"
     shrink = low / high
     if shrink >= LADDER_ROUNDING_SHRINK:
         return shrink, "rounding"
@@ -116,7 +124,7 @@ def ladder_table(table: pd.DataFrame, base: str, high: str = "float32") -> pd.Da
     for key in lo.index:
         if key not in hi.index:
             continue
-        shrink, verdict = ladder_verdict(float(lo[key]), float(hi[key]))
+        shrink, verdict = ladder_verdict(float(lo[key]), float(hi[key]), base)
         layer = t[(t["pair"] == key[0]) & (t["tap"] == key[1])]["layer"].iloc[0]
         out.append({"pair": key[0], "tap": key[1], "layer": int(layer), f"rel_l2_{base}": float(lo[key]),
                     f"rel_l2_{high}": float(hi[key]), "shrink": shrink, "verdict": verdict})

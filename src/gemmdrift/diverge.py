@@ -1,0 +1,361 @@
+"""Divergence: greedy generation under two schedules, and teacher-forced triage.
+
+The two streams come from mlx-lm itself, so what gemmdrift reports is what
+users see:
+
+* **plain**: ``mlx_lm.generate.generate_step`` (T=1 decoding after a prefill
+  in chunks of ``prefill_step``, 2048 by default),
+* **speculative**: ``mlx_lm.generate.speculative_generate_step`` (what
+  ``mlx_lm.generate --draft-model`` runs: verification in blocks of K+1,
+  cache trimming after rejections, prefill chunks of 512 by default). Without
+  a separate draft model the target drafts for itself, with its own cache:
+  its proposals are plain T=1 decoding, and verification re-computes them in
+  blocks of K+1, so every rejection is a numeric disagreement.
+
+**Triage** finds the first divergence, teacher-forces the shared prefix under
+both schedules, and reads the logits there. A divergence is a NEAR-TIE when
+the two competing tokens are closer than the envelope (the largest change of a
+top-2 gap that switching schedules made on the same prefix); otherwise it is
+OUTSIDE ENVELOPE and a state bug (cache rollback, offsets, masks) is the
+suspect. If the teacher-forced schedules are bit-identical there, the
+divergence is not numeric at all.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import asdict, dataclass, field
+from typing import Any, Sequence
+
+import numpy as np
+
+from . import metrics
+from .errors import GemmdriftError
+from .schedules import parse_schedule
+from .taps import run_schedule
+
+NEAR_TIE = "NEAR-TIE"
+OUTSIDE = "OUTSIDE ENVELOPE"
+ENVELOPE_POSITIONS = 64  # prefix positions whose Δgap make the envelope when none is given
+
+
+@dataclass
+class Generation:
+    """One greedy stream and how it was produced."""
+
+    tokens: list[int]
+    label: str  # 'plain' | 'speculative'
+    schedule: str  # the teacher-forced equivalent, e.g. 'prefill:2048,decode'
+    seconds: float
+    stats: dict[str, Any] = field(default_factory=dict)
+
+
+def _check_prompt(prompt: Sequence[int], n: int) -> None:
+    if n <= 0:
+        raise GemmdriftError(f"the number of tokens to generate must be positive, got {n}")
+    if len(prompt) < 1:
+        raise GemmdriftError("the prompt is empty")
+
+
+def plain_schedule(prefill_step: int) -> str:
+    # generate_step prefills prompt[:-1] and feeds the last prompt token as the first decode step.
+    return f"prefill:{prefill_step},decode"
+
+
+def speculative_schedule(prefill_step: int, k: int) -> str:
+    # speculative_generate_step prefills prompt[:-1]; the last prompt token opens the first verify block.
+    return f"prefill:{prefill_step},verify:{k}"
+
+
+def generate_plain(model, prompt: Sequence[int], n: int, prefill_step: int = 2048, prompt_cache=None) -> Generation:
+    """Greedy tokens from mlx-lm's own ``generate_step``."""
+    import time
+
+    import mlx.core as mx
+    from mlx_lm.generate import generate_step
+
+    _check_prompt(prompt, n)
+    t0 = time.perf_counter()
+    out = []
+    gen = generate_step(mx.array(list(prompt), dtype=mx.uint32), model, max_tokens=n,
+                        prefill_step_size=prefill_step, prompt_cache=prompt_cache)
+    for tok, _ in gen:
+        out.append(int(tok))
+    return Generation(out, "plain", plain_schedule(prefill_step), time.perf_counter() - t0)
+
+
+def generate_speculative(model, prompt: Sequence[int], n: int, k: int = 2, draft=None, prefill_step: int = 512,
+                         prompt_cache=None) -> Generation:
+    """Greedy tokens from mlx-lm's own ``speculative_generate_step``.
+
+    Args:
+        draft: the draft model; None drafts with the target itself (own cache).
+        prompt_cache: target caches followed by draft caches, as mlx-lm takes them
+            (tests pass deliberately broken caches here).
+    """
+    import time
+
+    import mlx.core as mx
+    from mlx_lm.generate import speculative_generate_step
+
+    _check_prompt(prompt, n)
+    if k <= 0:
+        raise GemmdriftError(f"the number of draft tokens K must be positive, got {k}")
+    t0 = time.perf_counter()
+    out, accepted = [], 0
+    gen = speculative_generate_step(mx.array(list(prompt), dtype=mx.uint32), model, draft if draft is not None else model,
+                                    num_draft_tokens=k, max_tokens=n, prefill_step_size=prefill_step,
+                                    prompt_cache=prompt_cache)
+    for tok, _, from_draft in gen:
+        out.append(int(tok))
+        accepted += bool(from_draft)
+    stats = {"draft": "self" if draft is None else "separate", "k": k, "accepted_drafts": accepted,
+             "acceptance": accepted / len(out) if out else 0.0}
+    return Generation(out, "speculative", speculative_schedule(prefill_step, k), time.perf_counter() - t0, stats)
+
+
+def first_divergence(a: Sequence[int], b: Sequence[int]) -> int | None:
+    """Index of the first differing token over the common length; None if they agree."""
+    for i, (x, y) in enumerate(zip(a, b)):
+        if int(x) != int(y):
+            return i
+    return None
+
+
+@dataclass
+class Triage:
+    """The verdict on one divergence, with the numbers behind it."""
+
+    verdict: str  # NEAR-TIE | OUTSIDE ENVELOPE | IDENTICAL
+    reason: str
+    index: int | None  # index in the generated streams (None: no divergence)
+    position: int | None  # absolute position whose logits predict the divergent token
+    token_a: int | None = None
+    token_b: int | None = None
+    schedule_a: str = ""
+    schedule_b: str = ""
+    top2_a: list[int] = field(default_factory=list)
+    top2_b: list[int] = field(default_factory=list)
+    gap_a: float | None = None  # top-2 gap under schedule A (teacher forced)
+    gap_b: float | None = None
+    dgap: float | None = None  # Δgap at the divergence
+    margin: float | None = None  # how far apart the two competing tokens are (min over schedules)
+    envelope: float | None = None  # max |Δgap| the schedule switch made on the shared prefix
+    envelope_source: str = ""
+    first_layer_differ: int | None = None  # first tap whose hidden state differs at the position
+    bit_identical: bool | None = None  # teacher-forced schedules bit-identical at all measured positions
+    reproduces_a: bool | None = None  # teacher-forced argmax under A is stream A's token
+    reproduces_b: bool | None = None
+    context: str = ""
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _decode(tokenizer, ids) -> str:
+    if tokenizer is None:
+        return " ".join(str(int(i)) for i in ids)
+    return tokenizer.decode(list(ids))
+
+
+def triage(lm, prompt: Sequence[int], stream_a: Sequence[int], stream_b: Sequence[int], schedule_a: str,
+           schedule_b: str, *, envelope: float | None = None, envelope_positions: int = ENVELOPE_POSITIONS) -> Triage:
+    """Teacher-force the shared prefix under both schedules and judge the first divergence.
+
+    Both schedules are two-phase (prompt | continuation); the split sits at the
+    last prompt token, which mlx-lm feeds together with the continuation.
+
+    Args:
+        lm: the loaded model.
+        prompt: prompt token ids (shared by both streams).
+        stream_a, stream_b: generated tokens (without the prompt).
+        schedule_a, schedule_b: e.g. 'prefill:2048,decode' and 'prefill:512,verify:2'.
+        envelope: a known envelope (max |Δgap|, logits); measured here when None.
+        envelope_positions: how many positions before the divergence to measure it on.
+    """
+    vocab = lm.info.get("vocab_size")
+    for name, s in (("prompt", prompt), ("stream A", stream_a), ("stream B", stream_b)):
+        for t in s:
+            if t < 0 or (vocab and t >= vocab):
+                raise GemmdriftError(f"{name}: token id {t} is outside the vocabulary (0..{vocab - 1})")
+    if len(prompt) == 0:
+        raise GemmdriftError("the streams have no common prefix (empty prompt)")
+    sa, sb = parse_schedule(schedule_a), parse_schedule(schedule_b)
+    d = first_divergence(stream_a, stream_b)
+    if d is None:
+        why = "the streams agree" + ("" if len(stream_a) == len(stream_b) else " over their common length")
+        return Triage("IDENTICAL", why, None, None, schedule_a=sa.text, schedule_b=sb.text)
+    prefix = list(prompt) + [int(t) for t in stream_a[:d]]
+    pos = len(prefix) - 1  # the logits here predict the divergent token
+    split = len(prompt) - 1
+    lo = max(0, pos - envelope_positions)
+    positions = np.arange(lo, pos + 1)
+    runs = {}
+    for key, sched in (("a", sa), ("b", sb)):
+        if split < 1 and len(sched.phases) == 2:
+            # A one-token prompt has no prefill: the whole prefix is the continuation.
+            sched = type(sched)(sched.phases[1:])
+        runs[key] = run_schedule(lm.model, prefix, sched, split=split if split >= 1 else None,
+                                 positions=positions, logit_positions=positions)
+    ra, rb = runs["a"], runs["b"]
+    la, lb = ra.logits, rb.logits
+    drift = metrics.logit_drift(la, lb)
+    bit_identical = bool(np.array_equal(ra.hidden, rb.hidden) and np.array_equal(la, lb))
+    at_a, at_b = la[-1].astype(np.float64), lb[-1].astype(np.float64)
+    ta, tb = int(stream_a[d]), int(stream_b[d])
+    margin = min(abs(at_a[ta] - at_a[tb]), abs(at_b[ta] - at_b[tb]))
+    differ = [i for i in range(ra.hidden.shape[0]) if not np.array_equal(ra.hidden[i, -1], rb.hidden[i, -1])]
+    if envelope is None:
+        envelope = float(np.max(np.abs(drift["dgap"])))
+        source = f"measured: max |Δgap| over {len(positions)} teacher-forced positions {lo}..{pos}"
+    else:
+        source = "given"
+    a1, a2 = metrics.top2(at_a[None])
+    b1, b2 = metrics.top2(at_b[None])
+    if bit_identical:
+        verdict = OUTSIDE
+        reason = ("the teacher-forced schedules are bit-identical on the shared prefix: the streams differ "
+                  "for a reason that is not numeric (state, cache, or different inputs)")
+    elif margin <= envelope:
+        verdict = NEAR_TIE
+        reason = f"the competing tokens are {margin:.4g} apart, within the {envelope:.4g} envelope: numeric rounding"
+    else:
+        verdict = OUTSIDE
+        reason = (f"the competing tokens are {margin:.4g} apart, outside the {envelope:.4g} envelope: "
+                  "suspect a state bug (cache rollback, offset, mask)")
+    ctx = _decode(lm.tokenizer, prefix[-12:])
+    return Triage(
+        verdict=verdict, reason=reason, index=d, position=pos, token_a=ta, token_b=tb,
+        schedule_a=sa.text, schedule_b=sb.text,
+        top2_a=[int(a1[0]), int(a2[0])], top2_b=[int(b1[0]), int(b2[0])],
+        gap_a=float(drift["gap_a"][-1]), gap_b=float(drift["gap_b"][-1]), dgap=float(drift["dgap"][-1]),
+        margin=float(margin), envelope=float(envelope), envelope_source=source,
+        first_layer_differ=differ[0] if differ else None, bit_identical=bit_identical,
+        reproduces_a=int(a1[0]) == ta, reproduces_b=int(b1[0]) == tb,
+        context=f"...{ctx}[{_decode(lm.tokenizer, [ta])!r} | {_decode(lm.tokenizer, [tb])!r}]",
+    )
+
+
+def diverge(lm, prompt: Sequence[int], n: int, *, k: int = 2, draft=None, prefill_a: int = 2048,
+            prefill_b: int = 512, plain_vs: str = "speculative", do_triage: bool = True,
+            envelope: float | None = None) -> dict[str, Any]:
+    """Greedy generation of ``n`` tokens under two schedules, first divergence, and its triage.
+
+    Args:
+        plain_vs: 'speculative' (plain generate vs speculative generate, mlx-lm's defaults)
+            or 'prefill' (plain generate with prefill_a vs plain generate with prefill_b).
+    """
+    if plain_vs not in ("speculative", "prefill"):
+        raise GemmdriftError(f"unknown comparison {plain_vs!r} (speculative or prefill)")
+    a = generate_plain(lm.model, prompt, n, prefill_step=prefill_a)
+    print(f"  plain       {a.schedule:28s} {n} tokens  {a.seconds:6.1f} s", file=sys.stderr, flush=True)
+    if plain_vs == "speculative":
+        b = generate_speculative(lm.model, prompt, n, k=k, draft=draft, prefill_step=prefill_b)
+    else:
+        b = generate_plain(lm.model, prompt, n, prefill_step=prefill_b)
+    print(f"  {b.label:11s} {b.schedule:28s} {n} tokens  {b.seconds:6.1f} s", file=sys.stderr, flush=True)
+    d = first_divergence(a.tokens, b.tokens)
+    out: dict[str, Any] = {
+        "prompt_tokens": len(prompt),
+        "n": n,
+        "stream_a": {"label": a.label, "schedule": a.schedule, "tokens": a.tokens, "seconds": a.seconds},
+        "stream_b": {"label": b.label, "schedule": b.schedule, "tokens": b.tokens, "seconds": b.seconds, **b.stats},
+        "first_divergence": d,
+        "text_a": _decode(lm.tokenizer, a.tokens),
+        "text_b": _decode(lm.tokenizer, b.tokens),
+    }
+    if d is not None and do_triage:
+        out["triage"] = triage(lm, prompt, a.tokens, b.tokens, a.schedule, b.schedule, envelope=envelope).as_dict()
+    return out
+
+
+def read_stream(path: str) -> tuple[list[int] | None, list[int]]:
+    """A stream file: a JSON list / whitespace-separated ids (generated tokens), or
+    ``{"prompt": [...], "tokens": [...]}``. Returns (prompt or None, tokens)."""
+    import json
+    from pathlib import Path
+
+    from .prompts import parse_token_ids
+
+    p = Path(path).expanduser()
+    try:
+        text = p.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise GemmdriftError(f"cannot read stream file {p}: {e}") from None
+    if text.lstrip().startswith("{"):
+        try:
+            obj = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise GemmdriftError(f"{p}: not valid JSON ({e.msg})") from None
+        if "tokens" not in obj:
+            raise GemmdriftError(f"{p}: a stream object needs a 'tokens' list")
+        prompt = obj.get("prompt")
+        return (parse_token_ids(json.dumps(prompt), f"{p} prompt") if prompt is not None else None,
+                parse_token_ids(json.dumps(obj["tokens"]), str(p)))
+    return None, parse_token_ids(text, str(p))
+
+
+def divergence_stats(lm, prompts: Sequence[Sequence[int]], n: int, *, checkpoint=None, labels=None,
+                     **kwargs) -> "pd.DataFrame":
+    """First divergence of every prompt, with its triage; one row per prompt.
+
+    Rates: ``divergences_per_1k`` = diverged prompts per 1,000 generated tokens
+    compared (tokens up to and including the first divergence, or all ``n``),
+    an estimate of the per-token chance that the two schedules part ways.
+
+    Args:
+        checkpoint: a directory; finished prompts are saved there one JSON file
+            each and skipped when the run is repeated (resume after interrupt).
+        labels: a label per prompt (default: its index).
+        **kwargs: passed to :func:`diverge` (k, draft, prefill_a, prefill_b, plain_vs, envelope).
+    """
+    import hashlib
+    import json
+    from pathlib import Path
+
+    import pandas as pd
+
+    from .files import write_json
+
+    rows = []
+    for i, prompt in enumerate(prompts):
+        label = labels[i] if labels else str(i)
+        # The draft is a model object: key it by whether there is one, not by its repr.
+        opts = sorted((k, str(v) if k != "draft" else ("self" if v is None else "separate")) for k, v in kwargs.items())
+        key = hashlib.sha256(json.dumps([list(map(int, prompt)), n, opts]).encode()).hexdigest()[:16]
+        path = Path(checkpoint) / f"prompt-{i:03d}-{key}.json" if checkpoint else None
+        if path is not None and path.exists():
+            rows.append(json.loads(path.read_text()))
+            print(f"  prompt {i}: done before (resumed)", file=sys.stderr)
+            continue
+        print(f"gemmdrift diverge: prompt {i + 1}/{len(prompts)} ({len(prompt)} tokens)", file=sys.stderr, flush=True)
+        r = diverge(lm, prompt, n, **kwargs)
+        t = r.get("triage") or {}
+        d = r["first_divergence"]
+        row = {
+            "prompt": label, "prompt_tokens": len(prompt), "n": n, "first_divergence": d,
+            "compared": n if d is None else d + 1, "verdict": t.get("verdict", "IDENTICAL"),
+            "margin": t.get("margin"), "gap_a": t.get("gap_a"), "dgap": t.get("dgap"), "envelope": t.get("envelope"),
+            "first_layer_differ": t.get("first_layer_differ"), "acceptance": r["stream_b"].get("acceptance"),
+            "schedule_a": r["stream_a"]["schedule"], "schedule_b": r["stream_b"]["schedule"],
+        }
+        if path is not None:
+            write_json(path, row)
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def stats_summary(df) -> dict[str, Any]:
+    """Divergence rates and the gap distribution at divergence points."""
+    div = df[df["first_divergence"].notna()]
+    compared = int(df["compared"].sum())
+    return {
+        "prompts": int(len(df)),
+        "diverged": int(len(div)),
+        "tokens_compared": compared,
+        "divergences_per_1k": 1000.0 * len(div) / compared if compared else 0.0,
+        "median_first_divergence": float(div["first_divergence"].median()) if len(div) else None,
+        "near_ties": int((div["verdict"] == NEAR_TIE).sum()),
+        "outside_envelope": int((div["verdict"] == OUTSIDE).sum()),
+        "margins": [float(x) for x in div["margin"]],
+    }

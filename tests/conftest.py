@@ -1,0 +1,67 @@
+"""Shared fixtures.
+
+Two models: a tiny seeded gemma3_text (mlx-lm's own code, sliding window 8) for
+fast structural tests, and the real embedded Gemma 3 270M, converted once per
+cache directory and shared by the whole session.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+# Tests share one conversion cache; CI starts empty and converts once (~20 s).
+os.environ.setdefault("GEMMDRIFT_CACHE", str(Path(__file__).resolve().parent.parent / ".cache" / "gemmdrift"))
+
+TINY_CONFIG = {
+    "model_type": "gemma3_text",
+    "hidden_size": 64,
+    "num_hidden_layers": 4,
+    "intermediate_size": 128,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 1,
+    "head_dim": 32,
+    "query_pre_attn_scalar": 32,
+    "vocab_size": 97,
+    "sliding_window": 8,
+    "sliding_window_pattern": 2,
+    "rms_norm_eps": 1e-6,
+}
+
+
+def make_tiny(dtype: str = "bfloat16", seed: int = 0, **overrides):
+    """A LoadedModel around a small random gemma3_text model (real mlx-lm code, caches and masks)."""
+    import mlx.core as mx
+    from mlx_lm.models import gemma3_text
+
+    from gemmdrift.models import LoadedModel, _cast, layer_types
+
+    mx.random.seed(seed)
+    config = {**TINY_CONFIG, **overrides}
+    model = gemma3_text.Model(gemma3_text.ModelArgs.from_dict(config))
+    # Larger-than-default weights so that activations are not tiny.
+    model.update(
+        __import__("mlx.utils", fromlist=["tree_map"]).tree_map(
+            lambda w: w * 4 if w.ndim == 2 else w, model.parameters()
+        )
+    )
+    _cast(model, dtype)
+    mx.eval(model.parameters())
+    info = {"source": "tiny", "kind": "tiny", "dtype": dtype, "synthetic": True, "architecture": "gemma3_text",
+            "n_layers": config["num_hidden_layers"], "layer_types": layer_types(model),
+            "vocab_size": config["vocab_size"], "hidden_size": config["hidden_size"], "quantization": None}
+    return LoadedModel(model=model, tokenizer=None, info=info)
+
+
+@pytest.fixture
+def tiny():
+    return make_tiny()
+
+
+@pytest.fixture(scope="session")
+def embedded():
+    from gemmdrift.models import load_model
+
+    return load_model("embedded", dtype="bfloat16")

@@ -1,0 +1,191 @@
+"""Layer taps and stack drift on a tiny mlx-lm gemma3_text (sliding window 8)."""
+
+import numpy as np
+import pytest
+
+from conftest import make_tiny
+from gemmdrift import metrics
+from gemmdrift.errors import GemmdriftError
+from gemmdrift.stack import compare_taps, measure_stack, pair_verdict
+from gemmdrift.taps import run_schedule
+
+TOKENS = np.random.default_rng(0).integers(0, 97, 128).tolist()
+
+
+def test_taps_are_the_models_own_hidden_states(tiny):
+    import mlx.core as mx
+
+    taps = run_schedule(tiny.model, TOKENS[:12], "prefill:12", logit_positions=range(12))
+    # The norm tap is what the backbone returns, the logits what the model returns.
+    h = tiny.model.model(mx.array([TOKENS[:12]]))
+    logits = tiny.model(mx.array([TOKENS[:12]]))
+    assert np.array_equal(taps.hidden[-1], np.array(h[0].astype(mx.float32)))
+    assert np.array_equal(taps.logits, np.array(logits[0].astype(mx.float32)))
+    # The last layer tap is the norm's input.
+    normed = tiny.model.model.norm(mx.array(taps.hidden[-2][None]).astype(mx.bfloat16))
+    assert np.array_equal(np.array(normed[0].astype(mx.float32)), taps.hidden[-1])
+
+
+def test_logits_only_at_requested_positions(tiny):
+    taps = run_schedule(tiny.model, TOKENS[:20], "prefill:8,verify:2", split=8, positions=[3, 15],
+                        logit_positions=[9, 10, 19])
+    assert taps.hidden.shape == (tiny.n_layers + 1, 2, 64)
+    assert taps.logits.shape == (3, 97)
+    full = run_schedule(tiny.model, TOKENS[:20], "prefill:8,verify:2", split=8, logit_positions=range(20))
+    assert np.array_equal(full.logits[[9, 10, 19]], taps.logits)
+    assert np.array_equal(full.hidden[:, [3, 15]], taps.hidden)
+
+
+def test_model_is_restored_even_when_a_layer_raises(tiny):
+    layers = list(tiny.model.layers)
+    norm = tiny.model.model.norm
+
+    class Boom:
+        def __call__(self, *a, **k):
+            raise RuntimeError("boom")
+
+    tiny.model.model.layers[2] = Boom()
+    with pytest.raises(RuntimeError):
+        run_schedule(tiny.model, TOKENS[:8], "decode")
+    assert isinstance(tiny.model.model.layers[2], Boom)
+    tiny.model.model.layers[2] = layers[2]
+    run_schedule(tiny.model, TOKENS[:8], "decode")
+    assert list(tiny.model.layers) == layers and tiny.model.model.norm is norm
+
+
+def test_schedules_below_the_window_are_bit_identical(tiny):
+    # On this backend every matmul is row-invariant; below the sliding window
+    # decode and verification see the same keys in the same order.
+    r = measure_stack(tiny, TOKENS[:8], ["prefill:2,decode", "prefill:2,verify:2", "prefill:8"], split=2)
+    assert (r.table["value"][r.table["metric"] != "n"] == 0).all()
+    assert (r.envelope["flips"] == 0).all() and (r.envelope["max_abs_dlogit"] == 0).all()
+
+
+def test_cache_layout_drift_past_the_window_is_found_from_the_first_layer():
+    # Past the window, T=1 decoding writes a ring buffer in place while blocks
+    # concatenate in temporal order: same keys, another summation order.
+    lm = make_tiny("float32")
+    r = measure_stack(lm, TOKENS[:24], ["prefill:4,decode", "prefill:4,verify:2"], split=4, keep_taps=True)
+    acc = r.table[(r.table["mode"] == "accumulated") & (r.table["metric"] == "frac_differ")]
+    assert acc[acc["tap"] == "layer 0"]["value"].iloc[0] > 0
+    ref = r.taps[("prefill:4,decode", "accumulated", "float32")]
+    other = r.taps[("prefill:4,verify:2", "accumulated", "float32")]
+    rows = ref.rows(other.positions)
+    same = [np.array_equal(ref.hidden[:, i], other.hidden[:, j]) for j, i in enumerate(rows)]
+    first_differ = other.positions[same.index(False)]
+    assert first_differ >= 8 and all(same[: int(first_differ) - 4])  # positions < window identical
+
+
+def _perturbing(layer, position, delta):
+    """A layer that adds `delta` to element 0 of its output at one absolute position."""
+    import mlx.core as mx
+
+    state = {"offset": 0}
+
+    def call(x, mask=None, cache=None):
+        out = layer(x, mask, cache)
+        T = out.shape[1]
+        p = position - state["offset"]
+        state["offset"] += T
+        if 0 <= p < T:
+            bump = mx.zeros(out.shape, dtype=out.dtype)
+            bump[0, p, 0] = delta
+            out = out + bump
+        return out
+
+    return call, state
+
+
+def test_planted_difference_is_found_at_its_layer_with_its_magnitude():
+    lm = make_tiny("float32")
+    toks = TOKENS[:8]  # below the window: the schedules themselves agree bit for bit
+    ref = run_schedule(lm.model, toks, "prefill:8", logit_positions=range(8))
+    original = lm.model.model.layers[2]
+    delta = 0.5
+    call, state = _perturbing(original, 5, delta)
+    lm.model.model.layers[2] = call
+    try:
+        acc = run_schedule(lm.model, toks, "decode", logit_positions=range(8))
+        state["offset"] = 0
+        loc = run_schedule(lm.model, toks, "decode", logit_positions=range(8), reference=ref)
+    finally:
+        lm.model.model.layers[2] = original
+    kinds = lm.info["layer_types"]
+    labels = {"pair": "p", "reference": "prefill:8", "schedule": "decode", "dtype": "float32"}
+    acc_rows, _, _ = compare_taps(ref, acc, kinds, {**labels, "mode": "accumulated"})
+    loc_rows, _, _ = compare_taps(ref, loc, kinds, {**labels, "mode": "local"})
+
+    def by_layer(rows, metric):
+        return {r["layer"]: r["value"] for r in rows if r["metric"] == metric}
+
+    acc_max = by_layer(acc_rows, "max_abs")
+    loc_max = by_layer(loc_rows, "max_abs")
+    assert acc_max[0] == acc_max[1] == 0 and acc_max[2] == pytest.approx(delta, rel=1e-6)
+    assert acc_max[3] > 0  # carried upward
+    assert loc_max[2] == pytest.approx(delta, rel=1e-6)
+    assert all(v == 0 for k, v in loc_max.items() if k not in (2,) and k <= lm.n_layers)
+    assert by_layer(acc_rows, "frac_differ")[2] == pytest.approx(1 / (8 * 64))
+
+
+def test_ladder_calls_rounding_rounding():
+    lm = make_tiny("bfloat16")
+    r = measure_stack(lm, TOKENS[:100], ["prefill:4,decode", "prefill:4,verify:2"], split=4, ladder=True, local=False)
+    pair = r.ladder["pair"].iloc[0]
+    assert pair_verdict(r.ladder, pair) == "rounding"
+    logits = r.ladder[r.ladder["tap"] == "logits"].iloc[0]
+    assert logits["shrink"] > 1000
+    assert lm.info["dtype"] == "bfloat16" and str(lm.model.lm_head.weight.dtype) == "mlx.core.bfloat16"
+
+
+def test_ladder_flags_a_planted_semantic_difference():
+    # A cache that zeroes its oldest entry on multi-token updates: the
+    # verification path attends over a wrong key, whatever the precision.
+    import mlx.core as mx
+    from mlx_lm.models.cache import KVCache
+
+    class ZeroFirstKeyOnBlocks(KVCache):
+        def update_and_fetch(self, k, v):
+            keys, values = super().update_and_fetch(k, v)
+            if k.shape[2] > 1 and keys.shape[2] > k.shape[2]:
+                z = mx.zeros_like(keys[..., :1, :])
+                return mx.concatenate([z, keys[..., 1:, :]], axis=2), mx.concatenate([z, values[..., 1:, :]], axis=2)
+            return keys, values
+
+    lm = make_tiny("bfloat16")
+    lm.model.make_cache = lambda: [ZeroFirstKeyOnBlocks() for _ in lm.model.layers]
+    r = measure_stack(lm, TOKENS[:24], ["prefill:4,decode", "prefill:4,verify:2"], split=4, ladder=True, local=False)
+    assert pair_verdict(r.ladder, r.ladder["pair"].iloc[0]) == "semantic"
+    assert r.ladder[r.ladder["tap"] == "logits"]["shrink"].iloc[0] < 2
+
+
+def test_stack_input_errors(tiny):
+    with pytest.raises(GemmdriftError):
+        measure_stack(tiny, TOKENS[:10], ["decode"], split=4)
+    with pytest.raises(GemmdriftError):
+        measure_stack(tiny, TOKENS[:10], ["decode", "verify:2"], positions=[3, 10])
+    with pytest.raises(GemmdriftError):
+        measure_stack(tiny, TOKENS[:10], ["prefill:4,decode", "prefill:4,verify:2"], split=10)
+    with pytest.raises(GemmdriftError):
+        measure_stack(tiny, TOKENS[:10], ["decode", "verify:2"], positions=[])
+    with pytest.raises(GemmdriftError):
+        measure_stack(make_tiny("float32"), TOKENS[:10], ["decode", "verify:2"], ladder=True)
+
+
+def test_one_layer_model_and_single_position():
+    lm = make_tiny("float32", num_hidden_layers=1, sliding_window_pattern=1)
+    r = measure_stack(lm, TOKENS[:12], ["prefill:2,decode", "prefill:2,verify:3"], split=2, positions=[11],
+                      logit_positions=[11])
+    assert set(r.table["tap"]) == {"layer 0", "norm", "logits"}
+    assert r.envelope["positions"].iloc[0] == 1
+
+
+def test_ulp_metric_in_stack_matches_numpy(tiny):
+    r = measure_stack(make_tiny("float32"), TOKENS[:20], ["prefill:4,decode", "prefill:4,verify:2"], split=4,
+                      keep_taps=True, local=False)
+    ref = r.taps[("prefill:4,decode", "accumulated", "float32")]
+    other = r.taps[("prefill:4,verify:2", "accumulated", "float32")]
+    a, b = ref.hidden[1, ref.rows(other.positions)], other.hidden[1]
+    expected = np.max(np.abs(a.view(np.int32).astype(np.int64) - b.view(np.int32).astype(np.int64)))
+    got = r.table[(r.table["tap"] == "layer 1") & (r.table["metric"] == "max_ulp")]["value"].iloc[0]
+    assert got == expected  # same-sign values: the ULP distance is the integer distance of the bits
+    assert metrics.compare(a, b, "float32")["max_ulp"] == got

@@ -316,6 +316,27 @@ def _load_mlx_dir(path: Path, lazy: bool):
     return model, config
 
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json", "vocab.json")
+
+
+def _mlx_lm_tokenizer(path: Path, config: dict, info: dict):
+    """mlx-lm's tokenizer for a checkpoint, or None (noted in ``info``) when it has no tokenizer files.
+
+    Without files, transformers would build an empty tokenizer that maps
+    every word to <unk>; a missing tokenizer is better than a wrong one.
+    """
+    if not any((path / f).exists() for f in TOKENIZER_FILES):
+        info["tokenizer_error"] = f"no tokenizer files in {path}: use --prompt-ids"
+        return None
+    from mlx_lm.utils import load_tokenizer
+
+    try:
+        return MlxLmTokenizer(load_tokenizer(path, eos_token_ids=config.get("eos_token_id")))
+    except Exception as e:  # broken tokenizer files: the model still works with --prompt-ids
+        info["tokenizer_error"] = str(e).splitlines()[0] if str(e) else type(e).__name__
+        return None
+
+
 def _synthetic(name: str):
     import mlx.core as mx
     from mlx_lm.utils import _get_classes
@@ -393,12 +414,7 @@ def load_model(
             tokenizer = SentencePieceTokenizer(path / "tokenizer.model")
         else:
             info["weights"] = "mlx-lm checkpoint"
-            from mlx_lm.utils import load_tokenizer
-
-            try:
-                tokenizer = MlxLmTokenizer(load_tokenizer(path, eos_token_ids=config.get("eos_token_id")))
-            except Exception as e:  # a checkpoint without tokenizer files still works with --prompt-ids
-                info["tokenizer_error"] = str(e).splitlines()[0] if str(e) else type(e).__name__
+            tokenizer = _mlx_lm_tokenizer(path, config, info)
     text_config = config.get("text_config", config)
     info["architecture"] = config.get("model_type")
     info["stored_quantization"] = config.get("quantization")

@@ -1,0 +1,81 @@
+"""The command line: one-line errors with exit status 2, and small end-to-end runs."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+
+def gd(*args, cwd=None):
+    return subprocess.run([sys.executable, "-m", "gemmdrift", *args], capture_output=True, text=True, cwd=cwd,
+                          env={**os.environ}, timeout=600)
+
+
+def assert_user_error(r, needle):
+    """Exit status 2, no traceback, and exactly one error line (progress lines may precede it)."""
+    assert r.returncode == 2, r.stderr
+    assert "Traceback" not in r.stderr, r.stderr
+    errors = [line for line in r.stderr.splitlines() if "error:" in line]
+    assert len(errors) == 1 and r.stderr.rstrip().endswith(errors[0]), r.stderr
+    assert needle in errors[0], errors[0]
+
+
+def test_env_json_records_versions_and_device():
+    r = gd("env", "--json")
+    assert r.returncode == 0, r.stderr
+    rec = json.loads(r.stdout)
+    assert rec["backend"] == "cpu" and rec["mlx"] and rec["mlx_lm"]
+    assert "MLX_ENABLE_TF32" in rec["env"] and "MLX_SDPA_BLOCKS" in rec["env"]
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["stack", "--bogus"], "unrecognized arguments"),
+    (["stack", "--schedules", "decode", "verify:0"], "must be positive"),
+    (["stack", "--schedules", "decode", "fly:2"], "cannot parse schedule"),
+    (["stack", "--schedules", "decode"], "at least two schedules"),
+    (["stack", "--model", "/no/such/model"], "model not found"),
+    (["stack", "--dtype", "float8"], "unknown dtype"),
+    (["stack", "--quantize", "7"], "unsupported bits"),
+    (["diverge", "--n", "0"], "must be positive"),
+    (["nosuchcommand"], "invalid choice"),
+])
+def test_bad_input_is_one_line_and_exit_2(args, needle):
+    assert_user_error(gd(*args), needle)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("content,needle", [('[1, 2, "x"]', "not an integer"), ("[1, 999999]", "outside the vocabulary"),
+                                            ("", "no token ids"), ("[1, 2", "not a valid JSON"),
+                                            ("1 2 x", "not an integer")])
+def test_bad_prompt_id_files(tmp_path, content, needle):
+    f = tmp_path / "ids.json"
+    f.write_text(content)
+    assert_user_error(gd("stack", "--prompt-ids", str(f), "--out", str(tmp_path / "o")), needle)
+
+
+@pytest.mark.slow
+def test_stack_positions_and_lengths_are_checked(tmp_path):
+    assert_user_error(gd("stack", "--prompt", "Hi there", "--positions", "5:50", "--out", str(tmp_path)),
+                      "out of range")
+    assert_user_error(gd("stack", "--prompt", "Hi", "--tokens", "40", "--out", str(tmp_path)), "only")
+    assert_user_error(gd("stack", "--prompt", "Hello there, friend", "--split", "40", "--out", str(tmp_path)),
+                      "split")
+
+
+@pytest.mark.slow
+def test_stack_end_to_end_on_the_embedded_gemma(tmp_path):
+    out = tmp_path / "stack"
+    r = gd("stack", "--tokens", "24", "--split", "16", "--schedules", "prefill:512,decode", "prefill:512,verify:2",
+           "--out", str(out), "--json")
+    assert r.returncode == 0, r.stderr
+    summary = json.loads(r.stdout)
+    assert summary["tokens"] == 24 and summary["pairs"][0]["positions"] == 8
+    # Far below the 512 window: on this backend the two schedules are bit-identical.
+    assert summary["pairs"][0]["max_abs_dlogit"] == 0 and summary["pairs"][0]["first_layer_with_drift"] is None
+    for name in ("stack.csv", "positions.csv", "envelope.csv", "meta.json", "summary.json", "stack_drift.png"):
+        assert (out / name).exists(), name
+    meta = json.loads((out / "meta.json").read_text())
+    assert meta["env"]["backend"] == "cpu" and len(meta["inputs"]["tokens"]) == 24
+    assert meta["inputs"]["model"]["source"] == "embedded"

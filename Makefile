@@ -9,9 +9,9 @@ OUT ?= results/run
 # Use `make BACKEND=cuda ...` on a Linux machine with an NVIDIA GPU.
 ifeq ($(shell uname -s),Linux)
 BACKEND ?= cpu
-EXTRAS := $(BACKEND),test
+EXTRAS := $(BACKEND),test,bench
 else
-EXTRAS := test
+EXTRAS := test,bench
 endif
 
 .PHONY: run test env bench clean

@@ -189,3 +189,25 @@ def test_ulp_metric_in_stack_matches_numpy(tiny):
     got = r.table[(r.table["tap"] == "layer 1") & (r.table["metric"] == "max_ulp")]["value"].iloc[0]
     assert got == expected  # same-sign values: the ULP distance is the integer distance of the bits
     assert metrics.compare(a, b, "float32")["max_ulp"] == got
+
+
+def test_shared_prefix_gives_bit_identical_results():
+    # Runs that start from a copy of the shared prefix's caches must equal runs from scratch.
+    lm = make_tiny("float32")
+    schedules = ["prefill:5,decode", "prefill:5,verify:2"]
+    kwargs = dict(split=10, positions=range(12, 30), logit_positions=range(12, 30), keep_taps=True)
+    shared = measure_stack(lm, TOKENS[:30], schedules, **kwargs)
+    fresh = measure_stack(lm, TOKENS[:30], schedules, share_prefix=False, **kwargs)
+    assert shared.table.equals(fresh.table)
+    for key, taps in shared.taps.items():
+        assert np.array_equal(taps.logits, fresh.taps[key].logits)
+    # The copied caches are independent: the prefix can be reused again.
+    from gemmdrift.taps import common_prefix
+
+    p = common_prefix(lm.model, TOKENS[:30], schedules, 10, 12)
+    assert p.length == 10 and p.blocks == [(0, 5), (5, 10)]
+    a = run_schedule(lm.model, TOKENS[:30], schedules[0], split=10, prefix=p, logit_positions=[20])
+    b = run_schedule(lm.model, TOKENS[:30], schedules[0], split=10, prefix=p, logit_positions=[20])
+    assert np.array_equal(a.logits, b.logits) and np.array_equal(a.hidden, b.hidden)
+    with pytest.raises(GemmdriftError):
+        run_schedule(lm.model, TOKENS[:30], schedules[0], split=10, prefix=p, positions=[3])

@@ -434,6 +434,7 @@ def load_model(
     info["layer_types"] = layer_types(model)
     info["vocab_size"] = int(text_config.get("vocab_size") or getattr(tokenizer, "vocab_size", 0) or 0)
     info["hidden_size"] = text_config.get("hidden_size")
+    info["sliding_window"] = text_config.get("sliding_window")
     return LoadedModel(model=model, tokenizer=tokenizer, info=info)
 
 

@@ -114,3 +114,102 @@ def print_stack(result: StackResult) -> str:
         last = result.ladder[result.ladder["tap"].isin(["logits", "norm"])]
         lines.append(text_table(last))
     return "\n".join(lines)
+
+
+def _md_table(rows: list[dict[str, Any]]) -> str:
+    if not rows:
+        return "(none)"
+    cols = list(rows[0])
+    out = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    out += ["| " + " | ".join(fmt(r.get(c)) if r.get(c) is not None else "-" for c in cols) + " |" for r in rows]
+    return "\n".join(out)
+
+
+def _stack_rows(summary: dict[str, Any]) -> list[dict[str, Any]]:
+    keys = ("pair", "first_layer_with_drift", "max_abs_dlogit", "max_abs_dgap", "p99_abs_dgap", "flips",
+            "max_gap_at_flip", "ladder_verdict")
+    return [{k: p.get(k) for k in keys if k in p or k == "ladder_verdict"} for p in summary["pairs"]]
+
+
+def main_report(model: dict[str, Any], env: dict[str, Any], sizes_name: str, sizes, sections: dict[str, Any]) -> str:
+    """report.md of `gemmdrift run`."""
+    from .models import describe
+
+    dec, pre, div = sections["stack-decode"], sections["stack-prefill"], sections["diverge"]
+    k = sections["kernels"]
+    lines = [
+        "# gemmdrift run",
+        "",
+        f"- model: {describe(model)}",
+        f"- mlx {env['mlx']}, mlx-lm {env['mlx_lm']}, backend **{env['backend']}** ({env['device_name']}, "
+        f"{env['architecture']}), {env['os']}, python {env['python']}",
+        f"- sizes: '{sizes_name}' — stream of {sizes.tokens} tokens of the built-in essay, prompt/continuation split "
+        f"at {sizes.split} (sliding window: {model.get('sliding_window')})",
+        f"- recorded {env['time_utc']}; the full environment record is in env.json and every part's meta.json",
+        "",
+        "## 1. Kernels: the same row as a GEMV (T=1) and inside a GEMM block (T>1)",
+        "",
+        "Real input rows captured from a forward pass, every projection of the probed layers and the LM head. "
+        "`rows_differ` counts rows that are not bit-identical to their T=1 result.",
+        "",
+        "```",
+        sections["kernels_text"],
+        "```",
+        "",
+        "![kernel heatmap](kernels/kernels_heatmap.png)",
+        "![drift vs T](kernels/kernels_vs_t.png)",
+        "",
+        "## 2. Layer stack: decode (T=1) vs speculative verification (T=3, T=4)",
+        "",
+        f"Same tokens, same prefill; the continuation ({dec['split']}..{dec['tokens']}) fed one token at a time or "
+        "in verification blocks. Drift at every layer is in stack-decode/stack.csv; the logit envelope:",
+        "",
+        _md_table(_stack_rows(dec)),
+        "",
+        "![drift per layer](stack-decode/stack_drift.png)",
+        "![delta gap](stack-decode/dgap.png)",
+    ]
+    if any("ladder_verdict" in p for p in dec["pairs"]):
+        lines += ["![precision ladder](stack-decode/ladder.png)", ""]
+    lines += [
+        "## 3. Prefill chunk sizes: 2048 vs 512",
+        "",
+        _md_table(_stack_rows(pre)),
+        "",
+        "![drift per layer](stack-prefill/stack_drift.png)",
+        "",
+        "## 4. Greedy divergence: mlx-lm generate vs speculative generate (self-draft, K=2)",
+        "",
+    ]
+    t = div.get("triage")
+    if div.get("first_divergence") is None:
+        lines.append(f"No divergence in {div['n']} generated tokens.")
+    else:
+        lines += [
+            f"The streams part at generated token {div['first_divergence']}: "
+            f"`{t['context']}`",
+            "",
+            f"- teacher-forced top-2 gap: {fmt(t['gap_a'])} under {t['schedule_a']}, {fmt(t['gap_b'])} under "
+            f"{t['schedule_b']}; the competing tokens are {fmt(t['margin'])} apart",
+            f"- envelope: {fmt(t['envelope'])} ({t['envelope_source']})",
+            f"- hidden states first differ at tap {t['first_layer_differ']}",
+            f"- **verdict: {t['verdict']}** — {t['reason']}",
+        ]
+    lines += [
+        "",
+        f"plain: {div['text_a']!r}",
+        "",
+        f"speculative: {div['text_b']!r}",
+        "",
+        "## Reading this",
+        "",
+        "- A *near-tie* flips the argmax where Δgap exceeds the top-2 gap; that is rounding, expected wherever "
+        "kernels or cache layouts differ. A flip far outside the envelope is a state bug.",
+        "- The precision ladder reruns at float32 with the same weights: rounding drift shrinks by orders of "
+        "magnitude, a semantic difference does not.",
+        "- On the Linux CPU backend every dense and quantized matmul is row-invariant, so kernel drift is exactly "
+        "0 there; the emulated split-K path shows what the sweep reports when a kernel does change with T. The drift "
+        "that remains on CPU comes from the sliding-window KV cache: T=1 decoding writes a ring buffer in place, "
+        "blocks concatenate in temporal order, so past the window attention sums the same keys in another order.",
+    ]
+    return "\n".join(lines) + "\n"

@@ -25,7 +25,7 @@ import pandas as pd
 from . import metrics
 from .errors import GemmdriftError
 from .schedules import parse_schedule
-from .taps import Taps, run_schedule
+from .taps import Taps, common_prefix, run_schedule
 
 # Ladder verdicts: rounding drift shrinks by ~u_low/u_high (2**16 from bf16 to
 # f32); a semantic difference keeps its size. Between the two: unclear.
@@ -151,6 +151,7 @@ def measure_stack(
     local: bool = True,
     ladder: bool = False,
     keep_taps: bool = False,
+    share_prefix: bool = True,
 ) -> StackResult:
     """Compare every schedule with the first one over the same tokens.
 
@@ -165,6 +166,8 @@ def measure_stack(
         local: also measure local drift (one more run per schedule).
         ladder: rerun the accumulated comparison at float32.
         keep_taps: keep the raw taps in the result (for triage and tests).
+        share_prefix: compute the leading blocks all schedules share once
+            (they are identical by construction) and start every run from a copy.
     """
     import mlx.core as mx
 
@@ -204,16 +207,23 @@ def measure_stack(
                 # Same weights, higher precision: bf16/fp16 values upcast exactly.
                 _cast(lm.model, dtype)
             print(f"gemmdrift stack: {dtype}, {n} tokens, reference {ref_text}", file=sys.stderr, flush=True)
+            # Blocks every schedule shares before the first compared position run once.
+            limit = int(min(positions[0], logit_positions[0] if logit_positions.size else positions[0]))
+            prefix = common_prefix(lm.model, tokens, [s.text for s in parsed], split, limit) if share_prefix else None
+            if prefix is not None:
+                print(f"  shared prefix: {prefix.length} tokens in {len(prefix.blocks)} passes  {prefix.seconds:7.1f} s",
+                      file=sys.stderr, flush=True)
             ref = _run(lm.model, tokens, ref_text, split=split,
                        positions=None if (local and dtype == base) else positions,
-                       logit_positions=logit_positions)
+                       logit_positions=logit_positions, prefix=prefix)
             if keep_taps:
                 kept[(ref_text, "accumulated", dtype)] = ref
             for sched in parsed[1:]:
                 modes = ["accumulated"] + (["local"] if local and dtype == base else [])
                 for mode in modes:
                     other = _run(lm.model, tokens, sched.text, split=split, positions=positions,
-                                 logit_positions=logit_positions, reference=ref if mode == "local" else None)
+                                 logit_positions=logit_positions, reference=ref if mode == "local" else None,
+                                 prefix=prefix)
                     if keep_taps:
                         kept[(sched.text, mode, dtype)] = other
                     labels = {"pair": f"{ref_text} vs {sched.text}", "reference": ref_text, "schedule": sched.text,
@@ -226,7 +236,7 @@ def measure_stack(
                         env_rows.append({**labels, **{k: v for k, v in env.items() if k != "flip_gaps"},
                                          "flip_gaps": env["flip_gaps"]})
                     del other
-            del ref
+            del ref, prefix
             if hasattr(mx, "clear_cache"):  # mx.metal.clear_cache before 0.26
                 mx.clear_cache()
     finally:

@@ -221,6 +221,66 @@ def installed(model, recorder: _Recorder) -> Iterator[None]:
         owner[norm_name] = norm
 
 
+def copy_cache(cache: list) -> list:
+    """An independent copy of mlx-lm caches: every array attribute gets its own array object.
+
+    Caches update their buffers by slice assignment, which rebinds the array
+    object in place; two caches must therefore never share one.
+    """
+    import copy
+
+    import mlx.core as mx
+
+    out = []
+    for c in cache:
+        if c is None:
+            out.append(None)
+            continue
+        d = copy.copy(c)
+        for k, v in vars(c).items():
+            if isinstance(v, mx.array):
+                setattr(d, k, mx.array(v))
+        out.append(d)
+    return out
+
+
+@dataclass
+class Prefix:
+    """Caches after the first ``length`` tokens, computed once and shared by runs that agree on them."""
+
+    length: int
+    blocks: list
+    cache: list
+    seconds: float
+
+
+def common_prefix(model, tokens: Sequence[int], schedules: Sequence[Schedule | str], split: int | None,
+                  limit: int) -> Prefix | None:
+    """Run the blocks every schedule shares (from the start, up to ``limit`` tokens) once.
+
+    Returns None when the schedules share no leading block below ``limit``.
+    """
+    import mlx.core as mx
+    from mlx_lm.models.cache import make_prompt_cache
+
+    lists = [parse_schedule(s).blocks(len(tokens), split) for s in schedules]
+    shared = []
+    for group in zip(*lists):
+        if len(set(group)) != 1 or group[0][1] > limit:
+            break
+        shared.append(group[0])
+    if not shared:
+        return None
+    cache = make_prompt_cache(model)
+    token_array = mx.array(np.asarray(tokens, dtype=np.uint32))
+    t0 = time.perf_counter()
+    for start, stop in shared:
+        model(token_array[start:stop][None], cache=cache)
+        # Only the cache state is needed: the lazily built logits are never evaluated.
+        mx.eval([c.state for c in cache if c is not None])
+    return Prefix(shared[-1][1], shared, cache, time.perf_counter() - t0)
+
+
 def run_schedule(
     model,
     tokens: Sequence[int],
@@ -231,6 +291,7 @@ def run_schedule(
     logit_positions: Sequence[int] | None = None,
     reference: Taps | None = None,
     progress: Callable[[int], None] | None = None,
+    prefix: Prefix | None = None,
 ) -> Taps:
     """Feed ``tokens`` through ``model`` block by block as ``schedule`` says.
 
@@ -241,9 +302,12 @@ def run_schedule(
         split: prompt/continuation boundary for two-phase schedules.
         positions: absolute positions whose hidden states are kept (default all).
         logit_positions: positions whose logits are computed (default none).
-        reference: a run tapped at *every* position; its inputs are fed to each
-            layer (local mode).
+        reference: a run tapped at every position from the first block run on;
+            its inputs are fed to each layer (local mode).
         progress: called with the number of tokens of each finished block.
+        prefix: shared caches for the leading blocks (see :func:`common_prefix`);
+            those blocks are skipped, so positions before ``prefix.length``
+            cannot be tapped.
     """
     import mlx.core as mx
     from mlx_lm.models.cache import make_prompt_cache
@@ -251,7 +315,8 @@ def run_schedule(
     schedule = parse_schedule(schedule)
     n = len(tokens)
     blocks = schedule.blocks(n, split)
-    positions = np.arange(n) if positions is None else np.unique(np.asarray(positions, dtype=np.int64))
+    start = prefix.length if prefix is not None else 0
+    positions = np.arange(start, n) if positions is None else np.unique(np.asarray(positions, dtype=np.int64))
     logit_positions = (np.zeros(0, np.int64) if logit_positions is None
                        else np.unique(np.asarray(logit_positions, dtype=np.int64)))
     for name, p in (("position", positions), ("logit position", logit_positions)):
@@ -259,11 +324,17 @@ def run_schedule(
             raise GemmdriftError(f"{name} out of range: the stream has {n} tokens (0..{n - 1})")
     if positions.size == 0:
         raise GemmdriftError("no positions to tap")
-    if reference is not None and len(reference.positions) != n:
-        raise GemmdriftError("local mode needs a reference run tapped at every position")
+    if prefix is not None:
+        if blocks[: len(prefix.blocks)] != prefix.blocks:
+            raise GemmdriftError(f"schedule {schedule} does not start with the shared prefix blocks")
+        blocks = blocks[len(prefix.blocks):]
+        if positions[0] < start or (logit_positions.size and logit_positions[0] < start):
+            raise GemmdriftError(f"positions before {start} are inside the shared prefix and cannot be tapped")
+    if reference is not None and not np.array_equal(reference.positions, np.arange(start, n)):
+        raise GemmdriftError("local mode needs a reference run tapped at every position it computes")
     n_taps = len(model.layers) + 1
     rec = _Recorder(n_taps, positions, logit_positions, reference)
-    cache = make_prompt_cache(model)
+    cache = copy_cache(prefix.cache) if prefix is not None else make_prompt_cache(model)
     token_array = mx.array(np.asarray(tokens, dtype=np.uint32))
     logit_rows: list[np.ndarray] = []
     logits_dtype = None

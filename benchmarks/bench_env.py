@@ -1,0 +1,25 @@
+"""What ran: the mlx version and backend, tracked so that `gemmdrift history` can read them."""
+
+
+def track_mlx_version():
+    import mlx.core as mx
+
+    from gemmdrift.history import encode_version
+
+    return encode_version(mx.__version__)
+
+
+track_mlx_version.unit = "major*10000+minor*100+patch"
+track_mlx_version.version = "1"
+
+
+def track_backend():
+    from gemmdrift.envinfo import device_record
+    from gemmdrift.history import BACKEND_CODES
+
+    codes = {name: code for code, name in BACKEND_CODES.items()}
+    return float(codes.get(device_record()["backend"], -1))
+
+
+track_backend.unit = "0=cpu 1=metal 2=cuda"
+track_backend.version = "1"

@@ -1,0 +1,43 @@
+"""Shared inputs of the benchmarks, memoised per process.
+
+Must not be changed -- only appended: a tracked figure is comparable across
+mlx versions only while its inputs stay the same. Benchmarks hold no
+measurement logic of their own; they call gemmdrift's library (the same
+functions `gemmdrift run` and the notebooks call). Imports of gemmdrift
+happen inside functions, so this suite imports with any version of it.
+"""
+
+from functools import lru_cache
+
+# Kernel probe: real projection shapes of the embedded Gemma 3 270M.
+KERNEL_LAYERS = (0, 5)  # a sliding-attention and a global-attention layer
+KERNEL_TS = (1, 2, 3, 4, 8, 16, 33)  # dense around the small-T dispatch thresholds
+KERNEL_PATHS = ("model", "quant:affine-q4-g64", "quant:affine-q8-g64", "emulated:splitk4")
+KERNEL_ROWS = 16
+# Speed: one real projection, mlp.gate_proj of layer 0 (K=640, N=2048).
+SPEED_LAYER, SPEED_PROJECTION = 0, "mlp.gate_proj"
+SPEED_TS = (1, 2, 4, 8, 16, 32, 64)
+SPEED_PATHS = ("model", "dense:float32", "quant:affine-q4-g64", "quant:affine-q8-g64")
+
+
+@lru_cache(maxsize=None)
+def model(dtype="bfloat16"):
+    from gemmdrift.models import load_model
+
+    return load_model("embedded", dtype=dtype)
+
+
+def sizes():
+    """The main job's sizes for this backend (cpu, or gpu on Metal/CUDA)."""
+    from gemmdrift import suite
+
+    return suite.SIZES[suite.default_sizes()]
+
+
+@lru_cache(maxsize=None)
+def kernel_inputs():
+    from gemmdrift import kernels, suite
+
+    lm = model()
+    projs = kernels.projections(lm, layers=list(KERNEL_LAYERS) + [lm.n_layers])
+    return projs, kernels.capture_inputs(lm, suite.stream(lm, 128), projs, max_rows=KERNEL_ROWS)

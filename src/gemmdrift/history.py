@@ -1,0 +1,222 @@
+"""Tracked figures across mlx versions, from asv's results directory; regression gating.
+
+asv plots a benchmark against the project's commits and draws each matrix
+entry (here: each mlx version) as a separate line. The question an MLX
+maintainer asks is different: *did this release change the envelope?* So this
+module reads asv's results JSON itself and puts the mlx version on the x-axis,
+one line per machine and backend.
+
+Layout read (asv 0.6): ``<results>/<machine>/machine.json``,
+``<results>/<machine>/<commit>-<env>.json`` with ``result_columns`` naming
+the fields of each entry of ``results``; parameterized benchmarks carry the
+parameter value lists (as repr strings) and a flat value list in
+``itertools.product`` order. ``<results>/benchmarks.json`` holds units.
+The mlx version comes from the ``track_mlx_version`` benchmark, which reports
+what was really imported (the env's pins are only what was asked for).
+"""
+
+from __future__ import annotations
+
+import ast
+import itertools
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from .errors import GemmdriftError
+
+VERSION_BENCH = "bench_env.track_mlx_version"
+BACKEND_BENCH = "bench_env.track_backend"
+BACKEND_CODES = {0: "cpu", 1: "metal", 2: "cuda"}  # track_backend's numbering
+GATE_THRESHOLD = 0.10  # relative growth of a drift figure that fails the gate
+GATE_ABS_TOL = 1e-12  # growth from exactly zero by less than this is not a regression
+# Tracked figures where a larger value is better; every other drift figure is lower-is-better.
+HIGHER_IS_BETTER = ("track_first_divergence", "track_self_draft_acceptance")
+
+
+def encode_version(version: str) -> float:
+    """'0.32.4' -> 3204.0, the number track_mlx_version returns (asv tracks numbers only)."""
+    parts = [int("".join(c for c in p if c.isdigit()) or 0) for p in version.split(".")[:3]]
+    parts += [0] * (3 - len(parts))
+    return float(parts[0] * 10000 + parts[1] * 100 + parts[2])
+
+
+def decode_version(code: float) -> str:
+    c = int(round(code))
+    return f"{c // 10000}.{(c // 100) % 100}.{c % 100}"
+
+
+def version_key(version: str) -> tuple:
+    return tuple(int(p) if p.isdigit() else 0 for p in str(version).split("."))
+
+
+def _param_value(text: str) -> Any:
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return text
+
+
+def read_results(results_dir: str | Path) -> pd.DataFrame:
+    """One row per (result file, benchmark, parameter combination) with its value.
+
+    Columns: machine, env, commit, date, mlx, mlx_pinned, mlx_lm, backend,
+    benchmark, params, value, unit.
+    """
+    root = Path(results_dir).expanduser()
+    if not root.is_dir():
+        raise GemmdriftError(f"no asv results directory at {root} (run `asv run` first)")
+    units = {}
+    bj = root / "benchmarks.json"
+    if bj.exists():
+        try:
+            units = {k: v.get("unit") for k, v in json.loads(bj.read_text()).items() if isinstance(v, dict)}
+        except json.JSONDecodeError:
+            units = {}
+    rows = []
+    for path in sorted(root.glob("*/*.json")):
+        if path.name == "machine.json":
+            continue
+        try:
+            # asv writes bare NaN/Infinity; Python's json reads them.
+            d = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError) as e:
+            raise GemmdriftError(f"cannot read asv result {path}: {e}") from None
+        if "result_columns" not in d or "results" not in d:
+            continue
+        cols = d["result_columns"]
+        i_res, i_par = cols.index("result"), cols.index("params")
+        req = d.get("requirements") or {}
+        file_rows = []
+        for bench, entry in d["results"].items():
+            values = entry[i_res]
+            params = entry[i_par] if len(entry) > i_par else []
+            combos = list(itertools.product(*params)) if params else [()]
+            if values is None:
+                values = [None] * len(combos)
+            for combo, v in zip(combos, values):
+                file_rows.append({
+                    "machine": d.get("params", {}).get("machine", path.parent.name),
+                    "env": d.get("env_name", ""),
+                    "commit": str(d.get("commit_hash", ""))[:8],
+                    "date": d.get("date"),
+                    "mlx_pinned": req.get("mlx") or None,
+                    "mlx_lm": req.get("mlx-lm") or None,
+                    "benchmark": bench,
+                    "params": ", ".join(str(_param_value(p)) for p in combo),
+                    "value": None if v is None or (isinstance(v, float) and math.isnan(v)) else float(v),
+                    "unit": units.get(bench),
+                })
+        tracked = {r["benchmark"]: r["value"] for r in file_rows if not r["params"]}
+        mlx = decode_version(tracked[VERSION_BENCH]) if tracked.get(VERSION_BENCH) is not None else None
+        backend = BACKEND_CODES.get(int(tracked[BACKEND_BENCH])) if tracked.get(BACKEND_BENCH) is not None else None
+        for r in file_rows:
+            r["mlx"] = mlx or r["mlx_pinned"]
+            r["backend"] = backend or "unknown"
+        rows += file_rows
+    cols = ["machine", "backend", "env", "commit", "date", "mlx", "mlx_pinned", "mlx_lm", "benchmark", "params",
+            "value", "unit"]
+    df = pd.DataFrame(rows, columns=cols)
+    if df.empty:
+        raise GemmdriftError(f"no asv results under {root}")
+    return df
+
+
+def tracked(df: pd.DataFrame) -> pd.DataFrame:
+    """Only the drift figures (track_*), without the environment bookkeeping ones."""
+    t = df[df["benchmark"].str.contains(r"\.track_") & ~df["benchmark"].isin([VERSION_BENCH, BACKEND_BENCH])]
+    return t[t["value"].notna() & t["mlx"].notna()]
+
+
+def latest_per_version(df: pd.DataFrame) -> pd.DataFrame:
+    """For each machine/backend/benchmark/params/mlx, the most recent measurement."""
+    df = df.sort_values("date")
+    return df.groupby(["machine", "backend", "benchmark", "params", "mlx"], as_index=False, dropna=False).last()
+
+
+def series_name(benchmark: str, params: str) -> str:
+    return benchmark + (f"[{params}]" if params else "")
+
+
+def plot_history(df: pd.DataFrame, benchmark: str, params: str = ""):
+    """One tracked figure against the mlx version, one line per machine/backend."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    s = df[(df["benchmark"] == benchmark) & (df["params"] == params)]
+    versions = sorted(set(s["mlx"]), key=version_key)
+    x = {v: i for i, v in enumerate(versions)}
+    fig, ax = plt.subplots(figsize=(8, 4))
+    for (machine, backend), g in s.groupby(["machine", "backend"]):
+        g = g.sort_values("mlx", key=lambda c: c.map(version_key))
+        ax.plot([x[v] for v in g["mlx"]], g["value"], marker="o", label=f"{machine} ({backend})")
+    ax.set_xticks(range(len(versions)))
+    ax.set_xticklabels(versions)
+    ax.set_xlabel("mlx version")
+    unit = s["unit"].dropna().iloc[0] if s["unit"].notna().any() else ""
+    ax.set_ylabel(unit or "value")
+    ax.set_title(series_name(benchmark, params), fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    return fig
+
+
+def history_table(df: pd.DataFrame) -> pd.DataFrame:
+    """Wide view: one row per tracked series and machine, one column per mlx version."""
+    t = latest_per_version(tracked(df))
+    if t.empty:
+        return t
+    t = t.assign(series=[series_name(b, p) for b, p in zip(t["benchmark"], t["params"])])
+    wide = t.pivot_table(index=["machine", "backend", "series"], columns="mlx", values="value", aggfunc="first")
+    wide = wide[sorted(wide.columns, key=version_key)]
+    return wide.reset_index()
+
+
+def gate(df: pd.DataFrame, candidate: str | None = None, baseline: str | None = None,
+         threshold: float = GATE_THRESHOLD, include: str = "") -> pd.DataFrame:
+    """Tracked drift figures of ``candidate`` that exceed ``baseline``'s by more than ``threshold``.
+
+    Args:
+        candidate: mlx version to judge (default: the newest with results).
+        baseline: version to compare with (default: the release before ``candidate``).
+        threshold: allowed relative growth (0.10 = 10%); growth from exactly 0 fails
+            as soon as it exceeds GATE_ABS_TOL. For HIGHER_IS_BETTER figures a
+            drop by more than ``threshold`` fails instead.
+        include: only series whose benchmark name contains this text.
+    Returns:
+        One row per compared series with ``old``, ``new``, ``ratio`` and ``regression``.
+    """
+    t = latest_per_version(tracked(df))
+    if include:
+        t = t[t["benchmark"].str.contains(include, regex=False)]
+    if t.empty:
+        raise GemmdriftError("no tracked drift figures in the asv results")
+    versions = sorted(set(t["mlx"]), key=version_key)
+    candidate = candidate or versions[-1]
+    if candidate not in versions:
+        raise GemmdriftError(f"no results for mlx {candidate} (have {', '.join(versions)})")
+    if baseline is None:
+        older = [v for v in versions if version_key(v) < version_key(candidate)]
+        if not older:
+            raise GemmdriftError(f"no mlx release before {candidate} to compare with")
+        baseline = older[-1]
+    elif baseline not in versions:
+        raise GemmdriftError(f"no results for mlx {baseline} (have {', '.join(versions)})")
+    keys = ["machine", "backend", "benchmark", "params"]
+    old = t[t["mlx"] == baseline].set_index(keys)["value"]
+    new = t[t["mlx"] == candidate].set_index(keys)["value"]
+    both = pd.concat({"old": old, "new": new}, axis=1).dropna().reset_index()
+    both["ratio"] = [n / o if o else (math.inf if n > 0 else 1.0) for o, n in zip(both["old"], both["new"])]
+    better_high = both["benchmark"].str.endswith(HIGHER_IS_BETTER)
+    both["regression"] = [
+        (n < o * (1 - threshold) and o - n > GATE_ABS_TOL) if hi else (n > o * (1 + threshold) and n - o > GATE_ABS_TOL)
+        for o, n, hi in zip(both["old"], both["new"], better_high)
+    ]
+    both.insert(0, "candidate", candidate)
+    both.insert(1, "baseline", baseline)
+    return both

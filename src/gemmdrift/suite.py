@@ -1,0 +1,190 @@
+"""The standard measurements: what `gemmdrift run`, the notebooks and asv compute.
+
+One definition of the headline figures, sized per backend: the Linux CPU
+backend runs the reference BLAS (~7 GFLOP/s in bf16), so its sizes are the
+smallest that still cross the embedded Gemma's 512-token sliding window;
+Metal and CUDA get the sizes users run (prefill chunks of 512 and 2048 both
+used in full).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+import time
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from . import files
+from .errors import GemmdriftError
+
+# mlx-lm's generate_step prefills in chunks of 2048, speculative_generate_step in 512.
+DECODE_FAMILY = ("prefill:512,decode", "prefill:512,verify:2", "prefill:512,verify:3")
+PREFILL_FAMILY = ("prefill:2048", "prefill:512")
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """How big each part of the main job is."""
+
+    tokens: int  # teacher-forced stream length (the built-in essay, repeated if needed)
+    split: int  # prompt/continuation boundary; positions split..tokens are compared
+    ladder: bool  # rerun the decode family at float32
+    kernel_layers: tuple[int, ...]  # decoder layers probed (plus the LM head)
+    kernel_ts: tuple[int, ...]
+    kernel_paths: tuple[str, ...]
+    kernel_rows: int  # distinct captured rows per projection
+    diverge_prompt: int  # prompt tokens of the divergence probe
+    diverge_n: int  # tokens generated
+
+
+SIZES = {
+    # Crosses the 512 window with 60 compared positions; a few minutes on 2 CPU cores.
+    "cpu": Sizes(tokens=560, split=500, ladder=True, kernel_layers=(0, 5), kernel_ts=(1, 2, 3, 4, 8, 16, 33),
+                 kernel_paths=("model", "quant:affine-q4-g64", "emulated:splitk4"), kernel_rows=16,
+                 diverge_prompt=500, diverge_n=32),
+    # Metal / CUDA: both prefill chunk sizes in full, longer continuation, full T sweep.
+    "gpu": Sizes(tokens=2600, split=2300, ladder=True, kernel_layers=tuple(range(18)),
+                 kernel_ts=(1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 24, 32, 33, 64, 128, 512),
+                 kernel_paths=("model", "dense:float16", "dense:float32", "quant:affine-q4-g64",
+                               "quant:affine-q8-g64", "emulated:splitk4"),
+                 kernel_rows=64, diverge_prompt=1000, diverge_n=128),
+    # For tests and smoke runs: no sliding-window crossing, seconds.
+    "quick": Sizes(tokens=40, split=32, ladder=False, kernel_layers=(0,), kernel_ts=(1, 2, 3),
+                   kernel_paths=("model", "emulated:splitk4"), kernel_rows=4, diverge_prompt=16, diverge_n=4),
+}
+
+
+def default_sizes() -> str:
+    """'gpu' on Metal/CUDA, 'cpu' otherwise."""
+    import mlx.core as mx
+
+    return "gpu" if mx.default_device().type == mx.gpu else "cpu"
+
+
+def stream(lm, n: int) -> list[int]:
+    """The first ``n`` tokens of the built-in essay (repeated when longer is asked for)."""
+    from .prompts import builtin_text
+
+    if lm.tokenizer is None:
+        raise GemmdriftError("the main job needs a model with a tokenizer")
+    once = lm.tokenizer.encode(builtin_text())
+    ids = list(once)
+    while len(ids) < n:
+        ids += once[1:]  # the text again, without a second BOS
+    return ids[:n]
+
+
+def decode_family(lm, sizes: Sizes):
+    """Decode (T=1) vs verify:2 and verify:3 after the same prefill, with local drift and the ladder."""
+    from .stack import measure_stack
+
+    tokens = stream(lm, sizes.tokens)
+    return measure_stack(lm, tokens, DECODE_FAMILY, split=sizes.split, ladder=sizes.ladder)
+
+
+def prefill_family(lm, sizes: Sizes):
+    """The whole stream prefilled in chunks of 2048 (one chunk here) vs 512."""
+    import numpy as np
+
+    from .stack import measure_stack
+
+    tokens = stream(lm, sizes.tokens)
+    return measure_stack(lm, tokens, PREFILL_FAMILY, positions=np.arange(sizes.split, sizes.tokens))
+
+
+def kernel_probe(lm, sizes: Sizes, checkpoint: Path | None = None):
+    """GEMV vs GEMM rows for every projection of a few layers and the LM head, on captured rows."""
+    from . import kernels
+
+    projs = kernels.projections(lm, layers=list(sizes.kernel_layers) + [lm.n_layers])
+    inputs = kernels.capture_inputs(lm, stream(lm, min(sizes.tokens, 128)), projs, max_rows=sizes.kernel_rows)
+    paths = [p for p in sizes.kernel_paths]
+    return kernels.sweep(lm, inputs, projs, paths, sizes.kernel_ts, checkpoint=checkpoint)
+
+
+def divergence_probe(lm, sizes: Sizes) -> dict[str, Any]:
+    """mlx-lm plain vs speculative (self-draft, K=2) greedy generation past the window, with triage."""
+    from .diverge import diverge
+
+    prompt = stream(lm, sizes.diverge_prompt)
+    return diverge(lm, prompt, sizes.diverge_n, k=2)
+
+
+def _key(part: str, lm, sizes: Sizes) -> str:
+    """What a finished part depends on: its sizes, the model, and the mlx/mlx-lm versions."""
+    from .envinfo import _version
+
+    blob = json.dumps([part, asdict(sizes), lm.info.get("source"), lm.info.get("path"), lm.info.get("dtype"),
+                       _version("mlx"), _version("mlx-lm")], sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def _done(out: Path, key: str) -> bool:
+    marker = out / "done.json"
+    return marker.exists() and json.loads(marker.read_text()).get("key") == key
+
+
+def _mark(out: Path, key: str, seconds: float) -> None:
+    files.write_json(out / "done.json", {"key": key, "seconds": seconds})
+
+
+def main_job(out: str | Path = "results/run", sizes: str | None = None, model: str = "embedded",
+             dtype: str = "bfloat16") -> Path:
+    """Run every part, write tables, figures and ``report.md``; resume finished parts.
+
+    Each part writes its own directory and a ``done.json`` marker last; a part
+    whose marker matches the current inputs is not run again.
+    """
+    import pandas as pd
+
+    from . import report
+    from .envinfo import environment
+    from .kernels import print_kernels, write_kernels
+    from .models import describe, load_model
+
+    name = sizes or default_sizes()
+    if name not in SIZES:
+        raise GemmdriftError(f"unknown size {name!r} (choose {', '.join(SIZES)})")
+    s = SIZES[name]
+    out = Path(out)
+    env = environment()
+    lm = load_model(model, dtype=dtype)
+    print(f"gemmdrift run: {describe(lm.info)}; sizes '{name}' on {env['backend']}", file=sys.stderr, flush=True)
+    files.write_json(out / "env.json", env)
+    sections: dict[str, Any] = {}
+    parts = [("stack-decode", decode_family), ("stack-prefill", prefill_family)]
+    for part, fn in parts:
+        d = out / part
+        key = _key(part, lm, s)
+        if _done(d, key):
+            print(f"gemmdrift run: {part} done before (resumed)", file=sys.stderr)
+        else:
+            t0 = time.perf_counter()
+            result = fn(lm, s)
+            report.write_stack(result, d, env)
+            _mark(d, key, time.perf_counter() - t0)
+        sections[part] = json.loads((d / "summary.json").read_text())
+    d = out / "kernels"
+    key = _key("kernels", lm, s)
+    if not _done(d, key):
+        t0 = time.perf_counter()
+        df = kernel_probe(lm, s, checkpoint=d / "checkpoint")
+        write_kernels(df, d, env, {"model": lm.info, "sizes": asdict(s)})
+        _mark(d, key, time.perf_counter() - t0)
+    kdf = pd.read_csv(d / "kernels.csv")
+    sections["kernels"] = json.loads((d / "summary.json").read_text())
+    sections["kernels_text"] = print_kernels(kdf)
+    d = out / "diverge"
+    key = _key("diverge", lm, s)
+    if not _done(d, key):
+        t0 = time.perf_counter()
+        r = divergence_probe(lm, s)
+        files.write_json(d / "diverge.json", r)
+        _mark(d, key, time.perf_counter() - t0)
+    sections["diverge"] = json.loads((d / "diverge.json").read_text())
+    text = report.main_report(lm.info, env, name, replace(s), sections)
+    path = files.write_text(out / "report.md", text)
+    return path

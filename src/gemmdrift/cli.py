@@ -263,6 +263,64 @@ def cmd_triage(args) -> int:
     return 0
 
 
+def cmd_run(args) -> int:
+    from .suite import main_job
+
+    path = main_job(args.out, sizes=args.sizes, model=args.model, dtype=args.dtype)
+    print(path.read_text())
+    print(f"report: {path}")
+    return 0
+
+
+def cmd_history(args) -> int:
+    from . import files
+    from .history import history_table, latest_per_version, plot_history, read_results, tracked
+    from .report import text_table
+
+    df = read_results(args.results)
+    out = Path(args.out)
+    t = latest_per_version(tracked(df))
+    if args.include:
+        t = t[t["benchmark"].str.contains(args.include, regex=False)]
+    if t.empty:
+        raise GemmdriftError("no tracked figures match")
+    files.write_csv(out / "history.csv", t)
+    wide = history_table(t)
+    files.write_csv(out / "history_wide.csv", wide)
+    figures = []
+    for (bench, params), _ in t.groupby(["benchmark", "params"], sort=True):
+        name = (bench + ("_" + params if params else "")).replace("/", "_").replace(" ", "").replace(",", "_")
+        figures.append(files.save_figure(out / "figures" / f"{name[:150]}.png", plot_history(t, bench, params)))
+    summary = {"series": int(len(wide)), "versions": sorted(set(t["mlx"])), "machines": sorted(set(t["machine"])),
+               "figures": [str(f) for f in figures]}
+    _emit(args, {**summary, "table": wide.to_dict(orient="records")},
+          text_table(wide) + f"\n\n{len(figures)} figures in {out / 'figures'}/")
+    return 0
+
+
+def cmd_gate(args) -> int:
+    from . import files
+    from .history import gate, read_results
+    from .report import text_table
+
+    if not args.threshold >= 0:
+        raise GemmdriftError(f"--threshold must be a non-negative fraction, got {args.threshold}")
+    df = read_results(args.results)
+    g = gate(df, candidate=args.candidate, baseline=args.baseline, threshold=args.threshold, include=args.include)
+    bad = g[g["regression"]]
+    if args.out:
+        files.write_csv(Path(args.out) / "gate.csv", g)
+    verdict = (f"FAIL: {len(bad)} of {len(g)} tracked figures of mlx {g['candidate'].iloc[0]} exceed mlx "
+               f"{g['baseline'].iloc[0]} by more than {args.threshold:.0%}" if len(bad) else
+               f"PASS: no tracked figure of mlx {g['candidate'].iloc[0]} exceeds mlx {g['baseline'].iloc[0]} "
+               f"by more than {args.threshold:.0%} ({len(g)} compared)")
+    shown = bad if len(bad) else g.head(0)
+    _emit(args, {"pass": not len(bad), "compared": int(len(g)), "regressions": bad.to_dict(orient="records")},
+          (text_table(shown[["machine", "backend", "benchmark", "params", "old", "new", "ratio"]]) + "\n" if len(bad)
+           else "") + verdict)
+    return 1 if len(bad) else 0
+
+
 # ------------------------------------------------------------------------- parser
 
 
@@ -316,6 +374,29 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--envelope", type=float, help="use this envelope instead of measuring it on the shared prefix")
     _add_output(s, "results/triage")
     s.set_defaults(func=cmd_triage)
+
+    s = sub.add_parser("run", help="the main job: kernels, schedules, prefill chunks and a divergence on the embedded Gemma")
+    s.add_argument("--out", default="results/run", help="output directory (default results/run); reruns resume")
+    s.add_argument("--sizes", choices=["cpu", "gpu", "quick"], help="default: gpu on Metal/CUDA, cpu otherwise")
+    s.add_argument("--model", default="embedded", help="a model source (default: the embedded Gemma 3 270M)")
+    s.add_argument("--dtype", default="bfloat16", help="compute dtype (default bfloat16)")
+    s.set_defaults(func=cmd_run)
+
+    s = sub.add_parser("history", help="tracked figures against the mlx version, from asv's results")
+    s.add_argument("--results", default=".asv/results", help="asv results directory (default .asv/results)")
+    s.add_argument("--include", default="", help="only benchmarks whose name contains this text")
+    _add_output(s, "results/history")
+    s.set_defaults(func=cmd_history)
+
+    s = sub.add_parser("gate", help="exit 1 if a tracked drift figure of an mlx release grew past the previous one")
+    s.add_argument("--results", default=".asv/results", help="asv results directory (default .asv/results)")
+    s.add_argument("--candidate", help="mlx version to judge (default: the newest with results)")
+    s.add_argument("--baseline", help="mlx version to compare with (default: the release before the candidate)")
+    s.add_argument("--threshold", type=float, default=0.10, help="allowed relative growth (default 0.10)")
+    s.add_argument("--include", default="", help="only benchmarks whose name contains this text")
+    s.add_argument("--out", help="also write gate.csv here")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(func=cmd_gate)
     return p
 
 

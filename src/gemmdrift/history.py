@@ -95,8 +95,10 @@ def read_results(results_dir: str | Path) -> pd.DataFrame:
             values = entry[i_res]
             params = entry[i_par] if len(entry) > i_par else []
             combos = list(itertools.product(*params)) if params else [()]
-            if values is None:
+            if values is None:  # the benchmark failed
                 values = [None] * len(combos)
+            elif not isinstance(values, list):
+                values = [values]
             for combo, v in zip(combos, values):
                 file_rows.append({
                     "machine": d.get("params", {}).get("machine", path.parent.name),

@@ -368,3 +368,27 @@ def run_schedule(
         seconds=seconds,
         mode="local" if reference is not None else "accumulated",
     )
+
+
+def run_plain(model, tokens: Sequence[int], schedule: Schedule | str, *, split: int | None = None,
+              logit_positions: Sequence[int] | None = None) -> float:
+    """The same blocks through plain mlx-lm calls, without taps; returns seconds.
+
+    As mlx-lm's generate does: the model's own output for every block (the LM
+    head over all its rows), evaluated with the cache state, keeping only the
+    rows that would be read. The baseline of the taps' overhead.
+    """
+    import mlx.core as mx
+    from mlx_lm.models.cache import make_prompt_cache
+
+    schedule = parse_schedule(schedule)
+    n = len(tokens)
+    wanted = set(int(p) for p in (logit_positions if logit_positions is not None else []))
+    cache = make_prompt_cache(model)
+    token_array = mx.array(np.asarray(tokens, dtype=np.uint32))
+    t0 = time.perf_counter()
+    for start, stop in schedule.blocks(n, split):
+        out = model(token_array[start:stop][None], cache=cache)
+        rows = [p - start for p in range(start, stop) if p in wanted]
+        mx.eval([out[:, mx.array(rows)]] if rows else [], [c.state for c in cache if c is not None])
+    return time.perf_counter() - t0

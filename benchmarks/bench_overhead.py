@@ -1,0 +1,34 @@
+"""What the layer taps cost: a tapped run against the same schedule through plain mlx-lm calls.
+
+Both read the logits of every continuation position, as decoding does.
+"""
+
+from . import common
+
+SCHEDULES = ["prefill:64,decode", "prefill:64,verify:2"]
+TOKENS, SPLIT = 96, 64
+
+
+class TapOverhead:
+    params = (SCHEDULES,)
+    param_names = ["schedule"]
+    timeout = 1200
+    number = 1
+    repeat = 3
+
+    def setup(self, schedule):
+        from gemmdrift import suite
+
+        self.lm = common.model()
+        self.tokens = suite.stream(self.lm, TOKENS)
+
+    def time_plain_mlx_lm(self, schedule):
+        from gemmdrift.taps import run_plain
+
+        run_plain(self.lm.model, self.tokens, schedule, split=SPLIT, logit_positions=range(SPLIT, TOKENS))
+
+    def time_tapped(self, schedule):
+        from gemmdrift.taps import run_schedule
+
+        run_schedule(self.lm.model, self.tokens, schedule, split=SPLIT, positions=range(SPLIT, TOKENS),
+                     logit_positions=range(SPLIT, TOKENS))

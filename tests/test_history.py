@@ -1,0 +1,131 @@
+"""The asv results reader, the by-version history and the gate, on a results tree written here."""
+
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+
+from gemmdrift import history
+from gemmdrift.errors import GemmdriftError
+
+COLUMNS = ["result", "params", "version", "started_at", "duration", "stats_ci_99_a", "stats_ci_99_b", "stats_q_25",
+           "stats_q_75", "stats_number", "stats_repeat", "samples", "profile"]
+BENCH_ENV = "bench_env"
+
+
+def entry(value, params=()):
+    """An asv 0.6 result entry: the value list first (one value when unparameterized)."""
+    values = value if isinstance(value, list) else [value]
+    return [values, [list(p) for p in params], "v1", 0, 0.1] + [None] * 8
+
+
+def write_result(root, machine, commit, mlx, date, dlogit, layers, accept, pinned=None):
+    d = root / machine
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "machine.json").write_text(json.dumps({"machine": machine, "version": 1}))
+    results = {
+        "bench_env.track_mlx_version": entry(history.encode_version(mlx)),
+        "bench_env.track_backend": entry(0.0),
+        "bench_stack.DecodeVsVerify.track_max_abs_dlogit": entry([dlogit[0], dlogit[1]], [["'verify2'", "'verify3'"]]),
+        "bench_stack.Layers.track_rel_l2": entry(layers, [["'verify2'"], ["'layer 0'", "'layer 1'"]]),
+        "bench_diverge.Divergence.track_self_draft_acceptance": entry(accept),
+        "bench_kernels.KernelDrift.track_bits_lost": entry([0.0, float("nan")], [["'model'"], ["1", "2"]]),
+    }
+    doc = {"commit_hash": commit * 5, "env_name": f"env-{mlx}", "date": date,
+           "params": {"machine": machine}, "python": "3.11",
+           "requirements": {"mlx": pinned or mlx, "mlx-lm": "x"}, "env_vars": {},
+           "result_columns": COLUMNS, "results": results, "durations": {}, "version": 2}
+    (d / f"{commit}-env-{mlx}.json").write_text(json.dumps(doc))
+
+
+@pytest.fixture
+def results(tmp_path):
+    root = tmp_path / "results"
+    write_result(root, "m1", "aaaaaaaa", "0.31.2", 1, (0.5, 0.25), [0.0, 0.01], 0.60)
+    write_result(root, "m1", "bbbbbbbb", "0.32.4", 2, (0.52, 0.40), [0.0, 0.01], 0.60)
+    (root / "benchmarks.json").write_text(json.dumps({
+        "bench_stack.DecodeVsVerify.track_max_abs_dlogit": {"unit": "logits"}, "version": 2}))
+    return root
+
+
+def test_version_code_round_trips():
+    assert history.encode_version("0.32.4") == 3204.0
+    assert history.decode_version(3204.0) == "0.32.4"
+    assert history.decode_version(history.encode_version("1.2.13")) == "1.2.13"
+
+
+def test_reader_flattens_parameters_and_reads_the_tracked_version(results):
+    df = history.read_results(results)
+    s = df[df["benchmark"] == "bench_stack.DecodeVsVerify.track_max_abs_dlogit"]
+    assert sorted(zip(s["mlx"], s["params"], s["value"])) == [
+        ("0.31.2", "verify2", 0.5), ("0.31.2", "verify3", 0.25), ("0.32.4", "verify2", 0.52),
+        ("0.32.4", "verify3", 0.4)]
+    assert set(s["unit"]) == {"logits"} and set(df["backend"]) == {"cpu"}
+    layers = df[df["benchmark"] == "bench_stack.Layers.track_rel_l2"]
+    assert sorted(layers["params"]) == ["verify2, layer 0", "verify2, layer 0", "verify2, layer 1", "verify2, layer 1"]
+    nan = df[df["benchmark"] == "bench_kernels.KernelDrift.track_bits_lost"]
+    assert nan["value"].isna().sum() == 2  # NaN (skipped) is read as missing, not as a number
+
+
+def test_tracked_version_wins_over_the_pin(tmp_path):
+    root = tmp_path / "r"
+    write_result(root, "m1", "cccccccc", "0.30.6", 1, (0.1, 0.1), [0.0, 0.0], 0.6, pinned="")
+    assert set(history.read_results(root)["mlx"]) == {"0.30.6"}
+
+
+def test_history_table_has_a_column_per_version(results):
+    wide = history.history_table(history.read_results(results))
+    assert list(wide.columns[-2:]) == ["0.31.2", "0.32.4"]
+    row = wide[wide["series"] == "bench_stack.DecodeVsVerify.track_max_abs_dlogit[verify3]"].iloc[0]
+    assert (row["0.31.2"], row["0.32.4"]) == (0.25, 0.4)
+
+
+def test_gate_flags_growth_past_the_threshold_only(results):
+    g = history.gate(history.read_results(results), threshold=0.10)
+    assert (g["candidate"].iloc[0], g["baseline"].iloc[0]) == ("0.32.4", "0.31.2")
+    bad = g[g["regression"]]
+    assert list(zip(bad["benchmark"], bad["params"])) == [("bench_stack.DecodeVsVerify.track_max_abs_dlogit", "verify3")]
+    assert bad["ratio"].iloc[0] == pytest.approx(1.6)
+    ok = g[g["params"] == "verify2"]  # +4%: within 10%
+    assert not ok["regression"].any()
+
+
+def test_gate_zero_baseline_and_higher_is_better(tmp_path):
+    root = tmp_path / "r"
+    write_result(root, "m1", "aaaaaaaa", "0.31.2", 1, (0.5, 0.5), [0.0, 0.01], 0.66)
+    write_result(root, "m1", "bbbbbbbb", "0.32.4", 2, (0.5, 0.5), [1e-3, 0.01], 0.50)
+    g = history.gate(history.read_results(root))
+    bad = set(zip(g[g["regression"]]["benchmark"], g[g["regression"]]["params"]))
+    assert ("bench_stack.Layers.track_rel_l2", "verify2, layer 0") in bad  # 0 -> 1e-3
+    assert ("bench_diverge.Divergence.track_self_draft_acceptance", "") in bad  # acceptance fell
+    assert math.isinf(g[g["params"] == "verify2, layer 0"]["ratio"].iloc[0])
+
+
+def test_gate_errors(results, tmp_path):
+    df = history.read_results(results)
+    with pytest.raises(GemmdriftError):
+        history.gate(df, candidate="0.9.9")
+    with pytest.raises(GemmdriftError):
+        history.gate(df, candidate="0.31.2")  # nothing older
+    with pytest.raises(GemmdriftError):
+        history.read_results(tmp_path / "none")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(GemmdriftError):
+        history.read_results(tmp_path / "empty")
+
+
+def test_cli_gate_exit_status_and_history_figures(results, tmp_path):
+    run = lambda *a: subprocess.run([sys.executable, "-m", "gemmdrift", *a], capture_output=True, text=True)
+    r = run("gate", "--results", str(results))
+    assert r.returncode == 1 and "FAIL: 1 of" in r.stdout
+    r = run("gate", "--results", str(results), "--threshold", "0.7")
+    assert r.returncode == 0 and "PASS" in r.stdout
+    r = run("history", "--results", str(results), "--out", str(tmp_path / "h"), "--json")
+    assert r.returncode == 0, r.stderr
+    summary = json.loads(r.stdout)
+    assert summary["versions"] == ["0.31.2", "0.32.4"] and summary["figures"]
+    assert all((tmp_path / "h" / "figures").glob("*.png"))
+    r = run("gate", "--results", str(tmp_path / "none"))
+    assert r.returncode == 2 and "no asv results" in r.stderr

@@ -211,3 +211,13 @@ def test_shared_prefix_gives_bit_identical_results():
     assert np.array_equal(a.logits, b.logits) and np.array_equal(a.hidden, b.hidden)
     with pytest.raises(GemmdriftError):
         run_schedule(lm.model, TOKENS[:30], schedules[0], split=10, prefix=p, positions=[3])
+
+
+def test_quantized_model_with_blocks_that_read_no_logits():
+    # Regression: handing the LM head zero rows crashed mlx's CPU quantized_matmul (SIGFPE).
+    import mlx.nn as nn
+
+    lm = make_tiny("bfloat16")
+    nn.quantize(lm.model, group_size=32, bits=4)
+    taps = run_schedule(lm.model, TOKENS[:20], "prefill:8,verify:2", split=8, positions=[15], logit_positions=[15])
+    assert taps.logits.shape == (1, 97) and np.isfinite(taps.logits).all()

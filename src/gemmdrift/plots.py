@@ -131,3 +131,122 @@ def ladder(ladder_df: pd.DataFrame, base: str, high: str = "float32"):
     ax.grid(True, which="both", axis="y", alpha=0.3)
     ax.legend(fontsize=7)
     return fig
+
+
+def _bits(values) -> np.ndarray:
+    from .metrics import bits_lost
+
+    return np.array([bits_lost(float(v)) if np.isfinite(v) else np.nan for v in np.ravel(values)]).reshape(
+        np.shape(values))
+
+
+def kernel_heatmap(df: pd.DataFrame, metric: str = "max_ulp", title: str = ""):
+    """Layer x projection heatmap of the worst ``metric`` over T, one panel per path.
+
+    ULP metrics are coloured as bits lost, log2(1 + ULPs): exactly 0 where
+    every block row was bit-identical to its T=1 result, 1 for one ULP. The
+    numbers in the cells are the raw worst values. Emulated paths are titled
+    as such.
+    """
+    plt = _plt()
+    t = df[df["metric"] == metric]
+    paths = list(dict.fromkeys(t["path"]))
+    names = list(dict.fromkeys(t["projection"]))
+    layers = sorted(t["layer"].unique())
+    ncols = min(3, max(1, len(paths)))
+    nrows = -(-max(1, len(paths)) // ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(4.6 * ncols + 1, 0.28 * len(layers) * nrows + 2.5),
+                             squeeze=False, gridspec_kw={"wspace": 0.45})
+    ulp = metric.endswith("ulp")
+    worst = t.groupby(["path", "layer", "projection"])["value"].max()
+    vmax = max(1.0, float(np.nanmax(_bits(worst.to_numpy()))) if ulp and len(worst) else float(worst.max() or 1.0))
+    image = None
+    for ax, path in zip(axes.ravel(), paths):
+        grid = worst.loc[path].unstack("projection").reindex(index=layers, columns=names)
+        raw = grid.to_numpy(dtype=float)
+        shown = _bits(raw) if ulp else raw
+        image = ax.imshow(np.ma.masked_invalid(shown), aspect="auto", cmap="viridis", vmin=0, vmax=vmax,
+                          interpolation="nearest")
+        if len(layers) <= 40:
+            for (i, j), v in np.ndenumerate(raw):
+                if np.isfinite(v):
+                    ax.text(j, i, f"{v:.3g}", ha="center", va="center", fontsize=6,
+                            color="white" if (shown[i, j] if np.isfinite(shown[i, j]) else 0) < vmax / 2 else "black")
+        ax.set_xticks(range(len(names)))
+        ax.set_xticklabels([n.rsplit(".", 1)[-1] for n in names], rotation=60, ha="right", fontsize=7)
+        ax.set_yticks(range(len(layers)))
+        head = set(t[t["projection"] == "lm_head"]["layer"])
+        ax.set_yticklabels([f"{i} (head)" if i in head else str(i) for i in layers], fontsize=7)
+        emulated = bool(t[t["path"] == path]["emulated"].any())
+        ax.set_title(("EMULATED control: " if emulated else "") + path, fontsize=9,
+                     color="darkred" if emulated else "black")
+    for ax in axes.ravel()[len(paths):]:
+        ax.axis("off")
+    if image is not None:
+        label = f"bits lost = log2(1 + worst {metric})" if ulp else f"worst {metric}"
+        fig.colorbar(image, ax=axes.ravel().tolist(), shrink=0.8, label=label)
+    fig.suptitle(title or f"Worst {metric} over T of a T-row GEMM against T=1 GEMV")
+    return fig
+
+
+def kernel_vs_t(df: pd.DataFrame, thresholds=None, metric: str = "max_ulp", reference: str = "", title: str = ""):
+    """Drift against T per projection (worst over layers), one line per path, with dispatch thresholds.
+
+    Args:
+        df: the kernels table (projection rows).
+        thresholds: ``{projection: [(T, label, group), ...]}`` or one list for
+            every panel; each is a vertical line with its label, coloured by
+            ``group`` (e.g. matmul, quantized_matmul).
+        metric: a ULP metric, drawn as bits lost (log2(1 + ULPs)).
+        reference: where the thresholds come from, for the legend
+            (e.g. "Metal (reference), M3 Max, mlx 0.32.4" for CPU data).
+    """
+    plt = _plt()
+    t = df[(df["metric"] == metric) & (df["T"] > 1)]
+    names = list(dict.fromkeys(t["projection"]))
+    ncols = min(4, max(1, len(names)))
+    nrows = -(-max(1, len(names)) // ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(3.8 * ncols, 3.1 * nrows + 1.0), squeeze=False, sharey=True)
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    markers = "osD^vP*X"
+    paths = list(dict.fromkeys(t["path"]))
+    groups: list[str] = []
+    for ax, name in zip(axes.ravel(), names):
+        s = t[t["projection"] == name]
+        for k, path in enumerate(paths):
+            p = s[s["path"] == path].groupby("T")["value"].max()
+            if p.empty:
+                continue
+            emulated = bool(s[s["path"] == path]["emulated"].any())
+            # Later paths get open markers and thinner lines, so equal curves (all zero) stay visible.
+            ax.plot(p.index, _bits(p.to_numpy()), "--" if emulated else "-", marker=markers[k % len(markers)],
+                    ms=4, mfc="none" if k else None, lw=max(0.8, 2.2 - 0.5 * k), color=colors[k % len(colors)],
+                    label=("EMULATED " if emulated else "") + path)
+        marks = thresholds.get(name, []) if isinstance(thresholds, dict) else (thresholds or [])
+        for mark in marks:
+            T, label, group = (*mark, "")[:3]
+            if group not in groups:
+                groups.append(group)
+            gi = groups.index(group)
+            ax.axvline(T, color=("0.45", "tab:purple", "tab:brown")[gi % 3], lw=0.8, ls=":",
+                       label=f"{reference} {group} switch".strip())
+            # Groups alternate between the top and the bottom of the panel to keep labels apart.
+            ax.text(T, 0.99 if gi % 2 == 0 else 0.01, f" {label} ", rotation=90, va="top" if gi % 2 == 0 else "bottom",
+                    ha="right", fontsize=5.5, color="0.3", transform=ax.get_xaxis_transform())
+        ax.set_xscale("log", base=2)
+        ax.set_title(name, fontsize=8)
+        ax.grid(True, alpha=0.3)
+        ax.set_xlabel("T (rows in the block)", fontsize=7)
+    for ax in axes.ravel()[len(names):]:
+        ax.axis("off")
+    axes[0, 0].set_ylabel(f"bits lost, log2(1 + {metric})", fontsize=8)
+    handles: dict[str, object] = {}
+    for ax in axes.ravel():
+        for h, lab in zip(*ax.get_legend_handles_labels()):
+            handles.setdefault(lab, h)
+    if handles:
+        fig.legend(list(handles.values()), list(handles), loc="lower center", ncol=min(4, len(handles)), fontsize=7)
+    fig.suptitle(title or "T-row GEMM against T=1 GEMV, worst over layers (dotted: kernel dispatch switches)",
+                 fontsize=9)
+    fig.tight_layout(rect=(0, 0.08, 1, 0.96))
+    return fig

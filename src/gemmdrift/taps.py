@@ -172,6 +172,15 @@ class _LayerProxy:
         return out
 
 
+class StopForward(Exception):
+    """Raised after the final norm when no logits are needed: ends the forward pass there.
+
+    The caches were already updated by then. Ending the pass also spares the
+    LM head a zero-row input, which crashes mlx 0.32.4's CPU quantized_matmul
+    (integer division by M=0 in mlx/backend/cpu/quantized.cpp).
+    """
+
+
 class _NormProxy(_LayerProxy):
     """Stands in for the final norm: records, then passes on only the rows whose logits are read."""
 
@@ -184,9 +193,11 @@ class _NormProxy(_LayerProxy):
         y = self._layer(x, *args, **kwargs)
         rec.capture(self._index, y)
         rows = rec.logit_block_rows()
+        if len(rows) == 0:
+            raise StopForward
         if len(rows) == rec.length:
             return y  # every row is read: the head sees the block exactly as in a real run
-        return y[:, mx.array(rows)] if len(rows) else y[:, :0]
+        return y[:, mx.array(rows)]
 
 
 def find_final_norm(model) -> tuple[Any, str]:
@@ -342,10 +353,13 @@ def run_schedule(
     with installed(model, rec):
         for start, stop in blocks:
             rec.begin(start, stop)
-            out = model(token_array[start:stop][None], cache=cache)
             wanted = rec.logit_block_rows()
+            try:
+                out = model(token_array[start:stop][None], cache=cache)
+            except StopForward:
+                out = None
             # One eval per block, as mlx-lm's generate does: outputs, taps and cache state together.
-            mx.eval([out] if len(wanted) else [], rec.arrays(), [c.state for c in cache if c is not None])
+            mx.eval([out] if out is not None else [], rec.arrays(), [c.state for c in cache if c is not None])
             rec.flush()
             if len(wanted):
                 if out.shape[1] != len(wanted):

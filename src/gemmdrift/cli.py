@@ -151,6 +151,59 @@ def cmd_stack(args) -> int:
     return 0
 
 
+def parse_ints(text: str | None, name: str) -> list[int] | None:
+    """'1-17,24,32' -> [1, ..., 17, 24, 32]; 'all' or None -> None."""
+    if text is None or text == "all":
+        return None
+    out = []
+    try:
+        for part in text.split(","):
+            if "-" in part.strip("-"):
+                a, b = part.split("-", 1)
+                out += list(range(int(a), int(b) + 1))
+            else:
+                out.append(int(part))
+    except ValueError:
+        raise GemmdriftError(f"{name}: expected numbers like 1-17,24,32, got {text!r}") from None
+    if not out:
+        raise GemmdriftError(f"{name}: empty list")
+    return out
+
+
+def cmd_kernels(args) -> int:
+    import pandas as pd
+
+    from . import kernels
+    from .envinfo import environment
+    from .models import describe
+
+    ts = parse_ints(args.ts, "--ts") or list(kernels.DEFAULT_TS)
+    if min(ts) < 1:
+        raise GemmdriftError(f"--ts: block sizes must be positive, got {min(ts)}")
+    layers = parse_ints(args.layers, "--layers")
+    names = args.projections.split(",") if args.projections else None
+    paths = args.paths.split(",")
+    for p in paths:
+        kernels.parse_path(p)  # a bad path fails before the model loads
+    lm = _load(args)
+    projs = kernels.projections(lm, layers=layers, names=names)
+    print(f"gemmdrift kernels: {describe(lm.info)}; {len(projs)} projections x {len(paths)} paths", file=sys.stderr)
+    if lm.synthetic:
+        ids, label = [], "synthetic rows"
+    else:
+        ids, label = _tokens(args, lm)
+    inputs = kernels.capture_inputs(lm, ids, projs, max_rows=args.rows)
+    out = Path(args.out)
+    df = kernels.sweep(lm, inputs, projs, paths, ts, max_t=args.max_t, checkpoint=out / "checkpoint")
+    if args.ops:
+        df = pd.concat([df, kernels.ops_sweep(lm)], ignore_index=True)
+    inputs_record = {"model": lm.info, "prompt": label, "tokens": ids, "paths": paths, "ts": ts,
+                     "rows": inputs.describe() if hasattr(inputs, "describe") else None}
+    kernels.write_kernels(df, out, environment(), inputs_record)
+    _emit(args, kernels.kernels_summary(df), kernels.print_kernels(df) + f"\n\nwritten to {out}/")
+    return 0
+
+
 def _load_draft(args):
     from .models import load_model, parse_quantization
 
@@ -344,6 +397,20 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--ladder", action="store_true", help="rerun at float32: rounding shrinks, semantic differences do not")
     _add_output(s, "results/stack")
     s.set_defaults(func=cmd_stack)
+
+    s = sub.add_parser("kernels", help="GEMV (T=1) vs GEMM (T>1) per projection of every layer, on captured rows")
+    _add_model(s)
+    _add_prompt(s)
+    s.add_argument("--layers", help="decoder layers, e.g. 0-5,17 (default all; the LM head is layer N)")
+    s.add_argument("--projections", help="comma-separated names, e.g. q_proj,mlp.down_proj,lm_head (default all)")
+    s.add_argument("--paths", default="model,quant:affine-q4-g64,emulated:splitk4",
+                   help="comma-separated: model, dense:<dtype>, quant:<mode>-q<bits>-g<group>, emulated:splitk<P>")
+    s.add_argument("--ts", help="block sizes, e.g. 1-17,24,32,33,64,128,512,2048 (the default)")
+    s.add_argument("--max-t", type=int, default=2048, help="largest block size (default 2048; a FLOP budget caps big projections)")
+    s.add_argument("--rows", type=int, default=64, help="distinct captured rows per projection (default 64)")
+    s.add_argument("--ops", action="store_true", help="also sdpa, rms_norm, rope and softmax with the model's geometry")
+    _add_output(s, "results/kernels")
+    s.set_defaults(func=cmd_kernels)
 
     s = sub.add_parser("diverge", help="greedy generation under two schedules (mlx-lm generate vs speculative), first divergence, triage")
     _add_model(s)

@@ -139,13 +139,13 @@ class PrefillChunks(_Prefill):
 
 
 class PrefillChunksLayers(_Prefill):
-    """Drift at every layer between the two chunkings."""
+    """Accumulated drift at every layer between the two chunkings."""
 
-    params = (["accumulated", "local"], TAPS)
-    param_names = ["mode", "tap"]
+    params = (TAPS,)
+    param_names = ["tap"]
 
-    def track_rel_l2(self, f, mode, tap):
-        return f["rel_l2"][(PREFILL_PAIR, mode, tap)]
+    def track_rel_l2(self, f, tap):
+        return f["rel_l2"][(PREFILL_PAIR, "accumulated", tap)]
 
     track_rel_l2.unit = "relative L2"
     track_rel_l2.version = "1"

@@ -32,11 +32,12 @@ import numpy as np
 from . import metrics
 from .errors import GemmdriftError
 from .schedules import parse_schedule
-from .taps import run_schedule
+from .taps import common_prefix, run_schedule
 
 NEAR_TIE = "NEAR-TIE"
 OUTSIDE = "OUTSIDE ENVELOPE"
 ENVELOPE_POSITIONS = 64  # prefix positions whose Δgap make the envelope when none is given
+MIN_ENVELOPE_POSITIONS = 16  # fewer continuation positions than this: measure on the prompt too
 
 
 @dataclass
@@ -188,15 +189,19 @@ def triage(lm, prompt: Sequence[int], stream_a: Sequence[int], stream_b: Sequenc
     prefix = list(prompt) + [int(t) for t in stream_a[:d]]
     pos = len(prefix) - 1  # the logits here predict the divergent token
     split = len(prompt) - 1
-    lo = max(0, pos - envelope_positions)
+    scheds = [type(s)(s.phases[1:]) if split < 1 and len(s.phases) == 2 else s for s in (sa, sb)]
+    # A one-token prompt has no prefill: the whole prefix is the continuation.
+    split_arg = split if split >= 1 else None
+    # The envelope comes from the continuation, where the schedules differ, when
+    # it is long enough; the prompt blocks both schedules share then run once.
+    lo = max(split, pos - envelope_positions, 0)
+    if pos + 1 - lo < MIN_ENVELOPE_POSITIONS:
+        lo = max(0, pos - envelope_positions)
     positions = np.arange(lo, pos + 1)
-    runs = {}
-    for key, sched in (("a", sa), ("b", sb)):
-        if split < 1 and len(sched.phases) == 2:
-            # A one-token prompt has no prefill: the whole prefix is the continuation.
-            sched = type(sched)(sched.phases[1:])
-        runs[key] = run_schedule(lm.model, prefix, sched, split=split if split >= 1 else None,
-                                 positions=positions, logit_positions=positions)
+    shared = common_prefix(lm.model, prefix, [s.text for s in scheds], split_arg, int(lo))
+    runs = {key: run_schedule(lm.model, prefix, sched, split=split_arg, positions=positions,
+                              logit_positions=positions, prefix=shared)
+            for key, sched in zip("ab", scheds)}
     ra, rb = runs["a"], runs["b"]
     la, lb = ra.logits, rb.logits
     drift = metrics.logit_drift(la, lb)

@@ -10,16 +10,37 @@ from gemmdrift import diverge as dv
 from gemmdrift.errors import GemmdriftError
 
 
-def near_tie_model(eps=1e-7, seed=1):
-    """Tokens 5 and 6 get almost the same LM-head row: their logits stay within ~eps of each other."""
+class SplitKHead:
+    """An LM head whose T>1 blocks sum K in 4 float32 partials (emulated split-K); T=1 is the real kernel.
+
+    A planted, purely numeric difference between decoding and verification,
+    like a GPU switching from GEMV to split-K GEMM.
+    """
+
+    def __init__(self, linear):
+        import mlx.core as mx
+
+        self.linear = linear
+        self.wf = linear.weight.astype(mx.float32)
+
+    def __call__(self, x):
+        from gemmdrift.kernels import split_k
+
+        return self.linear(x) if x.shape[1] == 1 else split_k(x, self.wf, None, 4, x.dtype)
+
+
+def near_tie_model(eps=1e-6, seed=1):
+    """All-global caches (no sliding window, so mlx-lm can always rewind them), tokens 5 and 6
+    with almost the same LM-head row, and the split-K head: every divergence is numeric."""
     import mlx.core as mx
 
-    lm = make_tiny("float32", seed=seed)
+    lm = make_tiny("float32", seed=seed, sliding_window_pattern=1)
     w = np.array(lm.model.lm_head.weight.astype(mx.float32))
     w[5] = w[5] * 8  # make the pair win often
     w[6] = w[5] + eps * np.random.default_rng(1).standard_normal(w.shape[1]).astype(np.float32)
     lm.model.lm_head.weight = mx.array(w)
     mx.eval(lm.model.parameters())
+    lm.model.lm_head = SplitKHead(lm.model.lm_head)
     return lm
 
 
@@ -35,16 +56,38 @@ def stale_cache_stream(lm, prompt, n):
 
 def test_rounding_divergence_is_a_near_tie():
     lm = near_tie_model()
-    prompt = list(range(10, 22))  # longer than the window of 8: cache layouts differ
+    prompt = list(range(10, 22))
     r = dv.diverge(lm, prompt, 24, k=2)
     t = r["triage"]
     assert r["first_divergence"] is not None
-    assert t["verdict"] == dv.NEAR_TIE
+    assert t["verdict"] == dv.NEAR_TIE and t["divergence_verdict"] == dv.NEAR_TIE
     assert {t["token_a"], t["token_b"]} == {5, 6}
     assert t["margin"] <= t["envelope"] and not t["bit_identical"]
-    # At a tie this close, which token the real speculative run picked depends on
-    # its block alignment after rejections, so only stream A must be reproduced.
-    assert t["reproduces_a"]
+    assert t["reproduces_a"] and t["reproduces_b"]
+    assert t["stream_a_check"]["first_outside"] is None and t["stream_b_check"]["first_outside"] is None
+
+
+def test_speculative_run_without_rollback_is_outside_the_envelope():
+    # Planted: the target's cache is never trimmed after a rejection, so rejected
+    # drafts stay in it. The first divergence may still be a near-tie; the
+    # speculative stream is not what its own schedule computes.
+    from mlx_lm.models.cache import KVCache
+
+    class NoRollback(KVCache):
+        def trim(self, n):
+            return 0
+
+    lm = near_tie_model()
+    draft = make_tiny("float32", seed=7, sliding_window_pattern=1).model  # disagrees often: many rejections
+    prompt = list(range(10, 22))
+    a = dv.generate_plain(lm.model, prompt, 24)
+    caches = [NoRollback() for _ in lm.model.layers] + [KVCache() for _ in draft.layers]
+    b = dv.generate_speculative(lm.model, prompt, 24, k=2, draft=draft, prompt_cache=caches)
+    assert b.stats["acceptance"] < 0.5
+    t = dv.triage(lm, prompt, a.tokens, b.tokens, a.schedule, b.schedule)
+    assert t.verdict == dv.OUTSIDE
+    assert t.stream_b_check["first_outside"] is not None and t.stream_a_check["first_outside"] is None
+    assert "stream B" in t.reason
 
 
 def test_planted_state_bug_is_outside_the_envelope():
@@ -72,8 +115,19 @@ def test_identical_streams_and_first_divergence():
     lm = make_tiny("float32")
     assert dv.first_divergence([1, 2, 3], [1, 2, 4]) == 2
     assert dv.first_divergence([1, 2], [1, 2, 3]) is None
+    a = dv.generate_plain(lm.model, [1, 2, 3], 6).tokens
+    t = dv.triage(lm, [1, 2, 3], a, a, "prefill:2048,decode", "prefill:512,verify:2")
+    assert t.verdict == "IDENTICAL" and t.stream_a_check["mismatches"] == 0
+    # Tokens the model would never pick greedily are flagged, even when both streams agree.
     t = dv.triage(lm, [1, 2, 3], [4, 5], [4, 5], "prefill:2048,decode", "prefill:512,verify:2")
-    assert t.verdict == "IDENTICAL"
+    assert t.verdict == dv.OUTSIDE and t.stream_a_check["first_outside"] == 0
+
+
+def test_check_stream_known_answer():
+    logits = np.array([[0.0, 1.0, 0.5], [2.0, 1.9, 0.0], [0.0, 0.0, 3.0]])
+    c = dv.check_stream(logits, [1, 1, 0], envelope=0.2)
+    assert (c["mismatches"], c["first_mismatch"], c["first_outside"]) == (2, 1, 2)
+    assert c["margin_outside"] == 3.0 and c["max_margin"] == 3.0
 
 
 def test_given_envelope_is_used():

@@ -216,18 +216,27 @@ def _load_draft(args):
 
 
 def _triage_lines(t: dict) -> list[str]:
-    if t["verdict"] == "IDENTICAL":
-        return [f"verdict: IDENTICAL ({t['reason']})"]
-    return [
-        f"first divergence at generated token {t['index']} (logits of position {t['position']})",
-        f"  context: {t['context']}",
-        f"  A {t['schedule_a']:24s} top-2 {t['top2_a']}  gap {t['gap_a']:.4g}",
-        f"  B {t['schedule_b']:24s} top-2 {t['top2_b']}  gap {t['gap_b']:.4g}",
-        f"  Δgap {t['dgap']:.4g}; competing tokens {t['token_a']} vs {t['token_b']} are {t['margin']:.4g} apart",
-        f"  envelope {t['envelope']:.4g} ({t['envelope_source']})",
-        f"  hidden states first differ at tap {t['first_layer_differ']}; bit-identical: {t['bit_identical']}",
-        f"verdict: {t['verdict']} - {t['reason']}",
-    ]
+    lines = []
+    if t["index"] is not None:
+        lines += [
+            f"first divergence at generated token {t['index']} (logits of position {t['position']})",
+            f"  context: {t['context']}",
+            f"  A {t['schedule_a']:24s} top-2 {t['top2_a']}  gap {t['gap_a']:.4g}",
+            f"  B {t['schedule_b']:24s} top-2 {t['top2_b']}  gap {t['gap_b']:.4g}",
+            f"  Δgap {t['dgap']:.4g}; competing tokens {t['token_a']} vs {t['token_b']} are {t['margin']:.4g} apart",
+            f"  hidden states first differ at tap {t['first_layer_differ']}; bit-identical: {t['bit_identical']}",
+            f"  the divergence alone: {t['divergence_verdict']}",
+        ]
+    lines.append(f"  envelope {t['envelope']:.4g} ({t['envelope_source']})")
+    for key in ("a", "b"):
+        c = t[f"stream_{key}_check"]
+        if c:
+            outside = ("none" if c["first_outside"] is None
+                       else f"token {c['first_outside']} ({c['margin_outside']:.4g} below the argmax)")
+            lines.append(f"  stream {key.upper()} teacher-forced under its schedule: {c['mismatches']} of "
+                         f"{c['tokens']} tokens not the argmax; first outside the envelope: {outside}")
+    lines.append(f"verdict: {t['verdict']} - {t['reason']}")
+    return lines
 
 
 def cmd_diverge(args) -> int:
@@ -282,10 +291,10 @@ def cmd_diverge(args) -> int:
              f"B ({r['stream_b']['label']}, {r['stream_b']['schedule']}): {r['text_b']!r}"]
     if r["first_divergence"] is None:
         lines.append(f"no divergence in {args.n} tokens")
-    elif "triage" in r:
-        lines += _triage_lines(r["triage"])
-    else:
+    elif "triage" not in r:
         lines.append(f"first divergence at generated token {r['first_divergence']}")
+    if "triage" in r:
+        lines += _triage_lines(r["triage"])
     lines.append(f"written to {out}/ (stream_a.json and stream_b.json feed `gemmdrift triage`)")
     _emit(args, r, "\n".join(lines))
     return 0

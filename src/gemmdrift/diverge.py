@@ -24,7 +24,7 @@ divergence is not numeric at all.
 from __future__ import annotations
 
 import sys
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Sequence
 
 import numpy as np
@@ -125,12 +125,12 @@ def first_divergence(a: Sequence[int], b: Sequence[int]) -> int | None:
 
 @dataclass
 class Triage:
-    """The verdict on one divergence, with the numbers behind it."""
+    """The verdict on one pair of streams, with the numbers behind it."""
 
     verdict: str  # NEAR-TIE | OUTSIDE ENVELOPE | IDENTICAL
     reason: str
-    index: int | None  # index in the generated streams (None: no divergence)
-    position: int | None  # absolute position whose logits predict the divergent token
+    index: int | None  # first divergent generated token (None: the streams agree)
+    position: int | None  # absolute position whose logits predict it
     token_a: int | None = None
     token_b: int | None = None
     schedule_a: str = ""
@@ -144,9 +144,12 @@ class Triage:
     envelope: float | None = None  # max |Δgap| the schedule switch made on the shared prefix
     envelope_source: str = ""
     first_layer_differ: int | None = None  # first tap whose hidden state differs at the position
-    bit_identical: bool | None = None  # teacher-forced schedules bit-identical at all measured positions
-    reproduces_a: bool | None = None  # teacher-forced argmax under A is stream A's token
+    bit_identical: bool | None = None  # teacher-forced schedules bit-identical on the shared prefix
+    reproduces_a: bool | None = None  # teacher-forced argmax under A is stream A's token there
     reproduces_b: bool | None = None
+    divergence_verdict: str | None = None  # the verdict on the first divergence alone
+    stream_a_check: dict[str, Any] = field(default_factory=dict)  # see check_stream
+    stream_b_check: dict[str, Any] = field(default_factory=dict)
     context: str = ""
 
     def as_dict(self) -> dict[str, Any]:
@@ -159,12 +162,55 @@ def _decode(tokenizer, ids) -> str:
     return tokenizer.decode(list(ids))
 
 
+def check_stream(logits: np.ndarray, stream: Sequence[int], envelope: float) -> dict[str, Any]:
+    """Does a schedule, teacher-forced on a stream's own prefix, choose the stream's tokens?
+
+    A greedy stream is the argmax of its generator's logits. Teacher forcing
+    the same prefix through the same schedule recomputes those logits; where
+    the argmax is another token by more than the envelope, the generator
+    computed from a different state (a cache that was not rolled back, an
+    offset, a mask), whatever the other stream did.
+
+    Args:
+        logits: (len(stream), vocab) teacher-forced logits predicting each token.
+        stream: the generated tokens.
+        envelope: the numeric envelope (logits).
+    """
+    logits = np.asarray(logits, dtype=np.float64)
+    rows = np.arange(len(stream))
+    best = logits.argmax(-1)
+    chosen = logits[rows, np.asarray(stream, dtype=np.int64)]
+    margin = logits[rows, best] - chosen  # >= 0; 0 where the stream's token is the argmax
+    off = np.flatnonzero(margin > 0)
+    bad = np.flatnonzero(margin > envelope)
+    return {
+        "tokens": int(len(stream)),
+        "mismatches": int(len(off)),
+        "first_mismatch": int(off[0]) if len(off) else None,
+        "first_outside": int(bad[0]) if len(bad) else None,
+        "margin_outside": float(margin[bad[0]]) if len(bad) else None,
+        "max_margin": float(margin.max()) if len(margin) else 0.0,
+    }
+
+
 def triage(lm, prompt: Sequence[int], stream_a: Sequence[int], stream_b: Sequence[int], schedule_a: str,
            schedule_b: str, *, envelope: float | None = None, envelope_positions: int = ENVELOPE_POSITIONS) -> Triage:
-    """Teacher-force the shared prefix under both schedules and judge the first divergence.
+    """Teacher-force both streams under their schedules and judge them.
 
     Both schedules are two-phase (prompt | continuation); the split sits at the
-    last prompt token, which mlx-lm feeds together with the continuation.
+    last prompt token, which mlx-lm feeds together with the continuation. Each
+    stream is teacher-forced under its own schedule (one run each, logits at
+    every generated position), which gives:
+
+    * the envelope: max |Δgap| between the two schedules on the positions
+      where both streams still agree (or ``envelope`` if given);
+    * the first divergence, judged NEAR-TIE if the competing tokens are within
+      the envelope, OUTSIDE ENVELOPE if not, and not numeric at all if the two
+      schedules are bit-identical there;
+    * a check of each stream against its own schedule (:func:`check_stream`):
+      a stream its schedule does not reproduce by more than the envelope was
+      generated from a wrong state, which makes the whole verdict OUTSIDE
+      ENVELOPE even when the first divergence itself was a near-tie.
 
     Args:
         lm: the loaded model.
@@ -172,7 +218,7 @@ def triage(lm, prompt: Sequence[int], stream_a: Sequence[int], stream_b: Sequenc
         stream_a, stream_b: generated tokens (without the prompt).
         schedule_a, schedule_b: e.g. 'prefill:2048,decode' and 'prefill:512,verify:2'.
         envelope: a known envelope (max |Δgap|, logits); measured here when None.
-        envelope_positions: how many positions before the divergence to measure it on.
+        envelope_positions: at most this many positions before the divergence make the envelope.
     """
     vocab = lm.info.get("vocab_size")
     for name, s in (("prompt", prompt), ("stream A", stream_a), ("stream B", stream_b)):
@@ -181,64 +227,84 @@ def triage(lm, prompt: Sequence[int], stream_a: Sequence[int], stream_b: Sequenc
                 raise GemmdriftError(f"{name}: token id {t} is outside the vocabulary (0..{vocab - 1})")
     if len(prompt) == 0:
         raise GemmdriftError("the streams have no common prefix (empty prompt)")
+    if not len(stream_a) or not len(stream_b):
+        raise GemmdriftError("a stream has no generated tokens")
     sa, sb = parse_schedule(schedule_a), parse_schedule(schedule_b)
+    prompt = [int(t) for t in prompt]
+    stream_a, stream_b = [int(t) for t in stream_a], [int(t) for t in stream_b]
     d = first_divergence(stream_a, stream_b)
-    if d is None:
-        why = "the streams agree" + ("" if len(stream_a) == len(stream_b) else " over their common length")
-        return Triage("IDENTICAL", why, None, None, schedule_a=sa.text, schedule_b=sb.text)
-    prefix = list(prompt) + [int(t) for t in stream_a[:d]]
-    pos = len(prefix) - 1  # the logits here predict the divergent token
-    split = len(prompt) - 1
+    common = d if d is not None else min(len(stream_a), len(stream_b))
+    split = len(prompt) - 1  # the logits at split + i predict generated token i
+    # A one-token prompt has no prefill: the whole sequence is the continuation.
     scheds = [type(s)(s.phases[1:]) if split < 1 and len(s.phases) == 2 else s for s in (sa, sb)]
-    # A one-token prompt has no prefill: the whole prefix is the continuation.
     split_arg = split if split >= 1 else None
-    # The envelope comes from the continuation, where the schedules differ, when
-    # it is long enough; the prompt blocks both schedules share then run once.
-    lo = max(split, pos - envelope_positions, 0)
-    if pos + 1 - lo < MIN_ENVELOPE_POSITIONS:
-        lo = max(0, pos - envelope_positions)
-    positions = np.arange(lo, pos + 1)
-    shared = common_prefix(lm.model, prefix, [s.text for s in scheds], split_arg, int(lo))
-    runs = {key: run_schedule(lm.model, prefix, sched, split=split_arg, positions=positions,
-                              logit_positions=positions, prefix=shared)
-            for key, sched in zip("ab", scheds)}
-    ra, rb = runs["a"], runs["b"]
-    la, lb = ra.logits, rb.logits
+    # The envelope comes from the agreeing continuation, where the schedules
+    # differ, when it is long enough, else from prompt positions too.
+    last_shared = split + common - (0 if d is not None else 1)
+    lo = max(split, last_shared - envelope_positions, 0)
+    if last_shared + 1 - lo < MIN_ENVELOPE_POSITIONS:
+        lo = max(0, last_shared - envelope_positions)
+    tap_at = split + d if d is not None else split
+    runs = []
+    for sched, stream in zip(scheds, (stream_a, stream_b)):
+        seq = prompt + stream[:-1]
+        logit_positions = np.arange(lo, split + len(stream))
+        # Blocks before `lo` cover prompt tokens only, the same for both streams.
+        shared = common_prefix(lm.model, seq, [x.text for x in scheds], split_arg, int(lo))
+        runs.append(run_schedule(lm.model, seq, sched, split=split_arg, positions=[tap_at],
+                                 logit_positions=logit_positions, prefix=shared))
+    ra, rb = runs
+    shared_pos = np.arange(lo, last_shared + 1)
+    la, lb = ra.logits[ra.logit_rows(shared_pos)], rb.logits[rb.logit_rows(shared_pos)]
     drift = metrics.logit_drift(la, lb)
-    bit_identical = bool(np.array_equal(ra.hidden, rb.hidden) and np.array_equal(la, lb))
-    at_a, at_b = la[-1].astype(np.float64), lb[-1].astype(np.float64)
-    ta, tb = int(stream_a[d]), int(stream_b[d])
-    margin = min(abs(at_a[ta] - at_a[tb]), abs(at_b[ta] - at_b[tb]))
-    differ = [i for i in range(ra.hidden.shape[0]) if not np.array_equal(ra.hidden[i, -1], rb.hidden[i, -1])]
     if envelope is None:
         envelope = float(np.max(np.abs(drift["dgap"])))
-        source = f"measured: max |Δgap| over {len(positions)} teacher-forced positions {lo}..{pos}"
+        source = f"measured: max |Δgap| over {len(shared_pos)} teacher-forced positions {lo}..{last_shared}"
     else:
         source = "given"
-    a1, a2 = metrics.top2(at_a[None])
-    b1, b2 = metrics.top2(at_b[None])
-    if bit_identical:
-        verdict = OUTSIDE
-        reason = ("the teacher-forced schedules are bit-identical on the shared prefix: the streams differ "
-                  "for a reason that is not numeric (state, cache, or different inputs)")
-    elif margin <= envelope:
-        verdict = NEAR_TIE
-        reason = f"the competing tokens are {margin:.4g} apart, within the {envelope:.4g} envelope: numeric rounding"
-    else:
-        verdict = OUTSIDE
-        reason = (f"the competing tokens are {margin:.4g} apart, outside the {envelope:.4g} envelope: "
-                  "suspect a state bug (cache rollback, offset, mask)")
-    ctx = _decode(lm.tokenizer, prefix[-12:])
-    return Triage(
-        verdict=verdict, reason=reason, index=d, position=pos, token_a=ta, token_b=tb,
-        schedule_a=sa.text, schedule_b=sb.text,
-        top2_a=[int(a1[0]), int(a2[0])], top2_b=[int(b1[0]), int(b2[0])],
-        gap_a=float(drift["gap_a"][-1]), gap_b=float(drift["gap_b"][-1]), dgap=float(drift["dgap"][-1]),
-        margin=float(margin), envelope=float(envelope), envelope_source=source,
-        first_layer_differ=differ[0] if differ else None, bit_identical=bit_identical,
-        reproduces_a=int(a1[0]) == ta, reproduces_b=int(b1[0]) == tb,
-        context=f"...{ctx}[{_decode(lm.tokenizer, [ta])!r} | {_decode(lm.tokenizer, [tb])!r}]",
-    )
+    gen = {key: r.logits[r.logit_rows(np.arange(split, split + len(s)))]
+           for key, r, s in (("a", ra, stream_a), ("b", rb, stream_b))}
+    checks = {"a": check_stream(gen["a"], stream_a, envelope), "b": check_stream(gen["b"], stream_b, envelope)}
+    bit_identical = bool(np.array_equal(la, lb) and (d is None or np.array_equal(ra.hidden, rb.hidden)))
+    out = Triage("IDENTICAL", "the streams agree", d, None if d is None else tap_at,
+                 schedule_a=sa.text, schedule_b=sb.text, envelope=float(envelope), envelope_source=source,
+                 bit_identical=bit_identical, stream_a_check=checks["a"], stream_b_check=checks["b"])
+    if d is not None:
+        at_a, at_b = la[-1].astype(np.float64), lb[-1].astype(np.float64)
+        ta, tb = stream_a[d], stream_b[d]
+        margin = min(abs(at_a[ta] - at_a[tb]), abs(at_b[ta] - at_b[tb]))
+        differ = [i for i in range(ra.hidden.shape[0]) if not np.array_equal(ra.hidden[i, -1], rb.hidden[i, -1])]
+        a1, a2 = metrics.top2(at_a[None])
+        b1, b2 = metrics.top2(at_b[None])
+        if bit_identical:
+            verdict = OUTSIDE
+            reason = ("the teacher-forced schedules are bit-identical on the shared prefix: the streams differ "
+                      "for a reason that is not numeric (state, cache, or different inputs)")
+        elif margin <= envelope:
+            verdict = NEAR_TIE
+            reason = f"the competing tokens are {margin:.4g} apart, within the {envelope:.4g} envelope: numeric rounding"
+        else:
+            verdict = OUTSIDE
+            reason = (f"the competing tokens are {margin:.4g} apart, outside the {envelope:.4g} envelope: "
+                      "suspect a state bug (cache rollback, offset, mask)")
+        ctx = _decode(lm.tokenizer, (prompt + stream_a[:d])[-12:])
+        out = replace(out, verdict=verdict, reason=reason, divergence_verdict=verdict, token_a=ta, token_b=tb,
+                      top2_a=[int(a1[0]), int(a2[0])], top2_b=[int(b1[0]), int(b2[0])],
+                      gap_a=float(drift["gap_a"][-1]), gap_b=float(drift["gap_b"][-1]),
+                      dgap=float(drift["dgap"][-1]), margin=float(margin),
+                      first_layer_differ=differ[0] if differ else None,
+                      reproduces_a=int(a1[0]) == ta, reproduces_b=int(b1[0]) == tb,
+                      context=f"...{ctx}[{_decode(lm.tokenizer, [ta])!r} | {_decode(lm.tokenizer, [tb])!r}]")
+    wrong = [(key, sched, checks[key]) for key, sched in (("a", sa), ("b", sb))
+             if checks[key]["first_outside"] is not None]
+    if wrong:
+        notes = [f"stream {key.upper()} is not what {sched.text} computes from its own prefix: at generated token "
+                 f"{c['first_outside']} its token is {c['margin_outside']:.4g} logits below the argmax, outside the "
+                 f"{envelope:.4g} envelope, so its generator ran from a wrong state (e.g. a cache that was not "
+                 "rolled back)" for key, sched, c in wrong]
+        first = f"the first divergence alone: {out.divergence_verdict}, {out.reason}" if out.divergence_verdict else ""
+        out = replace(out, verdict=OUTSIDE, reason="; ".join(notes + ([first] if first else [])))
+    return out
 
 
 def diverge(lm, prompt: Sequence[int], n: int, *, k: int = 2, draft=None, prefill_a: int = 2048,
@@ -269,7 +335,7 @@ def diverge(lm, prompt: Sequence[int], n: int, *, k: int = 2, draft=None, prefil
         "text_a": _decode(lm.tokenizer, a.tokens),
         "text_b": _decode(lm.tokenizer, b.tokens),
     }
-    if d is not None and do_triage:
+    if do_triage:  # even without a divergence: each stream is checked against its own schedule
         out["triage"] = triage(lm, prompt, a.tokens, b.tokens, a.schedule, b.schedule, envelope=envelope).as_dict()
     return out
 
@@ -342,6 +408,8 @@ def divergence_stats(lm, prompts: Sequence[Sequence[int]], n: int, *, checkpoint
             "compared": n if d is None else d + 1, "verdict": t.get("verdict", "IDENTICAL"),
             "margin": t.get("margin"), "gap_a": t.get("gap_a"), "dgap": t.get("dgap"), "envelope": t.get("envelope"),
             "first_layer_differ": t.get("first_layer_differ"), "acceptance": r["stream_b"].get("acceptance"),
+            "divergence_verdict": t.get("divergence_verdict"),
+            "b_first_outside": (t.get("stream_b_check") or {}).get("first_outside"),
             "schedule_a": r["stream_a"]["schedule"], "schedule_b": r["stream_b"]["schedule"],
         }
         if path is not None:

@@ -191,10 +191,18 @@ def main_report(model: dict[str, Any], env: dict[str, Any], sizes_name: str, siz
             "",
             f"- teacher-forced top-2 gap: {fmt(t['gap_a'])} under {t['schedule_a']}, {fmt(t['gap_b'])} under "
             f"{t['schedule_b']}; the competing tokens are {fmt(t['margin'])} apart",
-            f"- envelope: {fmt(t['envelope'])} ({t['envelope_source']})",
-            f"- hidden states first differ at tap {t['first_layer_differ']}",
-            f"- **verdict: {t['verdict']}** — {t['reason']}",
+            f"- hidden states first differ at tap {t['first_layer_differ']}; the divergence alone is a "
+            f"{t['divergence_verdict']}",
         ]
+    if t:
+        lines.append(f"- envelope: {fmt(t['envelope'])} ({t['envelope_source']})")
+        for key, label in (("a", "plain"), ("b", "speculative")):
+            c = t[f"stream_{key}_check"]
+            where = ("none" if c["first_outside"] is None
+                     else f"token {c['first_outside']}, {fmt(c['margin_outside'])} logits below the argmax")
+            lines.append(f"- the {label} stream teacher-forced under its own schedule: {c['mismatches']} of "
+                         f"{c['tokens']} tokens are not the argmax; first outside the envelope: {where}")
+        lines.append(f"- **verdict: {t['verdict']}** — {t['reason']}")
     lines += [
         "",
         f"plain: {div['text_a']!r}",

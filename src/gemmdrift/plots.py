@@ -73,6 +73,9 @@ def dgap(positions: pd.DataFrame, dtype: str, title: str = ""):
         a2.hist(s["dgap"].to_numpy(float), bins=40, alpha=0.5, label=pair)
     lim = max(float(p["gap_a"].max()) if len(p) else 1.0, 1e-3)
     a1.plot([0, lim], [0, lim], "k:", lw=1)
+    # Gaps and Δgaps pile up near 0: linear below 1e-2 logits, logarithmic above.
+    a1.set_xscale("symlog", linthresh=1e-2)
+    a1.set_yscale("symlog", linthresh=1e-2)
     a1.set_xlabel("top-2 gap of the reference (logits)")
     a1.set_ylabel("|Δgap|")
     a1.set_title("flip where |Δgap| > gap (red: argmax flipped)")

@@ -39,6 +39,14 @@ def test_env_json_records_versions_and_device():
     (["stack", "--dtype", "float8"], "unknown dtype"),
     (["stack", "--quantize", "7"], "unsupported bits"),
     (["diverge", "--n", "0"], "must be positive"),
+    (["diverge", "--k", "-1"], "--k must be positive"),
+    (["kernels", "--ts", "0-3"], "must be positive"),
+    (["kernels", "--ts", "1,x"], "expected numbers"),
+    (["kernels", "--paths", "model,turbo:9"], "path"),
+    (["kernels", "--rows", "0"], "--rows must be positive"),
+    (["triage", "--stream-a", "/nope/a.json", "--stream-b", "/nope/b.json"], "cannot read stream file"),
+    (["gate", "--threshold", "-1"], "non-negative"),
+    (["run", "--sizes", "huge"], "invalid choice"),
     (["nosuchcommand"], "invalid choice"),
 ])
 def test_bad_input_is_one_line_and_exit_2(args, needle):

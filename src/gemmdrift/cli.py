@@ -180,6 +180,9 @@ def cmd_kernels(args) -> int:
     ts = parse_ints(args.ts, "--ts") or list(kernels.DEFAULT_TS)
     if min(ts) < 1:
         raise GemmdriftError(f"--ts: block sizes must be positive, got {min(ts)}")
+    for flag, value in (("--rows", args.rows), ("--max-t", args.max_t)):
+        if value < 1:
+            raise GemmdriftError(f"{flag} must be positive, got {value}")
     layers = parse_ints(args.layers, "--layers")
     names = args.projections.split(",") if args.projections else None
     paths = args.paths.split(",")
@@ -246,8 +249,10 @@ def cmd_diverge(args) -> int:
     from .models import describe
     from .prompts import builtin_prompts, builtin_text, read_prompts
 
-    if args.n <= 0:
-        raise GemmdriftError(f"--n must be positive, got {args.n}")
+    for flag, value in (("--n", args.n), ("--k", args.k), ("--prefill-a", args.prefill_a),
+                        ("--prefill-b", args.prefill_b)):
+        if value <= 0:
+            raise GemmdriftError(f"{flag} must be positive, got {value}")
     lm = _load(args)
     draft = _load_draft(args)
     opts = dict(k=args.k, draft=draft, prefill_a=args.prefill_a, prefill_b=args.prefill_b, plain_vs=args.compare,

@@ -28,6 +28,7 @@ def test_env_json_records_versions_and_device():
     rec = json.loads(r.stdout)
     assert rec["backend"] == "cpu" and rec["mlx"] and rec["mlx_lm"]
     assert "MLX_ENABLE_TF32" in rec["env"] and "MLX_SDPA_BLOCKS" in rec["env"]
+    assert isinstance(rec["rope_bf16_positions_exact"], bool)
 
 
 @pytest.mark.parametrize("args,needle", [

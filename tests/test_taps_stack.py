@@ -133,7 +133,13 @@ def test_ladder_calls_rounding_rounding():
     pair = r.ladder["pair"].iloc[0]
     assert pair_verdict(r.ladder, pair) == "rounding"
     logits = r.ladder[r.ladder["tap"] == "logits"].iloc[0]
-    assert logits["shrink"] > 1000
+    assert 0 < logits["rel_l2_float32"] < metrics.UNIT_ROUNDOFF["bfloat16"]
+    if logits["rel_l2_bfloat16"] > 0:
+        assert logits["shrink"] > 1000
+    else:
+        # No bf16 rounding flipped: with mlx < 0.30 (CPU RoPE fallback computing its angles in bf16)
+        # this model's bf16 streams are bit-identical under both schedules; the f32 drift is rounding.
+        assert logits["shrink"] == 0
     assert lm.info["dtype"] == "bfloat16" and str(lm.model.lm_head.weight.dtype) == "mlx.core.bfloat16"
 
 

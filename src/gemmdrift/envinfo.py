@@ -52,6 +52,18 @@ def metal_generation(architecture: str) -> str | None:
     return f"M{gen}" + (f" ({size})" if size else "")
 
 
+def _cpu_name() -> str | None:
+    """The CPU's model name as mlx >= 0.30 reports it on Linux (/proc/cpuinfo), for older mlx."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip() or None
+    except OSError:
+        pass
+    return None
+
+
 def device_record() -> dict[str, Any]:
     """Backend and device as mlx reports them. Never guesses a backend it cannot see."""
     import mlx.core as mx
@@ -79,12 +91,29 @@ def device_record() -> dict[str, Any]:
     record = {
         "backend": backend,
         "device": str(dev),
-        "device_name": info.get("device_name") or platform.processor() or platform.machine(),
+        # mlx 0.29 has no mx.device_info(): name the CPU as later releases do.
+        "device_name": info.get("device_name") or (_cpu_name() if backend == "cpu" else None)
+        or platform.processor() or platform.machine(),
         "architecture": arch or platform.machine(),
         "metal_generation": metal_generation(arch) if backend == "metal" else None,
         "memory_bytes": info.get("memory_size"),
     }
     return record
+
+
+def rope_positions_exact(dtype: str = "bfloat16") -> bool:
+    """Whether mx.fast.rope tells positions 256 and 257 apart in ``dtype``.
+
+    mlx before 0.30.0 computed the CPU fallback's angles in the input dtype
+    (mlx/fast.cpp), so in bf16 neighbouring positions past 256 got the same
+    rotation and long bf16 contexts degraded. Recorded with every result,
+    because it changes every figure measured past 256 tokens.
+    """
+    import mlx.core as mx
+
+    x = mx.ones((1, 1, 1, 64), dtype=getattr(mx, dtype))
+    a, b = (mx.fast.rope(x, 64, traditional=False, base=10000.0, scale=1.0, offset=o) for o in (256, 257))
+    return not bool(mx.array_equal(a, b).item())
 
 
 def environment() -> dict[str, Any]:
@@ -109,6 +138,7 @@ def environment() -> dict[str, Any]:
         "hostname": socket.gethostname(),
         **device_record(),
         "env": env_vars,
+        "rope_bf16_positions_exact": rope_positions_exact("bfloat16"),
         "time_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "argv": list(sys.argv),
     }

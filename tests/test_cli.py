@@ -88,3 +88,18 @@ def test_stack_end_to_end_on_the_embedded_gemma(tmp_path):
     meta = json.loads((out / "meta.json").read_text())
     assert meta["env"]["backend"] == "cpu" and len(meta["inputs"]["tokens"]) == 24
     assert meta["inputs"]["model"]["source"] == "embedded"
+
+
+@pytest.mark.slow
+def test_run_quick_writes_the_report_and_resumes(tmp_path):
+    out = tmp_path / "run"
+    r = gd("run", "--sizes", "quick", "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    report = (out / "report.md").read_text()
+    for heading in ("## 1. Kernels", "## 2. Layer stack", "## 3. Prefill", "## 4. Greedy divergence"):
+        assert heading in report
+    assert "EMULATED" in report  # the negative control is labelled as such
+    for part in ("stack-decode", "stack-prefill", "kernels", "diverge"):
+        assert (out / part / "done.json").exists()
+    again = gd("run", "--sizes", "quick", "--out", str(out))
+    assert again.returncode == 0 and again.stderr.count("done before (resumed)") == 4

@@ -408,9 +408,10 @@ def load_model(
         model, config = _load_mlx_dir(path, lazy=lazy)
         info["path"] = str(path)
         source_note = path / "gemmdrift_source.json"
-        if source_note.exists():
-            info["weights"] = "Gemma 3 GGUF, " + json.loads(source_note.read_text())["note"]
-            info["gguf_tensor_types"] = json.loads(source_note.read_text())["tensor_types"]
+        if source_note.exists():  # a directory converted from GGUF by gemmdrift
+            note = json.loads(source_note.read_text())
+            info["weights"] = "Gemma 3 GGUF, " + note["note"]
+            info["gguf_tensor_types"] = note["tensor_types"]
             tokenizer = SentencePieceTokenizer(path / "tokenizer.model")
         else:
             info["weights"] = "mlx-lm checkpoint"

@@ -13,7 +13,7 @@ import hashlib
 import json
 import sys
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -103,8 +103,7 @@ def kernel_probe(lm, sizes: Sizes, checkpoint: Path | None = None):
 
     projs = kernels.projections(lm, layers=list(sizes.kernel_layers) + [lm.n_layers])
     inputs = kernels.capture_inputs(lm, stream(lm, min(sizes.tokens, 128)), projs, max_rows=sizes.kernel_rows)
-    paths = [p for p in sizes.kernel_paths]
-    return kernels.sweep(lm, inputs, projs, paths, sizes.kernel_ts, checkpoint=checkpoint)
+    return kernels.sweep(lm, inputs, projs, list(sizes.kernel_paths), sizes.kernel_ts, checkpoint=checkpoint)
 
 
 def divergence_probe(lm, sizes: Sizes) -> dict[str, Any]:
@@ -156,37 +155,37 @@ def main_job(out: str | Path = "results/run", sizes: str | None = None, model: s
     lm = load_model(model, dtype=dtype)
     print(f"gemmdrift run: {describe(lm.info)}; sizes '{name}' on {env['backend']}", file=sys.stderr, flush=True)
     files.write_json(out / "env.json", env)
-    sections: dict[str, Any] = {}
-    parts = [("stack-decode", decode_family), ("stack-prefill", prefill_family)]
-    for part, fn in parts:
+
+    def write_stack_part(d: Path, result) -> None:
+        report.write_stack(result, d, env)
+
+    def write_kernels_part(d: Path, df) -> None:
+        write_kernels(df, d, env, {"model": lm.info, "sizes": asdict(s)})
+
+    def write_diverge_part(d: Path, r) -> None:
+        files.write_json(d / "diverge.json", r)
+
+    parts = [
+        ("stack-decode", "decode vs verify:2 / verify:3", lambda d: decode_family(lm, s), write_stack_part),
+        ("stack-prefill", "prefill 2048 vs 512", lambda d: prefill_family(lm, s), write_stack_part),
+        ("kernels", "GEMV vs GEMM per projection", lambda d: kernel_probe(lm, s, checkpoint=d / "checkpoint"),
+         write_kernels_part),
+        ("diverge", "mlx-lm generate vs speculative generate", lambda d: divergence_probe(lm, s), write_diverge_part),
+    ]
+    for i, (part, title, measure, write) in enumerate(parts, 1):
         d = out / part
         key = _key(part, lm, s)
         if _done(d, key):
-            print(f"gemmdrift run: {part} done before (resumed)", file=sys.stderr)
-        else:
-            t0 = time.perf_counter()
-            result = fn(lm, s)
-            report.write_stack(result, d, env)
-            _mark(d, key, time.perf_counter() - t0)
-        sections[part] = json.loads((d / "summary.json").read_text())
-    d = out / "kernels"
-    key = _key("kernels", lm, s)
-    if not _done(d, key):
+            print(f"gemmdrift run: [{i}/{len(parts)}] {title}: done before (resumed)", file=sys.stderr, flush=True)
+            continue
+        print(f"gemmdrift run: [{i}/{len(parts)}] {title}", file=sys.stderr, flush=True)
         t0 = time.perf_counter()
-        df = kernel_probe(lm, s, checkpoint=d / "checkpoint")
-        write_kernels(df, d, env, {"model": lm.info, "sizes": asdict(s)})
+        write(d, measure(d))
         _mark(d, key, time.perf_counter() - t0)
-    kdf = pd.read_csv(d / "kernels.csv")
-    sections["kernels"] = json.loads((d / "summary.json").read_text())
-    sections["kernels_text"] = print_kernels(kdf)
-    d = out / "diverge"
-    key = _key("diverge", lm, s)
-    if not _done(d, key):
-        t0 = time.perf_counter()
-        r = divergence_probe(lm, s)
-        files.write_json(d / "diverge.json", r)
-        _mark(d, key, time.perf_counter() - t0)
-    sections["diverge"] = json.loads((d / "diverge.json").read_text())
-    text = report.main_report(lm.info, env, name, replace(s), sections)
+    sections: dict[str, Any] = {part: json.loads((out / part / "summary.json").read_text())
+                                for part in ("stack-decode", "stack-prefill", "kernels")}
+    sections["kernels_text"] = print_kernels(pd.read_csv(out / "kernels" / "kernels.csv"))
+    sections["diverge"] = json.loads((out / "diverge" / "diverge.json").read_text())
+    text = report.main_report(lm.info, env, name, s, sections)
     path = files.write_text(out / "report.md", text)
     return path

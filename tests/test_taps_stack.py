@@ -227,3 +227,19 @@ def test_quantized_model_with_blocks_that_read_no_logits():
     nn.quantize(lm.model, group_size=32, bits=4)
     taps = run_schedule(lm.model, TOKENS[:20], "prefill:8,verify:2", split=8, positions=[15], logit_positions=[15])
     assert taps.logits.shape == (1, 97) and np.isfinite(taps.logits).all()
+
+
+def test_stack_resumes_from_its_checkpoint(tmp_path, monkeypatch):
+    from gemmdrift import stack
+
+    lm = make_tiny("float32")
+    kwargs = dict(split=10, ladder=False, checkpoint=tmp_path)
+    first = measure_stack(lm, TOKENS[:24], ["prefill:5,decode", "prefill:5,verify:2"], **kwargs)
+    assert len(list(tmp_path.glob("*.npz"))) == 3  # reference, accumulated, local
+
+    def fail(*a, **k):
+        raise AssertionError("saved runs must not run again")
+
+    monkeypatch.setattr(stack, "run_schedule", fail)
+    again = measure_stack(lm, TOKENS[:24], ["prefill:5,decode", "prefill:5,verify:2"], **kwargs)
+    assert again.table.equals(first.table) and again.positions.equals(first.positions)

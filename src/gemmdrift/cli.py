@@ -143,7 +143,8 @@ def cmd_stack(args) -> int:
     logit_positions = parse_range(args.logit_positions, n, "--logit-positions")
     print(f"gemmdrift stack: {describe(lm.info)}; {n} tokens ({label}); split {split}", file=sys.stderr)
     result = measure_stack(lm, ids, args.schedules, split=split, positions=positions,
-                           logit_positions=logit_positions, local=not args.no_local, ladder=args.ladder)
+                           logit_positions=logit_positions, local=not args.no_local, ladder=args.ladder,
+                           checkpoint=Path(args.out) / "checkpoint")
     result.inputs["prompt"] = label
     written = write_stack(result, args.out, environment())
     _emit(args, stack_summary(result), print_stack(result) + f"\n\nwritten to {Path(args.out)}/ "

@@ -14,9 +14,12 @@ For each schedule compared with the reference schedule:
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 import sys
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
@@ -25,7 +28,7 @@ import pandas as pd
 from . import metrics
 from .errors import GemmdriftError
 from .schedules import parse_schedule
-from .taps import Taps, common_prefix, run_schedule
+from .taps import Taps, common_prefix, load_taps, run_schedule, save_taps
 
 # Ladder verdicts: rounding drift shrinks by ~u_low/u_high (2**16 from bf16 to
 # f32); a semantic difference keeps its size. Between the two: unclear.
@@ -55,16 +58,33 @@ def _progress(desc: str, total: int):
     return tqdm(total=total, desc=desc, unit="tok", leave=False, file=sys.stderr, disable=None, mininterval=1.0)
 
 
-def _run(model, tokens, schedule, *, log=True, **kw) -> Taps:
-    bar = _progress(f"{schedule}{' (local)' if kw.get('reference') is not None else ''}", len(tokens))
+def _run(model, tokens, schedule, *, checkpoint: Path | None = None, key: str = "", **kw) -> Taps:
+    """One tapped run, with a progress bar and a log line; loaded from ``checkpoint`` if it was saved there."""
+    mode = "local" if kw.get("reference") is not None else "run"
+    path = checkpoint / f"{key}.npz" if checkpoint is not None else None
+    if path is not None and path.exists():
+        taps = load_taps(path)
+        print(f"  {mode:5s} {schedule:28s} done before (resumed)", file=sys.stderr, flush=True)
+        return taps
+    bar = _progress(f"{schedule}{' (local)' if mode == 'local' else ''}", len(tokens))
     try:
         taps = run_schedule(model, tokens, schedule, progress=bar.update, **kw)
     finally:
         bar.close()
-    if log:
-        mode = "local" if kw.get("reference") is not None else "run"
-        print(f"  {mode:5s} {schedule:28s} {taps.blocks:5d} passes  {taps.seconds:7.1f} s", file=sys.stderr, flush=True)
+    print(f"  {mode:5s} {schedule:28s} {taps.blocks:5d} passes  {taps.seconds:7.1f} s", file=sys.stderr, flush=True)
+    if path is not None:
+        save_taps(path, taps)
     return taps
+
+
+def _run_key(lm, tokens, schedule: str, mode: str, dtype: str, split, positions, logit_positions) -> str:
+    """What a run's taps depend on, for resuming: model, versions, inputs, schedule, mode, dtype."""
+    from .envinfo import _version
+
+    blob = json.dumps([lm.info.get("source"), lm.info.get("path"), lm.info.get("quantization"), _version("mlx"),
+                       _version("mlx-lm"), [int(t) for t in tokens], schedule, mode, dtype, split,
+                       [int(p) for p in positions], [int(p) for p in logit_positions]], default=str)
+    return f"{mode}-{dtype}-" + hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
 def compare_taps(ref: Taps, other: Taps, layer_kinds: Sequence[str], labels: dict[str, Any]) -> tuple[list[dict], pd.DataFrame | None, dict | None]:
@@ -152,6 +172,7 @@ def measure_stack(
     ladder: bool = False,
     keep_taps: bool = False,
     share_prefix: bool = True,
+    checkpoint: str | Path | None = None,
 ) -> StackResult:
     """Compare every schedule with the first one over the same tokens.
 
@@ -168,6 +189,8 @@ def measure_stack(
         keep_taps: keep the raw taps in the result (for triage and tests).
         share_prefix: compute the leading blocks all schedules share once
             (they are identical by construction) and start every run from a copy.
+        checkpoint: a directory where every finished run's taps are saved; a
+            repeated call loads them instead of running again (resume).
     """
     import mlx.core as mx
 
@@ -213,9 +236,11 @@ def measure_stack(
             if prefix is not None:
                 print(f"  shared prefix: {prefix.length} tokens in {len(prefix.blocks)} passes  {prefix.seconds:7.1f} s",
                       file=sys.stderr, flush=True)
-            ref = _run(lm.model, tokens, ref_text, split=split,
-                       positions=None if (local and dtype == base) else positions,
-                       logit_positions=logit_positions, prefix=prefix)
+            ckpt = Path(checkpoint) if checkpoint is not None else None
+            ref_positions = np.arange(prefix.length if prefix else 0, n) if (local and dtype == base) else positions
+            ref = _run(lm.model, tokens, ref_text, split=split, positions=ref_positions,
+                       logit_positions=logit_positions, prefix=prefix, checkpoint=ckpt,
+                       key=_run_key(lm, tokens, ref_text, "reference", dtype, split, ref_positions, logit_positions))
             if keep_taps:
                 kept[(ref_text, "accumulated", dtype)] = ref
             for sched in parsed[1:]:
@@ -223,7 +248,8 @@ def measure_stack(
                 for mode in modes:
                     other = _run(lm.model, tokens, sched.text, split=split, positions=positions,
                                  logit_positions=logit_positions, reference=ref if mode == "local" else None,
-                                 prefix=prefix)
+                                 prefix=prefix, checkpoint=ckpt,
+                                 key=_run_key(lm, tokens, sched.text, mode, dtype, split, positions, logit_positions))
                     if keep_taps:
                         kept[(sched.text, mode, dtype)] = other
                     labels = {"pair": f"{ref_text} vs {sched.text}", "reference": ref_text, "schedule": sched.text,
@@ -237,10 +263,9 @@ def measure_stack(
                                          "flip_gaps": env["flip_gaps"]})
                     del other
             del ref, prefix
-            if hasattr(mx, "clear_cache"):  # mx.metal.clear_cache before 0.26
-                mx.clear_cache()
+            mx.clear_cache()
     finally:
-        if lm.info["dtype"] != base or ladder:
+        if ladder:
             _cast(lm.model, base)  # bf16/fp16 values survived the f32 detour exactly
     table = pd.DataFrame(rows)
     ladder_df = ladder_table(table, base) if ladder else None

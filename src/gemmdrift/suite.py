@@ -77,15 +77,15 @@ def stream(lm, n: int) -> list[int]:
     return ids[:n]
 
 
-def decode_family(lm, sizes: Sizes):
+def decode_family(lm, sizes: Sizes, checkpoint: Path | None = None):
     """Decode (T=1) vs verify:2 and verify:3 after the same prefill, with local drift and the ladder."""
     from .stack import measure_stack
 
     tokens = stream(lm, sizes.tokens)
-    return measure_stack(lm, tokens, DECODE_FAMILY, split=sizes.split, ladder=sizes.ladder)
+    return measure_stack(lm, tokens, DECODE_FAMILY, split=sizes.split, ladder=sizes.ladder, checkpoint=checkpoint)
 
 
-def prefill_family(lm, sizes: Sizes):
+def prefill_family(lm, sizes: Sizes, checkpoint: Path | None = None):
     """The whole stream prefilled in chunks of 2048 (one chunk here) vs 512."""
     import numpy as np
 
@@ -94,7 +94,8 @@ def prefill_family(lm, sizes: Sizes):
     tokens = stream(lm, sizes.tokens)
     # No local drift here: it would cost a third full prefill for a pair that is
     # bit-identical on the CPU backend.
-    return measure_stack(lm, tokens, PREFILL_FAMILY, positions=np.arange(sizes.split, sizes.tokens), local=False)
+    return measure_stack(lm, tokens, PREFILL_FAMILY, positions=np.arange(sizes.split, sizes.tokens), local=False,
+                         checkpoint=checkpoint)
 
 
 def kernel_probe(lm, sizes: Sizes, checkpoint: Path | None = None):
@@ -166,8 +167,9 @@ def main_job(out: str | Path = "results/run", sizes: str | None = None, model: s
         files.write_json(d / "diverge.json", r)
 
     parts = [
-        ("stack-decode", "decode vs verify:2 / verify:3", lambda d: decode_family(lm, s), write_stack_part),
-        ("stack-prefill", "prefill 2048 vs 512", lambda d: prefill_family(lm, s), write_stack_part),
+        ("stack-decode", "decode vs verify:2 / verify:3", lambda d: decode_family(lm, s, d / "checkpoint"),
+         write_stack_part),
+        ("stack-prefill", "prefill 2048 vs 512", lambda d: prefill_family(lm, s, d / "checkpoint"), write_stack_part),
         ("kernels", "GEMV vs GEMM per projection", lambda d: kernel_probe(lm, s, checkpoint=d / "checkpoint"),
          write_kernels_part),
         ("diverge", "mlx-lm generate vs speculative generate", lambda d: divergence_probe(lm, s), write_diverge_part),

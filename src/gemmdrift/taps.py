@@ -91,6 +91,30 @@ class Taps:
         return idx
 
 
+def save_taps(path, taps: Taps) -> None:
+    """Write a run's taps to ``path`` (.npz), atomically."""
+    import json
+
+    from .files import atomic_path
+
+    meta = {k: getattr(taps, k) for k in ("schedule", "dtype", "logits_dtype", "blocks", "seconds", "mode")}
+    with atomic_path(path) as tmp:
+        with open(tmp, "wb") as f:
+            np.savez(f, positions=taps.positions, hidden=taps.hidden, logit_positions=taps.logit_positions,
+                     logits=taps.logits if taps.logits is not None else np.zeros((0, 0), np.float32),
+                     meta=np.array(json.dumps(meta)))
+
+
+def load_taps(path) -> Taps:
+    import json
+
+    with np.load(path) as z:
+        meta = json.loads(str(z["meta"]))
+        logits = z["logits"]
+        return Taps(positions=z["positions"], hidden=z["hidden"], logit_positions=z["logit_positions"],
+                    logits=logits if logits.size else None, **meta)
+
+
 class _Recorder:
     """Collects tapped rows block by block; feeds reference inputs in local mode."""
 

@@ -14,6 +14,7 @@ import pytest
 
 from gemmdrift import dispatch, kernels, metrics
 from gemmdrift.errors import GemmdriftError
+from gemmdrift.models import load_model
 
 REAL_PATHS = ["model", "dense:float32", "quant:affine-q4-g64", "quant:affine-q8-g64"]
 DRIFT = ["frac_differ", "max_ulp", "rows_differ"]
@@ -430,3 +431,19 @@ def test_dispatch_thresholds_from_source():
     assert all(t.source.startswith("mlx/backend/") for t in dispatch.thresholds(
         "cuda", "0.32.4", "quantized_matmul", K=640, N=1024, mode="affine", bits=4, group_size=64, max_t=16))
     assert dispatch.thresholds("metal", "0.29.0", "matmul", K=640, N=1024) == []
+
+
+def test_shape_models_probe_one_projection_at_real_shapes():
+    # Synthetic weights at Gemma 4 31B shapes: one projection is materialized, never the model.
+    import importlib.util
+
+    name = "shape:gemma4-31b" if importlib.util.find_spec("mlx_lm.models.gemma4_text") else "shape:gemma3-27b"
+    lm = load_model(name)
+    projs = kernels.projections(lm, layers=[0], names=["self_attn.k_proj"])
+    assert (projs[0].in_dims, projs[0].out_dims) == ((5376, 4096) if "gemma4" in name else (5376, 2048))
+    inputs = kernels.capture_inputs(lm, [], projs, max_rows=4)
+    df = kernels.sweep(lm, inputs, projs, ["model"], [1, 2])
+    assert df["synthetic"].all() and set(df["inputs"]) == {"synthetic"}
+    assert kernels.kernels_summary(df)["synthetic"] is True
+    drift = df[(df["metric"] == "max_ulp") & (df["T"] == 2)]["value"]
+    assert (drift == 0).all()  # row-invariant on this backend, synthetic or not

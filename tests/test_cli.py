@@ -54,6 +54,14 @@ def test_bad_input_is_one_line_and_exit_2(args, needle):
     assert_user_error(gd(*args), needle)
 
 
+def test_asking_for_a_gpu_that_mlx_cannot_see():
+    import mlx.core as mx
+
+    if mx.metal.is_available() or (hasattr(mx, "cuda") and mx.cuda.is_available()):
+        pytest.skip("this machine has a GPU backend")
+    assert_user_error(gd("stack", "--device", "gpu"), "no GPU backend")
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("content,needle", [('[1, 2, "x"]', "not an integer"), ("[1, 999999]", "outside the vocabulary"),
                                             ("", "no token ids"), ("[1, 2", "not a valid JSON"),

@@ -35,6 +35,7 @@ def _add_model(p):
     g.add_argument("--quantize", type=int, metavar="BITS", help="re-quantize a dense model (mlx affine: 2,3,4,5,6,8 bits)")
     g.add_argument("--group-size", type=int, help="quantization group size: 32, 64 (default), 128")
     g.add_argument("--quant-mode", default="affine", help="quantization mode (affine; mxfp4/mxfp8/nvfp4 where mlx has them)")
+    g.add_argument("--device", choices=["cpu", "gpu"], help="mlx device (default: mlx's own choice, recorded in every result)")
 
 
 def _add_prompt(p):
@@ -51,7 +52,10 @@ def _add_output(p, default: str):
 
 
 def _load(args):
+    from .envinfo import select_device
     from .models import load_model, parse_quantization
+
+    select_device(getattr(args, "device", None))
 
     q = parse_quantization(args.quantize, args.group_size, args.quant_mode) if args.quantize is not None else None
     if args.quantize is None and args.group_size is not None:
@@ -332,8 +336,10 @@ def cmd_triage(args) -> int:
 
 
 def cmd_run(args) -> int:
+    from .envinfo import select_device
     from .suite import main_job
 
+    select_device(args.device)
     path = main_job(args.out, sizes=args.sizes, model=args.model, dtype=args.dtype)
     print(path.read_text())
     print(f"report: {path}")
@@ -462,6 +468,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--sizes", choices=["cpu", "gpu", "quick"], help="default: gpu on Metal/CUDA, cpu otherwise")
     s.add_argument("--model", default="embedded", help="a model source (default: the embedded Gemma 3 270M)")
     s.add_argument("--dtype", default="bfloat16", help="compute dtype (default bfloat16)")
+    s.add_argument("--device", choices=["cpu", "gpu"], help="mlx device (default: mlx's own choice)")
     s.set_defaults(func=cmd_run)
 
     s = sub.add_parser("history", help="tracked figures against the mlx version, from asv's results")

@@ -116,6 +116,31 @@ def rope_positions_exact(dtype: str = "bfloat16") -> bool:
     return not bool(mx.array_equal(a, b).item())
 
 
+def select_device(name: str | None) -> None:
+    """Make ``name`` ('cpu' or 'gpu') mlx's default device; None keeps mlx's choice.
+
+    A GPU is Metal on Apple silicon and CUDA with the mlx CUDA backend; asking
+    for one that this mlx cannot see is a user error, never a silent fallback.
+    """
+    import mlx.core as mx
+
+    if name in (None, "", "default"):
+        return
+    if name == "cpu":
+        mx.set_default_device(mx.cpu)
+        return
+    if name != "gpu":
+        from .errors import GemmdriftError
+
+        raise GemmdriftError(f"unknown device {name!r} (cpu or gpu)")
+    has_gpu = mx.metal.is_available() or (hasattr(mx, "cuda") and mx.cuda.is_available())
+    if not has_gpu:
+        from .errors import GemmdriftError
+
+        raise GemmdriftError("no GPU backend in this mlx (neither Metal nor CUDA is available): use --device cpu")
+    mx.set_default_device(mx.gpu)
+
+
 def environment() -> dict[str, Any]:
     """Everything that decides which kernels ran: versions, device, kernel env vars."""
     import mlx.core as mx

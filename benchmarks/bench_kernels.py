@@ -63,6 +63,9 @@ class KernelSpeed:
     params = (list(common.SPEED_PATHS), list(common.SPEED_TS))
     param_names = ["path", "T"]
     timeout = 600
+    # At most ~2 s per case on the reference-BLAS CPU: enough samples for a median.
+    repeat = (3, 10, 2.0)
+    warmup_time = 0.1
 
     def setup(self, path, t):
         from gemmdrift import kernels

@@ -5,8 +5,8 @@ Both read the logits of every continuation position, as decoding does.
 
 from . import common
 
-SCHEDULES = ["prefill:64,decode", "prefill:64,verify:2"]
-TOKENS, SPLIT = 96, 64
+SCHEDULES = ["prefill:32,decode", "prefill:32,verify:2"]
+TOKENS, SPLIT = 64, 32
 
 
 class TapOverhead:
@@ -15,6 +15,7 @@ class TapOverhead:
     timeout = 1200
     number = 1
     repeat = 3
+    warmup_time = 0
 
     def setup(self, schedule):
         from gemmdrift import suite

@@ -78,3 +78,28 @@ class KernelSpeed:
 
     def time_projection(self, path, t):
         self.body()
+
+
+class OpsDrift:
+    """The other ops whose shape changes between decode and verification, at the model's geometry:
+    a block of T queries against each query alone (attention, RMSNorm, RoPE at offsets, softmax)."""
+
+    timeout = 1800
+    params = (["sdpa", "rms_norm", "rope", "softmax"],)
+    param_names = ["op"]
+
+    def setup_cache(self):
+        from gemmdrift import kernels, metrics
+
+        df = kernels.ops_sweep(common.model())
+        d = df[df["metric"] == "max_ulp"]
+        return {op: metrics.bits_lost(float(s["value"].max())) for op, s in d.groupby("projection")}
+
+    setup_cache.timeout = 1800
+
+    def track_bits_lost(self, f, op):
+        """log2(1 + max ULP distance) over query lengths 1..16 and key lengths around the kernel switches."""
+        return f[op]
+
+    track_bits_lost.unit = "bits"
+    track_bits_lost.version = "1"

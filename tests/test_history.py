@@ -82,6 +82,15 @@ def test_history_table_has_a_column_per_version(results):
     assert (row["0.31.2"], row["0.32.4"]) == (0.25, 0.4)
 
 
+def test_layer_profiles_regroup_per_layer_series(results):
+    profiles = history.layer_profiles(history.read_results(results))
+    assert list(profiles) == [("m1", "cpu", "bench_stack.Layers.track_rel_l2", "verify2")]
+    p = profiles[("m1", "cpu", "bench_stack.Layers.track_rel_l2", "verify2")]
+    assert sorted(zip(p["mlx"], p["tap_index"], p["value"])) == [
+        ("0.31.2", 0, 0.0), ("0.31.2", 1, 0.01), ("0.32.4", 0, 0.0), ("0.32.4", 1, 0.01)]
+    history.plot_layer_profile(p, "t")
+
+
 def test_gate_flags_growth_past_the_threshold_only(results):
     g = history.gate(history.read_results(results), threshold=0.10)
     assert (g["candidate"].iloc[0], g["baseline"].iloc[0]) == ("0.32.4", "0.31.2")
@@ -126,6 +135,7 @@ def test_cli_gate_exit_status_and_history_figures(results, tmp_path):
     assert r.returncode == 0, r.stderr
     summary = json.loads(r.stdout)
     assert summary["versions"] == ["0.31.2", "0.32.4"] and summary["figures"]
+    assert any("layers_bench_stack.Layers.track_rel_l2" in f for f in summary["figures"])
     assert all((tmp_path / "h" / "figures").glob("*.png"))
     r = run("gate", "--results", str(tmp_path / "none"))
     assert r.returncode == 2 and "no asv results" in r.stderr

@@ -348,7 +348,8 @@ def cmd_run(args) -> int:
 
 def cmd_history(args) -> int:
     from . import files
-    from .history import history_table, latest_per_version, plot_history, read_results, tracked
+    from .history import (history_table, latest_per_version, layer_profiles, plot_history, plot_layer_profile,
+                          read_results, tracked)
     from .report import text_table
 
     df = read_results(args.results)
@@ -365,6 +366,10 @@ def cmd_history(args) -> int:
     for (bench, params), _ in t.groupby(["benchmark", "params"], sort=True):
         name = (bench + ("_" + params if params else "")).replace("/", "_").replace(" ", "").replace(",", "_")
         figures.append(files.save_figure(out / "figures" / f"{name[:150]}.png", plot_history(t, bench, params)))
+    for (machine, backend, bench, rest), profile in layer_profiles(t).items():
+        name = f"layers_{bench}_{rest}_{machine}_{backend}".replace(" ", "").replace(",", "_").replace("/", "_")
+        title = f"{bench} [{rest}] on {machine} ({backend}): drift per layer by mlx version"
+        figures.append(files.save_figure(out / "figures" / f"{name[:150]}.png", plot_layer_profile(profile, title)))
     summary = {"series": int(len(wide)), "versions": sorted(set(t["mlx"])), "machines": sorted(set(t["machine"])),
                "figures": [str(f) for f in figures]}
     _emit(args, {**summary, "table": wide.to_dict(orient="records")},

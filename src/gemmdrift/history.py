@@ -21,6 +21,7 @@ import ast
 import itertools
 import json
 import math
+import re
 from pathlib import Path
 from typing import Any
 
@@ -175,8 +176,11 @@ def history_table(df: pd.DataFrame) -> pd.DataFrame:
         return t
     t = t.assign(series=[series_name(b, p) for b, p in zip(t["benchmark"], t["params"])])
     wide = t.pivot_table(index=["machine", "backend", "series"], columns="mlx", values="value", aggfunc="first")
-    wide = wide[sorted(wide.columns, key=version_key)]
-    return wide.reset_index()
+    wide = wide[sorted(wide.columns, key=version_key)].reset_index()
+    # Natural order: [model, 2] before [model, 16].
+    natural = [tuple(int(p) if p.isdigit() else p for p in re.split(r"(\d+)", str(x))) for x in wide["series"]]
+    order = sorted(range(len(wide)), key=lambda i: (wide["machine"].iloc[i], wide["backend"].iloc[i], natural[i]))
+    return wide.iloc[order].reset_index(drop=True)
 
 
 def gate(df: pd.DataFrame, candidate: str | None = None, baseline: str | None = None,
@@ -222,3 +226,59 @@ def gate(df: pd.DataFrame, candidate: str | None = None, baseline: str | None = 
     both.insert(0, "candidate", candidate)
     both.insert(1, "baseline", baseline)
     return both
+
+
+_TAP = re.compile(r"^(layer (\d+)|norm|logits)$")
+
+
+def layer_profiles(df: pd.DataFrame) -> dict[tuple[str, str, str, str], pd.DataFrame]:
+    """Per-layer series regrouped: {(machine, backend, benchmark, other params): rows with a `tap_index`}.
+
+    A series is per-layer when one of its parameters is a tap ('layer 3',
+    'norm', 'logits'); its other parameters name the profile.
+    """
+    t = latest_per_version(tracked(df))
+    out: dict[tuple[str, str, str, str], list[dict]] = {}
+    for row in t.itertuples(index=False):
+        parts = [p.strip() for p in str(row.params).split(",")] if row.params else []
+        taps = [p for p in parts if _TAP.match(p)]
+        if len(taps) != 1:
+            continue
+        tap = taps[0]
+        m = _TAP.match(tap)
+        index = int(m.group(2)) if m.group(2) is not None else (10_000 if tap == "norm" else 10_001)
+        key = (row.machine, row.backend, row.benchmark, ", ".join(p for p in parts if p != tap))
+        out.setdefault(key, []).append({"tap": tap, "tap_index": index, "mlx": row.mlx, "value": row.value,
+                                        "unit": row.unit})
+    return {k: pd.DataFrame(v) for k, v in out.items()}
+
+
+def plot_layer_profile(profile: pd.DataFrame, title: str):
+    """Drift at every layer, one line per mlx version (log scale; exact zeros on the floor as open markers)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    taps = profile.drop_duplicates("tap").sort_values("tap_index")
+    x = {tap: i for i, tap in enumerate(taps["tap"])}
+    positive = profile["value"][profile["value"] > 0]
+    floor = float(positive.min()) / 4 if len(positive) else 1e-8
+    fig, ax = plt.subplots(figsize=(9, 4.2))
+    for version in sorted(set(profile["mlx"]), key=version_key):
+        s = profile[profile["mlx"] == version].sort_values("tap_index")
+        xs, ys = np.array([x[t] for t in s["tap"]]), s["value"].to_numpy(float)
+        line, = ax.plot(xs, np.where(ys > 0, ys, np.nan), marker="o", ms=3, label=f"mlx {version}")
+        if (ys == 0).any():
+            ax.plot(xs[ys == 0], np.full(int((ys == 0).sum()), floor), "o", mfc="none", color=line.get_color())
+    ax.set_yscale("log")
+    ax.set_xticks(range(len(x)))
+    ax.set_xticklabels([t.replace("layer ", "") for t in x], fontsize=7)
+    ax.set_xlabel("decoder layer")
+    unit = profile["unit"].dropna().iloc[0] if profile["unit"].notna().any() else "value"
+    ax.set_ylabel(unit)
+    ax.set_title(title, fontsize=9)
+    ax.grid(True, which="both", axis="y", alpha=0.3)
+    ax.legend(fontsize=7)
+    return fig

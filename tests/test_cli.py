@@ -47,6 +47,9 @@ def test_env_json_records_versions_and_device():
     (["kernels", "--rows", "0"], "--rows must be positive"),
     (["triage", "--stream-a", "/nope/a.json", "--stream-b", "/nope/b.json"], "cannot read stream file"),
     (["gate", "--threshold", "-1"], "non-negative"),
+    (["report", "/no/such/results"], "no such results directory"),
+    (["report", "/"], "no gemmdrift results in /"),
+    (["report"], "the following arguments are required: dir"),
     (["run", "--sizes", "huge"], "invalid choice"),
     (["nosuchcommand"], "invalid choice"),
 ])
@@ -107,6 +110,12 @@ def test_run_quick_writes_the_report_and_resumes(tmp_path):
     for heading in ("## 1. Kernels", "## 2. Layer stack", "## 3. Prefill", "## 4. Greedy divergence"):
         assert heading in report
     assert "EMULATED" in report  # the negative control is labelled as such
+    assert "## What this shows" in report and "bit-identical" in report
+    page = (out / "report.html").read_text()
+    assert page.count("data:image/png;base64,") == report.count("![") >= 6  # every figure, embedded
+    assert f"report: {out / 'report.html'}" in r.stdout
+    for name in ("stream_a.json", "stream_b.json", "meta.json", "triage.png"):
+        assert (out / "diverge" / name).exists(), name
     for part in ("stack-decode", "stack-prefill", "kernels", "diverge"):
         assert (out / part / "done.json").exists()
     again = gd("run", "--sizes", "quick", "--out", str(out))

@@ -128,6 +128,7 @@ def test_check_stream_known_answer():
     c = dv.check_stream(logits, [1, 1, 0], envelope=0.2)
     assert (c["mismatches"], c["first_mismatch"], c["first_outside"]) == (2, 1, 2)
     assert c["margin_outside"] == 3.0 and c["max_margin"] == 3.0
+    assert np.allclose(c["margins"], [0.0, 0.1, 3.0])
 
 
 def test_given_envelope_is_used():

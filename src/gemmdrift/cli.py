@@ -224,32 +224,14 @@ def _load_draft(args):
 
 
 def _triage_lines(t: dict) -> list[str]:
-    lines = []
-    if t["index"] is not None:
-        lines += [
-            f"first divergence at generated token {t['index']} (logits of position {t['position']})",
-            f"  context: {t['context']}",
-            f"  A {t['schedule_a']:24s} top-2 {t['top2_a']}  gap {t['gap_a']:.4g}",
-            f"  B {t['schedule_b']:24s} top-2 {t['top2_b']}  gap {t['gap_b']:.4g}",
-            f"  Δgap {t['dgap']:.4g}; competing tokens {t['token_a']} vs {t['token_b']} are {t['margin']:.4g} apart",
-            f"  hidden states first differ at tap {t['first_layer_differ']}; bit-identical: {t['bit_identical']}",
-            f"  the divergence alone: {t['divergence_verdict']}",
-        ]
-    lines.append(f"  envelope {t['envelope']:.4g} ({t['envelope_source']})")
-    for key in ("a", "b"):
-        c = t[f"stream_{key}_check"]
-        if c:
-            outside = ("none" if c["first_outside"] is None
-                       else f"token {c['first_outside']} ({c['margin_outside']:.4g} below the argmax)")
-            lines.append(f"  stream {key.upper()} teacher-forced under its schedule: {c['mismatches']} of "
-                         f"{c['tokens']} tokens not the argmax; first outside the envelope: {outside}")
-    lines.append(f"verdict: {t['verdict']} - {t['reason']}")
-    return lines
+    from .report import triage_items
+
+    return [("  " if i else "") + x.replace("`", "").replace("**", "") for i, x in enumerate(triage_items(t))]
 
 
 def cmd_diverge(args) -> int:
     from . import files, plots
-    from .diverge import divergence_stats, diverge, stats_summary
+    from .diverge import divergence_stats, diverge, stats_summary, write_divergence
     from .envinfo import environment
     from .models import describe
     from .prompts import builtin_prompts, builtin_text, read_prompts
@@ -292,11 +274,7 @@ def cmd_diverge(args) -> int:
         return 0
     ids, label = _tokens(args, lm)
     r = diverge(lm, ids, args.n, do_triage=not args.no_triage, **opts)
-    for key in ("stream_a", "stream_b"):
-        files.write_json(out / f"{key}.json", {"prompt": ids, **r[key]})
-    files.write_json(out / "diverge.json", r)
-    files.write_json(out / "meta.json", {"env": env, "inputs": {"model": lm.info, "prompt": label, "tokens": ids,
-                                                               "n": args.n, **record}})
+    write_divergence(r, out, env, ids, {"model": lm.info, "prompt": label, "n": args.n, **record})
     lines = [f"A ({r['stream_a']['label']}, {r['stream_a']['schedule']}): {r['text_a']!r}",
              f"B ({r['stream_b']['label']}, {r['stream_b']['schedule']}): {r['text_b']!r}"]
     if r["first_divergence"] is None:
@@ -311,7 +289,7 @@ def cmd_diverge(args) -> int:
 
 
 def cmd_triage(args) -> int:
-    from . import files
+    from . import files, plots
     from .diverge import read_stream, triage
     from .envinfo import environment
 
@@ -330,6 +308,7 @@ def cmd_triage(args) -> int:
         if prompt is None:
             raise GemmdriftError("the stream files carry no prompt: give --prompt, --prompt-file or --prompt-ids")
     t = triage(lm, prompt, sa, sb, args.schedule_a, args.schedule_b, envelope=args.envelope).as_dict()
+    files.save_figure(Path(args.out) / "triage.png", plots.triage(t))
     files.write_json(Path(args.out) / "triage.json", {"env": environment(), "triage": t})
     _emit(args, t, "\n".join(_triage_lines(t)))
     return 0
@@ -340,9 +319,19 @@ def cmd_run(args) -> int:
     from .suite import main_job
 
     select_device(args.device)
-    path = main_job(args.out, sizes=args.sizes, model=args.model, dtype=args.dtype)
-    print(path.read_text())
-    print(f"report: {path}")
+    paths = main_job(args.out, sizes=args.sizes, model=args.model, dtype=args.dtype)
+    print(paths["markdown"].read_text())
+    print(f"report: {paths['html']} (and {paths['markdown'].name} beside it)")
+    return 0
+
+
+def cmd_report(args) -> int:
+    from .report import build_report, screenshot
+
+    paths = build_report(args.dir)
+    if args.screenshot:
+        paths["screenshot"] = screenshot(paths["html"], Path(args.dir) / "report_page.png")
+    _emit(args, {k: str(v) for k, v in paths.items()}, "\n".join(f"{k}: {v}" for k, v in paths.items()))
     return 0
 
 
@@ -475,6 +464,13 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--dtype", default="bfloat16", help="compute dtype (default bfloat16)")
     s.add_argument("--device", choices=["cpu", "gpu"], help="mlx device (default: mlx's own choice)")
     s.set_defaults(func=cmd_run)
+
+    s = sub.add_parser("report", help="one page (HTML and markdown) from a results directory: tables, figures, reading")
+    s.add_argument("dir", help="a results directory: the output of run, stack, kernels, diverge, triage or history")
+    s.add_argument("--screenshot", action="store_true",
+                   help="also render the page in headless Chromium to report_page.png (checks that it displays)")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(func=cmd_report)
 
     s = sub.add_parser("history", help="tracked figures against the mlx version, from asv's results")
     s.add_argument("--results", default=".asv/results", help="asv results directory (default .asv/results)")

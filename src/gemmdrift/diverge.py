@@ -190,6 +190,7 @@ def check_stream(logits: np.ndarray, stream: Sequence[int], envelope: float) -> 
         "first_outside": int(bad[0]) if len(bad) else None,
         "margin_outside": float(margin[bad[0]]) if len(bad) else None,
         "max_margin": float(margin.max()) if len(margin) else 0.0,
+        "margins": [float(m) for m in margin],  # per generated token, logits below the argmax
     }
 
 
@@ -338,6 +339,23 @@ def diverge(lm, prompt: Sequence[int], n: int, *, k: int = 2, draft=None, prefil
     if do_triage:  # even without a divergence: each stream is checked against its own schedule
         out["triage"] = triage(lm, prompt, a.tokens, b.tokens, a.schedule, b.schedule, envelope=envelope).as_dict()
     return out
+
+
+def write_divergence(r: dict[str, Any], out, env: dict[str, Any], prompt: Sequence[int],
+                     inputs: dict[str, Any]) -> dict[str, Any]:
+    """diverge.json, stream_a.json / stream_b.json (inputs of `gemmdrift triage`), meta.json and triage.png."""
+    from pathlib import Path
+
+    from . import files, plots
+
+    out = Path(out)
+    written = {key: files.write_json(out / f"{key}.json", {"prompt": [int(t) for t in prompt], **r[key]})
+               for key in ("stream_a", "stream_b")}
+    written["meta"] = files.write_json(out / "meta.json", {"env": env, "inputs": {**inputs, "tokens": list(prompt)}})
+    if r.get("triage"):
+        written["fig_triage"] = files.save_figure(out / "triage.png", plots.triage(r["triage"]))
+    written["diverge"] = files.write_json(out / "diverge.json", r)  # last: it marks the directory as a result
+    return written
 
 
 def read_stream(path: str) -> tuple[list[int] | None, list[int]]:

@@ -114,6 +114,42 @@ def divergence(df: pd.DataFrame, title: str = ""):
     return fig
 
 
+def triage(t: dict, title: str = ""):
+    """Per generated token: how far each stream's token sits below its own schedule's argmax.
+
+    ``t`` is a triage record (:class:`gemmdrift.diverge.Triage` as a dict).
+    Zero where the stream's token is the argmax (drawn on the floor); the
+    envelope is the horizontal line: a stream above it was not computed from
+    the state its schedule gives. The first divergence is the vertical line.
+    """
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(9, 3.8))
+    env = float(t.get("envelope") or 0.0)
+    for key, marker in (("a", "o"), ("b", "s")):
+        margins = np.asarray((t.get(f"stream_{key}_check") or {}).get("margins", []), dtype=float)
+        if not len(margins):
+            continue
+        x = np.arange(len(margins))
+        ax.plot(x, margins, marker=marker, ms=4, lw=1, mfc="none" if key == "b" else None,
+                label=f"stream {key.upper()} ({t.get(f'schedule_{key}', '')})")
+    ax.axhline(env, color="k", ls=":", lw=1, label=f"envelope {env:.3g} logits")
+    if t.get("index") is not None:
+        ax.axvline(int(t["index"]), color="tab:red", lw=1, label=f"first divergence (token {t['index']})")
+    # Margins are 0 (argmax) or anything up to tens of logits.
+    ax.set_yscale("symlog", linthresh=1e-2)
+    ax.set_ylim(bottom=0)
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlabel("generated token")
+    ax.set_ylabel("argmax − stream's token (logits)")
+    ax.set_title(title or f"Each stream teacher-forced under its own schedule — verdict: {t.get('verdict')}",
+                 fontsize=9)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=7)
+    return fig
+
+
 def ladder(ladder_df: pd.DataFrame, base: str, high: str = "float32"):
     """rel_l2 drift per tap at the base dtype and at float32, per pair."""
     plt = _plt()

@@ -1,4 +1,4 @@
-"""Writing results: tidy CSVs, a metadata record, figures, printed and markdown summaries.
+"""Writing results: tidy CSVs, a metadata record, figures, printed summaries and the report page.
 
 Every output directory gets ``meta.json`` with the environment record (see
 :mod:`envinfo`) and the exact inputs, so a table never travels without the
@@ -14,6 +14,7 @@ from typing import Any
 import pandas as pd
 
 from . import files, plots
+from .errors import GemmdriftError
 from .stack import StackResult, pair_verdict, summary_frame
 
 
@@ -131,93 +132,410 @@ def _stack_rows(summary: dict[str, Any]) -> list[dict[str, Any]]:
     return [{k: p.get(k) for k in keys if k in p or k == "ladder_verdict"} for p in summary["pairs"]]
 
 
-def main_report(model: dict[str, Any], env: dict[str, Any], sizes_name: str, sizes, sections: dict[str, Any]) -> str:
-    """report.md of `gemmdrift run`."""
+# ------------------------------------------------------------------ the report page
+#
+# A page is a list of blocks, rendered twice: report.md (figures linked) and
+# report.html (one self-contained file, figures embedded). Blocks:
+#   ("h1" | "h2" | "p", text)   ("ul", [text, ...])   ("pre", text)
+#   ("table", [row dict, ...])  ("img", path relative to the results directory, caption)
+# Text may use `code` and **bold**.
+
+Block = tuple
+
+# The parts of `gemmdrift run`, in the order shown, with their headings.
+PART_TITLES = {
+    "kernels": "Kernels: the same row as a GEMV (T=1) and inside a GEMM block (T>1)",
+    "stack-decode": "Layer stack: decode (T=1) vs speculative verification (T=3, T=4)",
+    "stack-prefill": "Prefill chunk sizes: 2048 vs 512",
+    "diverge": "Greedy divergence: mlx-lm generate vs speculative generate",
+}
+KIND_TITLES = {
+    "kernels": "Kernels: GEMV (T=1) vs GEMM (T>1)",
+    "stack": "Layer stack",
+    "diverge": "Greedy divergence",
+    "triage": "Divergence triage",
+    "divergence": "Divergence statistics over prompts",
+    "history": "Tracked figures across mlx releases",
+}
+FIGURES = {
+    "kernels": [("kernels_heatmap.png", "worst drift per layer and projection"),
+                ("kernels_vs_t.png", "drift against T, with the kernel dispatch switches")],
+    "stack": [("stack_drift.png", "drift per layer"), ("dgap.png", "the logit envelope: Δgap against the top-2 gap"),
+              ("ladder.png", "precision ladder")],
+    "diverge": [("triage.png", "each stream teacher-forced under its own schedule")],
+    "triage": [("triage.png", "each stream teacher-forced under its own schedule")],
+    "divergence": [("divergence.png", "first divergences and the gap at each")],
+}
+HOW_TO_READ = [
+    "A *near-tie* flips the argmax where Δgap exceeds the top-2 gap; that is rounding, expected wherever kernels "
+    "or cache layouts differ. A divergence far outside the envelope (the largest |Δgap| the two schedules showed "
+    "where they agreed) is a state bug.",
+    "The precision ladder reruns at float32 with the same weights: rounding drift shrinks by orders of magnitude, "
+    "a semantic difference (other keys, offsets, cache state) does not.",
+    "Kernel drift is counted in ULPs of the storage dtype and drawn as bits lost, log2(1 + ULPs): 0 means the row "
+    "computed inside a T-row block is bit-identical to the same row computed alone. *Emulated* paths are negative "
+    "controls (a split-K summation order written in mlx ops), never an mlx kernel.",
+]
+
+
+def result_kind(d: Path) -> str | None:
+    """What a gemmdrift output directory holds, by the files its command writes."""
+    for name, kind in (("stack.csv", "stack"), ("kernels.csv", "kernels"), ("diverge.json", "diverge"),
+                       ("divergence.csv", "divergence"), ("triage.json", "triage"), ("history_wide.csv", "history")):
+        if (d / name).is_file():
+            return kind
+    return None
+
+
+def find_parts(d: Path) -> list[tuple[Path, str]]:
+    """The result directories in ``d``: itself, or its subdirectories (a `gemmdrift run` directory)."""
+    own = result_kind(d)
+    if own:
+        return [(d, own)]
+    subs = [(p, result_kind(p)) for p in sorted(d.iterdir()) if p.is_dir()]
+    order = list(PART_TITLES)
+    subs.sort(key=lambda x: (order.index(x[0].name) if x[0].name in order else len(order), x[0].name))
+    return [(p, k) for p, k in subs if k]
+
+
+def _json(path: Path) -> Any:
+    import json
+
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _figures(d: Path, root: Path, kind: str) -> list[Block]:
+    if kind == "history":
+        found = [(p, p.stem.replace("_", " ")) for p in sorted((d / "figures").glob("*.png"))]
+    else:
+        found = [(d / name, caption) for name, caption in FIGURES.get(kind, []) if (d / name).is_file()]
+    return [("img", str(p.relative_to(root)), caption) for p, caption in found]
+
+
+def _kernels_part(d: Path, env: dict[str, Any]) -> tuple[list[Block], list[str]]:
+    from .kernels import kernels_summary, print_kernels
+
+    df = pd.read_csv(d / "kernels.csv")
+    s = kernels_summary(df)
+    blocks: list[Block] = [
+        ("p", "Real input rows captured from a forward pass; every projection of the probed layers and the LM head. "
+              "`max_ulp` is the worst distance of a row computed inside a T-row block from the same row computed "
+              "alone; `err_rel_l2` is the distance from a float64 reference on the same operands."),
+        ("pre", print_kernels(df)),
+    ]
+    real = [p for p in s["paths"] if not p["emulated"]]
+    emulated = [p for p in s["paths"] if p["emulated"]]
+    where = f"{env.get('backend', '?')} backend" + (" (synthetic weights)" if s.get("synthetic") else "")
+    reading = []
+    clean = [p["path"] for p in real if p["max_ulp"] == 0]
+    if real and len(clean) == len(real):
+        reading.append(f"{where}: every real path ({', '.join(clean)}) gives bit-identical rows at every T up to "
+                       f"{max(p['max_T'] for p in real)}, in all {max(p['units'] for p in real)} projections probed.")
+    else:
+        for p in real:
+            if p["max_ulp"] > 0:
+                w = p.get("worst") or {}
+                reading.append(f"{where}, {p['path']}: {p['units_with_drift']} of {p['units']} projections change "
+                               f"with T from T={p['first_T_with_drift']}; worst {fmt(p['max_ulp'])} ULP "
+                               f"({p['bits_lost']:.1f} bits) at layer {w.get('layer')} {w.get('projection')}, "
+                               f"T={w.get('T')}.")
+        if clean:
+            reading.append(f"{where}: bit-identical across T: {', '.join(clean)}.")
+    for p in emulated:
+        reading.append(f"The emulated control {p['path']} is detected (up to {fmt(p['max_ulp'])} ULP): the sweep does "
+                       "see a summation order that changes with T." if p["max_ulp"] > 0 else
+                       f"The emulated control {p['path']} shows no drift: the sweep is blind here; do not trust "
+                       "its zeros.")
+    for op in s.get("ops", []):
+        if op["max_ulp"] > 0:
+            reading.append(f"Op {op['op']} ({op['variant']}) changes with the query length from "
+                           f"T={op['first_T_with_drift']} (up to {fmt(op['max_ulp'])} ULP).")
+    return blocks, reading
+
+
+def _stack_part(d: Path, env: dict[str, Any]) -> tuple[list[Block], list[str]]:
+    summ = _json(d / "summary.json") or {}
+    meta = _json(d / "meta.json") or {}
+    model = (meta.get("inputs") or {}).get("model") or {}
+    window = model.get("sliding_window")
+    positions = pd.read_csv(d / "positions.csv") if (d / "positions.csv").is_file() else pd.DataFrame()
+    ladder = pd.read_csv(d / "ladder.csv") if (d / "ladder.csv").is_file() else pd.DataFrame()
+    split = summ.get("split")
+    blocks: list[Block] = [
+        ("p", f"The same {summ.get('tokens')} tokens under each schedule, compared with `{summ.get('reference')}`"
+              + (f" at positions {split}..{summ.get('tokens')}" if split is not None else "")
+              + ". Drift at every layer is in stack.csv; the logit envelope:"),
+        ("table", _stack_rows(summ)),
+    ]
+    reading = []
+    for p in summ.get("pairs", []):
+        pair, layer = p["pair"], p.get("first_layer_with_drift")
+        if layer is None and not p.get("max_abs_dlogit"):
+            reading.append(f"`{pair}`: bit-identical at every layer and at the logits "
+                           f"({p.get('positions', 0)} positions).")
+            continue
+        text = f"`{pair}`: " + (f"hidden states differ from layer {layer} on" if layer is not None else
+                                "hidden states agree; the logits differ")
+        if len(positions):
+            moved = positions[(positions["pair"] == pair) & (positions["mode"] == "accumulated")
+                              & (positions["dtype"] == summ.get("dtype")) & (positions["max_abs_dlogit"] > 0)]
+            if len(moved):
+                first = int(moved["position"].min())
+                text += f"; the logits first move at position {first}"
+                if window and first >= window:
+                    text += f", past the {window}-token sliding window"
+        text += (f"; max|Δlogit| {fmt(p.get('max_abs_dlogit'))}, max|Δgap| {fmt(p.get('max_abs_dgap'))}, "
+                 f"{p.get('flips', 0)} argmax flips")
+        if p.get("flips"):
+            text += f" (largest gap flipped: {fmt(p.get('max_gap_at_flip'))} logits)"
+        verdict = p.get("ladder_verdict")
+        if verdict == "rounding":
+            sh = ladder[(ladder["pair"] == pair) & (ladder["shrink"] > 0)]["shrink"] if len(ladder) else []
+            least = float(min(sh)) if len(sh) else math.nan
+            text += (". **Rounding-level** by the precision ladder" +
+                     (f": at float32 the drift shrinks at least {least:,.0f}×" if math.isfinite(least) else ""))
+        elif verdict == "semantic":
+            text += (". **Not rounding**: at float32 the drift does not shrink, so the schedules compute different "
+                     "things (keys, offsets, cache state)")
+        elif verdict == "unclear":
+            text += ". The precision ladder is inconclusive (the drift shrinks, but less than rounding would)"
+        reading.append(text + ".")
+    return blocks, reading
+
+
+def triage_items(t: dict[str, Any], n: int | None = None) -> list[str]:
+    """A triage record (:class:`gemmdrift.diverge.Triage` as a dict) in plain words, one item per finding."""
+    items = []
+    if t.get("index") is None:
+        items.append(f"the streams agree{f' over {n} generated tokens' if n else ''}")
+    else:
+        items += [
+            f"the streams part at generated token {t['index']} (the logits of position {t.get('position')}): "
+            f"`{t.get('context', '')}`",
+            f"teacher-forced under `{t['schedule_a']}`: top-2 {t.get('top2_a')}, gap {fmt(t.get('gap_a'))}; under "
+            f"`{t['schedule_b']}`: top-2 {t.get('top2_b')}, gap {fmt(t.get('gap_b'))}; Δgap {fmt(t.get('dgap'))}",
+            f"the competing tokens {t.get('token_a')} and {t.get('token_b')} are {fmt(t.get('margin'))} logits apart",
+            f"hidden states first differ at tap {t.get('first_layer_differ')}; the schedules are "
+            f"{'' if t.get('bit_identical') else 'not '}bit-identical on the shared prefix; the divergence alone: "
+            f"{t.get('divergence_verdict')}",
+        ]
+    items.append(f"envelope: {fmt(t.get('envelope'))} logits ({t.get('envelope_source', '')})")
+    for key in ("a", "b"):
+        c = t.get(f"stream_{key}_check") or {}
+        if c:
+            at = ("none" if c.get("first_outside") is None
+                  else f"token {c['first_outside']}, {fmt(c.get('margin_outside'))} logits below the argmax")
+            items.append(f"stream {key.upper()} teacher-forced under `{t.get(f'schedule_{key}')}`: "
+                         f"{c.get('mismatches')} of {c.get('tokens')} tokens are not the argmax; first outside the "
+                         f"envelope: {at}")
+    items.append(f"**verdict: {t['verdict']}** — {t['reason']}")
+    return items
+
+
+def _triage_blocks(t: dict[str, Any], n: int | None = None) -> tuple[list[Block], list[str]]:
+    if t.get("index") is None and t["verdict"] != "OUTSIDE ENVELOPE":
+        reading = [f"Greedy generation: the two streams agree{f' over {n} tokens' if n else ''}, and each is what "
+                   "its own schedule computes."]
+    else:
+        reading = [f"Greedy divergence: **{t['verdict']}** — {t['reason']}."]
+    return [("ul", triage_items(t, n))], reading
+
+
+def _diverge_part(d: Path, env: dict[str, Any]) -> tuple[list[Block], list[str]]:
+    r = _json(d / "diverge.json") or {}
+    a, b = r.get("stream_a", {}), r.get("stream_b", {})
+    blocks: list[Block] = [("p", f"Stream A: {a.get('label')} (`{a.get('schedule')}`); stream B: {b.get('label')} "
+                                 f"(`{b.get('schedule')}`); {r.get('n')} tokens after a {r.get('prompt_tokens')}-token "
+                                 "prompt.")]
+    reading: list[str] = []
+    if r.get("triage"):
+        more, reading = _triage_blocks(r["triage"], r.get("n"))
+        blocks += more
+    elif r.get("first_divergence") is None:
+        reading = [f"Greedy generation: the two streams agree over {r.get('n')} tokens."]
+    else:
+        reading = [f"Greedy generation: the streams part at token {r['first_divergence']} (not triaged)."]
+    blocks += [("p", f"A: {r.get('text_a')!r}"), ("p", f"B: {r.get('text_b')!r}")]
+    return blocks, reading
+
+
+def _triage_part(d: Path, env: dict[str, Any]) -> tuple[list[Block], list[str]]:
+    t = (_json(d / "triage.json") or {}).get("triage") or {}
+    return _triage_blocks(t) if t else ([], [])
+
+
+def _divergence_part(d: Path, env: dict[str, Any]) -> tuple[list[Block], list[str]]:
+    s = _json(d / "summary.json") or {}
+    df = pd.read_csv(d / "divergence.csv")
+    cols = [c for c in ("prompt", "prompt_tokens", "first_divergence", "verdict", "margin", "envelope", "acceptance")
+            if c in df.columns]
+    reading = [f"{s.get('diverged')} of {s.get('prompts')} prompts diverged "
+               f"({fmt(float(s.get('divergences_per_1k') or 0.0))} per 1,000 tokens): {s.get('near_ties')} near-ties, "
+               f"{s.get('outside_envelope')} outside the envelope."]
+    return [("table", df[cols].to_dict(orient="records"))], reading
+
+
+def _history_part(d: Path, env: dict[str, Any]) -> tuple[list[Block], list[str]]:
+    wide = pd.read_csv(d / "history_wide.csv")
+    versions = [c for c in wide.columns if c[:1].isdigit()]
+    return ([("p", f"{len(wide)} tracked series over mlx {', '.join(versions)}; the full table is history_wide.csv.")],
+            [f"asv history: {len(wide)} tracked series over mlx {', '.join(versions)}."])
+
+
+PARTS = {"kernels": _kernels_part, "stack": _stack_part, "diverge": _diverge_part, "triage": _triage_part,
+         "divergence": _divergence_part, "history": _history_part}
+
+
+def _environment(d: Path, parts: list[tuple[Path, str]]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The environment record and the model description found in a results directory."""
+    env = _json(d / "env.json") or {}
+    model: dict[str, Any] = {}
+    for p, _ in parts:
+        for name in ("meta.json", "triage.json"):
+            rec = _json(p / name) or {}
+            env = env or rec.get("env") or {}
+            m = (rec.get("inputs") or {}).get("model")
+            if isinstance(m, dict) and not model:
+                model = m
+    return env, model
+
+
+def report_blocks(d: str | Path) -> list[Block]:
+    """The report page of a results directory (one command's output, or a `gemmdrift run` directory)."""
     from .models import describe
 
-    dec, pre, div = sections["stack-decode"], sections["stack-prefill"], sections["diverge"]
-    k = sections["kernels"]
-    lines = [
-        "# gemmdrift run",
-        "",
-        f"- model: {describe(model)}",
-        f"- mlx {env['mlx']}, mlx-lm {env['mlx_lm']}, backend **{env['backend']}** ({env['device_name']}, "
-        f"{env['architecture']}), {env['os']}, python {env['python']}",
-        f"- sizes: '{sizes_name}' — stream of {sizes.tokens} tokens of the built-in essay, prompt/continuation split "
-        f"at {sizes.split} (sliding window: {model.get('sliding_window')})",
-        f"- recorded {env['time_utc']}; the full environment record is in env.json and every part's meta.json",
-        "",
-        "## 1. Kernels: the same row as a GEMV (T=1) and inside a GEMM block (T>1)",
-        "",
-        "Real input rows captured from a forward pass, every projection of the probed layers and the LM head. "
-        "`rows_differ` counts rows that are not bit-identical to their T=1 result.",
-        "",
-        "```",
-        sections["kernels_text"],
-        "```",
-        "",
-        "![kernel heatmap](kernels/kernels_heatmap.png)",
-        "![drift vs T](kernels/kernels_vs_t.png)",
-        "",
-        "## 2. Layer stack: decode (T=1) vs speculative verification (T=3, T=4)",
-        "",
-        f"Same tokens, same prefill; the continuation ({dec['split']}..{dec['tokens']}) fed one token at a time or "
-        "in verification blocks. Drift at every layer is in stack-decode/stack.csv; the logit envelope:",
-        "",
-        _md_table(_stack_rows(dec)),
-        "",
-        "![drift per layer](stack-decode/stack_drift.png)",
-        "![delta gap](stack-decode/dgap.png)",
-    ]
-    if any("ladder_verdict" in p for p in dec["pairs"]):
-        lines += ["![precision ladder](stack-decode/ladder.png)", ""]
-    lines += [
-        "## 3. Prefill chunk sizes: 2048 vs 512",
-        "",
-        _md_table(_stack_rows(pre)),
-        "",
-        "![drift per layer](stack-prefill/stack_drift.png)",
-        "",
-        "## 4. Greedy divergence: mlx-lm generate vs speculative generate (self-draft, K=2)",
-        "",
-    ]
-    t = div.get("triage")
-    if div.get("first_divergence") is None:
-        lines.append(f"No divergence in {div['n']} generated tokens.")
-    else:
-        lines += [
-            f"The streams part at generated token {div['first_divergence']}: "
-            f"`{t['context']}`",
-            "",
-            f"- teacher-forced top-2 gap: {fmt(t['gap_a'])} under {t['schedule_a']}, {fmt(t['gap_b'])} under "
-            f"{t['schedule_b']}; the competing tokens are {fmt(t['margin'])} apart",
-            f"- hidden states first differ at tap {t['first_layer_differ']}; the divergence alone is a "
-            f"{t['divergence_verdict']}",
-        ]
-    if t:
-        lines.append(f"- envelope: {fmt(t['envelope'])} ({t['envelope_source']})")
-        for key, label in (("a", "plain"), ("b", "speculative")):
-            c = t[f"stream_{key}_check"]
-            where = ("none" if c["first_outside"] is None
-                     else f"token {c['first_outside']}, {fmt(c['margin_outside'])} logits below the argmax")
-            lines.append(f"- the {label} stream teacher-forced under its own schedule: {c['mismatches']} of "
-                         f"{c['tokens']} tokens are not the argmax; first outside the envelope: {where}")
-        lines.append(f"- **verdict: {t['verdict']}** — {t['reason']}")
-    lines += [
-        "",
-        f"plain: {div['text_a']!r}",
-        "",
-        f"speculative: {div['text_b']!r}",
-        "",
-        "## Reading this",
-        "",
-        "- A *near-tie* flips the argmax where Δgap exceeds the top-2 gap; that is rounding, expected wherever "
-        "kernels or cache layouts differ. A flip far outside the envelope is a state bug.",
-        "- The precision ladder reruns at float32 with the same weights: rounding drift shrinks by orders of "
-        "magnitude, a semantic difference does not.",
-        "- On the Linux CPU backend every dense and quantized matmul is row-invariant, so kernel drift is exactly "
-        "0 there; the emulated split-K path shows what the sweep reports when a kernel does change with T. The drift "
-        "that remains on CPU comes from the sliding-window KV cache: T=1 decoding writes a ring buffer in place, "
-        "blocks concatenate in temporal order, so past the window attention sums the same keys in another order.",
-    ]
-    return "\n".join(lines) + "\n"
+    d = Path(d)
+    if not d.is_dir():
+        raise GemmdriftError(f"no such results directory: {d}")
+    parts = find_parts(d)
+    if not parts:
+        raise GemmdriftError(f"no gemmdrift results in {d} (expected the output of run, stack, kernels, diverge, "
+                             "triage or history)")
+    env, model = _environment(d, parts)
+    head = []
+    if model:
+        head.append(f"model: {describe(model)}")
+    if env:
+        head.append(f"mlx {env.get('mlx')}, mlx-lm {env.get('mlx_lm')}, backend **{env.get('backend')}** "
+                    f"({env.get('device_name')}, {env.get('architecture')}), {env.get('os')}, "
+                    f"python {env.get('python')}; recorded {env.get('time_utc')}")
+    sections: list[Block] = []
+    reading: list[str] = []
+    for i, (p, kind) in enumerate(parts, 1):
+        blocks, said = PARTS[kind](p, env)
+        title = PART_TITLES.get(p.name) or KIND_TITLES[kind]
+        sections += [("h2", f"{i}. {title}" if len(parts) > 1 else title)]
+        if p != d:
+            sections.append(("p", f"From `{p.name}/`."))
+        sections += blocks + _figures(p, d, kind)
+        reading += said
+    return ([("h1", f"gemmdrift report: {d.name}"), ("ul", head), ("h2", "What this shows"), ("ul", reading)]
+            + sections + [("h2", "How to read this"), ("ul", HOW_TO_READ)])
+
+
+def to_markdown(blocks: list[Block]) -> str:
+    out = []
+    for b in blocks:
+        kind = b[0]
+        if kind == "h1":
+            out.append(f"# {b[1]}")
+        elif kind == "h2":
+            out.append(f"## {b[1]}")
+        elif kind == "p":
+            out.append(b[1])
+        elif kind == "ul":
+            out.append("\n".join(f"- {x}" for x in b[1]) or "(none)")
+        elif kind == "pre":
+            out.append(f"```\n{b[1]}\n```")
+        elif kind == "table":
+            out.append(_md_table(b[1]))
+        elif kind == "img":
+            out.append(f"![{b[2]}]({b[1]})")
+    return "\n\n".join(out) + "\n"
+
+
+def _inline(text: str) -> str:
+    import html
+    import re
+
+    t = html.escape(str(text), quote=False)
+    t = re.sub(r"`([^`]+)`", r"<code>\1</code>", t)
+    t = re.sub(r"\*\*([^*]+)\*\*", r"<strong>\1</strong>", t)
+    return re.sub(r"\*([^*\s][^*]*)\*", r"<em>\1</em>", t)
+
+
+CSS = """body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222;line-height:1.45}
+h1{font-size:1.6em}h2{font-size:1.25em;margin-top:1.8em;border-bottom:1px solid #ddd}
+pre{background:#f6f8fa;padding:.8em;overflow-x:auto;font-size:12px}code{background:#f0f0f0;padding:0 .2em}
+table{border-collapse:collapse;font-size:13px}td,th{border:1px solid #ccc;padding:.25em .6em;text-align:right}
+td:first-child,th{text-align:left}figure{margin:1em 0}img{max-width:100%;border:1px solid #eee}
+figcaption{font-size:12px;color:#555}"""
+
+
+def to_html(blocks: list[Block], root: Path) -> str:
+    """One self-contained page: figures embedded as data URIs."""
+    import base64
+    import html
+
+    title = next((b[1] for b in blocks if b[0] == "h1"), "gemmdrift report")
+    out = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
+           f"<title>{html.escape(title)}</title><style>{CSS}</style></head><body>"]
+    for b in blocks:
+        kind = b[0]
+        if kind in ("h1", "h2", "p"):
+            out.append(f"<{kind}>{_inline(b[1])}</{kind}>")
+        elif kind == "ul":
+            out.append("<ul>" + "".join(f"<li>{_inline(x)}</li>" for x in b[1]) + "</ul>")
+        elif kind == "pre":
+            out.append(f"<pre>{html.escape(b[1], quote=False)}</pre>")
+        elif kind == "table":
+            rows = b[1]
+            if not rows:
+                out.append("<p>(none)</p>")
+                continue
+            cols = list(rows[0])
+            out.append("<table><tr>" + "".join(f"<th>{html.escape(str(c))}</th>" for c in cols) + "</tr>"
+                       + "".join("<tr>" + "".join(f"<td>{_inline(fmt(r.get(c)) if r.get(c) is not None else '-')}</td>"
+                                                  for c in cols) + "</tr>" for r in rows) + "</table>")
+        elif kind == "img":
+            data = base64.b64encode((root / b[1]).read_bytes()).decode("ascii")
+            out.append(f'<figure><img alt="{html.escape(b[2])}" src="data:image/png;base64,{data}">'
+                       f"<figcaption>{html.escape(b[2])} ({html.escape(b[1])})</figcaption></figure>")
+    out.append("</body></html>")
+    return "\n".join(out) + "\n"
+
+
+def build_report(d: str | Path) -> dict[str, Path]:
+    """Write ``report.md`` and ``report.html`` (self-contained) into a results directory."""
+    d = Path(d)
+    blocks = report_blocks(d)
+    return {"markdown": files.write_text(d / "report.md", to_markdown(blocks)),
+            "html": files.write_text(d / "report.html", to_html(blocks, d))}
+
+
+# Headless Chromium on a machine with no network: no background connections, no GPU, a throwaway profile.
+CHROMIUM_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                  "--hide-scrollbars")
+
+
+def screenshot(html: str | Path, png: str | Path, width: int = 1200, height: int = 9000) -> Path:
+    """Render a report page in headless Chromium (Debian's ``chromium``) and save a PNG of it."""
+    import shutil
+    import subprocess
+    import tempfile
+
+    exe = next((shutil.which(n) for n in ("chromium", "chromium-browser", "google-chrome") if shutil.which(n)), None)
+    if exe is None:
+        raise GemmdriftError("no Chromium found (on Debian: apt-get install chromium)")
+    png = Path(png)
+    with tempfile.TemporaryDirectory() as profile, files.atomic_path(png) as tmp:
+        r = subprocess.run([exe, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", f"--screenshot={tmp}",
+                            f"--window-size={width},{height}", Path(html).resolve().as_uri()],
+                           capture_output=True, text=True, timeout=300)
+        if r.returncode != 0 or not Path(tmp).stat().st_size:
+            raise GemmdriftError(f"Chromium could not render {html}: {(r.stderr.strip().splitlines() or ['?'])[-1]}")
+    return png

@@ -134,17 +134,19 @@ def _mark(out: Path, key: str, seconds: float) -> None:
 
 
 def main_job(out: str | Path = "results/run", sizes: str | None = None, model: str = "embedded",
-             dtype: str = "bfloat16") -> Path:
-    """Run every part, write tables, figures and ``report.md``; resume finished parts.
+             dtype: str = "bfloat16") -> dict[str, Path]:
+    """Run every part, write tables, figures and the report; resume finished parts.
 
     Each part writes its own directory and a ``done.json`` marker last; a part
     whose marker matches the current inputs is not run again.
-    """
-    import pandas as pd
 
+    Returns:
+        The report's paths, ``{"markdown": ..., "html": ...}``.
+    """
     from . import report
+    from .diverge import write_divergence
     from .envinfo import environment
-    from .kernels import print_kernels, write_kernels
+    from .kernels import write_kernels
     from .models import describe, load_model
 
     name = sizes or default_sizes()
@@ -164,7 +166,8 @@ def main_job(out: str | Path = "results/run", sizes: str | None = None, model: s
         write_kernels(df, d, env, {"model": lm.info, "sizes": asdict(s)})
 
     def write_diverge_part(d: Path, r) -> None:
-        files.write_json(d / "diverge.json", r)
+        write_divergence(r, d, env, stream(lm, s.diverge_prompt),
+                         {"model": lm.info, "prompt": "the built-in essay", "n": s.diverge_n, "k": 2, "draft": "self"})
 
     parts = [
         ("stack-decode", "decode vs verify:2 / verify:3", lambda d: decode_family(lm, s, d / "checkpoint"),
@@ -184,10 +187,4 @@ def main_job(out: str | Path = "results/run", sizes: str | None = None, model: s
         t0 = time.perf_counter()
         write(d, measure(d))
         _mark(d, key, time.perf_counter() - t0)
-    sections: dict[str, Any] = {part: json.loads((out / part / "summary.json").read_text())
-                                for part in ("stack-decode", "stack-prefill", "kernels")}
-    sections["kernels_text"] = print_kernels(pd.read_csv(out / "kernels" / "kernels.csv"))
-    sections["diverge"] = json.loads((out / "diverge" / "diverge.json").read_text())
-    text = report.main_report(lm.info, env, name, s, sections)
-    path = files.write_text(out / "report.md", text)
-    return path
+    return report.build_report(out)

@@ -1,0 +1,172 @@
+"""The report page: its plain-language reading follows the numbers, and the HTML stands alone."""
+
+import json
+import re
+import shutil
+from html.parser import HTMLParser
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from conftest import make_tiny
+from gemmdrift import kernels, report
+from gemmdrift.errors import GemmdriftError
+from gemmdrift.stack import measure_stack
+
+TOKENS = np.random.default_rng(0).integers(0, 97, 128).tolist()
+ENV = {"backend": "cpu", "mlx": "0.32.4", "mlx_lm": "0.32.2", "device_name": "test cpu", "architecture": "x86_64",
+       "os": "Linux", "python": "3.11", "time_utc": "2026-11-30T00:00:00+00:00"}
+
+
+def reading(blocks):
+    i = blocks.index(("h2", "What this shows"))
+    assert blocks[i + 1][0] == "ul"
+    return blocks[i + 1][1]
+
+
+def test_stack_reading_follows_the_numbers(tmp_path):
+    # Tiny gemma3_text, sliding window 8: below it decode and verify:2 agree bit for bit,
+    # past it the ring buffer and the concatenated blocks sum the same keys in another order.
+    lm = make_tiny("bfloat16")
+    below = measure_stack(lm, TOKENS[:8], ["prefill:4,decode", "prefill:4,verify:2"], split=4, local=False)
+    report.write_stack(below, tmp_path / "below", ENV)
+    [line] = reading(report.report_blocks(tmp_path / "below"))
+    assert line.startswith("`prefill:4,decode vs prefill:4,verify:2`: bit-identical at every layer")
+
+    past = measure_stack(lm, TOKENS[:100], ["prefill:4,decode", "prefill:4,verify:2"], split=4, ladder=True,
+                         local=False)
+    report.write_stack(past, tmp_path / "past", ENV)
+    [line] = reading(report.report_blocks(tmp_path / "past"))
+    p = past.positions
+    moved = p[(p["mode"] == "accumulated") & (p["dtype"] == "bfloat16") & (p["max_abs_dlogit"] > 0)]
+    assert int(moved["position"].min()) >= 8
+    assert f"the logits first move at position {int(moved['position'].min())}, past the 8-token sliding window" in line
+    assert "hidden states differ from layer 0 on" in line
+    assert "**Rounding-level** by the precision ladder" in line
+    least = past.ladder[past.ladder["shrink"] > 0]["shrink"].min()
+    assert f"shrinks at least {least:,.0f}×" in line
+
+
+def test_stack_reading_flags_a_semantic_difference(tmp_path):
+    import mlx.core as mx
+    from mlx_lm.models.cache import KVCache
+
+    class ZeroFirstKeyOnBlocks(KVCache):
+        def update_and_fetch(self, k, v):
+            keys, values = super().update_and_fetch(k, v)
+            if k.shape[2] > 1 and keys.shape[2] > k.shape[2]:
+                z = mx.zeros_like(keys[..., :1, :])
+                return mx.concatenate([z, keys[..., 1:, :]], axis=2), mx.concatenate([z, values[..., 1:, :]], axis=2)
+            return keys, values
+
+    lm = make_tiny("bfloat16")
+    lm.model.make_cache = lambda: [ZeroFirstKeyOnBlocks() for _ in lm.model.layers]
+    r = measure_stack(lm, TOKENS[:24], ["prefill:4,decode", "prefill:4,verify:2"], split=4, ladder=True, local=False)
+    report.write_stack(r, tmp_path, ENV)
+    [line] = reading(report.report_blocks(tmp_path))
+    assert "**Not rounding**" in line and "Rounding-level" not in line
+
+
+def _kernels_dir(tiny, out):
+    projs = kernels.projections(tiny, layers=[0, tiny.n_layers], names=["q_proj", "lm_head"])
+    inputs = kernels.capture_inputs(tiny, [], projs, max_rows=4)
+    df = kernels.sweep(tiny, inputs, projs, ["model", "emulated:splitk3"], ts=[1, 2, 16])
+    kernels.write_kernels(df, out, ENV, {"model": tiny.info})
+    return df
+
+
+def test_kernel_reading_says_zero_when_zero_and_names_planted_drift(tiny, tmp_path):
+    df = _kernels_dir(tiny, tmp_path / "clean")
+    lines = reading(report.report_blocks(tmp_path / "clean"))
+    # At these tiny sizes even the emulated split-K rounds to the same bf16 rows: the page must say so.
+    assert df[df["metric"] == "max_ulp"]["value"].max() == 0
+    assert lines == [
+        "cpu backend (synthetic weights): every real path (model) gives bit-identical rows at every T up to 16, "
+        "in all 2 projections probed.",
+        "The emulated control emulated:splitk3 shows no drift: the sweep is blind here; do not trust its zeros."]
+
+    # Plant 3 ULP in the real path (q_proj of layer 0 at T=16) and 9 ULP in the control (LM head at T=2).
+    planted = df.copy()
+    ulp = planted["metric"] == "max_ulp"
+    real = ulp & (planted["path"] == "model") & (planted["T"] == 16) & (planted["projection"] == "self_attn.q_proj")
+    emu = ulp & (planted["path"] == "emulated:splitk3") & (planted["T"] == 2) & (planted["projection"] == "lm_head")
+    assert real.sum() >= 1 and emu.sum() >= 1
+    planted.loc[real, "value"] = 3.0
+    planted.loc[emu, "value"] = 9.0
+    kernels.write_kernels(planted, tmp_path / "drift", ENV, {"model": tiny.info})
+    lines = reading(report.report_blocks(tmp_path / "drift"))
+    assert lines == [
+        "cpu backend (synthetic weights), model: 1 of 2 projections change with T from T=16; worst 3 ULP "
+        "(2.0 bits) at layer 0 self_attn.q_proj, T=16.",
+        "The emulated control emulated:splitk3 is detected (up to 9 ULP): the sweep does see a summation order that "
+        "changes with T."]
+
+
+def _triage(verdict, index=3):
+    check = {"tokens": 8, "mismatches": 0, "first_mismatch": None, "first_outside": None, "margin_outside": None,
+             "max_margin": 0.0, "margins": [0.0] * 8}
+    return {"verdict": verdict, "reason": "the competing tokens are 4 apart, outside the 0.1 envelope",
+            "index": index, "position": 20 + index, "token_a": 5, "token_b": 6, "schedule_a": "prefill:2048,decode",
+            "schedule_b": "prefill:512,verify:2", "gap_a": 0.0, "gap_b": 0.1, "dgap": 0.1, "margin": 4.0,
+            "envelope": 0.1, "envelope_source": "given", "first_layer_differ": 0, "divergence_verdict": verdict,
+            "stream_a_check": check, "stream_b_check": check, "context": "...the [' a' | ' b']"}
+
+
+def test_triage_reading_and_html_page(tmp_path):
+    from gemmdrift import files, plots
+
+    t = _triage("OUTSIDE ENVELOPE")
+    files.save_figure(tmp_path / "triage.png", plots.triage(t))
+    files.write_json(tmp_path / "triage.json", {"env": ENV, "triage": t})
+    paths = report.build_report(tmp_path)
+    lines = reading(report.report_blocks(tmp_path))
+    assert lines == [f"Greedy divergence: **OUTSIDE ENVELOPE** — {t['reason']}."]
+    md = paths["markdown"].read_text()
+    assert "![each stream teacher-forced under its own schedule](triage.png)" in md
+    page = paths["html"].read_text()
+
+    class Tags(HTMLParser):
+        def __init__(self):
+            super().__init__()
+            self.stack, self.imgs, self.bad = [], [], []
+
+        def handle_starttag(self, tag, attrs):
+            if tag == "img":
+                self.imgs.append(dict(attrs)["src"])
+            elif tag not in ("meta",):
+                self.stack.append(tag)
+
+        def handle_endtag(self, tag):
+            if not self.stack or self.stack.pop() != tag:
+                self.bad.append(tag)
+
+    p = Tags()
+    p.feed(page)
+    assert not p.bad and not p.stack  # every tag closed, in order
+    assert len(p.imgs) == 1 and p.imgs[0].startswith("data:image/png;base64,")  # self-contained
+    assert "<strong>verdict: OUTSIDE ENVELOPE</strong>" in page and "<code>prefill:512,verify:2</code>" in page
+    assert not re.search(r"(src|href)=\"(http|file|/)", page)
+
+
+def test_report_input_errors(tmp_path):
+    with pytest.raises(GemmdriftError, match="no such results directory"):
+        report.build_report(tmp_path / "missing")
+    (tmp_path / "empty" / "sub").mkdir(parents=True)
+    with pytest.raises(GemmdriftError, match="no gemmdrift results"):
+        report.build_report(tmp_path / "empty")
+
+
+@pytest.mark.skipif(shutil.which("chromium") is None, reason="Debian's chromium is not installed")
+def test_report_renders_in_headless_chromium(tmp_path):
+    t = _triage("NEAR-TIE")
+    from gemmdrift import files, plots
+
+    files.save_figure(tmp_path / "triage.png", plots.triage(t))
+    files.write_json(tmp_path / "triage.json", {"env": ENV, "triage": t})
+    html = report.build_report(tmp_path)["html"]
+    shot = report.screenshot(html, tmp_path / "shot.png", height=1600)
+    import matplotlib.image as mpimg
+
+    img = mpimg.imread(shot)
+    assert img.shape[0] >= 1000 and img.std() > 0.05  # a page was drawn, not a blank screen

@@ -47,6 +47,9 @@ def last_value(nb) -> str:
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
 def test_notebook_executes(path, tmp_path):
     nb = run(path, parameters(tmp_path).get(path.stem))
+    images = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])
+              if "image/png" in o.get("data", {})]
+    assert images, "the notebook shows its figures"
     if path.stem == "divergence":
         assert last_value(nb) == "True"  # triage of the saved streams gives the same verdict
     if path.stem == "history":

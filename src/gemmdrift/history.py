@@ -146,10 +146,9 @@ def series_name(benchmark: str, params: str) -> str:
 
 def plot_history(df: pd.DataFrame, benchmark: str, params: str = ""):
     """One tracked figure against the mlx version, one line per machine/backend."""
-    import matplotlib
+    from .plots import _plt
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = _plt()
 
     s = df[(df["benchmark"] == benchmark) & (df["params"] == params)]
     versions = sorted(set(s["mlx"]), key=version_key)
@@ -255,10 +254,9 @@ def layer_profiles(df: pd.DataFrame) -> dict[tuple[str, str, str, str], pd.DataF
 
 def plot_layer_profile(profile: pd.DataFrame, title: str):
     """Drift at every layer, one line per mlx version (log scale; exact zeros on the floor as open markers)."""
-    import matplotlib
+    from .plots import _plt
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = _plt()
     import numpy as np
 
     taps = profile.drop_duplicates("tap").sort_values("tap_index")

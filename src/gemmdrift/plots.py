@@ -7,9 +7,12 @@ import pandas as pd
 
 
 def _plt():
+    import sys
+
     import matplotlib
 
-    matplotlib.use("Agg")
+    if "ipykernel" not in sys.modules:  # a notebook keeps its inline backend, so figures show
+        matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     return plt

@@ -84,7 +84,8 @@ def test_kernel_reading_says_zero_when_zero_and_names_planted_drift(tiny, tmp_pa
     assert lines == [
         "cpu backend (synthetic weights): every real path (model) gives bit-identical rows at every T up to 16, "
         "in all 2 projections probed.",
-        "The emulated control emulated:splitk3 shows no drift: the sweep is blind here; do not trust its zeros."]
+        "The emulated control emulated:splitk3 shows no drift at these sizes: this sweep could not have seen a "
+        "T-dependent summation order, so its zeros prove little."]
 
     # Plant 3 ULP in the real path (q_proj of layer 0 at T=16) and 9 ULP in the control (LM head at T=2).
     planted = df.copy()
@@ -170,3 +171,18 @@ def test_report_renders_in_headless_chromium(tmp_path):
 
     img = mpimg.imread(shot)
     assert img.shape[0] >= 1000 and img.std() > 0.05  # a page was drawn, not a blank screen
+
+
+def test_ops_reading(tiny, tmp_path):
+    ops = kernels.ops_sweep(tiny, ops=["rope"], query_lengths=[1, 2, 4], key_lengths=[8])
+    kernels.write_kernels(ops, tmp_path / "clean", ENV, {"model": tiny.info})
+    assert reading(report.report_blocks(tmp_path / "clean")) == [
+        "Ops rope: bit-identical rows at every query length probed."]
+    planted = ops.copy()
+    hit = (planted["metric"] == "max_ulp") & (planted["T"] == 4)
+    assert hit.sum() >= 1
+    planted.loc[hit, "value"] = 5.0
+    kernels.write_kernels(planted, tmp_path / "drift", ENV, {"model": tiny.info})
+    [line] = reading(report.report_blocks(tmp_path / "drift"))
+    variant = planted[hit]["path"].iloc[0]  # ops keep their variant in the path column
+    assert line == f"Op rope ({variant}) changes with the query length from T=4 (up to 5 ULP)."

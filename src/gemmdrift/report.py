@@ -138,7 +138,7 @@ def _stack_rows(summary: dict[str, Any]) -> list[dict[str, Any]]:
 # report.html (one self-contained file, figures embedded). Blocks:
 #   ("h1" | "h2" | "p", text)   ("ul", [text, ...])   ("pre", text)
 #   ("table", [row dict, ...])  ("img", path relative to the results directory, caption)
-# Text may use `code` and **bold**.
+# Text may use `code`, **bold** and *emphasis*.
 
 Block = tuple
 
@@ -247,12 +247,16 @@ def _kernels_part(d: Path, env: dict[str, Any]) -> tuple[list[Block], list[str]]
     for p in emulated:
         reading.append(f"The emulated control {p['path']} is detected (up to {fmt(p['max_ulp'])} ULP): the sweep does "
                        "see a summation order that changes with T." if p["max_ulp"] > 0 else
-                       f"The emulated control {p['path']} shows no drift: the sweep is blind here; do not trust "
-                       "its zeros.")
-    for op in s.get("ops", []):
+                       f"The emulated control {p['path']} shows no drift at these sizes: this sweep could not have "
+                       "seen a T-dependent summation order, so its zeros prove little.")
+    ops = s.get("ops", [])
+    for op in ops:
         if op["max_ulp"] > 0:
             reading.append(f"Op {op['op']} ({op['variant']}) changes with the query length from "
                            f"T={op['first_T_with_drift']} (up to {fmt(op['max_ulp'])} ULP).")
+    if ops and all(op["max_ulp"] == 0 for op in ops):
+        reading.append(f"Ops {', '.join(dict.fromkeys(op['op'] for op in ops))}: bit-identical rows at every query "
+                       "length probed.")
     return blocks, reading
 
 
@@ -268,7 +272,7 @@ def _stack_part(d: Path, env: dict[str, Any]) -> tuple[list[Block], list[str]]:
         ("p", f"The same {summ.get('tokens')} tokens under each schedule, compared with `{summ.get('reference')}`"
               + (f" at positions {split}..{summ.get('tokens')}" if split is not None else "")
               + ". Drift at every layer is in stack.csv; the logit envelope:"),
-        ("table", _stack_rows(summ)),
+        ("table", _stack_rows({"pairs": summ.get("pairs", [])})),
     ]
     reading = []
     for p in summ.get("pairs", []):

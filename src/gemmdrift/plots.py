@@ -18,6 +18,9 @@ def _plt():
     return plt
 
 
+MARKERS = "osD^v"
+
+
 def _shade_global(ax, layer_types):
     for i, kind in enumerate(layer_types):
         if kind == "global":
@@ -45,8 +48,9 @@ def stack_drift(table: pd.DataFrame, layer_types: list[str], dtype: str, metric:
                 continue
             x, y = s["layer"].to_numpy(), s["value"].to_numpy(dtype=float)
             c = colors[k % len(colors)]
-            ax.plot(x, np.where(y > 0, y, np.nan), style, marker="o", ms=3, color=c,
-                    label=f"{pair} ({mode})")
+            # Later pairs get other markers and thinner lines, so identical curves stay visible.
+            ax.plot(x, np.where(y > 0, y, np.nan), style, marker=MARKERS[k % len(MARKERS)], ms=3 + 1.5 * k,
+                    mfc="none" if k else None, lw=max(0.8, 1.8 - 0.5 * k), color=c, label=f"{pair} ({mode})")
             zeros = x[y == 0]
             if len(zeros):
                 ax.plot(zeros, np.full(len(zeros), floor), linestyle="none", marker="o", mfc="none", color=c)
@@ -55,8 +59,15 @@ def stack_drift(table: pd.DataFrame, layer_types: list[str], dtype: str, metric:
     ax.set_xticks(list(range(n)) + [n])
     ax.set_xticklabels([str(i) for i in range(n)] + ["norm"], fontsize=7)
     ax.set_xlabel("decoder layer (shaded: global attention)")
-    ax.set_ylabel(f"{metric} vs reference ({dtype})")
-    ax.set_title(title or "Drift per layer (open markers on the floor: bit-identical)")
+    if len(positive):
+        ax.set_ylabel(f"{metric} vs reference ({dtype})")
+    else:  # a log axis around a made-up floor would suggest a size
+        ax.set_yticks([])
+        ax.set_yticks([], minor=True)
+        ax.set_ylabel(f"{metric} vs reference ({dtype}): all exactly 0")
+    ax.set_title(title or "Drift per layer")
+    ax.text(0.0, -0.16, "open circles on the floor: exactly 0 (bit-identical)", transform=ax.transAxes, fontsize=7,
+            color="0.35")
     ax.grid(True, which="both", axis="y", alpha=0.3)
     ax.legend(fontsize=7, loc="best")
     return fig
@@ -128,10 +139,12 @@ def triage(t: dict, title: str = ""):
     plt = _plt()
     fig, ax = plt.subplots(figsize=(9, 3.8))
     env = float(t.get("envelope") or 0.0)
+    top = max(env, 0.1)
     for key, marker in (("a", "o"), ("b", "s")):
         margins = np.asarray((t.get(f"stream_{key}_check") or {}).get("margins", []), dtype=float)
         if not len(margins):
             continue
+        top = max(top, float(margins.max()))
         x = np.arange(len(margins))
         ax.plot(x, margins, marker=marker, ms=4, lw=1, mfc="none" if key == "b" else None,
                 label=f"stream {key.upper()} ({t.get(f'schedule_{key}', '')})")
@@ -140,7 +153,7 @@ def triage(t: dict, title: str = ""):
         ax.axvline(int(t["index"]), color="tab:red", lw=1, label=f"first divergence (token {t['index']})")
     # Margins are 0 (argmax) or anything up to tens of logits.
     ax.set_yscale("symlog", linthresh=1e-2)
-    ax.set_ylim(bottom=0)
+    ax.set_ylim(0, top * 3)
     from matplotlib.ticker import MaxNLocator
 
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
@@ -164,12 +177,17 @@ def ladder(ladder_df: pd.DataFrame, base: str, high: str = "float32"):
         c = colors[k % len(colors)]
         for col, style in ((f"rel_l2_{base}", "-"), (f"rel_l2_{high}", ":")):
             y = s[col].to_numpy(float)
-            ax.plot(s["layer"], np.where(y > 0, y, np.nan), style, marker="o", ms=3, color=c,
+            ax.plot(s["layer"], np.where(y > 0, y, np.nan), style, marker=MARKERS[k % len(MARKERS)], ms=3 + 1.5 * k,
+                    mfc="none" if k else None, lw=max(0.8, 1.8 - 0.5 * k), color=c,
                     label=f"{pair} {col.split('_')[-1]}")
+    taps = ladder_df.drop_duplicates("layer").sort_values("layer")
+    ax.set_xticks(taps["layer"].to_list())
+    ax.set_xticklabels([str(t).removeprefix("layer ") for t in taps["tap"]], fontsize=7)
     ax.set_yscale("log")
-    ax.set_xlabel("tap (layers, norm, logits)")
-    ax.set_ylabel("rel_l2 drift")
-    ax.set_title(f"Precision ladder: {base} (solid) vs {high} (dotted); rounding shrinks, semantics do not")
+    ax.set_xlabel("tap: decoder layer, final norm, logits")
+    ax.set_ylabel("rel_l2 drift between the schedules")
+    ax.set_title(f"Precision ladder: {base} (solid) vs {high} (dotted); rounding shrinks, semantics do not",
+                 fontsize=10)
     ax.grid(True, which="both", axis="y", alpha=0.3)
     ax.legend(fontsize=7)
     return fig

@@ -56,6 +56,23 @@ def make_tiny(dtype: str = "bfloat16", seed: int = 0, **overrides):
     return LoadedModel(model=model, tokenizer=None, info=info)
 
 
+def plant_zero_first_key(lm) -> None:
+    """A planted semantic bug: caches that zero their oldest entry on multi-token updates, so
+    verification blocks attend over a wrong key, whatever the precision."""
+    import mlx.core as mx
+    from mlx_lm.models.cache import KVCache
+
+    class ZeroFirstKeyOnBlocks(KVCache):
+        def update_and_fetch(self, k, v):
+            keys, values = super().update_and_fetch(k, v)
+            if k.shape[2] > 1 and keys.shape[2] > k.shape[2]:
+                z = mx.zeros_like(keys[..., :1, :])
+                return mx.concatenate([z, keys[..., 1:, :]], axis=2), mx.concatenate([z, values[..., 1:, :]], axis=2)
+            return keys, values
+
+    lm.model.make_cache = lambda: [ZeroFirstKeyOnBlocks() for _ in lm.model.layers]
+
+
 @pytest.fixture
 def tiny():
     return make_tiny()

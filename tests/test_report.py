@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from conftest import make_tiny
+from conftest import make_tiny, plant_zero_first_key
 from gemmdrift import kernels, report
 from gemmdrift.errors import GemmdriftError
 from gemmdrift.stack import measure_stack
@@ -49,19 +49,8 @@ def test_stack_reading_follows_the_numbers(tmp_path):
 
 
 def test_stack_reading_flags_a_semantic_difference(tmp_path):
-    import mlx.core as mx
-    from mlx_lm.models.cache import KVCache
-
-    class ZeroFirstKeyOnBlocks(KVCache):
-        def update_and_fetch(self, k, v):
-            keys, values = super().update_and_fetch(k, v)
-            if k.shape[2] > 1 and keys.shape[2] > k.shape[2]:
-                z = mx.zeros_like(keys[..., :1, :])
-                return mx.concatenate([z, keys[..., 1:, :]], axis=2), mx.concatenate([z, values[..., 1:, :]], axis=2)
-            return keys, values
-
     lm = make_tiny("bfloat16")
-    lm.model.make_cache = lambda: [ZeroFirstKeyOnBlocks() for _ in lm.model.layers]
+    plant_zero_first_key(lm)
     r = measure_stack(lm, TOKENS[:24], ["prefill:4,decode", "prefill:4,verify:2"], split=4, ladder=True, local=False)
     report.write_stack(r, tmp_path, ENV)
     [line] = reading(report.report_blocks(tmp_path))

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from conftest import make_tiny
+from conftest import make_tiny, plant_zero_first_key
 from gemmdrift import metrics
 from gemmdrift.errors import GemmdriftError
 from gemmdrift.stack import compare_taps, measure_stack, pair_verdict
@@ -144,21 +144,8 @@ def test_ladder_calls_rounding_rounding():
 
 
 def test_ladder_flags_a_planted_semantic_difference():
-    # A cache that zeroes its oldest entry on multi-token updates: the
-    # verification path attends over a wrong key, whatever the precision.
-    import mlx.core as mx
-    from mlx_lm.models.cache import KVCache
-
-    class ZeroFirstKeyOnBlocks(KVCache):
-        def update_and_fetch(self, k, v):
-            keys, values = super().update_and_fetch(k, v)
-            if k.shape[2] > 1 and keys.shape[2] > k.shape[2]:
-                z = mx.zeros_like(keys[..., :1, :])
-                return mx.concatenate([z, keys[..., 1:, :]], axis=2), mx.concatenate([z, values[..., 1:, :]], axis=2)
-            return keys, values
-
     lm = make_tiny("bfloat16")
-    lm.model.make_cache = lambda: [ZeroFirstKeyOnBlocks() for _ in lm.model.layers]
+    plant_zero_first_key(lm)
     r = measure_stack(lm, TOKENS[:24], ["prefill:4,decode", "prefill:4,verify:2"], split=4, ladder=True, local=False)
     assert pair_verdict(r.ladder, r.ladder["pair"].iloc[0]) == "semantic"
     assert r.ladder[r.ladder["tap"] == "logits"]["shrink"].iloc[0] < 2

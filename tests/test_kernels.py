@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from gemmdrift import dispatch, kernels, metrics
@@ -385,7 +386,6 @@ def test_write_kernels_outputs(tiny, tmp_path):
     projs = kernels.projections(tiny, layers=[0, tiny.n_layers], names=["q_proj", "lm_head"])
     inputs = kernels.capture_inputs(tiny, [], projs, max_rows=4)
     df = kernels.sweep(tiny, inputs, projs, ["model", "emulated:splitk3"], ts=[1, 2, 16])
-    import pandas as pd
 
     df = pd.concat([df, kernels.ops_sweep(tiny, ops=["rope"], query_lengths=[1, 2], key_lengths=[8])],
                    ignore_index=True)
@@ -393,7 +393,7 @@ def test_write_kernels_outputs(tiny, tmp_path):
     written = kernels.write_kernels(df, tmp_path, env, {"model": tiny.info, "inputs": inputs.describe()})
     for name in ("kernels.csv", "meta.json", "summary.json", "kernels_heatmap.png", "kernels_vs_t.png"):
         assert (tmp_path / name).stat().st_size > 0
-    assert set(written) == {"table", "meta", "summary", "fig_heatmap", "fig_vs_t"}
+    assert set(written) == {"table", "meta", "summary", "fig_heatmap", "fig_vs_t", "fig_ops"}
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["real_drift"] is False and summary["synthetic"] is True
     assert [p["path"] for p in summary["paths"]] == ["model", "emulated:splitk3"]
@@ -447,3 +447,20 @@ def test_shape_models_probe_one_projection_at_real_shapes():
     assert kernels.kernels_summary(df)["synthetic"] is True
     drift = df[(df["metric"] == "max_ulp") & (df["T"] == 2)]["value"]
     assert (drift == 0).all()  # row-invariant on this backend, synthetic or not
+
+
+def test_ops_thresholds_follow_the_metal_sdpa_rule():
+    # Metal's sdpa_vector takes q_len <= 8 with q_len * (heads / kv_heads) <= 32 (scaled_dot_product_attention.cpp);
+    # head dim 256 has no full kernel, so past that it is the unfused path.
+    def rows(heads, kv_heads):
+        return pd.DataFrame([{"layer": 0, "projection": "sdpa", "path": "mask=causal", "dtype": "bfloat16",
+                              "quant": "", "emulated": False, "synthetic": True, "inputs": "synthetic", "K": 256,
+                              "N": np.nan, "key_length": 1024, "T": t, "metric": "max_ulp", "value": 0.0,
+                              "heads": heads, "kv_heads": kv_heads} for t in range(1, 17)])
+
+    env = {"backend": "cpu", "mlx": "0.32.4"}
+    marks, origin = kernels.ops_thresholds(rows(4, 1), env)  # Gemma 3 270M: 4 heads, 1 KV head
+    assert marks == {"sdpa": [(9, "unfused (matmul, softmax, matmul)", "sdpa")]}
+    assert origin.startswith("Metal (reference)")
+    assert kernels.ops_thresholds(rows(8, 1), env)[0]["sdpa"][0][0] == 5  # 5 * 8 > 32
+    assert kernels.ops_thresholds(rows(8, 1), {"backend": "cpu", "mlx": "0.29.4"})[0] == {}  # rules not read

@@ -95,7 +95,7 @@ DEFAULT_QUERY_LENGTHS = tuple(range(1, 17))
 # (mlx/backend/cuda/scaled_dot_product_attention.cpp, use_cudnn_for_decoding).
 DEFAULT_KEY_LENGTHS = (256, 1023, 1024, 1025, 2048, 4096)
 TABLE_COLUMNS = ["layer", "projection", "path", "dtype", "quant", "emulated", "synthetic", "inputs", "K", "N",
-                 "key_length", "T", "metric", "value"]
+                 "key_length", "T", "metric", "value", "heads", "kv_heads"]  # heads: sdpa rows only
 
 
 # ---------------------------------------------------------------------- projections
@@ -895,10 +895,10 @@ def ops_sweep(lm, *, ops: Sequence[str] = OP_NAMES, query_lengths: Iterable[int]
     def seeded(shape, salt):
         return mx.array(_seeded(shape, dtype, seed, salt)).astype(dt)
 
-    def add(layer, op, variant, width, k_len, results):
+    def add(layer, op, variant, width, k_len, results, heads=(math.nan, math.nan)):
         labels = {"layer": layer, "projection": op, "path": variant, "dtype": dtype, "quant": "",
                   "emulated": False, "synthetic": True, "inputs": "synthetic", "K": width, "N": math.nan,
-                  "key_length": k_len}
+                  "key_length": k_len, "heads": heads[0], "kv_heads": heads[1]}
         for ql, single, block in results:
             rows.extend({**labels, "T": ql, "metric": k, "value": float(v)}
                         for k, v in block_drift(single, block, dtype).items())
@@ -912,7 +912,7 @@ def ops_sweep(lm, *, ops: Sequence[str] = OP_NAMES, query_lengths: Iterable[int]
             if "sdpa" in ops:
                 q, k, v = seeded((1, h, lmax, d), "q" + salt), *(seeded((1, hkv, k_len, d), c + salt) for c in "kv")
                 for variant, as_array in (("mask=causal", False), ("mask=array", True)):
-                    add(li, "sdpa", variant, d, k_len, _alone_and_blocks(
+                    add(li, "sdpa", variant, d, k_len, heads=(h, hkv), results=_alone_and_blocks(
                         lambda j: mx.fast.scaled_dot_product_attention(
                             q[:, :, j:j + 1], k[:, :, :p0 + j + 1], v[:, :, :p0 + j + 1], scale=scale, mask=None),
                         lambda L, a=as_array: mx.fast.scaled_dot_product_attention(
@@ -1132,8 +1132,32 @@ def plot_thresholds(df: pd.DataFrame, env: Mapping[str, Any],
     return out, f"{origin}, {chip}, mlx {version}"
 
 
+def ops_thresholds(df: pd.DataFrame, env: Mapping[str, Any],
+                   chip: str | None = None) -> tuple[dict[str, list[tuple[int, str, str]]], str]:
+    """Like :func:`plot_thresholds`, for the ops table: where the sdpa kernel changes with the query length.
+
+    One set of switches per attention geometry (head dim, heads, KV heads) and
+    key length in the table; only sdpa has a dispatch that depends on T.
+    """
+    from .dispatch import DEFAULT_CHIP, thresholds
+
+    backend = env.get("backend") or "cpu"
+    version = env.get("mlx") or "0"
+    target = backend if backend in ("metal", "cuda") else "metal"
+    chip = chip or DEFAULT_CHIP[target]
+    origin = {"metal": "Metal", "cuda": "CUDA"}[target] if target == backend else "Metal (reference)"
+    ops = df[_is_op(df)]
+    sdpa = ops[ops["projection"] == "sdpa"] if "heads" in ops.columns else ops.iloc[:0]
+    marks: set[tuple[int, str, str]] = set()
+    for (d, h, hkv, k_len), s in sdpa.groupby(["K", "heads", "kv_heads", "key_length"]):
+        found = thresholds(target, version, "sdpa", chip=chip, max_t=int(s["T"].max()), k_len=int(k_len),
+                           head_dim=int(d), n_heads=int(h), n_kv_heads=int(hkv))
+        marks |= {(th.T, th.label, "sdpa") for th in found if th.T > 1}
+    return ({"sdpa": sorted(marks)} if marks else {}), f"{origin}, {chip}, mlx {version}"
+
+
 def write_kernels(df: pd.DataFrame, out: str | Path, env: dict[str, Any], inputs: dict[str, Any]) -> dict[str, Path]:
-    """kernels.csv, meta.json, summary.json, kernels_heatmap.png and kernels_vs_t.png in ``out``.
+    """kernels.csv, meta.json, summary.json and the figures (kernels_heatmap.png, kernels_vs_t.png, ops_vs_t.png).
 
     Args:
         df: from :func:`sweep`, optionally with :func:`ops_sweep` rows appended.
@@ -1164,4 +1188,8 @@ def write_kernels(df: pd.DataFrame, out: str | Path, env: dict[str, Any], inputs
         marks, origin = plot_thresholds(proj, env)
         written["fig_vs_t"] = files.save_figure(out / "kernels_vs_t.png",
                                                 plots.kernel_vs_t(proj, marks, reference=origin))
+    ops = df[_is_op(df)]
+    if len(ops):
+        marks, origin = ops_thresholds(ops, env)
+        written["fig_ops"] = files.save_figure(out / "ops_vs_t.png", plots.ops_vs_t(ops, marks, reference=origin))
     return written

@@ -310,3 +310,54 @@ def kernel_vs_t(df: pd.DataFrame, thresholds=None, metric: str = "max_ulp", refe
                  fontsize=9)
     fig.tight_layout(rect=(0, 0.08, 1, 0.96))
     return fig
+
+
+def ops_vs_t(df: pd.DataFrame, thresholds=None, metric: str = "max_ulp", reference: str = "", title: str = ""):
+    """The ops table: drift of each query of a T-query block against the query alone, one panel per op.
+
+    One line per variant and key length (colour: key length; line style:
+    variant), drawn as bits lost; ``thresholds`` is ``{op: [(T, label, group)]}``
+    (see :func:`gemmdrift.kernels.ops_thresholds`), drawn as dotted lines.
+    """
+    plt = _plt()
+    t = df[df["metric"] == metric]
+    ops = list(dict.fromkeys(t["projection"]))
+    fig, axes = plt.subplots(1, max(1, len(ops)), figsize=(3.9 * max(1, len(ops)), 3.6), squeeze=False, sharey=True)
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    key_lengths = sorted(k for k in t["key_length"].dropna().unique())
+    styles = ["-", "--", ":", "-."]
+    from matplotlib.lines import Line2D
+    from matplotlib.ticker import MaxNLocator
+
+    top = 1.0
+    for ax, op in zip(axes[0], ops):
+        s = t[t["projection"] == op]
+        variants = list(dict.fromkeys(s["path"]))
+        for j, variant in enumerate(variants):
+            v = s[s["path"] == variant]
+            for k_len, g in v.groupby(v["key_length"].fillna(-1), sort=True):
+                c = colors[key_lengths.index(k_len) % len(colors)] if k_len in key_lengths else "k"
+                y = _bits(g.groupby("T")["value"].max().to_numpy())
+                top = max(top, float(np.nanmax(y)) if len(y) else 0.0)
+                ax.plot(sorted(set(g["T"])), y, styles[j % len(styles)], marker="o", ms=3 + 1.5 * j,
+                        mfc="none" if j else None, color=c)
+        marks = (thresholds or {}).get(op, [])
+        for T, label, _ in marks:
+            ax.axvline(T, color="0.45", lw=0.8, ls=":")
+            ax.text(T, 0.98, f" {label} ", rotation=90, va="top", ha="right", fontsize=6, color="0.3",
+                    transform=ax.get_xaxis_transform())
+        # Legend: colour = key length, line style = variant.
+        lengths = sorted(k for k in s["key_length"].dropna().unique())
+        handles = [Line2D([], [], color=colors[key_lengths.index(k) % len(colors)], label=f"{int(k)} keys")
+                   for k in lengths]
+        handles += [Line2D([], [], color="0.3", ls=styles[j % len(styles)], label=v) for j, v in enumerate(variants)]
+        ax.legend(handles=handles, fontsize=6)
+        ax.set_title(op + (f"  (dotted: {reference} switch)" if marks else ""), fontsize=8)
+        ax.set_xlabel("T (queries in the block)", fontsize=8)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.grid(True, alpha=0.3)
+    axes[0, 0].set_ylim(-0.1, top * 1.15)
+    axes[0, 0].set_ylabel(f"bits lost, log2(1 + {metric})", fontsize=8)
+    fig.suptitle(title or "Ops: each query inside a T-query block against the same query alone", fontsize=9)
+    fig.tight_layout()
+    return fig

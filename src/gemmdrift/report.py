@@ -159,7 +159,8 @@ KIND_TITLES = {
 }
 FIGURES = {
     "kernels": [("kernels_heatmap.png", "worst drift per layer and projection"),
-                ("kernels_vs_t.png", "drift against T, with the kernel dispatch switches")],
+                ("kernels_vs_t.png", "drift against T, with the kernel dispatch switches"),
+                ("ops_vs_t.png", "sdpa, rms_norm, rope and softmax against the query length")],
     "stack": [("stack_drift.png", "drift per layer"), ("dgap.png", "the logit envelope: Δgap against the top-2 gap"),
               ("ladder.png", "precision ladder")],
     "diverge": [("triage.png", "each stream teacher-forced under its own schedule")],

@@ -230,3 +230,28 @@ def test_stack_resumes_from_its_checkpoint(tmp_path, monkeypatch):
     monkeypatch.setattr(stack, "run_schedule", fail)
     again = measure_stack(lm, TOKENS[:24], ["prefill:5,decode", "prefill:5,verify:2"], **kwargs)
     assert again.table.equals(first.table) and again.positions.equals(first.positions)
+
+
+def test_peak_memory_does_not_grow_with_depth_beyond_the_taps():
+    # A long prefill block whose last rows are tapped: plain mlx-lm frees each layer's
+    # output as the next layer runs; the tapped run must not hold them all until the end.
+    import mlx.core as mx
+
+    from gemmdrift.taps import run_plain
+
+    toks = TOKENS[:128]
+    extra = {}
+    for layers in (4, 16):
+        lm = make_tiny("float32", num_hidden_layers=layers)
+        peaks = []
+        for run in (lambda: run_plain(lm.model, toks, "prefill:64"),
+                    lambda: run_schedule(lm.model, toks, "prefill:64", positions=range(124, 128))):
+            mx.clear_cache()
+            base = mx.get_active_memory()
+            mx.reset_peak_memory()
+            run()
+            peaks.append(mx.get_peak_memory() - base)
+        extra[layers] = peaks[1] - peaks[0]
+    block_bytes = 64 * 64 * 4  # one block's hidden states in one layer (64 rows, hidden 64, float32)
+    per_layer = (extra[16] - extra[4]) / 12
+    assert per_layer < block_bytes / 2, (extra, per_layer)

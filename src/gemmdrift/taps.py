@@ -115,6 +115,11 @@ def load_taps(path) -> Taps:
                     logits=logits if logits.size else None, **meta)
 
 
+# Blocks of at least this many rows start evaluating their taps layer by layer (see _Recorder.capture);
+# shorter blocks (decode, verification) keep one eval per block, as mlx-lm does.
+EAGER_ROWS = 64
+
+
 class _Recorder:
     """Collects tapped rows block by block; feeds reference inputs in local mode."""
 
@@ -151,6 +156,11 @@ class _Recorder:
         if h.ndim != 3 or h.shape[1] != self.length:
             raise GemmdriftError(f"tap {tap}: expected a (1, {self.length}, hidden) state, got {tuple(h.shape)}")
         sel = h[0] if len(rows) == self.length else h[0, mx.array(rows)]
+        if self.length >= EAGER_ROWS:
+            # Start computing the kept rows now: otherwise mlx evaluates every layer's whole
+            # output before any of the small slices taken from them, and a long prefill block
+            # holds (layers x block x hidden) at once, which plain mlx-lm never does.
+            mx.async_eval(sel)
         self.pending.append((tap, slots, sel))
 
     def arrays(self) -> list:

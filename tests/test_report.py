@@ -175,3 +175,19 @@ def test_ops_reading(tiny, tmp_path):
     [line] = reading(report.report_blocks(tmp_path / "drift"))
     variant = planted[hit]["path"].iloc[0]  # ops keep their variant in the path column
     assert line == f"Op rope ({variant}) changes with the query length from T=4 (up to 5 ULP)."
+
+
+def test_history_page_shows_profiles_and_whole_model_figures(tmp_path):
+    from gemmdrift import files, plots
+
+    pd.DataFrame([{"machine": "m1", "backend": "cpu", "series": "s", "0.31.2": 0.5, "0.32.4": 0.52}]).to_csv(
+        tmp_path / "history_wide.csv", index=False)
+    names = ["layers_bench_stack.DecodeVsVerifyLayers.track_rel_l2_verify2_m1_cpu",
+             "bench_stack.DecodeVsVerify.track_flips_verify2",
+             "bench_stack.DecodeVsVerifyLayers.track_rel_l2_verify2_accumulated_layer0",
+             "bench_kernels.KernelDrift.track_bits_lost_model_2"]
+    for name in names:
+        files.save_figure(tmp_path / "figures" / f"{name}.png", plots.triage(_triage("NEAR-TIE")))
+    blocks = report.report_blocks(tmp_path)
+    assert [b[1] for b in blocks if b[0] == "img"] == [f"figures/{names[1]}.png", f"figures/{names[0]}.png"]
+    assert reading(blocks) == ["asv history: 1 tracked series over mlx 0.31.2, 0.32.4."]

@@ -210,10 +210,16 @@ def _json(path: Path) -> Any:
 
 def _figures(d: Path, root: Path, kind: str) -> list[Block]:
     if kind == "history":
-        found = [(p, p.stem.replace("_", " ")) for p in sorted((d / "figures").glob("*.png"))]
+        found = [(p, p.stem.replace("_", " ")) for p in sorted((d / "figures").glob("*.png")) if _headline(p.stem)]
     else:
         found = [(d / name, caption) for name, caption in FIGURES.get(kind, []) if (d / name).is_file()]
     return [("img", str(p.relative_to(root)), caption) for p, caption in found]
+
+
+def _headline(figure: str) -> bool:
+    """History figures shown on the page: per-layer profiles and whole-model figures. The single
+    series per layer and per kernel path and T stay in figures/ (the profiles draw them together)."""
+    return figure.startswith("layers_") or not any(k in figure for k in ("Layers.track", "KernelDrift.track"))
 
 
 def _kernels_part(d: Path, env: dict[str, Any]) -> tuple[list[Block], list[str]]:
@@ -386,7 +392,11 @@ def _divergence_part(d: Path, env: dict[str, Any]) -> tuple[list[Block], list[st
 def _history_part(d: Path, env: dict[str, Any]) -> tuple[list[Block], list[str]]:
     wide = pd.read_csv(d / "history_wide.csv")
     versions = [c for c in wide.columns if c[:1].isdigit()]
-    return ([("p", f"{len(wide)} tracked series over mlx {', '.join(versions)}; the full table is history_wide.csv.")],
+    figures = sorted((d / "figures").glob("*.png"))
+    shown = sum(_headline(p.stem) for p in figures)
+    return ([("p", f"{len(wide)} tracked series over mlx {', '.join(versions)}; the full table is history_wide.csv. "
+                   f"Shown: the per-layer profiles and the whole-model figures ({shown}); the other "
+                   f"{len(figures) - shown} (one per layer, kernel path and T) are in figures/.")],
             [f"asv history: {len(wide)} tracked series over mlx {', '.join(versions)}."])
 
 

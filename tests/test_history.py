@@ -21,7 +21,7 @@ def entry(value, params=()):
     return [values, [list(p) for p in params], "v1", 0, 0.1] + [None] * 8
 
 
-def write_result(root, machine, commit, mlx, date, dlogit, layers, accept, pinned=None):
+def write_result(root, machine, commit, mlx, date, dlogit, layers, accept, pinned=None, extra=None):
     d = root / machine
     d.mkdir(parents=True, exist_ok=True)
     (d / "machine.json").write_text(json.dumps({"machine": machine, "version": 1}))
@@ -32,6 +32,7 @@ def write_result(root, machine, commit, mlx, date, dlogit, layers, accept, pinne
         "bench_stack.Layers.track_rel_l2": entry(layers, [["'verify2'"], ["'layer 0'", "'layer 1'"]]),
         "bench_diverge.Divergence.track_self_draft_acceptance": entry(accept),
         "bench_kernels.KernelDrift.track_bits_lost": entry([0.0, float("nan")], [["'model'"], ["1", "2"]]),
+        **(extra or {}),
     }
     doc = {"commit_hash": commit * 5, "env_name": f"env-{mlx}", "date": date,
            "params": {"machine": machine}, "python": "3.11",
@@ -110,6 +111,18 @@ def test_gate_zero_baseline_and_higher_is_better(tmp_path):
     assert ("bench_stack.Layers.track_rel_l2", "verify2, layer 0") in bad  # 0 -> 1e-3
     assert ("bench_diverge.Divergence.track_self_draft_acceptance", "") in bad  # acceptance fell
     assert math.isinf(g[g["params"] == "verify2, layer 0"]["ratio"].iloc[0])
+
+
+def test_gate_ignores_the_emulated_control(tmp_path):
+    root = tmp_path / "r"
+    for commit, mlx, date, bits in (("aaaaaaaa", "0.31.2", 1, 1.0), ("bbbbbbbb", "0.32.4", 2, 3.0)):
+        bench = {"bench_kernels.KernelDrift.track_rows_differ": entry([0.0, bits],
+                                                                      [["'model'", "'emulated:splitk4'"], ["2"]])}
+        write_result(root, "m1", commit, mlx, date, (0.5, 0.5), [0.0, 0.01], 0.66, extra=bench)
+    g = history.gate(history.read_results(root))
+    rows = g[g["benchmark"] == "bench_kernels.KernelDrift.track_rows_differ"]
+    assert list(rows["params"]) == ["model, 2"]  # the control is not an mlx kernel: not gated
+    assert not g["regression"].any()
 
 
 def test_gate_errors(results, tmp_path):

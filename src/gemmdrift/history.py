@@ -193,10 +193,13 @@ def gate(df: pd.DataFrame, candidate: str | None = None, baseline: str | None = 
             as soon as it exceeds GATE_ABS_TOL. For HIGHER_IS_BETTER figures a
             drop by more than ``threshold`` fails instead.
         include: only series whose benchmark name contains this text.
+    Series of the emulated negative control (params with ``emulated:``) are not gated.
+
     Returns:
         One row per compared series with ``old``, ``new``, ``ratio`` and ``regression``.
     """
     t = latest_per_version(tracked(df))
+    t = t[~t["params"].str.contains("emulated:", regex=False)]  # negative controls, not mlx kernels
     if include:
         t = t[t["benchmark"].str.contains(include, regex=False)]
     if t.empty:

@@ -173,6 +173,9 @@ HOW_TO_READ = [
     "where they agreed) is a state bug.",
     "The precision ladder reruns at float32 with the same weights: rounding drift shrinks by orders of magnitude, "
     "a semantic difference (other keys, offsets, cache state) does not.",
+    "Drift that starts exactly past a sliding window points at the cache layout, not a kernel: mlx-lm's "
+    "RotatingKVCache writes T=1 decode steps into a ring buffer in place but concatenates longer blocks in "
+    "temporal order, so past the window attention sums the same keys in another order.",
     "Kernel drift is counted in ULPs of the storage dtype and drawn as bits lost, log2(1 + ULPs): 0 means the row "
     "computed inside a T-row block is bit-identical to the same row computed alone. *Emulated* paths are negative "
     "controls (a split-K summation order written in mlx ops), never an mlx kernel.",

@@ -191,3 +191,16 @@ def test_history_page_shows_profiles_and_whole_model_figures(tmp_path):
     blocks = report.report_blocks(tmp_path)
     assert [b[1] for b in blocks if b[0] == "img"] == [f"figures/{names[1]}.png", f"figures/{names[0]}.png"]
     assert reading(blocks) == ["asv history: 1 tracked series over mlx 0.31.2, 0.32.4."]
+
+
+def test_a_partial_run_directory_says_what_is_missing(tiny, tmp_path):
+    from gemmdrift import files
+
+    files.write_json(tmp_path / "env.json", ENV)
+    _kernels_dir(tiny, tmp_path / "kernels")
+    files.write_json(tmp_path / "kernels" / "done.json", {"key": "k", "seconds": 1.0})
+    (tmp_path / "stack-decode").mkdir()  # started, interrupted before any result
+    lines = reading(report.report_blocks(tmp_path))
+    assert lines[-3:] == [f"`{name}/` has not finished: rerun `gemmdrift run` with the same `--out` to resume it."
+                          for name in ("stack-decode", "stack-prefill", "diverge")]
+    assert [b[1] for b in report.report_blocks(tmp_path) if b[0] == "h2"][1] == report.PART_TITLES["kernels"]

@@ -450,6 +450,9 @@ def report_blocks(d: str | Path) -> list[Block]:
             sections.append(("p", f"From `{p.name}/`."))
         sections += blocks + _figures(p, d, kind)
         reading += said
+    if (d / "env.json").is_file():  # a `gemmdrift run` directory: say which parts are still missing
+        reading += [f"`{name}/` has not finished: rerun `gemmdrift run` with the same `--out` to resume it."
+                    for name in PART_TITLES if not (d / name / "done.json").is_file()]
     return ([("h1", f"gemmdrift report: {d.name}"), ("ul", head), ("h2", "What this shows"), ("ul", reading)]
             + sections + [("h2", "How to read this"), ("ul", HOW_TO_READ)])
 

@@ -1,0 +1,119 @@
+"""The asv benchmarks import, carry a unit and a pinned version, and return finite numbers.
+
+They run here on the embedded Gemma with the main job's 'quick' sizes and a
+smaller kernel probe (asv itself runs them at the 'cpu' or 'gpu' sizes).
+"""
+
+import inspect
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from benchmarks import (bench_diverge, bench_env, bench_kernels, bench_overhead,  # noqa: E402
+                        bench_stack, common)
+
+MODULES = [bench_diverge, bench_env, bench_kernels, bench_overhead, bench_stack]
+
+
+def tracked(module):
+    """(class or None, name, function) of every track_ benchmark in a module."""
+    out = []
+    for name, obj in vars(module).items():
+        if name.startswith("track_") and callable(obj):
+            out.append((None, name, obj))
+        elif inspect.isclass(obj) and not name.startswith("_") and obj.__module__ == module.__name__:
+            out += [(obj, n, getattr(obj, n)) for n in dir(obj) if n.startswith("track_")]
+    return out
+
+
+def test_every_track_benchmark_has_a_unit_and_a_pinned_version():
+    found = [t for m in MODULES for t in tracked(m)]
+    assert len(found) >= 15
+    for cls, name, fn in found:
+        assert getattr(fn, "unit", None), f"{cls.__name__ if cls else ''}.{name}: no unit"
+        assert getattr(fn, "version", None), f"{cls.__name__ if cls else ''}.{name}: no pinned version"
+
+
+def finite(value):
+    assert isinstance(value, float) and math.isfinite(value) and value >= 0, value
+    return value
+
+
+@pytest.fixture
+def quick(monkeypatch, embedded):
+    from gemmdrift import suite
+
+    monkeypatch.setattr(common, "sizes", lambda: suite.SIZES["quick"])
+    monkeypatch.setattr(common, "KERNEL_LAYERS", (0,))
+    monkeypatch.setattr(common, "KERNEL_TS", (1, 2))
+    monkeypatch.setattr(common, "KERNEL_PATHS", ("model", "emulated:splitk4"))
+    monkeypatch.setattr(common, "KERNEL_ROWS", 4)
+    common.kernel_inputs.cache_clear()
+    yield
+    common.kernel_inputs.cache_clear()
+
+
+@pytest.mark.slow
+def test_env_benchmarks():
+    import mlx.core as mx
+
+    from gemmdrift.history import decode_version
+
+    assert decode_version(finite(bench_env.track_mlx_version())) == ".".join(mx.__version__.split(".")[:3])
+    assert finite(bench_env.track_backend()) == 0.0  # the CPU backend here
+
+
+@pytest.mark.slow
+def test_stack_and_divergence_benchmarks_return_finite_numbers(quick):
+    import itertools
+
+    caches = {}  # asv runs one setup_cache per base class; so does this test
+    for cls in (bench_stack.DecodeVsVerify, bench_stack.DecodeVsVerifyLayers, bench_stack.PrefillChunks,
+                bench_stack.PrefillChunksLayers, bench_diverge.Divergence):
+        bench = cls()
+        base = cls.__mro__[1] if cls.__mro__[1] is not object else cls
+        if base not in caches:
+            caches[base] = bench.setup_cache()
+        f = caches[base]
+        combos = list(itertools.product(*getattr(cls, "params", ())))
+        for _, name, fn in [t for t in tracked(sys.modules[cls.__module__]) if t[0] is cls]:
+            for combo in combos:
+                finite(fn(bench, f, *combo))
+    # Below the sliding window (quick sizes) decode and verification agree bit for bit on this backend.
+    assert bench_stack.DecodeVsVerify().track_max_abs_dlogit(caches[bench_stack._Decode], "verify2") == 0.0
+
+
+@pytest.mark.slow
+def test_kernel_benchmarks(quick, monkeypatch):
+    probe = bench_kernels.KernelDrift()
+    f = probe.setup_cache()
+    for path in common.KERNEL_PATHS:
+        for t in common.KERNEL_TS:
+            for fn in (probe.track_bits_lost, probe.track_rows_differ, probe.track_err_rel_l2):
+                finite(fn(f, path, t))
+    assert probe.track_bits_lost(f, "model", 2) == 0.0  # row-invariant CPU kernels
+    ops = bench_kernels.OpsDrift()
+    f = ops.setup_cache()
+    for (op,) in [(p,) for p in bench_kernels.OpsDrift.params[0]]:
+        finite(ops.track_bits_lost(f, op))
+    speed = bench_kernels.KernelSpeed()
+    for path, t in (("model", 1), ("quant:affine-q4-g64", 2)):
+        speed.setup(path, t)
+        assert speed.time_projection(path, t) is None
+
+
+@pytest.mark.slow
+def test_overhead_benchmarks_run(monkeypatch, embedded):
+    monkeypatch.setattr(bench_overhead, "TOKENS", 12)
+    monkeypatch.setattr(bench_overhead, "SPLIT", 8)
+    bench = bench_overhead.TapOverhead()
+    for schedule in bench_overhead.SCHEDULES:
+        bench.setup(schedule)
+        bench.time_plain_mlx_lm(schedule)
+        bench.time_tapped(schedule)

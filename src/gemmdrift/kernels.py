@@ -1107,13 +1107,9 @@ def plot_thresholds(df: pd.DataFrame, env: Mapping[str, Any],
         ``{projection: [(T, kernel, op), ...]}`` (T >= 2) and a description
         such as "Metal (reference), M3 Max, mlx 0.32.4".
     """
-    from .dispatch import DEFAULT_CHIP, thresholds
+    from .dispatch import thresholds
 
-    backend = env.get("backend") or "cpu"
-    version = env.get("mlx") or "0"
-    target = backend if backend in ("metal", "cuda") else "metal"
-    chip = chip or DEFAULT_CHIP[target]
-    origin = {"metal": "Metal", "cuda": "CUDA"}[target] if target == backend else "Metal (reference)"
+    target, version, chip, origin = _reference_backend(env, chip)
     df = _tidy(df)
     proj = df[~_is_op(df) & ~df["emulated"]]
     out: dict[str, list[tuple[int, str, str]]] = {}
@@ -1129,7 +1125,20 @@ def plot_thresholds(df: pd.DataFrame, env: Mapping[str, Any],
             found = thresholds(target, version, op, chip=chip, max_t=max_t, K=k, N=n, **shape)
             marks |= {(th.T, th.label, op) for th in found if th.T > 1}
         out[name] = sorted(marks)
-    return out, f"{origin}, {chip}, mlx {version}"
+    return out, origin
+
+
+def _reference_backend(env: Mapping[str, Any], chip: str | None) -> tuple[str, str, str, str]:
+    """(backend whose dispatch rules apply, mlx version, chip, description) for the recorded ``env``:
+    its own on Metal and CUDA; Metal's, labelled "Metal (reference)", on the CPU (which never switches)."""
+    from .dispatch import DEFAULT_CHIP
+
+    backend = env.get("backend") or "cpu"
+    version = env.get("mlx") or "0"
+    target = backend if backend in ("metal", "cuda") else "metal"
+    chip = chip or DEFAULT_CHIP[target]
+    origin = {"metal": "Metal", "cuda": "CUDA"}[target] if target == backend else "Metal (reference)"
+    return target, version, chip, f"{origin}, {chip}, mlx {version}"
 
 
 def ops_thresholds(df: pd.DataFrame, env: Mapping[str, Any],
@@ -1139,13 +1148,9 @@ def ops_thresholds(df: pd.DataFrame, env: Mapping[str, Any],
     One set of switches per attention geometry (head dim, heads, KV heads) and
     key length in the table; only sdpa has a dispatch that depends on T.
     """
-    from .dispatch import DEFAULT_CHIP, thresholds
+    from .dispatch import thresholds
 
-    backend = env.get("backend") or "cpu"
-    version = env.get("mlx") or "0"
-    target = backend if backend in ("metal", "cuda") else "metal"
-    chip = chip or DEFAULT_CHIP[target]
-    origin = {"metal": "Metal", "cuda": "CUDA"}[target] if target == backend else "Metal (reference)"
+    target, version, chip, origin = _reference_backend(env, chip)
     ops = df[_is_op(df)]
     sdpa = ops[ops["projection"] == "sdpa"] if "heads" in ops.columns else ops.iloc[:0]
     marks: set[tuple[int, str, str]] = set()
@@ -1153,7 +1158,7 @@ def ops_thresholds(df: pd.DataFrame, env: Mapping[str, Any],
         found = thresholds(target, version, "sdpa", chip=chip, max_t=int(s["T"].max()), k_len=int(k_len),
                            head_dim=int(d), n_heads=int(h), n_kv_heads=int(hkv))
         marks |= {(th.T, th.label, "sdpa") for th in found if th.T > 1}
-    return ({"sdpa": sorted(marks)} if marks else {}), f"{origin}, {chip}, mlx {version}"
+    return ({"sdpa": sorted(marks)} if marks else {}), origin
 
 
 def write_kernels(df: pd.DataFrame, out: str | Path, env: dict[str, Any], inputs: dict[str, Any]) -> dict[str, Path]:

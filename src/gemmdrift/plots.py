@@ -337,9 +337,10 @@ def ops_vs_t(df: pd.DataFrame, thresholds=None, metric: str = "max_ulp", referen
             v = s[s["path"] == variant]
             for k_len, g in v.groupby(v["key_length"].fillna(-1), sort=True):
                 c = colors[key_lengths.index(k_len) % len(colors)] if k_len in key_lengths else "k"
-                y = _bits(g.groupby("T")["value"].max().to_numpy())
+                worst = g.groupby("T")["value"].max()
+                y = _bits(worst.to_numpy())
                 top = max(top, float(np.nanmax(y)) if len(y) else 0.0)
-                ax.plot(sorted(set(g["T"])), y, styles[j % len(styles)], marker="o", ms=3 + 1.5 * j,
+                ax.plot(worst.index, y, styles[j % len(styles)], marker="o", ms=3 + 1.5 * j,
                         mfc="none" if j else None, color=c)
         marks = (thresholds or {}).get(op, [])
         for T, label, _ in marks:

@@ -117,12 +117,16 @@ def print_stack(result: StackResult) -> str:
     return "\n".join(lines)
 
 
+def _cell(v: Any) -> str:
+    return "-" if v is None else fmt(v)
+
+
 def _md_table(rows: list[dict[str, Any]]) -> str:
     if not rows:
         return "(none)"
     cols = list(rows[0])
     out = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    out += ["| " + " | ".join(fmt(r.get(c)) if r.get(c) is not None else "-" for c in cols) + " |" for r in rows]
+    out += ["| " + " | ".join(_cell(r.get(c)) for c in cols) + " |" for r in rows]
     return "\n".join(out)
 
 
@@ -519,7 +523,7 @@ def to_html(blocks: list[Block], root: Path) -> str:
                 continue
             cols = list(rows[0])
             out.append("<table><tr>" + "".join(f"<th>{html.escape(str(c))}</th>" for c in cols) + "</tr>"
-                       + "".join("<tr>" + "".join(f"<td>{_inline(fmt(r.get(c)) if r.get(c) is not None else '-')}</td>"
+                       + "".join("<tr>" + "".join(f"<td>{_inline(_cell(r.get(c)))}</td>"
                                                   for c in cols) + "</tr>" for r in rows) + "</table>")
         elif kind == "img":
             data = base64.b64encode((root / b[1]).read_bytes()).decode("ascii")

@@ -362,3 +362,15 @@ def ops_vs_t(df: pd.DataFrame, thresholds=None, metric: str = "max_ulp", referen
     fig.suptitle(title or "Ops: each query inside a T-query block against the same query alone", fontsize=9)
     fig.tight_layout()
     return fig
+
+
+# ------------------------------------------------------------------ figures of a Result
+
+# kind -> function(Result) -> {file name: matplotlib figure}; the store saves them.
+DRAW: dict = {}
+
+
+def draw(result) -> dict:
+    """The figures of any Result, by file name (``{"stack_drift.png": fig, ...}``); none for unknown kinds."""
+    fn = DRAW.get(result.kind)
+    return fn(result) if fn else {}

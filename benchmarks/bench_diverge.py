@@ -1,4 +1,8 @@
-"""Greedy divergence of mlx-lm generate vs speculative generate (self-draft, K=2) past the window."""
+"""Greedy divergence of mlx-lm generate vs speculative generate (self-draft, K=2) past the window.
+
+setup_cache returns the figures of the probe's Result; each track_ looks up one named figure
+(gemmdrift.diverge.diverge_figures), NaN when it was not measured.
+"""
 
 from . import common
 
@@ -9,34 +13,35 @@ class Divergence:
     def setup_cache(self):
         from gemmdrift import suite
 
-        r = suite.divergence_probe(common.model(), common.sizes())
-        t = r.get("triage") or {}
-        return {
-            "n": float(r["n"]),
-            "first": float(r["first_divergence"]) if r["first_divergence"] is not None else float(r["n"]),
-            "outside": 1.0 if t.get("verdict") == "OUTSIDE ENVELOPE" else 0.0,
-            "acceptance": float(r["stream_b"].get("acceptance") or 0.0),
-        }
+        return dict(suite.divergence_probe(common.model(), common.sizes()).figures)
 
     setup_cache.timeout = 7200
 
     def track_first_divergence(self, f):
-        """Generated tokens before the streams part (the number generated when they never do)."""
-        return f["first"]
+        """Generated tokens before the streams part; the number generated (n) when they never do.
+        `track_diverged` tells "never diverged in n tokens" (0) from "diverged at n" (1)."""
+        return common.figure(f, "first_divergence")
 
     track_first_divergence.unit = "tokens"
     track_first_divergence.version = "1"
 
+    def track_diverged(self, f):
+        """1 when the streams part within the tokens generated, 0 when they never do."""
+        return common.figure(f, "diverged")
+
+    track_diverged.unit = "divergences"
+    track_diverged.version = "1"
+
     def track_outside_envelope(self, f):
-        """1 when the divergence is judged a state bug rather than a near-tie."""
-        return f["outside"]
+        """1 when the divergence is judged a state bug rather than a near-tie (NaN when no triage ran)."""
+        return common.figure(f, "outside_envelope")
 
     track_outside_envelope.unit = "divergences"
     track_outside_envelope.version = "1"
 
     def track_self_draft_acceptance(self, f):
         """Fraction of tokens accepted from the self-draft: below K/(K+1) only through numeric rejections."""
-        return f["acceptance"]
+        return common.figure(f, "self_draft_acceptance")
 
     track_self_draft_acceptance.unit = "fraction"
     track_self_draft_acceptance.version = "1"

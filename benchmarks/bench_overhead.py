@@ -16,6 +16,7 @@ class TapOverhead:
     number = 1
     repeat = 3
     warmup_time = 0
+    rounds = 1  # asv's default is 2: every case twice, each in a new process that loads the model
 
     def setup(self, schedule):
         from gemmdrift import suite

@@ -1,4 +1,8 @@
-"""Layer-stack drift and the logit envelope of the main schedule pairs (gemmdrift.suite)."""
+"""Layer-stack drift and the logit envelope of the main schedule pairs (gemmdrift.suite).
+
+Each setup_cache returns the figures of the measurement's Result; each track_ looks up one named figure
+(gemmdrift.stack.stack_figures), NaN when it was not measured.
+"""
 
 from . import common
 
@@ -10,27 +14,6 @@ PREFILL_PAIR = "prefill:2048 vs prefill:512"
 TAPS = [f"layer {i}" for i in range(18)] + ["norm", "logits"]
 
 
-def _figures(result):
-    """Plain numbers from a StackResult: envelope per pair, rel_l2 per pair/mode/tap, ladder drift."""
-    from gemmdrift import metrics
-
-    base = result.inputs["model"]["dtype"]
-    t = result.table[result.table["dtype"] == base]
-    out = {"envelope": {}, "rel_l2": {}, "bits": {}, "ladder": {}}
-    for _, row in result.envelope[result.envelope["dtype"] == base].iterrows():
-        if row["mode"] == "accumulated":
-            out["envelope"][row["pair"]] = {k: float(row[k]) for k in ("max_abs_dlogit", "max_abs_dgap", "p99_abs_dgap",
-                                                                        "flips", "max_gap_at_flip")}
-    for (pair, mode, tap), s in t.groupby(["pair", "mode", "tap"]):
-        m = dict(zip(s["metric"], s["value"]))
-        out["rel_l2"][(pair, mode, tap)] = float(m["rel_l2"])
-        out["bits"][(pair, mode, tap)] = metrics.bits_lost(float(m["p99_ulp"]))
-    if result.ladder is not None:
-        for _, row in result.ladder.iterrows():
-            out["ladder"][(row["pair"], row["tap"])] = float(row["rel_l2_float32"])
-    return out
-
-
 class _Decode:
     """One measurement (suite.decode_family) shared by the classes below: asv runs a
     setup_cache once per source location, so subclasses do not repeat it."""
@@ -40,7 +23,7 @@ class _Decode:
     def setup_cache(self):
         from gemmdrift import suite
 
-        return _figures(suite.decode_family(common.model(), common.sizes()))
+        return dict(suite.decode_family(common.model(), common.sizes()).figures)
 
     setup_cache.timeout = 7200
 
@@ -53,7 +36,7 @@ class _Prefill:
     def setup_cache(self):
         from gemmdrift import suite
 
-        return _figures(suite.prefill_family(common.model(), common.sizes()))
+        return dict(suite.prefill_family(common.model(), common.sizes()).figures)
 
     setup_cache.timeout = 7200
 
@@ -65,32 +48,33 @@ class DecodeVsVerify(_Decode):
     param_names = ["pair"]
 
     def track_max_abs_dlogit(self, f, pair):
-        return f["envelope"][PAIRS[pair]]["max_abs_dlogit"]
+        return common.figure(f, "max_abs_dlogit", PAIRS[pair])
 
     track_max_abs_dlogit.unit = "logits"
     track_max_abs_dlogit.version = "1"
 
     def track_max_abs_dgap(self, f, pair):
-        return f["envelope"][PAIRS[pair]]["max_abs_dgap"]
+        return common.figure(f, "max_abs_dgap", PAIRS[pair])
 
     track_max_abs_dgap.unit = "logits"
     track_max_abs_dgap.version = "1"
 
     def track_p99_abs_dgap(self, f, pair):
-        return f["envelope"][PAIRS[pair]]["p99_abs_dgap"]
+        return common.figure(f, "p99_abs_dgap", PAIRS[pair])
 
     track_p99_abs_dgap.unit = "logits"
     track_p99_abs_dgap.version = "1"
 
     def track_flips(self, f, pair):
-        return f["envelope"][PAIRS[pair]]["flips"]
+        return common.figure(f, "flips", PAIRS[pair])
 
     track_flips.unit = "argmax flips"
     track_flips.version = "1"
 
     def track_logits_rel_l2_float32(self, f, pair):
-        """The same pair at float32 (precision ladder): rounding drift shrinks by orders of magnitude."""
-        return f["ladder"].get((PAIRS[pair], "logits"), 0.0)
+        """The same pair at float32 (precision ladder): rounding drift shrinks by orders of magnitude.
+        NaN (skipped) when the sizes ran no ladder."""
+        return common.figure(f, "ladder_rel_l2_float32", PAIRS[pair], "logits")
 
     track_logits_rel_l2_float32.unit = "relative L2"
     track_logits_rel_l2_float32.version = "1"
@@ -103,14 +87,14 @@ class DecodeVsVerifyLayers(_Decode):
     param_names = ["pair", "mode", "tap"]
 
     def track_rel_l2(self, f, pair, mode, tap):
-        return f["rel_l2"][(PAIRS[pair], mode, tap)]
+        return common.figure(f, "rel_l2", PAIRS[pair], mode, tap)
 
     track_rel_l2.unit = "relative L2"
     track_rel_l2.version = "1"
 
     def track_bits_p99(self, f, pair, mode, tap):
         """log2(1 + p99 ULP distance): 0 when bit-identical."""
-        return f["bits"][(PAIRS[pair], mode, tap)]
+        return common.figure(f, "bits_p99", PAIRS[pair], mode, tap)
 
     track_bits_p99.unit = "bits"
     track_bits_p99.version = "1"
@@ -120,19 +104,19 @@ class PrefillChunks(_Prefill):
     """The stream prefilled in one chunk (2048) against chunks of 512: the logit envelope."""
 
     def track_max_abs_dlogit(self, f):
-        return f["envelope"][PREFILL_PAIR]["max_abs_dlogit"]
+        return common.figure(f, "max_abs_dlogit", PREFILL_PAIR)
 
     track_max_abs_dlogit.unit = "logits"
     track_max_abs_dlogit.version = "1"
 
     def track_max_abs_dgap(self, f):
-        return f["envelope"][PREFILL_PAIR]["max_abs_dgap"]
+        return common.figure(f, "max_abs_dgap", PREFILL_PAIR)
 
     track_max_abs_dgap.unit = "logits"
     track_max_abs_dgap.version = "1"
 
     def track_flips(self, f):
-        return f["envelope"][PREFILL_PAIR]["flips"]
+        return common.figure(f, "flips", PREFILL_PAIR)
 
     track_flips.unit = "argmax flips"
     track_flips.version = "1"
@@ -145,7 +129,7 @@ class PrefillChunksLayers(_Prefill):
     param_names = ["tap"]
 
     def track_rel_l2(self, f, tap):
-        return f["rel_l2"][(PREFILL_PAIR, "accumulated", tap)]
+        return common.figure(f, "rel_l2", PREFILL_PAIR, "accumulated", tap)
 
     track_rel_l2.unit = "relative L2"
     track_rel_l2.version = "1"

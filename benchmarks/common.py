@@ -41,3 +41,13 @@ def kernel_inputs():
     lm = model()
     projs = kernels.projections(lm, layers=list(KERNEL_LAYERS) + [lm.n_layers])
     return projs, kernels.capture_inputs(lm, suite.stream(lm, 128), projs, max_rows=KERNEL_ROWS)
+
+
+
+def figure(figures, *parts):
+    """One tracked figure from the figures of a gemmdrift Result (what each setup_cache returns:
+    ``dict(result.figures)``, plain floats, cheap for asv to unpickle in every track_ process), by the
+    parts of its name, joined as gemmdrift.result.figure_name joins them. NaN when the measurement did
+    not produce it: asv records NaN as skipped, never as 0.0."""
+    name = "/".join(str(p) for p in parts)
+    return float(figures.get(name, float("nan")))

@@ -5,6 +5,7 @@ smaller kernel probe (asv itself runs them at the 'cpu' or 'gpu' sizes).
 """
 
 import inspect
+import json
 import math
 import sys
 from pathlib import Path
@@ -84,7 +85,19 @@ def test_stack_and_divergence_benchmarks_return_finite_numbers(quick):
         combos = list(itertools.product(*getattr(cls, "params", ())))
         for _, name, fn in [t for t in tracked(sys.modules[cls.__module__]) if t[0] is cls]:
             for combo in combos:
-                finite(fn(bench, f, *combo))
+                value = fn(bench, f, *combo)
+                if name == "track_logits_rel_l2_float32":
+                    # Regression (issue 12): without a ladder (quick sizes) this returned 0.0, a fake
+                    # "no drift at float32"; a figure that was not measured is NaN, which asv skips.
+                    assert math.isnan(value)
+                else:
+                    finite(value)
+    # Never-diverged is told apart from diverged-at-n.
+    d = caches[bench_diverge.Divergence]
+    div = bench_diverge.Divergence()
+    assert div.track_diverged(d) in (0.0, 1.0)
+    if div.track_diverged(d) == 0.0:
+        assert div.track_first_divergence(d) == common.sizes().diverge_n
     # Below the sliding window (quick sizes) decode and verification agree bit for bit on this backend.
     assert bench_stack.DecodeVsVerify().track_max_abs_dlogit(caches[bench_stack._Decode], "verify2") == 0.0
 
@@ -103,9 +116,11 @@ def test_kernel_benchmarks(quick, monkeypatch):
     for (op,) in [(p,) for p in bench_kernels.OpsDrift.params[0]]:
         finite(ops.track_bits_lost(f, op))
     speed = bench_kernels.KernelSpeed()
+    rows = speed.setup_cache()
+    assert rows.shape == (common.KERNEL_ROWS, 640)
     for path, t in (("model", 1), ("quant:affine-q4-g64", 2)):
-        speed.setup(path, t)
-        assert speed.time_projection(path, t) is None
+        speed.setup(rows, path, t)
+        assert speed.time_projection(rows, path, t) is None
 
 
 @pytest.mark.slow
@@ -117,3 +132,70 @@ def test_overhead_benchmarks_run(monkeypatch, embedded):
         bench.setup(schedule)
         bench.time_plain_mlx_lm(schedule)
         bench.time_tapped(schedule)
+
+
+# ------------------------------------------------------------------ the manifest
+
+MANIFEST = ROOT / "benchmarks" / "manifest.json"
+
+
+def current_manifest():
+    """Every benchmark as asv discovers it: name -> type, unit, version, parameter names and values."""
+    discovery = pytest.importorskip("asv_runner.discovery")
+    out = {}
+    for b in discovery.disc_benchmarks(str(ROOT / "benchmarks")):
+        out[b.name] = {"type": b.type, "unit": b.unit, "version": b.version, "param_names": list(b.param_names),
+                       "params": [list(p) for p in b.params]}
+    return dict(sorted(out.items()))
+
+
+def test_figure_names_in_benchmarks_are_the_library_names():
+    from gemmdrift.result import figure_name
+
+    for parts in (("rel_l2", "prefill:512,decode vs prefill:512,verify:2", "local", "layer 3"),
+                  ("bits_lost", "quant:affine-q4-g64", 33), ("ops_bits_lost", "sdpa"), ("diverged",)):
+        assert common.figure({figure_name(*parts): 1.5}, *parts) == 1.5
+    assert math.isnan(common.figure({}, "flips", "a vs b"))
+
+
+def test_no_tracked_series_changes_without_its_version():
+    """asv keys history by benchmark name, parameters and version: a renamed benchmark or a changed
+    parameter set under the same version would silently mix or orphan series. benchmarks/manifest.json
+    records all three; add a new benchmark to it with `python tests/test_benchmarks.py --write-manifest`
+    (and a changed one only together with a new `version`)."""
+    problems = manifest_problems(json.loads(MANIFEST.read_text()), current_manifest())
+    assert not problems, "\n".join(problems)
+
+
+def manifest_problems(saved, now):
+    gone = sorted(set(saved) - set(now))
+    out = [f"renamed or removed (its history would be orphaned): {n}" for n in gone]
+    out += [f"new benchmark {n}: add it to {MANIFEST.name} (python tests/test_benchmarks.py --write-manifest)"
+            for n in sorted(set(now) - set(saved))]
+    for name in sorted(set(saved) & set(now)):
+        was, cur = saved[name], now[name]
+        changed = [k for k in ("params", "param_names", "unit", "type") if cur[k] != was[k]]
+        if cur["version"] == was["version"] and changed:
+            out.append(f"{name}: {', '.join(changed)} changed without a new version")
+        elif cur["version"] != was["version"]:
+            out.append(f"{name}: version {was['version']} -> {cur['version']}: a deliberate new series? then "
+                       f"rewrite {MANIFEST.name}")
+    return out
+
+
+def test_the_manifest_check_catches_planted_changes():
+    saved = json.loads(MANIFEST.read_text())
+    now = json.loads(json.dumps(saved))
+    assert manifest_problems(saved, now) == []
+    key = "bench_kernels.KernelDrift.track_bits_lost"
+    now[key]["params"][1] = now[key]["params"][1][:-1]  # a T dropped, same version
+    assert manifest_problems(saved, now) == [f"{key}: params changed without a new version"]
+    now[key]["version"] = "2"  # bumped: flagged until the manifest is rewritten on purpose
+    assert "version 1 -> 2" in manifest_problems(saved, now)[0]
+    renamed = {("x" + k if k == key else k): v for k, v in saved.items()}
+    assert len(manifest_problems(saved, renamed)) == 2  # one gone, one new
+
+
+if __name__ == "__main__" and "--write-manifest" in sys.argv:
+    MANIFEST.write_text(json.dumps(current_manifest(), indent=1) + "\n")
+    print(f"wrote {MANIFEST}")

@@ -176,7 +176,9 @@ def test_divergence_stats_resume_from_checkpoint(tmp_path, monkeypatch):
     lm = near_tie_model()
     prompts = [list(range(10, 22)), list(range(30, 36))]
     df = dv.divergence_stats(lm, prompts, 16, checkpoint=tmp_path, k=2)
-    s = dv.stats_summary(df)
+    from gemmdrift.summaries import divergence_summary
+
+    s = divergence_summary(df)
     assert s["prompts"] == 2 and s["diverged"] == int(df["first_divergence"].notna().sum())
     assert s["tokens_compared"] == int(df["compared"].sum())
     assert s["divergences_per_1k"] == pytest.approx(1000 * s["diverged"] / s["tokens_compared"])

@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from gemmdrift import dispatch, kernels, metrics
+from gemmdrift import dispatch, kernels, metrics, store, summaries
 from gemmdrift.errors import GemmdriftError
 from gemmdrift.models import load_model
 
@@ -171,7 +171,7 @@ def test_real_cpu_kernels_are_row_invariant_on_captured_rows(tiny):
     assert (drift["value"] == 0).all()
     assert not df["emulated"].any()
     assert set(df[df["metric"] == "worst_position"]["value"]) == {-1.0}
-    summary = kernels.kernels_summary(df)
+    summary = summaries.kernels_summary(df)
     assert summary["real_drift"] is False and summary["emulated_control_detected"] is None
 
 
@@ -244,7 +244,7 @@ def test_emulated_split_k_is_detected_and_matches_numpy(tiny):
         assert _value(df, "rows_differ", t) == rows_differ
         assert _value(df, "err_max_ulp", t) == metrics.error_vs_exact(split[idx], exact[idx], "bfloat16")["err_max_ulp"]
     assert _value(df, "rows_differ", 16) > 0 and _value(df, "max_ulp", 16) >= 1
-    assert kernels.kernels_summary(df)["emulated_control_detected"] is True
+    assert summaries.kernels_summary(df)["emulated_control_detected"] is True
 
 
 def test_emulated_control_runs_the_real_kernel_at_t1(tiny):
@@ -390,20 +390,26 @@ def test_write_kernels_outputs(tiny, tmp_path):
     df = pd.concat([df, kernels.ops_sweep(tiny, ops=["rope"], query_lengths=[1, 2], key_lengths=[8])],
                    ignore_index=True)
     env = {"backend": "cpu", "mlx": "0.32.4"}
-    written = kernels.write_kernels(df, tmp_path, env, {"model": tiny.info, "inputs": inputs.describe()})
-    for name in ("kernels.csv", "meta.json", "summary.json", "kernels_heatmap.png", "kernels_vs_t.png"):
+    result = kernels.kernels_result(df, {"model": tiny.info, "inputs": inputs.describe()}, env)
+    written = store.write_result(result, tmp_path)
+    for name in ("kernels.csv", "meta.json", "summary.json", "kernels_heatmap.png", "kernels_vs_t.png",
+                 "ops_vs_t.png", "result.json"):
         assert (tmp_path / name).stat().st_size > 0
-    assert set(written) == {"table", "meta", "summary", "fig_heatmap", "fig_vs_t", "fig_ops"}
+    assert {"kernels", "meta", "summary", "fig_kernels_heatmap", "fig_kernels_vs_t", "fig_ops_vs_t"} <= set(written)
+    # The tracked figures: worst over projections per path and T, as bits lost.
+    assert result.figure("bits_lost/model/2") == 0.0 and result.figure("ops_bits_lost/rope") == 0.0
+    assert result.figure("rows_differ/model/16") == 0.0 and result.figure("err_rel_l2/model/1") > 0
+    assert store.read_result(tmp_path).figures == result.figures
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["real_drift"] is False and summary["synthetic"] is True
     assert [p["path"] for p in summary["paths"]] == ["model", "emulated:splitk3"]
     assert summary["ops"][0]["op"] == "rope"
-    text = kernels.print_kernels(df)
+    text = summaries.print_kernels(df)
     assert "EMULATED negative control" in text and "== model" in text and "rope" in text
     # The CSV reads back into the same printout and summary (empty quant labels come back as NaN).
     saved = pd.read_csv(tmp_path / "kernels.csv")
-    assert kernels.print_kernels(saved) == text
-    assert json.loads(json.dumps(kernels.kernels_summary(saved))) == summary
+    assert summaries.print_kernels(saved) == text
+    assert json.loads(json.dumps(summaries.kernels_summary(saved))) == summary
     marks, origin = kernels.plot_thresholds(df, env)
     assert origin.startswith("Metal (reference)") and set(marks) == {"self_attn.q_proj", "lm_head"}
     assert (2, "gemv_wide k_lanes=32", "matmul") in marks["self_attn.q_proj"]
@@ -444,7 +450,7 @@ def test_shape_models_probe_one_projection_at_real_shapes():
     inputs = kernels.capture_inputs(lm, [], projs, max_rows=4)
     df = kernels.sweep(lm, inputs, projs, ["model"], [1, 2])
     assert df["synthetic"].all() and set(df["inputs"]) == {"synthetic"}
-    assert kernels.kernels_summary(df)["synthetic"] is True
+    assert summaries.kernels_summary(df)["synthetic"] is True
     drift = df[(df["metric"] == "max_ulp") & (df["T"] == 2)]["value"]
     assert (drift == 0).all()  # row-invariant on this backend, synthetic or not
 

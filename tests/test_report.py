@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from conftest import make_tiny, plant_zero_first_key
-from gemmdrift import kernels, report
+from gemmdrift import kernels, report, store
 from gemmdrift.errors import GemmdriftError
 from gemmdrift.stack import measure_stack
 
@@ -29,30 +29,30 @@ def test_stack_reading_follows_the_numbers(tmp_path):
     # Tiny gemma3_text, sliding window 8: below it decode and verify:2 agree bit for bit,
     # past it the ring buffer and the concatenated blocks sum the same keys in another order.
     lm = make_tiny("bfloat16")
-    below = measure_stack(lm, TOKENS[:8], ["prefill:4,decode", "prefill:4,verify:2"], split=4, local=False)
-    report.write_stack(below, tmp_path / "below", ENV)
+    below = measure_stack(lm, TOKENS[:8], ["prefill:4,decode", "prefill:4,verify:2"], split=4, local=False, env=ENV)
+    store.write_result(below, tmp_path / "below")
     [line] = reading(report.report_blocks(tmp_path / "below"))
     assert line.startswith("`prefill:4,decode vs prefill:4,verify:2`: bit-identical at every layer")
 
     past = measure_stack(lm, TOKENS[:100], ["prefill:4,decode", "prefill:4,verify:2"], split=4, ladder=True,
-                         local=False)
-    report.write_stack(past, tmp_path / "past", ENV)
+                         local=False, env=ENV)
+    store.write_result(past, tmp_path / "past")
     [line] = reading(report.report_blocks(tmp_path / "past"))
-    p = past.positions
+    p = past.tables["positions"]
     moved = p[(p["mode"] == "accumulated") & (p["dtype"] == "bfloat16") & (p["max_abs_dlogit"] > 0)]
     assert int(moved["position"].min()) >= 8
     assert f"the logits first move at position {int(moved['position'].min())}, past the 8-token sliding window" in line
     assert "hidden states differ from layer 0 on" in line
     assert "**Rounding-level** by the precision ladder" in line
-    least = past.ladder[past.ladder["shrink"] > 0]["shrink"].min()
+    least = past.tables["ladder"][past.tables["ladder"]["shrink"] > 0]["shrink"].min()
     assert f"shrinks at least {least:,.0f}×" in line
 
 
 def test_stack_reading_flags_a_semantic_difference(tmp_path):
     lm = make_tiny("bfloat16")
     plant_zero_first_key(lm)
-    r = measure_stack(lm, TOKENS[:24], ["prefill:4,decode", "prefill:4,verify:2"], split=4, ladder=True, local=False)
-    report.write_stack(r, tmp_path, ENV)
+    r = measure_stack(lm, TOKENS[:24], ["prefill:4,decode", "prefill:4,verify:2"], split=4, ladder=True, local=False, env=ENV)
+    store.write_result(r, tmp_path)
     [line] = reading(report.report_blocks(tmp_path))
     assert "**Not rounding**" in line and "Rounding-level" not in line
 
@@ -61,7 +61,7 @@ def _kernels_dir(tiny, out):
     projs = kernels.projections(tiny, layers=[0, tiny.n_layers], names=["q_proj", "lm_head"])
     inputs = kernels.capture_inputs(tiny, [], projs, max_rows=4)
     df = kernels.sweep(tiny, inputs, projs, ["model", "emulated:splitk3"], ts=[1, 2, 16])
-    kernels.write_kernels(df, out, ENV, {"model": tiny.info})
+    store.write_result(kernels.kernels_result(df, {"model": tiny.info}, ENV), out)
     return df
 
 
@@ -84,7 +84,7 @@ def test_kernel_reading_says_zero_when_zero_and_names_planted_drift(tiny, tmp_pa
     assert real.sum() >= 1 and emu.sum() >= 1
     planted.loc[real, "value"] = 3.0
     planted.loc[emu, "value"] = 9.0
-    kernels.write_kernels(planted, tmp_path / "drift", ENV, {"model": tiny.info})
+    store.write_result(kernels.kernels_result(planted, {"model": tiny.info}, ENV), tmp_path / "drift")
     lines = reading(report.report_blocks(tmp_path / "drift"))
     assert lines == [
         "cpu backend (synthetic weights), model: 1 of 2 projections change with T from T=16; worst 3 ULP "
@@ -164,14 +164,14 @@ def test_report_renders_in_headless_chromium(tmp_path):
 
 def test_ops_reading(tiny, tmp_path):
     ops = kernels.ops_sweep(tiny, ops=["rope"], query_lengths=[1, 2, 4], key_lengths=[8])
-    kernels.write_kernels(ops, tmp_path / "clean", ENV, {"model": tiny.info})
+    store.write_result(kernels.kernels_result(ops, {"model": tiny.info}, ENV), tmp_path / "clean")
     assert reading(report.report_blocks(tmp_path / "clean")) == [
         "Ops rope: bit-identical rows at every query length probed."]
     planted = ops.copy()
     hit = (planted["metric"] == "max_ulp") & (planted["T"] == 4)
     assert hit.sum() >= 1
     planted.loc[hit, "value"] = 5.0
-    kernels.write_kernels(planted, tmp_path / "drift", ENV, {"model": tiny.info})
+    store.write_result(kernels.kernels_result(planted, {"model": tiny.info}, ENV), tmp_path / "drift")
     [line] = reading(report.report_blocks(tmp_path / "drift"))
     variant = planted[hit]["path"].iloc[0]  # ops keep their variant in the path column
     assert line == f"Op rope ({variant}) changes with the query length from T=4 (up to 5 ULP)."

@@ -57,19 +57,20 @@ def test_schedules_below_the_window_are_bit_identical(tiny):
     # On this backend every matmul is row-invariant; below the sliding window
     # decode and verification see the same keys in the same order.
     r = measure_stack(tiny, TOKENS[:8], ["prefill:2,decode", "prefill:2,verify:2", "prefill:8"], split=2)
-    assert (r.table["value"][r.table["metric"] != "n"] == 0).all()
-    assert (r.envelope["flips"] == 0).all() and (r.envelope["max_abs_dlogit"] == 0).all()
+    assert (r.tables["stack"]["value"][r.tables["stack"]["metric"] != "n"] == 0).all()
+    assert (r.tables["envelope"]["flips"] == 0).all() and (r.tables["envelope"]["max_abs_dlogit"] == 0).all()
 
 
 def test_cache_layout_drift_past_the_window_is_found_from_the_first_layer():
     # Past the window, T=1 decoding writes a ring buffer in place while blocks
     # concatenate in temporal order: same keys, another summation order.
     lm = make_tiny("float32")
-    r = measure_stack(lm, TOKENS[:24], ["prefill:4,decode", "prefill:4,verify:2"], split=4, keep_taps=True)
-    acc = r.table[(r.table["mode"] == "accumulated") & (r.table["metric"] == "frac_differ")]
+    taps = {}
+    r = measure_stack(lm, TOKENS[:24], ["prefill:4,decode", "prefill:4,verify:2"], split=4, keep_taps=taps)
+    acc = r.tables["stack"][(r.tables["stack"]["mode"] == "accumulated") & (r.tables["stack"]["metric"] == "frac_differ")]
     assert acc[acc["tap"] == "layer 0"]["value"].iloc[0] > 0
-    ref = r.taps[("prefill:4,decode", "accumulated", "float32")]
-    other = r.taps[("prefill:4,verify:2", "accumulated", "float32")]
+    ref = taps[("prefill:4,decode", "accumulated", "float32")]
+    other = taps[("prefill:4,verify:2", "accumulated", "float32")]
     rows = ref.rows(other.positions)
     same = [np.array_equal(ref.hidden[:, i], other.hidden[:, j]) for j, i in enumerate(rows)]
     first_differ = other.positions[same.index(False)]
@@ -130,9 +131,9 @@ def test_planted_difference_is_found_at_its_layer_with_its_magnitude():
 def test_ladder_calls_rounding_rounding():
     lm = make_tiny("bfloat16")
     r = measure_stack(lm, TOKENS[:100], ["prefill:4,decode", "prefill:4,verify:2"], split=4, ladder=True, local=False)
-    pair = r.ladder["pair"].iloc[0]
-    assert pair_verdict(r.ladder, pair) == "rounding"
-    logits = r.ladder[r.ladder["tap"] == "logits"].iloc[0]
+    pair = r.tables["ladder"]["pair"].iloc[0]
+    assert pair_verdict(r.tables["ladder"], pair) == "rounding"
+    logits = r.tables["ladder"][r.tables["ladder"]["tap"] == "logits"].iloc[0]
     assert 0 < logits["rel_l2_float32"] < metrics.UNIT_ROUNDOFF["bfloat16"]
     if logits["rel_l2_bfloat16"] > 0:
         assert logits["shrink"] > 1000
@@ -147,8 +148,8 @@ def test_ladder_flags_a_planted_semantic_difference():
     lm = make_tiny("bfloat16")
     plant_zero_first_key(lm)
     r = measure_stack(lm, TOKENS[:24], ["prefill:4,decode", "prefill:4,verify:2"], split=4, ladder=True, local=False)
-    assert pair_verdict(r.ladder, r.ladder["pair"].iloc[0]) == "semantic"
-    assert r.ladder[r.ladder["tap"] == "logits"]["shrink"].iloc[0] < 2
+    assert pair_verdict(r.tables["ladder"], r.tables["ladder"]["pair"].iloc[0]) == "semantic"
+    assert r.tables["ladder"][r.tables["ladder"]["tap"] == "logits"]["shrink"].iloc[0] < 2
 
 
 def test_stack_input_errors(tiny):
@@ -168,18 +169,19 @@ def test_one_layer_model_and_single_position():
     lm = make_tiny("float32", num_hidden_layers=1, sliding_window_pattern=1)
     r = measure_stack(lm, TOKENS[:12], ["prefill:2,decode", "prefill:2,verify:3"], split=2, positions=[11],
                       logit_positions=[11])
-    assert set(r.table["tap"]) == {"layer 0", "norm", "logits"}
-    assert r.envelope["positions"].iloc[0] == 1
+    assert set(r.tables["stack"]["tap"]) == {"layer 0", "norm", "logits"}
+    assert r.tables["envelope"]["positions"].iloc[0] == 1
 
 
 def test_ulp_metric_in_stack_matches_numpy(tiny):
+    taps = {}
     r = measure_stack(make_tiny("float32"), TOKENS[:20], ["prefill:4,decode", "prefill:4,verify:2"], split=4,
-                      keep_taps=True, local=False)
-    ref = r.taps[("prefill:4,decode", "accumulated", "float32")]
-    other = r.taps[("prefill:4,verify:2", "accumulated", "float32")]
+                      keep_taps=taps, local=False)
+    ref = taps[("prefill:4,decode", "accumulated", "float32")]
+    other = taps[("prefill:4,verify:2", "accumulated", "float32")]
     a, b = ref.hidden[1, ref.rows(other.positions)], other.hidden[1]
     expected = np.max(np.abs(a.view(np.int32).astype(np.int64) - b.view(np.int32).astype(np.int64)))
-    got = r.table[(r.table["tap"] == "layer 1") & (r.table["metric"] == "max_ulp")]["value"].iloc[0]
+    got = r.tables["stack"][(r.tables["stack"]["tap"] == "layer 1") & (r.tables["stack"]["metric"] == "max_ulp")]["value"].iloc[0]
     assert got == expected  # same-sign values: the ULP distance is the integer distance of the bits
     assert metrics.compare(a, b, "float32")["max_ulp"] == got
 
@@ -188,12 +190,13 @@ def test_shared_prefix_gives_bit_identical_results():
     # Runs that start from a copy of the shared prefix's caches must equal runs from scratch.
     lm = make_tiny("float32")
     schedules = ["prefill:5,decode", "prefill:5,verify:2"]
-    kwargs = dict(split=10, positions=range(12, 30), logit_positions=range(12, 30), keep_taps=True)
-    shared = measure_stack(lm, TOKENS[:30], schedules, **kwargs)
-    fresh = measure_stack(lm, TOKENS[:30], schedules, share_prefix=False, **kwargs)
-    assert shared.table.equals(fresh.table)
-    for key, taps in shared.taps.items():
-        assert np.array_equal(taps.logits, fresh.taps[key].logits)
+    kwargs = dict(split=10, positions=range(12, 30), logit_positions=range(12, 30))
+    shared_taps, fresh_taps = {}, {}
+    shared = measure_stack(lm, TOKENS[:30], schedules, keep_taps=shared_taps, **kwargs)
+    fresh = measure_stack(lm, TOKENS[:30], schedules, share_prefix=False, keep_taps=fresh_taps, **kwargs)
+    assert shared.tables["stack"].equals(fresh.tables["stack"])
+    for key, taps in shared_taps.items():
+        assert np.array_equal(taps.logits, fresh_taps[key].logits)
     # The copied caches are independent: the prefix can be reused again.
     from gemmdrift.taps import common_prefix
 
@@ -229,7 +232,8 @@ def test_stack_resumes_from_its_checkpoint(tmp_path, monkeypatch):
 
     monkeypatch.setattr(stack, "run_schedule", fail)
     again = measure_stack(lm, TOKENS[:24], ["prefill:5,decode", "prefill:5,verify:2"], **kwargs)
-    assert again.table.equals(first.table) and again.positions.equals(first.positions)
+    assert again.tables["stack"].equals(first.tables["stack"])
+    assert again.tables["positions"].equals(first.tables["positions"])
 
 
 def test_peak_memory_does_not_grow_with_depth_beyond_the_taps():

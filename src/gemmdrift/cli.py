@@ -108,6 +108,16 @@ def default_split(n: int) -> int:
     return n - 128 if n > 256 else max(1, n // 2)
 
 
+def _write_and_print(args, result, out, note: str = "") -> None:
+    """The one way a measuring command ends: the Result to ``out``, then its summary (or --json) printed."""
+    from . import store, summaries
+
+    written = store.write_result(result, out)
+    names = ", ".join(p.name for k, p in written.items() if k not in ("frame", "figures", "marker", "details"))
+    _emit(args, summaries.summary(result), summaries.text(result) + f"\n\nwritten to {Path(out)}/ ({names})"
+          + (f"\n{note}" if note else ""))
+
+
 def _emit(args, summary: dict, text: str) -> None:
     from .files import to_json
 
@@ -131,7 +141,6 @@ def cmd_env(args) -> int:
 def cmd_stack(args) -> int:
     from .envinfo import environment
     from .models import describe
-    from .report import print_stack, stack_summary, write_stack
     from .schedules import parse_schedule
     from .stack import measure_stack
 
@@ -148,11 +157,8 @@ def cmd_stack(args) -> int:
     print(f"gemmdrift stack: {describe(lm.info)}; {n} tokens ({label}); split {split}", file=sys.stderr)
     result = measure_stack(lm, ids, args.schedules, split=split, positions=positions,
                            logit_positions=logit_positions, local=not args.no_local, ladder=args.ladder,
-                           checkpoint=Path(args.out) / "checkpoint")
-    result.inputs["prompt"] = label
-    written = write_stack(result, args.out, environment())
-    _emit(args, stack_summary(result), print_stack(result) + f"\n\nwritten to {Path(args.out)}/ "
-          f"({', '.join(p.name for p in written.values())})")
+                           checkpoint=Path(args.out) / "checkpoint", env=environment(), record={"prompt": label})
+    _write_and_print(args, result, args.out)
     return 0
 
 
@@ -176,8 +182,6 @@ def parse_ints(text: str | None, name: str) -> list[int] | None:
 
 
 def cmd_kernels(args) -> int:
-    import pandas as pd
-
     from . import kernels
     from .envinfo import environment
     from .models import describe
@@ -202,13 +206,11 @@ def cmd_kernels(args) -> int:
         ids, label = _tokens(args, lm)
     inputs = kernels.capture_inputs(lm, ids, projs, max_rows=args.rows)
     out = Path(args.out)
-    df = kernels.sweep(lm, inputs, projs, paths, ts, max_t=args.max_t, checkpoint=out / "checkpoint")
-    if args.ops:
-        df = pd.concat([df, kernels.ops_sweep(lm)], ignore_index=True)
-    inputs_record = {"model": lm.info, "prompt": label, "tokens": ids, "paths": paths, "ts": ts,
-                     "rows": inputs.describe() if hasattr(inputs, "describe") else None}
-    kernels.write_kernels(df, out, environment(), inputs_record)
-    _emit(args, kernels.kernels_summary(df), kernels.print_kernels(df) + f"\n\nwritten to {out}/")
+    result = kernels.measure_kernels(lm, inputs, projs, paths, ts, ops=args.ops, max_t=args.max_t,
+                                     checkpoint=out / "checkpoint", env=environment(),
+                                     record={"prompt": label, "tokens": ids,
+                                             "rows": inputs.describe() if hasattr(inputs, "describe") else None})
+    _write_and_print(args, result, out)
     return 0
 
 
@@ -223,15 +225,8 @@ def _load_draft(args):
     return load_model(args.draft, dtype=args.draft_dtype or args.dtype, quantize=q).model
 
 
-def _triage_lines(t: dict) -> list[str]:
-    from .report import triage_items
-
-    return [("  " if i else "") + x.replace("`", "").replace("**", "") for i, x in enumerate(triage_items(t))]
-
-
 def cmd_diverge(args) -> int:
-    from . import files, plots
-    from .diverge import divergence_stats, diverge, stats_summary, write_divergence
+    from .diverge import measure_divergence_stats, measure_diverge
     from .envinfo import environment
     from .models import describe
     from .prompts import builtin_prompts, builtin_text, read_prompts
@@ -254,43 +249,21 @@ def cmd_diverge(args) -> int:
             raise GemmdriftError("--prompts needs a model with a tokenizer")
         prefix = "" if args.context is None else builtin_text(args.context) + "\n\n"
         ids = [lm.tokenizer.encode(prefix + t) for t in texts]
-        df = divergence_stats(lm, ids, args.n, checkpoint=out / "prompts", labels=[str(i) for i in range(len(ids))],
-                              do_triage=not args.no_triage, **opts)
-        summary = stats_summary(df)
-        files.write_csv(out / "divergence.csv", df)
-        files.write_json(out / "meta.json", {"env": env, "inputs": {"model": lm.info, "prompts": texts, "n": args.n,
-                                                                   "context": args.context, **record}})
-        files.write_json(out / "summary.json", summary)
-        files.save_figure(out / "divergence.png", plots.divergence(df))
-        from .report import text_table
-
-        text = text_table(df[["prompt", "prompt_tokens", "first_divergence", "verdict", "margin", "envelope",
-                              "acceptance"]])
-        text += (f"\n\n{summary['diverged']} of {summary['prompts']} prompts diverged; "
-                 f"{summary['divergences_per_1k']:.3g} divergences per 1,000 tokens; "
-                 f"{summary['near_ties']} near-ties, {summary['outside_envelope']} outside the envelope"
-                 f"\nwritten to {out}/")
-        _emit(args, summary, text)
+        result = measure_divergence_stats(lm, ids, args.n, checkpoint=out / "prompts",
+                                          labels=[str(i) for i in range(len(ids))], do_triage=not args.no_triage,
+                                          record={"prompts": texts, "context": args.context, **record}, env=env,
+                                          **opts)
+        _write_and_print(args, result, out)
         return 0
     ids, label = _tokens(args, lm)
-    r = diverge(lm, ids, args.n, do_triage=not args.no_triage, **opts)
-    write_divergence(r, out, env, ids, {"model": lm.info, "prompt": label, "n": args.n, **record})
-    lines = [f"A ({r['stream_a']['label']}, {r['stream_a']['schedule']}): {r['text_a']!r}",
-             f"B ({r['stream_b']['label']}, {r['stream_b']['schedule']}): {r['text_b']!r}"]
-    if r["first_divergence"] is None:
-        lines.append(f"no divergence in {args.n} tokens")
-    elif "triage" not in r:
-        lines.append(f"first divergence at generated token {r['first_divergence']}")
-    if "triage" in r:
-        lines += _triage_lines(r["triage"])
-    lines.append(f"written to {out}/ (stream_a.json and stream_b.json feed `gemmdrift triage`)")
-    _emit(args, r, "\n".join(lines))
+    result = measure_diverge(lm, ids, args.n, do_triage=not args.no_triage, record={"prompt": label, **record},
+                             env=env, **opts)
+    _write_and_print(args, result, out, "(stream_a.json and stream_b.json feed `gemmdrift triage`)")
     return 0
 
 
 def cmd_triage(args) -> int:
-    from . import files, plots
-    from .diverge import read_stream, triage
+    from .diverge import measure_triage, read_stream
     from .envinfo import environment
 
     lm = _load(args)
@@ -307,10 +280,9 @@ def cmd_triage(args) -> int:
         prompt = pa if pa is not None else pb
         if prompt is None:
             raise GemmdriftError("the stream files carry no prompt: give --prompt, --prompt-file or --prompt-ids")
-    t = triage(lm, prompt, sa, sb, args.schedule_a, args.schedule_b, envelope=args.envelope).as_dict()
-    files.save_figure(Path(args.out) / "triage.png", plots.triage(t))
-    files.write_json(Path(args.out) / "triage.json", {"env": environment(), "triage": t})
-    _emit(args, t, "\n".join(_triage_lines(t)))
+    result = measure_triage(lm, prompt, sa, sb, args.schedule_a, args.schedule_b, envelope=args.envelope,
+                            env=environment())
+    _write_and_print(args, result, args.out)
     return 0
 
 

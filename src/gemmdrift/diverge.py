@@ -341,23 +341,6 @@ def diverge(lm, prompt: Sequence[int], n: int, *, k: int = 2, draft=None, prefil
     return out
 
 
-def write_divergence(r: dict[str, Any], out, env: dict[str, Any], prompt: Sequence[int],
-                     inputs: dict[str, Any]) -> dict[str, Any]:
-    """diverge.json, stream_a.json / stream_b.json (inputs of `gemmdrift triage`), meta.json and triage.png."""
-    from pathlib import Path
-
-    from . import files, plots
-
-    out = Path(out)
-    written = {key: files.write_json(out / f"{key}.json", {"prompt": [int(t) for t in prompt], **r[key]})
-               for key in ("stream_a", "stream_b")}
-    written["meta"] = files.write_json(out / "meta.json", {"env": env, "inputs": {**inputs, "tokens": list(prompt)}})
-    if r.get("triage"):
-        written["fig_triage"] = files.save_figure(out / "triage.png", plots.triage(r["triage"]))
-    written["diverge"] = files.write_json(out / "diverge.json", r)  # last: it marks the directory as a result
-    return written
-
-
 def read_stream(path: str) -> tuple[list[int] | None, list[int]]:
     """A stream file: a JSON list / whitespace-separated ids (generated tokens), or
     ``{"prompt": [...], "tokens": [...]}``. Returns (prompt or None, tokens)."""
@@ -436,17 +419,115 @@ def divergence_stats(lm, prompts: Sequence[Sequence[int]], n: int, *, checkpoint
     return pd.DataFrame(rows)
 
 
-def stats_summary(df) -> dict[str, Any]:
-    """Divergence rates and the gap distribution at divergence points."""
-    div = df[df["first_divergence"].notna()]
-    compared = int(df["compared"].sum())
-    return {
-        "prompts": int(len(df)),
-        "diverged": int(len(div)),
-        "tokens_compared": compared,
-        "divergences_per_1k": 1000.0 * len(div) / compared if compared else 0.0,
-        "median_first_divergence": float(div["first_divergence"].median()) if len(div) else None,
-        "near_ties": int((div["verdict"] == NEAR_TIE).sum()),
-        "outside_envelope": int((div["verdict"] == OUTSIDE).sum()),
-        "margins": [float(x) for x in div["margin"]],
-    }
+# ------------------------------------------------------------------ Results
+
+
+def diverge_figures(r: dict[str, Any]) -> dict[str, float]:
+    """The tracked figures of one divergence probe (:func:`diverge`'s record).
+
+    * ``n``: tokens generated per stream;
+    * ``diverged``: 1 when the streams part within ``n`` tokens, 0 when they never do;
+    * ``first_divergence``: generated tokens before the streams part, or ``n`` when they never do
+      (read it together with ``diverged``: "never in n" and "at n" are told apart there);
+    * ``outside_envelope``: 1 when the triage judged a state bug, 0 otherwise (only when triage ran);
+    * ``self_draft_acceptance``: fraction of draft tokens accepted (only for speculative streams).
+    """
+    d = r.get("first_divergence")
+    out = {"n": float(r["n"]), "diverged": 0.0 if d is None else 1.0,
+           "first_divergence": float(r["n"]) if d is None else float(d)}
+    t = r.get("triage")
+    if t:
+        out["outside_envelope"] = 1.0 if t.get("verdict") == OUTSIDE else 0.0
+    acc = (r.get("stream_b") or {}).get("acceptance")
+    if acc is not None:
+        out["self_draft_acceptance"] = float(acc)
+    return out
+
+
+def diverge_result(r: dict[str, Any], inputs: dict[str, Any], env: dict[str, Any]):
+    """The ``diverge`` Result of :func:`diverge`'s record; ``inputs`` carries the prompt as ``tokens``."""
+    from .result import Result, env_labels, tidy
+
+    figures = diverge_figures(r)
+    model = inputs.get("model") or {}
+    frame = tidy([{"metric": k, "value": v} for k, v in figures.items()], **env_labels(env),
+                 model=model.get("source", ""), dtype=model.get("dtype", ""),
+                 pair=f"{r['stream_a']['schedule']} vs {r['stream_b']['schedule']}", mode="generate")
+    return Result(kind="diverge", inputs=inputs, env=env, frame=frame, figures=figures, details=r)
+
+
+def measure_diverge(lm, prompt: Sequence[int], n: int, *, record: dict[str, Any] | None = None,
+                    env: dict[str, Any] | None = None, **kw):
+    """:func:`diverge` as a Result. ``record``: more inputs to record (the prompt's label, the draft's name)."""
+    from .envinfo import environment
+
+    env = env if env is not None else environment()
+    r = diverge(lm, prompt, n, **kw)
+    opts = {k: v for k, v in kw.items() if k != "draft"}
+    inputs = {"model": lm.info, "n": n, **opts, **(record or {}), "tokens": [int(t) for t in prompt]}
+    return diverge_result(r, inputs, env)
+
+
+def triage_result(t: dict[str, Any], inputs: dict[str, Any], env: dict[str, Any]):
+    """The ``triage`` Result of a triage record (:meth:`Triage.as_dict`)."""
+    from .result import Result, env_labels, tidy
+
+    figures = {"outside_envelope": 1.0 if t.get("verdict") == OUTSIDE else 0.0,
+               "diverged": 0.0 if t.get("index") is None else 1.0}
+    for key in ("margin", "envelope", "dgap"):
+        v = t.get(key)
+        if v is not None and np.isfinite(v):
+            figures[key] = float(v)
+    model = inputs.get("model") or {}
+    frame = tidy([{"metric": k, "value": v} for k, v in figures.items()], **env_labels(env),
+                 model=model.get("source", "") if isinstance(model, dict) else "",
+                 pair=f"{t.get('schedule_a')} vs {t.get('schedule_b')}", mode="teacher-forced")
+    return Result(kind="triage", inputs=inputs, env=env, frame=frame, figures=figures, details={"triage": t})
+
+
+def measure_triage(lm, prompt: Sequence[int], stream_a: Sequence[int], stream_b: Sequence[int], schedule_a: str,
+                   schedule_b: str, *, env: dict[str, Any] | None = None, **kw):
+    """:func:`triage` as a Result."""
+    from .envinfo import environment
+
+    env = env if env is not None else environment()
+    t = triage(lm, prompt, stream_a, stream_b, schedule_a, schedule_b, **kw).as_dict()
+    inputs = {"model": lm.info, "tokens": [int(x) for x in prompt], "stream_a": [int(x) for x in stream_a],
+              "stream_b": [int(x) for x in stream_b], "schedule_a": schedule_a, "schedule_b": schedule_b,
+              **{k: v for k, v in kw.items()}}
+    return triage_result(t, inputs, env)
+
+
+def divergence_result(df, inputs: dict[str, Any], env: dict[str, Any]):
+    """The ``divergence`` Result (first divergences over a prompt set) of :func:`divergence_stats`' table."""
+    import pandas as pd
+
+    from .result import Result, env_labels, tidy
+
+    div = df[df["first_divergence"].notna()] if len(df) else df
+    compared = int(df["compared"].sum()) if len(df) else 0
+    figures = {"prompts": float(len(df)), "diverged": float(len(div)), "tokens_compared": float(compared)}
+    if compared:
+        figures["divergences_per_1k"] = 1000.0 * len(div) / compared
+    if len(div):
+        figures["near_ties"] = float((div["verdict"] == NEAR_TIE).sum())
+        figures["outside_envelope"] = float((div["verdict"] == OUTSIDE).sum())
+    model = inputs.get("model") or {}
+    rows = [{"pair": r.get("schedule_a", "") + " vs " + r.get("schedule_b", ""), "tap": f"prompt {r['prompt']}",
+             "metric": m, "value": r.get(m)} for r in df.to_dict(orient="records")
+            for m in ("first_divergence", "margin", "envelope", "acceptance")]
+    frame = tidy(rows if rows else pd.DataFrame(columns=["metric", "value"]), **env_labels(env),
+                 model=model.get("source", ""), dtype=model.get("dtype", ""), mode="generate")
+    return Result(kind="divergence", inputs=inputs, env=env, frame=frame, figures=figures,
+                  tables={"divergence": df})
+
+
+def measure_divergence_stats(lm, prompts: Sequence[Sequence[int]], n: int, *, record: dict[str, Any] | None = None,
+                             env: dict[str, Any] | None = None, **kw):
+    """:func:`divergence_stats` as a Result."""
+    from .envinfo import environment
+
+    env = env if env is not None else environment()
+    df = divergence_stats(lm, prompts, n, **kw)
+    opts = {k: v for k, v in kw.items() if k not in ("draft", "checkpoint", "labels")}
+    return divergence_result(df, {"model": lm.info, "n": n, **opts, **(record or {})}, env)

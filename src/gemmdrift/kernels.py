@@ -998,102 +998,14 @@ def worst_over_t(df: pd.DataFrame, metric: str = "max_ulp") -> pd.DataFrame:
     return worst.to_frame().join(first).reset_index()
 
 
-def _is_op(df: pd.DataFrame) -> pd.Series:
+def is_op(df: pd.DataFrame) -> pd.Series:
     return df["projection"].isin(OP_NAMES)
 
 
-def _tidy(df: pd.DataFrame) -> pd.DataFrame:
+def normalize(df: pd.DataFrame) -> pd.DataFrame:
     """The table as :func:`sweep` makes it, also after a CSV round trip (where "" became NaN)."""
     return df.assign(quant=df["quant"].astype(object).fillna("").astype(str), emulated=df["emulated"].astype(bool),
                      synthetic=df["synthetic"].astype(bool))
-
-
-def kernels_summary(df: pd.DataFrame) -> dict[str, Any]:
-    """Machine-readable summary (what ``--json`` prints): per path and per op, the worst drift and error."""
-    df = _tidy(df)
-    proj = df[~_is_op(df)]
-    ops = df[_is_op(df)]
-    paths = []
-    for path, s in proj.groupby("path", sort=False):
-        drift = s[s["metric"] == "max_ulp"]
-        err = {m: (s[(s["metric"] == m) & (s["T"] == 1)]["value"], s[(s["metric"] == m) & (s["T"] > 1)]["value"])
-               for m in ("err_max_ulp", "err_rel_l2")}
-        worst = drift.loc[drift["value"].idxmax()] if len(drift) else None
-        item = {
-            "path": path,
-            "emulated": bool(s["emulated"].iloc[0]),
-            "dtype": s["dtype"].iloc[0],
-            "quant": s["quant"].iloc[0] or None,
-            "units": int(s.groupby(["layer", "projection"]).ngroups),
-            "max_T": int(s["T"].max()),
-            "max_ulp": float(drift["value"].max()) if len(drift) else 0.0,
-            "bits_lost": metrics.bits_lost(float(drift["value"].max())) if len(drift) else 0.0,
-            "units_with_drift": int(drift[drift["value"] > 0].groupby(["layer", "projection"]).ngroups),
-            "first_T_with_drift": int(drift[drift["value"] > 0]["T"].min()) if (drift["value"] > 0).any() else None,
-            **{f"{m}_{kind}": float(v.max()) if len(v) else None
-               for m, pair in err.items() for kind, v in zip(("gemv", "gemm"), pair)},
-        }
-        if worst is not None and worst["value"] > 0:
-            item["worst"] = {"layer": int(worst["layer"]), "projection": worst["projection"], "T": int(worst["T"]),
-                             "max_ulp": float(worst["value"])}
-        paths.append(item)
-    real = [p for p in paths if not p["emulated"]]
-    out: dict[str, Any] = {
-        "real_drift": any(p["max_ulp"] > 0 for p in real),
-        "emulated_control_detected": (any(p["max_ulp"] > 0 for p in paths if p["emulated"])
-                                      if any(p["emulated"] for p in paths) else None),
-        "synthetic": bool(proj["synthetic"].any()) if len(proj) else None,
-        "paths": paths,
-    }
-    if len(ops):
-        d = ops[ops["metric"] == "max_ulp"]
-        out["ops"] = [{"op": op, "variant": var, "max_ulp": float(s["value"].max()),
-                       "first_T_with_drift": int(s[s["value"] > 0]["T"].min()) if (s["value"] > 0).any() else None,
-                       "key_lengths_with_drift": sorted(int(k) for k in
-                                                       s[s["value"] > 0]["key_length"].dropna().unique())}
-                      for (op, var), s in d.groupby(["projection", "path"], sort=False)]
-    return out
-
-
-def print_kernels(df: pd.DataFrame) -> str:
-    """Per path: worst drift per projection name over layers and T, then the ops; emulated paths last, flagged."""
-    from .report import text_table
-
-    df = _tidy(df)
-    lines = []
-    proj = df[~_is_op(df)]
-    worst = worst_over_t(proj)
-    errs = proj[proj["metric"] == "err_rel_l2"]
-    order = sorted(dict.fromkeys(proj["path"]), key=lambda p: p.startswith("emulated"))
-    for path in order:
-        w = worst[worst["path"] == path]
-        emulated = bool(w["emulated"].iloc[0]) if len(w) else False
-        e = errs[errs["path"] == path]
-        rows = []
-        for name, s in w.groupby("projection", sort=False):
-            top = s.loc[s["worst"].idxmax()]
-            en = e[e["projection"] == name]
-            rows.append({"projection": name, "layers": len(s), "max_ulp": float(top["worst"]),
-                         "bits_lost": metrics.bits_lost(float(top["worst"])),
-                         "worst_layer": int(top["layer"]) if top["worst"] > 0 else "-",
-                         "first_T": float(s["first_T"].min()),
-                         "err_rel_l2_T1": float(en[en["T"] == 1]["value"].max()),
-                         "err_rel_l2_gemm": float(en[en["T"] > 1]["value"].max()) if (en["T"] > 1).any() else math.nan})
-        flag = "  [EMULATED negative control, not an mlx kernel]" if emulated else ""
-        flag += "  [synthetic]" if proj[proj["path"] == path]["synthetic"].any() else ""
-        max_t = int(proj[proj["path"] == path]["T"].max())
-        lines.append(f"\n== {path}: drift of T<={max_t} blocks against T=1 (worst over layers and T){flag}")
-        lines.append(text_table(pd.DataFrame(rows)))
-    ops = df[_is_op(df)]
-    if len(ops):
-        d = ops[ops["metric"] == "max_ulp"]
-        rows = [{"op": op, "variant": var, "max_T": int(s["T"].max()), "key_lengths": s["key_length"].nunique(),
-                 "max_ulp": float(s["value"].max()),
-                 "first_T": float(s[s["value"] > 0]["T"].min()) if (s["value"] > 0).any() else math.nan}
-                for (op, var), s in d.groupby(["projection", "path"], sort=False)]
-        lines.append("\n== other ops: block of T queries against each query alone (seeded inputs)")
-        lines.append(text_table(pd.DataFrame(rows)))
-    return "\n".join(lines).lstrip("\n")
 
 
 def plot_thresholds(df: pd.DataFrame, env: Mapping[str, Any],
@@ -1110,8 +1022,8 @@ def plot_thresholds(df: pd.DataFrame, env: Mapping[str, Any],
     from .dispatch import thresholds
 
     target, version, chip, origin = _reference_backend(env, chip)
-    df = _tidy(df)
-    proj = df[~_is_op(df) & ~df["emulated"]]
+    df = normalize(df)
+    proj = df[~is_op(df) & ~df["emulated"]]
     out: dict[str, list[tuple[int, str, str]]] = {}
     for name, s in proj.groupby("projection", sort=False):
         k, n, max_t = int(s["K"].iloc[0]), int(s["N"].iloc[0]), int(s["T"].max())
@@ -1151,7 +1063,7 @@ def ops_thresholds(df: pd.DataFrame, env: Mapping[str, Any],
     from .dispatch import thresholds
 
     target, version, chip, origin = _reference_backend(env, chip)
-    ops = df[_is_op(df)]
+    ops = df[is_op(df)]
     sdpa = ops[ops["projection"] == "sdpa"] if "heads" in ops.columns else ops.iloc[:0]
     marks: set[tuple[int, str, str]] = set()
     for (d, h, hkv, k_len), s in sdpa.groupby(["K", "heads", "kv_heads", "key_length"]):
@@ -1161,40 +1073,77 @@ def ops_thresholds(df: pd.DataFrame, env: Mapping[str, Any],
     return ({"sdpa": sorted(marks)} if marks else {}), origin
 
 
-def write_kernels(df: pd.DataFrame, out: str | Path, env: dict[str, Any], inputs: dict[str, Any]) -> dict[str, Path]:
-    """kernels.csv, meta.json, summary.json and the figures (kernels_heatmap.png, kernels_vs_t.png, ops_vs_t.png).
+# ------------------------------------------------------------------ the Result
+
+
+def kernel_figures(df: pd.DataFrame) -> dict[str, float]:
+    """The tracked figures of a kernel table.
+
+    Per path and T (the worst over the probed projections): ``bits_lost/<path>/<T>``
+    (log2(1 + max ULP) between a row inside a T-row block and the same row alone),
+    ``rows_differ/<path>/<T>`` (summed over projections) and ``err_rel_l2/<path>/<T>``
+    (against float64). Per op: ``ops_bits_lost/<op>`` over every query and key length.
+    """
+    from .result import figure_name
+
+    df = normalize(df)
+    out: dict[str, float] = {}
+    proj = df[~is_op(df)]
+    for (path, t), s in proj.groupby(["path", "T"]):
+        m = {k: g["value"] for k, g in s.groupby("metric")}
+        if "max_ulp" in m:
+            out[figure_name("bits_lost", path, int(t))] = metrics.bits_lost(float(m["max_ulp"].max()))
+        if "rows_differ" in m:
+            out[figure_name("rows_differ", path, int(t))] = float(m["rows_differ"].sum())
+        if "err_rel_l2" in m:
+            out[figure_name("err_rel_l2", path, int(t))] = float(m["err_rel_l2"].max())
+    ops = df[is_op(df)]
+    for op, s in ops[ops["metric"] == "max_ulp"].groupby("projection"):
+        out[figure_name("ops_bits_lost", op)] = metrics.bits_lost(float(s["value"].max()))
+    return {k: v for k, v in out.items() if math.isfinite(v)}
+
+
+def kernels_result(df: pd.DataFrame, inputs: Mapping[str, Any], env: Mapping[str, Any]):
+    """The ``kernels`` Result of a table from :func:`sweep` (and :func:`ops_sweep`), as measured or read back."""
+    from .result import Result, env_labels, tidy
+
+    df = normalize(df) if len(df) else pd.DataFrame(columns=TABLE_COLUMNS)
+    model = inputs.get("model") or {}
+    frame = tidy(df.rename(columns={"path": "pair", "projection": "tap", "key_length": "key_length"})
+                 .assign(mode=df["path"].map(lambda p: "emulated" if str(p).startswith("emulated") else "real")
+                         if len(df) else []),
+                 **env_labels(env), model=model.get("source", "") if isinstance(model, dict) else str(model))
+    return Result(kind="kernels", inputs=dict(inputs), env=dict(env), frame=frame, figures=kernel_figures(df),
+                  tables={"kernels": df})
+
+
+def measure_kernels(lm, inputs: Mapping[tuple[int, str], np.ndarray], projs: Sequence[Projection],
+                    paths: Sequence[str] = DEFAULT_PATHS, ts: Iterable[int] = DEFAULT_TS, *, ops: bool = False,
+                    record: Mapping[str, Any] | None = None, env: Mapping[str, Any] | None = None, **kw):
+    """The kernel measurement as a Result: :func:`sweep` (and with ``ops``, :func:`ops_sweep`).
 
     Args:
-        df: from :func:`sweep`, optionally with :func:`ops_sweep` rows appended.
-        out: output directory.
-        env: :func:`gemmdrift.envinfo.environment` (its backend and mlx
-            version pick the dispatch thresholds drawn).
-        inputs: what was measured (model info, prompt, paths...), for meta.json.
-
-    Returns:
-        The paths written, by role.
+        record: more inputs to record beside the model, paths and T (prompt, tokens, ...).
+        env: the environment record (default: taken now).
+        **kw: passed to :func:`sweep` (max_t, flop_budget, always_t, checkpoint).
     """
-    from . import plots
+    from .envinfo import environment
 
-    out = Path(out)
-    written = {
-        "table": files.write_csv(out / "kernels.csv", df),
-        "meta": files.write_json(out / "meta.json", {"env": env, "inputs": inputs}),
-        "summary": files.write_json(out / "summary.json", kernels_summary(df)),
-    }
-    proj = df[~_is_op(df)]
-    if len(proj):
-        synthetic = " [synthetic]" if proj["synthetic"].any() else ""
-        model = inputs.get("model") or {}
-        source = model.get("source", "") if isinstance(model, dict) else str(model)
-        written["fig_heatmap"] = files.save_figure(
-            out / "kernels_heatmap.png",
-            plots.kernel_heatmap(proj, title=f"GEMM vs GEMV drift per projection, {source}{synthetic}"))
-        marks, origin = plot_thresholds(proj, env)
-        written["fig_vs_t"] = files.save_figure(out / "kernels_vs_t.png",
-                                                plots.kernel_vs_t(proj, marks, reference=origin))
-    ops = df[_is_op(df)]
-    if len(ops):
-        marks, origin = ops_thresholds(ops, env)
-        written["fig_ops"] = files.save_figure(out / "ops_vs_t.png", plots.ops_vs_t(ops, marks, reference=origin))
-    return written
+    env = dict(env) if env is not None else environment()
+    ts = list(ts)
+    df = sweep(lm, inputs, projs, paths, ts, **kw)
+    if ops:
+        df = pd.concat([df, ops_sweep(lm)], ignore_index=True)
+    rec = {"model": lm.info, "paths": list(paths), "ts": ts, **(record or {})}
+    if hasattr(inputs, "describe") and "rows" not in rec:
+        rec["rows"] = inputs.describe()
+    return kernels_result(df, rec, env)
+
+
+def measure_ops(lm, *, env: Mapping[str, Any] | None = None, **kw):
+    """:func:`ops_sweep` alone as a ``kernels`` Result (``**kw`` passed on: ops, query_lengths, key_lengths)."""
+    from .envinfo import environment
+
+    env = dict(env) if env is not None else environment()
+    rec = {"model": lm.info, **{k: list(v) for k, v in kw.items()}}
+    return kernels_result(ops_sweep(lm, **kw), rec, env)

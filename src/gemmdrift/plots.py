@@ -374,3 +374,62 @@ def draw(result) -> dict:
     """The figures of any Result, by file name (``{"stack_drift.png": fig, ...}``); none for unknown kinds."""
     fn = DRAW.get(result.kind)
     return fn(result) if fn else {}
+
+
+# ---- stack
+
+
+def draw_stack(result) -> dict:
+    """stack_drift.png, dgap.png (when logits were compared) and ladder.png (with the ladder)."""
+    model = result.inputs["model"]
+    base = model["dtype"]
+    synthetic = " [synthetic weights]" if model.get("synthetic") else ""
+    out = {"stack_drift.png": stack_drift(result.tables["stack"], model.get("layer_types") or [], base,
+                                          title=f"Drift per layer, {model['source']} {base}{synthetic}")}
+    positions = result.tables.get("positions")
+    if positions is not None and len(positions):
+        out["dgap.png"] = dgap(positions, base)
+    lad = result.tables.get("ladder")
+    if lad is not None and len(lad):
+        out["ladder.png"] = ladder(lad, base)
+    return out
+
+
+DRAW["stack"] = draw_stack
+
+
+# ---- kernels
+
+
+def draw_kernels(result) -> dict:
+    """kernels_heatmap.png and kernels_vs_t.png (projections), ops_vs_t.png (ops), with the dispatch switches
+    of the recorded backend and mlx version."""
+    from .kernels import is_op, normalize, ops_thresholds, plot_thresholds
+
+    df = normalize(result.tables["kernels"])
+    out = {}
+    proj = df[~is_op(df)]
+    if len(proj):
+        synthetic = " [synthetic]" if proj["synthetic"].any() else ""
+        model = result.inputs.get("model") or {}
+        source = model.get("source", "") if isinstance(model, dict) else str(model)
+        out["kernels_heatmap.png"] = kernel_heatmap(proj, title=f"GEMM vs GEMV drift per projection, {source}"
+                                                                f"{synthetic}")
+        marks, origin = plot_thresholds(proj, result.env)
+        out["kernels_vs_t.png"] = kernel_vs_t(proj, marks, reference=origin)
+    ops = df[is_op(df)]
+    if len(ops):
+        marks, origin = ops_thresholds(ops, result.env)
+        out["ops_vs_t.png"] = ops_vs_t(ops, marks, reference=origin)
+    return out
+
+
+DRAW["kernels"] = draw_kernels
+
+
+# ---- diverge, triage, divergence
+
+
+DRAW["diverge"] = lambda r: {"triage.png": triage(r.details["triage"])} if r.details.get("triage") else {}
+DRAW["triage"] = lambda r: {"triage.png": triage(r.details["triage"])}
+DRAW["divergence"] = lambda r: {"divergence.png": divergence(r.tables["divergence"])}

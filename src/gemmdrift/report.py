@@ -1,8 +1,10 @@
-"""Writing results: tidy CSVs, a metadata record, figures, printed summaries and the report page.
+"""The report page: one results directory (or a `gemmdrift run` directory of them) as HTML and markdown.
 
-Every output directory gets ``meta.json`` with the environment record (see
-:mod:`envinfo`) and the exact inputs, so a table never travels without the
-machine, versions, model and tokens it was measured on.
+The page reads Results only (:func:`gemmdrift.store.read_result`, which also
+reads directories written before the Result record). Each kind has a part
+function in :data:`PARTS` (``(directory, env) -> (blocks, reading)``), a title
+in :data:`KIND_TITLES` and its figures in :data:`FIGURES`; a new kind adds one
+entry to each, at the end.
 """
 
 from __future__ import annotations
@@ -13,121 +15,11 @@ from typing import Any
 
 import pandas as pd
 
-from . import files, plots
+from . import files, store
 from .errors import GemmdriftError
-from .stack import StackResult, pair_verdict, summary_frame
-
-
-def fmt(v: Any) -> str:
-    if isinstance(v, float):
-        if math.isnan(v):
-            return "-"
-        if v == 0:
-            return "0"
-        if math.isinf(v):
-            return "inf"
-        if abs(v) >= 1e4 or abs(v) < 1e-3:
-            return f"{v:.2e}"
-        return f"{v:.4g}"
-    return str(v)
-
-
-def text_table(df: pd.DataFrame) -> str:
-    """A plain fixed-width table (no extra dependency)."""
-    if df.empty:
-        return "(empty)"
-    cols = list(df.columns)
-    cells = [[fmt(v) for v in row] for row in df.itertuples(index=False)]
-    widths = [max(len(str(c)), *(len(r[i]) for r in cells)) for i, c in enumerate(cols)]
-    lines = ["  ".join(str(c).ljust(w) for c, w in zip(cols, widths))]
-    lines.append("  ".join("-" * w for w in widths))
-    lines += ["  ".join(v.rjust(w) if i else v.ljust(w) for i, (v, w) in enumerate(zip(r, widths))) for r in cells]
-    return "\n".join(lines)
-
-
-def stack_summary(result: StackResult) -> dict[str, Any]:
-    """The machine-readable summary (also what --json prints)."""
-    base = result.inputs["model"]["dtype"]
-    env = result.envelope
-    pairs = []
-    for pair in dict.fromkeys(result.table["pair"]):
-        t = result.table[(result.table["pair"] == pair) & (result.table["dtype"] == base)]
-        acc = t[(t["mode"] == "accumulated") & (t["metric"] == "frac_differ") & (t["tap"].str.startswith("layer"))]
-        first = acc[acc["value"] > 0]["layer"]
-        item: dict[str, Any] = {
-            "pair": pair,
-            "first_layer_with_drift": int(first.min()) if len(first) else None,
-            "max_rel_l2_hidden": float(t[(t["mode"] == "accumulated") & (t["metric"] == "rel_l2")
-                                         & (t["tap"] != "logits")]["value"].max()),
-        }
-        e = env[(env["pair"] == pair) & (env["dtype"] == base) & (env["mode"] == "accumulated")] if len(env) else env
-        if len(e):
-            row = e.iloc[0]
-            item.update({k: row[k] for k in ("positions", "max_abs_dlogit", "max_abs_dgap", "p99_abs_dgap", "flips",
-                                             "max_gap_at_flip")})
-            item["flip_gaps"] = list(row["flip_gaps"])
-        if result.ladder is not None and len(result.ladder):
-            item["ladder_verdict"] = pair_verdict(result.ladder, pair)
-        pairs.append(item)
-    return {"model": result.inputs["model"]["source"], "dtype": base, "tokens": len(result.inputs["tokens"]),
-            "split": result.inputs["split"], "reference": result.inputs["reference"], "pairs": pairs}
-
-
-def write_stack(result: StackResult, out: str | Path, env: dict[str, Any]) -> dict[str, Path]:
-    """stack.csv, positions.csv, envelope.csv, ladder.csv, meta.json, summary.json and figures."""
-    out = Path(out)
-    base = result.inputs["model"]["dtype"]
-    written = {
-        "table": files.write_csv(out / "stack.csv", result.table),
-        "positions": files.write_csv(out / "positions.csv", result.positions),
-        "envelope": files.write_csv(out / "envelope.csv", result.envelope),
-        "meta": files.write_json(out / "meta.json", {"env": env, "inputs": result.inputs}),
-        "summary": files.write_json(out / "summary.json", stack_summary(result)),
-    }
-    kinds = result.inputs["model"].get("layer_types") or []
-    synthetic = " [synthetic weights]" if result.inputs["model"].get("synthetic") else ""
-    written["fig_layers"] = files.save_figure(
-        out / "stack_drift.png",
-        plots.stack_drift(result.table, kinds, base, title=f"Drift per layer, {result.inputs['model']['source']} "
-                                                          f"{base}{synthetic}"))
-    if len(result.positions):
-        written["fig_dgap"] = files.save_figure(out / "dgap.png", plots.dgap(result.positions, base))
-    if result.ladder is not None and len(result.ladder):
-        written["ladder"] = files.write_csv(out / "ladder.csv", result.ladder)
-        written["fig_ladder"] = files.save_figure(out / "ladder.png", plots.ladder(result.ladder, base))
-    return written
-
-
-def print_stack(result: StackResult) -> str:
-    """Per-layer table and the envelope, as printed by `gemmdrift stack`."""
-    lines = []
-    wide = summary_frame(result)
-    for pair, s in wide.groupby("pair", sort=False):
-        lines.append(f"\n== {pair}  ({result.inputs['model']['dtype']})")
-        lines.append(text_table(s.drop(columns=["pair", "layer"])))
-    summ = stack_summary(result)
-    lines.append("\n== logit envelope")
-    rows = [{k: p.get(k) for k in ("pair", "positions", "max_abs_dlogit", "max_abs_dgap", "p99_abs_dgap", "flips",
-                                   "max_gap_at_flip", "ladder_verdict") if k in p} for p in summ["pairs"]]
-    lines.append(text_table(pd.DataFrame(rows)))
-    if result.ladder is not None and len(result.ladder):
-        lines.append("\n== precision ladder (rel_l2 at the logits and the last layer)")
-        last = result.ladder[result.ladder["tap"].isin(["logits", "norm"])]
-        lines.append(text_table(last))
-    return "\n".join(lines)
-
-
-def _cell(v: Any) -> str:
-    return "-" if v is None else fmt(v)
-
-
-def _md_table(rows: list[dict[str, Any]]) -> str:
-    if not rows:
-        return "(none)"
-    cols = list(rows[0])
-    out = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    out += ["| " + " | ".join(_cell(r.get(c)) for c in cols) + " |" for r in rows]
-    return "\n".join(out)
+from .summaries import stack_summary, triage_items
+from .text import cell as _cell
+from .text import fmt, md_table as _md_table, text_table  # noqa: F401  (text_table: kept importable from here)
 
 
 def _stack_rows(summary: dict[str, Any]) -> list[dict[str, Any]]:
@@ -187,12 +79,21 @@ HOW_TO_READ = [
 
 
 def result_kind(d: Path) -> str | None:
-    """What a gemmdrift output directory holds, by the files its command writes."""
-    for name, kind in (("stack.csv", "stack"), ("kernels.csv", "kernels"), ("diverge.json", "diverge"),
-                       ("divergence.csv", "divergence"), ("triage.json", "triage"), ("history_wide.csv", "history")):
-        if (d / name).is_file():
-            return kind
-    return None
+    """What a gemmdrift output directory holds: the kind in its ``result.json``, or (older directories)
+    the kind its files say."""
+    return store.result_kind(d)
+
+
+_READ: dict[tuple[str, float], Any] = {}
+
+
+def _result(d: Path):
+    """The Result in ``d`` (read once per page)."""
+    key = (str(Path(d).resolve()), max((p.stat().st_mtime for p in Path(d).iterdir() if p.is_file()), default=0.0))
+    if key not in _READ:
+        _READ.clear()
+        _READ[key] = store.read_result(d)
+    return _READ[key]
 
 
 def find_parts(d: Path) -> list[tuple[Path, str]]:
@@ -204,15 +105,6 @@ def find_parts(d: Path) -> list[tuple[Path, str]]:
     order = list(PART_TITLES)
     subs.sort(key=lambda x: (order.index(x[0].name) if x[0].name in order else len(order), x[0].name))
     return [(p, k) for p, k in subs if k]
-
-
-def _json(path: Path) -> Any:
-    import json
-
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
 
 
 def _figures(d: Path, root: Path, kind: str) -> list[Block]:
@@ -230,9 +122,9 @@ def _headline(figure: str) -> bool:
 
 
 def _kernels_part(d: Path, env: dict[str, Any]) -> tuple[list[Block], list[str]]:
-    from .kernels import kernels_summary, print_kernels
+    from .summaries import kernels_summary, print_kernels
 
-    df = pd.read_csv(d / "kernels.csv")
+    df = _result(d).tables["kernels"]
     s = kernels_summary(df)
     blocks: list[Block] = [
         ("p", "Real input rows captured from a forward pass; every projection of the probed layers and the LM head. "
@@ -275,12 +167,12 @@ def _kernels_part(d: Path, env: dict[str, Any]) -> tuple[list[Block], list[str]]
 
 
 def _stack_part(d: Path, env: dict[str, Any]) -> tuple[list[Block], list[str]]:
-    summ = _json(d / "summary.json") or {}
-    meta = _json(d / "meta.json") or {}
-    model = (meta.get("inputs") or {}).get("model") or {}
+    r = _result(d)
+    summ = stack_summary(r)
+    model = r.inputs.get("model") or {}
     window = model.get("sliding_window")
-    positions = pd.read_csv(d / "positions.csv") if (d / "positions.csv").is_file() else pd.DataFrame()
-    ladder = pd.read_csv(d / "ladder.csv") if (d / "ladder.csv").is_file() else pd.DataFrame()
+    positions = r.tables.get("positions", pd.DataFrame())
+    ladder = r.tables.get("ladder", pd.DataFrame())
     split = summ.get("split")
     blocks: list[Block] = [
         ("p", f"The same {summ.get('tokens')} tokens under each schedule, compared with `{summ.get('reference')}`"
@@ -363,7 +255,7 @@ def _triage_blocks(t: dict[str, Any], n: int | None = None) -> tuple[list[Block]
 
 
 def _diverge_part(d: Path, env: dict[str, Any]) -> tuple[list[Block], list[str]]:
-    r = _json(d / "diverge.json") or {}
+    r = dict(_result(d).details)
     a, b = r.get("stream_a", {}), r.get("stream_b", {})
     blocks: list[Block] = [("p", f"Stream A: {a.get('label')} (`{a.get('schedule')}`); stream B: {b.get('label')} "
                                  f"(`{b.get('schedule')}`); {r.get('n')} tokens after a {r.get('prompt_tokens')}-token "
@@ -381,13 +273,15 @@ def _diverge_part(d: Path, env: dict[str, Any]) -> tuple[list[Block], list[str]]
 
 
 def _triage_part(d: Path, env: dict[str, Any]) -> tuple[list[Block], list[str]]:
-    t = (_json(d / "triage.json") or {}).get("triage") or {}
+    t = dict(_result(d).details.get("triage") or {})
     return _triage_blocks(t) if t else ([], [])
 
 
 def _divergence_part(d: Path, env: dict[str, Any]) -> tuple[list[Block], list[str]]:
-    s = _json(d / "summary.json") or {}
-    df = pd.read_csv(d / "divergence.csv")
+    from .summaries import divergence_summary
+
+    df = _result(d).tables["divergence"]
+    s = divergence_summary(df)
     cols = [c for c in ("prompt", "prompt_tokens", "first_divergence", "verdict", "margin", "envelope", "acceptance")
             if c in df.columns]
     reading = [f"{s.get('diverged')} of {s.get('prompts')} prompts diverged "
@@ -397,7 +291,7 @@ def _divergence_part(d: Path, env: dict[str, Any]) -> tuple[list[Block], list[st
 
 
 def _history_part(d: Path, env: dict[str, Any]) -> tuple[list[Block], list[str]]:
-    wide = pd.read_csv(d / "history_wide.csv")
+    wide = _result(d).tables["history_wide"]
     versions = [c for c in wide.columns if c[:1].isdigit()]
     figures = sorted((d / "figures").glob("*.png"))
     shown = sum(_headline(p.stem) for p in figures)
@@ -407,21 +301,27 @@ def _history_part(d: Path, env: dict[str, Any]) -> tuple[list[Block], list[str]]
             [f"asv history: {len(wide)} tracked series over mlx {', '.join(versions)}."])
 
 
+def _generic_part(d: Path, env: dict[str, Any]) -> tuple[list[Block], list[str]]:
+    """A kind without its own part: its printed summary."""
+    from .summaries import text
+
+    return [("pre", text(_result(d)))], []
+
+
 PARTS = {"kernels": _kernels_part, "stack": _stack_part, "diverge": _diverge_part, "triage": _triage_part,
          "divergence": _divergence_part, "history": _history_part}
 
 
 def _environment(d: Path, parts: list[tuple[Path, str]]) -> tuple[dict[str, Any], dict[str, Any]]:
     """The environment record and the model description found in a results directory."""
-    env = _json(d / "env.json") or {}
+    env = store._read_json(d / "env.json") if (d / "env.json").is_file() else {}
     model: dict[str, Any] = {}
     for p, _ in parts:
-        for name in ("meta.json", "triage.json"):
-            rec = _json(p / name) or {}
-            env = env or rec.get("env") or {}
-            m = (rec.get("inputs") or {}).get("model")
-            if isinstance(m, dict) and not model:
-                model = m
+        r = _result(p)
+        env = env or dict(r.env)
+        m = r.inputs.get("model")
+        if isinstance(m, dict) and not model:
+            model = m
     return env, model
 
 
@@ -447,8 +347,8 @@ def report_blocks(d: str | Path) -> list[Block]:
     sections: list[Block] = []
     reading: list[str] = []
     for i, (p, kind) in enumerate(parts, 1):
-        blocks, said = PARTS[kind](p, env)
-        title = PART_TITLES.get(p.name) or KIND_TITLES[kind]
+        blocks, said = PARTS.get(kind, _generic_part)(p, env)
+        title = PART_TITLES.get(p.name) or KIND_TITLES.get(kind, kind)
         sections += [("h2", f"{i}. {title}" if len(parts) > 1 else title)]
         if p != d:
             sections.append(("p", f"From `{p.name}/`."))

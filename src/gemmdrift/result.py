@@ -110,6 +110,19 @@ def tidy(rows: Iterable[Mapping[str, Any]] | pd.DataFrame, **labels: Any) -> pd.
     return df[list(TIDY_COLUMNS) + extra].reset_index(drop=True)
 
 
+def figure_name(*parts: Any) -> str:
+    """The name of a tracked figure from its parts: ``figure_name("rel_l2", pair, "local", "layer 3")``
+    gives ``"rel_l2/<pair>/local/layer 3"``. One scheme for every kind, so benchmarks and history
+    build the same names the measurement did."""
+    out = []
+    for p in parts:
+        text = str(int(p)) if isinstance(p, (int, float)) and not isinstance(p, bool) and float(p).is_integer() else str(p)
+        if not text or "/" in text:
+            raise GemmdriftError(f"figure name part {p!r}: empty or contains '/'")
+        out.append(text)
+    return "/".join(out)
+
+
 def env_labels(env: Mapping[str, Any]) -> dict[str, str]:
     """The tidy labels an environment record gives: backend and mlx version."""
     return {"backend": str(env.get("backend") or ""), "mlx": str(env.get("mlx") or "")}
@@ -151,6 +164,14 @@ class Result:
         object.__setattr__(self, "inputs", MappingProxyType(dict(self.inputs)))
         object.__setattr__(self, "env", MappingProxyType(dict(self.env)))
         object.__setattr__(self, "details", MappingProxyType(dict(self.details)))
+
+    def __reduce__(self):  # picklable (asv's setup_cache pickles what it returns); read-only views are not
+        return (Result, (self.kind, dict(self.inputs), dict(self.env), self.frame, dict(self.figures),
+                         dict(self.tables), dict(self.details)))
+
+    def figure_or_nan(self, name: str) -> float:
+        """A tracked figure, or NaN when this result did not measure it (asv records NaN as skipped)."""
+        return self.figures.get(name, math.nan)
 
     def figure(self, name: str) -> float:
         """A tracked figure by name; a clear error when this result did not measure it."""

@@ -18,7 +18,6 @@ import hashlib
 import json
 import math
 import sys
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -27,6 +26,7 @@ import pandas as pd
 
 from . import metrics
 from .errors import GemmdriftError
+from .result import Result, Verdict, env_labels, figure_name, tidy
 from .schedules import parse_schedule
 from .taps import Taps, common_prefix, load_taps, run_schedule, save_taps
 
@@ -38,18 +38,6 @@ LADDER_SEMANTIC_SHRINK = 10.0
 
 def tap_names(n_layers: int) -> list[str]:
     return [f"layer {i}" for i in range(n_layers)] + ["norm", "logits"]
-
-
-@dataclass
-class StackResult:
-    """Everything one `stack` measurement produced (tidy tables plus inputs)."""
-
-    table: pd.DataFrame  # one row per pair x mode x dtype x tap x metric
-    positions: pd.DataFrame  # one row per pair x dtype x logit position
-    envelope: pd.DataFrame  # one row per pair x dtype x mode: the logit envelope
-    ladder: pd.DataFrame | None  # one row per pair x tap: shrink and verdict
-    inputs: dict[str, Any] = field(default_factory=dict)
-    taps: dict[tuple[str, str, str], Taps] = field(default_factory=dict)
 
 
 def _progress(desc: str, total: int):
@@ -170,10 +158,12 @@ def measure_stack(
     logit_positions: Sequence[int] | None = None,
     local: bool = True,
     ladder: bool = False,
-    keep_taps: bool = False,
+    keep_taps: dict | None = None,
     share_prefix: bool = True,
     checkpoint: str | Path | None = None,
-) -> StackResult:
+    env: dict[str, Any] | None = None,
+    record: dict[str, Any] | None = None,
+) -> Result:
     """Compare every schedule with the first one over the same tokens.
 
     Args:
@@ -186,18 +176,27 @@ def measure_stack(
         logit_positions: positions whose logits are compared (default: ``positions``).
         local: also measure local drift (one more run per schedule).
         ladder: rerun the accumulated comparison at float32.
-        keep_taps: keep the raw taps in the result (for triage and tests).
+        keep_taps: a dict that receives the raw taps, keyed (schedule, mode, dtype) (for tests).
         share_prefix: compute the leading blocks all schedules share once
             (they are identical by construction) and start every run from a copy.
         checkpoint: a directory where every finished run's taps are saved; a
             repeated call loads them instead of running again (resume).
+        env: the environment record (default: :func:`gemmdrift.envinfo.environment`).
+        record: more inputs to record (e.g. the prompt's label).
+
+    Returns:
+        A ``stack`` :class:`Result`: tables ``stack`` (pair x mode x dtype x tap x metric),
+        ``positions`` (per logit position), ``envelope`` (per pair, dtype and mode) and ``ladder``
+        (with ``ladder=True``); tracked figures as in :func:`stack_figures`.
     """
     import mlx.core as mx
 
+    from .envinfo import environment
     from .models import _cast
 
     if len(schedules) < 2:
         raise GemmdriftError("give at least two schedules: a reference and one to compare")
+    env_record = dict(env) if env is not None else environment()  # (`env` below is each pair's envelope)
     parsed = [parse_schedule(s) for s in schedules]
     n = len(tokens)
     if n < 2:
@@ -241,7 +240,7 @@ def measure_stack(
             ref = _run(lm.model, tokens, ref_text, split=split, positions=ref_positions,
                        logit_positions=logit_positions, prefix=prefix, checkpoint=ckpt,
                        key=_run_key(lm, tokens, ref_text, "reference", dtype, split, ref_positions, logit_positions))
-            if keep_taps:
+            if keep_taps is not None:
                 kept[(ref_text, "accumulated", dtype)] = ref
             for sched in parsed[1:]:
                 modes = ["accumulated"] + (["local"] if local and dtype == base else [])
@@ -250,7 +249,7 @@ def measure_stack(
                                  logit_positions=logit_positions, reference=ref if mode == "local" else None,
                                  prefix=prefix, checkpoint=ckpt,
                                  key=_run_key(lm, tokens, sched.text, mode, dtype, split, positions, logit_positions))
-                    if keep_taps:
+                    if keep_taps is not None:
                         kept[(sched.text, mode, dtype)] = other
                     labels = {"pair": f"{ref_text} vs {sched.text}", "reference": ref_text, "schedule": sched.text,
                               "mode": mode, "dtype": dtype}
@@ -279,27 +278,69 @@ def measure_stack(
         "logit_positions": [int(p) for p in logit_positions],
         "local": local,
         "ladder": ladder,
+        **(record or {}),
     }
-    return StackResult(
-        table=table,
-        positions=pd.concat(per_pos, ignore_index=True) if per_pos else pd.DataFrame(),
-        envelope=pd.DataFrame(env_rows),
-        ladder=ladder_df,
-        inputs=inputs,
-        taps=kept,
-    )
+    if keep_taps is not None:
+        keep_taps.update(kept)
+    tables = {"stack": table, "positions": pd.concat(per_pos, ignore_index=True) if per_pos else pd.DataFrame(),
+              "envelope": pd.DataFrame(env_rows)}
+    if ladder_df is not None and len(ladder_df):
+        tables["ladder"] = ladder_df
+    return stack_result(tables, inputs, env_record)
 
 
-def summary_frame(result: StackResult, dtype: str | None = None) -> pd.DataFrame:
-    """A wide per-layer view for printing: accumulated and local rel_l2, ULPs, differing fraction."""
-    t = result.table
-    if dtype is None:
-        dtype = result.inputs["model"]["dtype"]
-    t = t[t["dtype"] == dtype]
-    wide = t.pivot_table(index=["pair", "layer", "tap", "layer_type"], columns=["mode", "metric"], values="value",
-                         aggfunc="first")
-    cols = [c for c in [("accumulated", "frac_differ"), ("accumulated", "p99_ulp"), ("accumulated", "rel_l2"),
-                        ("local", "rel_l2")] if c in wide.columns]
-    out = wide[cols].copy()
-    out.columns = [f"{m}:{k}" for m, k in cols]
-    return out.reset_index().sort_values(["pair", "layer"])
+ENVELOPE_FIGURES = ("max_abs_dlogit", "max_abs_dgap", "p99_abs_dgap", "flips", "max_gap_at_flip")
+
+
+def stack_figures(tables: dict[str, pd.DataFrame], base: str) -> dict[str, float]:
+    """The tracked figures of a stack measurement, at the base dtype.
+
+    * ``<envelope metric>/<pair>``: the accumulated logit envelope (:data:`ENVELOPE_FIGURES`);
+    * ``rel_l2/<pair>/<mode>/<tap>`` and ``bits_p99/<pair>/<mode>/<tap>`` (log2(1 + p99 ULP));
+    * ``ladder_rel_l2_float32/<pair>/<tap>``: the same pair at float32 (only with the ladder).
+
+    A figure that is not finite (e.g. the gap at a flip when nothing flipped) is left out.
+    """
+    out: dict[str, float] = {}
+    env = tables.get("envelope", pd.DataFrame())
+    if len(env):
+        for _, row in env[(env["dtype"] == base) & (env["mode"] == "accumulated")].iterrows():
+            for k in ENVELOPE_FIGURES:
+                out[figure_name(k, row["pair"])] = float(row[k])
+    t = tables["stack"]
+    t = t[t["dtype"] == base] if len(t) else t
+    for (pair, mode, tap), s in (t.groupby(["pair", "mode", "tap"]) if len(t) else []):
+        m = dict(zip(s["metric"], s["value"]))
+        if "rel_l2" in m:
+            out[figure_name("rel_l2", pair, mode, tap)] = float(m["rel_l2"])
+        if "p99_ulp" in m:
+            out[figure_name("bits_p99", pair, mode, tap)] = metrics.bits_lost(float(m["p99_ulp"]))
+    lad = tables.get("ladder")
+    if lad is not None and len(lad) and "rel_l2_float32" in lad.columns:
+        for _, row in lad.iterrows():
+            out[figure_name("ladder_rel_l2_float32", row["pair"], row["tap"])] = float(row["rel_l2_float32"])
+    return {k: v for k, v in out.items() if math.isfinite(v)}
+
+
+def _gaps(v: Any) -> list[float]:
+    """The flip_gaps cell of an envelope row: a list, or its text after a CSV round trip."""
+    if isinstance(v, str):
+        return [float(x) for x in json.loads(v)] if v.strip() else []
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return []
+    return [float(x) for x in v]
+
+
+def stack_result(tables: dict[str, pd.DataFrame], inputs: dict[str, Any], env: dict[str, Any]) -> Result:
+    """The ``stack`` Result from its tables (as measured, or as read back from an older results directory)."""
+    base = inputs["model"]["dtype"]
+    env_df = tables.get("envelope", pd.DataFrame())
+    if len(env_df) and "flip_gaps" in env_df.columns:
+        env_df = env_df.assign(flip_gaps=[_gaps(v) for v in env_df["flip_gaps"]])
+        tables = {**tables, "envelope": env_df}
+    t = tables["stack"]
+    cols = [c for c in t.columns if c != "schedule"]  # the pair says it
+    frame = tidy(t[cols] if len(t) else pd.DataFrame(columns=["metric", "value"]), **env_labels(env),
+                 model=inputs["model"].get("source", ""))
+    return Result(kind="stack", inputs=inputs, env=env, frame=frame, figures=stack_figures(tables, base),
+                  tables=tables)

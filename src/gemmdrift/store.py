@@ -7,18 +7,23 @@ A Result directory holds::
     figures.json   the tracked figures {name: value}
     details.json   JSON-able extras (when there are any)
     <table>.csv    the kind's own tables (stack.csv, positions.csv, ...)
+    <doc>.json     the kind's own documents (DOCUMENTS[kind]: diverge.json, stream_a.json, triage.json, ...)
     summary.json   gemmdrift.summaries.summary(result)
     *.png          gemmdrift.plots.draw(result)
     result.json    {"format", "kind", "files"}: written last, it marks the directory complete
 
 Every file is written atomically (:mod:`gemmdrift.files`).
+
+Directories written before the Result record (no ``result.json``) still load:
+:func:`read_result` falls back to :mod:`gemmdrift.legacy`, which knows each
+kind by the files its command wrote (``stack.csv``, ``kernels.csv``, ...).
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import pandas as pd
 
@@ -27,6 +32,11 @@ from .errors import GemmdriftError
 from .result import FORMAT, Result, tidy
 
 MARKER = "result.json"
+
+# Per kind: Result -> {"file.json": JSON-able object}, documents written beside the tables (the files
+# older tools and other commands read, e.g. `gemmdrift triage --stream-a stream_a.json`).
+DOCUMENTS: dict[str, Callable[[Result], dict[str, Any]]] = {}
+RESERVED = ("result.json", "meta.json", "summary.json", "figures.json", "details.json")
 
 
 def check_out_dir(out: str | Path) -> Path:
@@ -52,14 +62,19 @@ def write_result(result: Result, out: str | Path, *, draw: bool = True) -> dict[
 
     out = Path(out)
     written: dict[str, Path] = {}
+    # meta.json first: a directory interrupted while writing still says what it holds.
+    written["meta"] = files.write_json(out / "meta.json", {"format": FORMAT, "kind": result.kind,
+                                                           "env": dict(result.env), "inputs": dict(result.inputs)})
     for name, table in result.tables.items():
         written[name] = files.write_csv(out / f"{name}.csv", table)
     written["frame"] = files.write_csv(out / "result.csv", result.frame)
     written["figures"] = files.write_json(out / "figures.json", dict(result.figures))
     if result.details:
         written["details"] = files.write_json(out / "details.json", dict(result.details))
-    written["meta"] = files.write_json(out / "meta.json", {"format": FORMAT, "kind": result.kind,
-                                                           "env": dict(result.env), "inputs": dict(result.inputs)})
+    for name, doc in DOCUMENTS.get(result.kind, lambda r: {})(result).items():
+        if name in RESERVED or not name.endswith(".json"):
+            raise GemmdriftError(f"{result.kind}: bad document name {name!r}")
+        written[f"doc_{Path(name).stem}"] = files.write_json(out / name, doc)
     written["summary"] = files.write_json(out / "summary.json", summaries.summary(result))
     if draw:
         from . import plots
@@ -89,11 +104,26 @@ def is_result_dir(d: str | Path) -> bool:
     return (Path(d) / MARKER).is_file()
 
 
+def result_kind(d: str | Path) -> str | None:
+    """What a results directory holds: the kind in its marker, or (older layout) the kind its files say."""
+    from . import legacy
+
+    d = Path(d)
+    if (d / MARKER).is_file():
+        mark = _read_json(d / MARKER)
+        return mark.get("kind") if isinstance(mark, dict) else None
+    return legacy.kind_of(d)
+
+
 def read_result(d: str | Path) -> Result:
-    """The Result written to ``d`` by :func:`write_result`."""
+    """The Result written to ``d`` by :func:`write_result`, or by an older gemmdrift (see :mod:`legacy`)."""
+    from . import legacy
+
     d = Path(d)
     marker = d / MARKER
     if not marker.is_file():
+        if legacy.kind_of(d) is not None:
+            return legacy.read(d)
         raise GemmdriftError(f"{d}: not a gemmdrift result directory (no {MARKER})")
     mark = _read_json(marker)
     if not isinstance(mark, dict) or mark.get("format") != FORMAT or not isinstance(mark.get("kind"), str):
@@ -110,3 +140,21 @@ def read_result(d: str | Path) -> Result:
               if n.endswith(".csv") and n not in reserved}
     return Result(kind=mark["kind"], inputs=meta.get("inputs") or {}, env=meta.get("env") or {},
                   frame=tidy(_read_csv(d / "result.csv")), figures=figures, tables=tables, details=details)
+
+
+# ---- diverge: stream_a.json / stream_b.json (inputs of `gemmdrift triage`) and diverge.json
+
+
+def _diverge_documents(result: Result) -> dict[str, Any]:
+    prompt = [int(t) for t in result.inputs.get("tokens", [])]
+    r = dict(result.details)
+    docs = {f"{key}.json": {"prompt": prompt, **r[key]} for key in ("stream_a", "stream_b")}
+    docs["diverge.json"] = r
+    return docs
+
+
+DOCUMENTS["diverge"] = _diverge_documents
+
+# ---- triage: triage.json
+
+DOCUMENTS["triage"] = lambda r: {"triage.json": {"env": dict(r.env), "triage": dict(r.details["triage"])}}

@@ -77,15 +77,16 @@ def stream(lm, n: int) -> list[int]:
     return ids[:n]
 
 
-def decode_family(lm, sizes: Sizes, checkpoint: Path | None = None):
-    """Decode (T=1) vs verify:2 and verify:3 after the same prefill, with local drift and the ladder."""
+def decode_family(lm, sizes: Sizes, checkpoint: Path | None = None, env: dict[str, Any] | None = None):
+    """Decode (T=1) vs verify:2 and verify:3 after the same prefill, with local drift and the ladder (a Result)."""
     from .stack import measure_stack
 
     tokens = stream(lm, sizes.tokens)
-    return measure_stack(lm, tokens, DECODE_FAMILY, split=sizes.split, ladder=sizes.ladder, checkpoint=checkpoint)
+    return measure_stack(lm, tokens, DECODE_FAMILY, split=sizes.split, ladder=sizes.ladder, checkpoint=checkpoint,
+                         env=env)
 
 
-def prefill_family(lm, sizes: Sizes, checkpoint: Path | None = None):
+def prefill_family(lm, sizes: Sizes, checkpoint: Path | None = None, env: dict[str, Any] | None = None):
     """The whole stream prefilled in chunks of 2048 (one chunk here) vs 512."""
     import numpy as np
 
@@ -95,24 +96,26 @@ def prefill_family(lm, sizes: Sizes, checkpoint: Path | None = None):
     # No local drift here: it would cost a third full prefill for a pair that is
     # bit-identical on the CPU backend.
     return measure_stack(lm, tokens, PREFILL_FAMILY, positions=np.arange(sizes.split, sizes.tokens), local=False,
-                         checkpoint=checkpoint)
+                         checkpoint=checkpoint, env=env)
 
 
-def kernel_probe(lm, sizes: Sizes, checkpoint: Path | None = None):
-    """GEMV vs GEMM rows for every projection of a few layers and the LM head, on captured rows."""
+def kernel_probe(lm, sizes: Sizes, checkpoint: Path | None = None, env: dict[str, Any] | None = None):
+    """GEMV vs GEMM rows for every projection of a few layers and the LM head, on captured rows (a Result)."""
     from . import kernels
 
     projs = kernels.projections(lm, layers=list(sizes.kernel_layers) + [lm.n_layers])
     inputs = kernels.capture_inputs(lm, stream(lm, min(sizes.tokens, 128)), projs, max_rows=sizes.kernel_rows)
-    return kernels.sweep(lm, inputs, projs, list(sizes.kernel_paths), sizes.kernel_ts, checkpoint=checkpoint)
+    return kernels.measure_kernels(lm, inputs, projs, list(sizes.kernel_paths), sizes.kernel_ts,
+                                   checkpoint=checkpoint, env=env, record={"sizes": asdict(sizes)})
 
 
-def divergence_probe(lm, sizes: Sizes) -> dict[str, Any]:
-    """mlx-lm plain vs speculative (self-draft, K=2) greedy generation past the window, with triage."""
-    from .diverge import diverge
+def divergence_probe(lm, sizes: Sizes, env: dict[str, Any] | None = None):
+    """mlx-lm plain vs speculative (self-draft, K=2) greedy generation past the window, with triage (a Result)."""
+    from .diverge import measure_diverge
 
     prompt = stream(lm, sizes.diverge_prompt)
-    return diverge(lm, prompt, sizes.diverge_n, k=2)
+    return measure_diverge(lm, prompt, sizes.diverge_n, k=2, env=env,
+                           record={"prompt": "the built-in essay", "draft": "self"})
 
 
 def _key(part: str, lm, sizes: Sizes) -> str:
@@ -143,10 +146,8 @@ def main_job(out: str | Path = "results/run", sizes: str | None = None, model: s
     Returns:
         The report's paths, ``{"markdown": ..., "html": ...}``.
     """
-    from . import report
-    from .diverge import write_divergence
+    from . import report, store
     from .envinfo import environment
-    from .kernels import write_kernels
     from .models import describe, load_model
 
     name = sizes or default_sizes()
@@ -159,25 +160,13 @@ def main_job(out: str | Path = "results/run", sizes: str | None = None, model: s
     print(f"gemmdrift run: {describe(lm.info)}; sizes '{name}' on {env['backend']}", file=sys.stderr, flush=True)
     files.write_json(out / "env.json", env)
 
-    def write_stack_part(d: Path, result) -> None:
-        report.write_stack(result, d, env)
-
-    def write_kernels_part(d: Path, df) -> None:
-        write_kernels(df, d, env, {"model": lm.info, "sizes": asdict(s)})
-
-    def write_diverge_part(d: Path, r) -> None:
-        write_divergence(r, d, env, stream(lm, s.diverge_prompt),
-                         {"model": lm.info, "prompt": "the built-in essay", "n": s.diverge_n, "k": 2, "draft": "self"})
-
     parts = [
-        ("stack-decode", "decode vs verify:2 / verify:3", lambda d: decode_family(lm, s, d / "checkpoint"),
-         write_stack_part),
-        ("stack-prefill", "prefill 2048 vs 512", lambda d: prefill_family(lm, s, d / "checkpoint"), write_stack_part),
-        ("kernels", "GEMV vs GEMM per projection", lambda d: kernel_probe(lm, s, checkpoint=d / "checkpoint"),
-         write_kernels_part),
-        ("diverge", "mlx-lm generate vs speculative generate", lambda d: divergence_probe(lm, s), write_diverge_part),
+        ("stack-decode", "decode vs verify:2 / verify:3", lambda d: decode_family(lm, s, d / "checkpoint", env)),
+        ("stack-prefill", "prefill 2048 vs 512", lambda d: prefill_family(lm, s, d / "checkpoint", env)),
+        ("kernels", "GEMV vs GEMM per projection", lambda d: kernel_probe(lm, s, d / "checkpoint", env)),
+        ("diverge", "mlx-lm generate vs speculative generate", lambda d: divergence_probe(lm, s, env)),
     ]
-    for i, (part, title, measure, write) in enumerate(parts, 1):
+    for i, (part, title, measure) in enumerate(parts, 1):
         d = out / part
         key = _key(part, lm, s)
         if _done(d, key):
@@ -185,6 +174,6 @@ def main_job(out: str | Path = "results/run", sizes: str | None = None, model: s
             continue
         print(f"gemmdrift run: [{i}/{len(parts)}] {title}", file=sys.stderr, flush=True)
         t0 = time.perf_counter()
-        write(d, measure(d))
+        store.write_result(measure(d), d)
         _mark(d, key, time.perf_counter() - t0)
     return report.build_report(out)

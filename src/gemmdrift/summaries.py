@@ -7,11 +7,14 @@ the Result only.
 
 from __future__ import annotations
 
+import math
 from typing import Any, Callable
 
 import pandas as pd
 
+from . import kernels, metrics
 from .result import Result
+from .text import fmt, text_table
 
 
 def generic_summary(result: Result) -> dict[str, Any]:
@@ -19,8 +22,6 @@ def generic_summary(result: Result) -> dict[str, Any]:
 
 
 def generic_text(result: Result) -> str:
-    from .report import text_table
-
     if not result.figures:
         return f"{result.kind}: no tracked figures"
     df = pd.DataFrame({"figure": list(result.figures), "value": list(result.figures.values())})
@@ -39,3 +40,268 @@ def summary(result: Result) -> dict[str, Any]:
 def text(result: Result) -> str:
     """The printed summary of any Result."""
     return TEXTS.get(result.kind, generic_text)(result)
+
+
+# ---- stack
+
+
+def stack_frame(result: Result, dtype: str | None = None) -> pd.DataFrame:
+    """A wide per-layer view for printing: accumulated and local rel_l2, ULPs, differing fraction."""
+    t = result.tables["stack"]
+    if dtype is None:
+        dtype = result.inputs["model"]["dtype"]
+    t = t[t["dtype"] == dtype]
+    wide = t.pivot_table(index=["pair", "layer", "tap", "layer_type"], columns=["mode", "metric"], values="value",
+                         aggfunc="first")
+    cols = [c for c in [("accumulated", "frac_differ"), ("accumulated", "p99_ulp"), ("accumulated", "rel_l2"),
+                        ("local", "rel_l2")] if c in wide.columns]
+    out = wide[cols].copy()
+    out.columns = [f"{m}:{k}" for m, k in cols]
+    return out.reset_index().sort_values(["pair", "layer"])
+
+
+def stack_summary(result: Result) -> dict[str, Any]:
+    """The machine-readable summary (summary.json, and what --json prints)."""
+    from .stack import _gaps, pair_verdict
+
+    base = result.inputs["model"]["dtype"]
+    table = result.tables["stack"]
+    env = result.tables.get("envelope", pd.DataFrame())
+    ladder = result.tables.get("ladder")
+    pairs = []
+    for pair in dict.fromkeys(table["pair"]):
+        t = table[(table["pair"] == pair) & (table["dtype"] == base)]
+        acc = t[(t["mode"] == "accumulated") & (t["metric"] == "frac_differ") & (t["tap"].str.startswith("layer"))]
+        first = acc[acc["value"] > 0]["layer"]
+        item: dict[str, Any] = {
+            "pair": pair,
+            "first_layer_with_drift": int(first.min()) if len(first) else None,
+            "max_rel_l2_hidden": float(t[(t["mode"] == "accumulated") & (t["metric"] == "rel_l2")
+                                         & (t["tap"] != "logits")]["value"].max()),
+        }
+        e = env[(env["pair"] == pair) & (env["dtype"] == base) & (env["mode"] == "accumulated")] if len(env) else env
+        if len(e):
+            row = e.iloc[0]
+            item.update({k: row[k] for k in ("positions", "max_abs_dlogit", "max_abs_dgap", "p99_abs_dgap", "flips",
+                                             "max_gap_at_flip")})
+            item["flip_gaps"] = _gaps(row["flip_gaps"])
+        if ladder is not None and len(ladder):
+            item["ladder_verdict"] = pair_verdict(ladder, pair)
+        pairs.append(item)
+    return {"model": result.inputs["model"]["source"], "dtype": base, "tokens": len(result.inputs["tokens"]),
+            "split": result.inputs["split"], "reference": result.inputs["reference"], "pairs": pairs}
+
+
+def stack_text(result: Result) -> str:
+    """Per-layer table and the envelope, as printed by `gemmdrift stack`."""
+    lines = []
+    wide = stack_frame(result)
+    for pair, s in wide.groupby("pair", sort=False):
+        lines.append(f"\n== {pair}  ({result.inputs['model']['dtype']})")
+        lines.append(text_table(s.drop(columns=["pair", "layer"])))
+    summ = stack_summary(result)
+    lines.append("\n== logit envelope")
+    rows = [{k: p.get(k) for k in ("pair", "positions", "max_abs_dlogit", "max_abs_dgap", "p99_abs_dgap", "flips",
+                                   "max_gap_at_flip", "ladder_verdict") if k in p} for p in summ["pairs"]]
+    lines.append(text_table(pd.DataFrame(rows)))
+    ladder = result.tables.get("ladder")
+    if ladder is not None and len(ladder):
+        lines.append("\n== precision ladder (rel_l2 at the logits and the last layer)")
+        last = ladder[ladder["tap"].isin(["logits", "norm"])]
+        lines.append(text_table(last))
+    return "\n".join(lines)
+
+
+SUMMARIES["stack"] = stack_summary
+TEXTS["stack"] = stack_text
+
+
+# ---- kernels
+
+
+def kernels_summary(df: pd.DataFrame) -> dict[str, Any]:
+    """Machine-readable summary (what ``--json`` prints): per path and per op, the worst drift and error."""
+    df = kernels.normalize(df)
+    proj = df[~kernels.is_op(df)]
+    ops = df[kernels.is_op(df)]
+    paths = []
+    for path, s in proj.groupby("path", sort=False):
+        drift = s[s["metric"] == "max_ulp"]
+        err = {m: (s[(s["metric"] == m) & (s["T"] == 1)]["value"], s[(s["metric"] == m) & (s["T"] > 1)]["value"])
+               for m in ("err_max_ulp", "err_rel_l2")}
+        worst = drift.loc[drift["value"].idxmax()] if len(drift) else None
+        item = {
+            "path": path,
+            "emulated": bool(s["emulated"].iloc[0]),
+            "dtype": s["dtype"].iloc[0],
+            "quant": s["quant"].iloc[0] or None,
+            "units": int(s.groupby(["layer", "projection"]).ngroups),
+            "max_T": int(s["T"].max()),
+            "max_ulp": float(drift["value"].max()) if len(drift) else 0.0,
+            "bits_lost": metrics.bits_lost(float(drift["value"].max())) if len(drift) else 0.0,
+            "units_with_drift": int(drift[drift["value"] > 0].groupby(["layer", "projection"]).ngroups),
+            "first_T_with_drift": int(drift[drift["value"] > 0]["T"].min()) if (drift["value"] > 0).any() else None,
+            **{f"{m}_{kind}": float(v.max()) if len(v) else None
+               for m, pair in err.items() for kind, v in zip(("gemv", "gemm"), pair)},
+        }
+        if worst is not None and worst["value"] > 0:
+            item["worst"] = {"layer": int(worst["layer"]), "projection": worst["projection"], "T": int(worst["T"]),
+                             "max_ulp": float(worst["value"])}
+        paths.append(item)
+    real = [p for p in paths if not p["emulated"]]
+    out: dict[str, Any] = {
+        "real_drift": any(p["max_ulp"] > 0 for p in real),
+        "emulated_control_detected": (any(p["max_ulp"] > 0 for p in paths if p["emulated"])
+                                      if any(p["emulated"] for p in paths) else None),
+        "synthetic": bool(proj["synthetic"].any()) if len(proj) else None,
+        "paths": paths,
+    }
+    if len(ops):
+        d = ops[ops["metric"] == "max_ulp"]
+        out["ops"] = [{"op": op, "variant": var, "max_ulp": float(s["value"].max()),
+                       "first_T_with_drift": int(s[s["value"] > 0]["T"].min()) if (s["value"] > 0).any() else None,
+                       "key_lengths_with_drift": sorted(int(k) for k in
+                                                       s[s["value"] > 0]["key_length"].dropna().unique())}
+                      for (op, var), s in d.groupby(["projection", "path"], sort=False)]
+    return out
+
+
+def print_kernels(df: pd.DataFrame) -> str:
+    """Per path: worst drift per projection name over layers and T, then the ops; emulated paths last, flagged."""
+    df = kernels.normalize(df)
+    lines = []
+    proj = df[~kernels.is_op(df)]
+    worst = kernels.worst_over_t(proj)
+    errs = proj[proj["metric"] == "err_rel_l2"]
+    order = sorted(dict.fromkeys(proj["path"]), key=lambda p: p.startswith("emulated"))
+    for path in order:
+        w = worst[worst["path"] == path]
+        emulated = bool(w["emulated"].iloc[0]) if len(w) else False
+        e = errs[errs["path"] == path]
+        rows = []
+        for name, s in w.groupby("projection", sort=False):
+            top = s.loc[s["worst"].idxmax()]
+            en = e[e["projection"] == name]
+            rows.append({"projection": name, "layers": len(s), "max_ulp": float(top["worst"]),
+                         "bits_lost": metrics.bits_lost(float(top["worst"])),
+                         "worst_layer": int(top["layer"]) if top["worst"] > 0 else "-",
+                         "first_T": float(s["first_T"].min()),
+                         "err_rel_l2_T1": float(en[en["T"] == 1]["value"].max()),
+                         "err_rel_l2_gemm": float(en[en["T"] > 1]["value"].max()) if (en["T"] > 1).any() else math.nan})
+        flag = "  [EMULATED negative control, not an mlx kernel]" if emulated else ""
+        flag += "  [synthetic]" if proj[proj["path"] == path]["synthetic"].any() else ""
+        max_t = int(proj[proj["path"] == path]["T"].max())
+        lines.append(f"\n== {path}: drift of T<={max_t} blocks against T=1 (worst over layers and T){flag}")
+        lines.append(text_table(pd.DataFrame(rows)))
+    ops = df[kernels.is_op(df)]
+    if len(ops):
+        d = ops[ops["metric"] == "max_ulp"]
+        rows = [{"op": op, "variant": var, "max_T": int(s["T"].max()), "key_lengths": s["key_length"].nunique(),
+                 "max_ulp": float(s["value"].max()),
+                 "first_T": float(s[s["value"] > 0]["T"].min()) if (s["value"] > 0).any() else math.nan}
+                for (op, var), s in d.groupby(["projection", "path"], sort=False)]
+        lines.append("\n== other ops: block of T queries against each query alone (seeded inputs)")
+        lines.append(text_table(pd.DataFrame(rows)))
+    return "\n".join(lines).lstrip("\n")
+
+
+SUMMARIES["kernels"] = lambda r: kernels_summary(r.tables["kernels"])
+TEXTS["kernels"] = lambda r: print_kernels(r.tables["kernels"])
+
+
+
+# ---- triage (also the words of a diverge result's triage)
+
+
+def triage_items(t: dict[str, Any], n: int | None = None) -> list[str]:
+    """A triage record (:class:`gemmdrift.diverge.Triage` as a dict) in plain words, one item per finding."""
+    items = []
+    if t.get("index") is None:
+        items.append(f"the streams agree{f' over {n} generated tokens' if n else ''}")
+    else:
+        items += [
+            f"the streams part at generated token {t['index']} (the logits of position {t.get('position')}): "
+            f"`{t.get('context', '')}`",
+            f"teacher-forced under `{t['schedule_a']}`: top-2 {t.get('top2_a')}, gap {fmt(t.get('gap_a'))}; under "
+            f"`{t['schedule_b']}`: top-2 {t.get('top2_b')}, gap {fmt(t.get('gap_b'))}; Δgap {fmt(t.get('dgap'))}",
+            f"the competing tokens {t.get('token_a')} and {t.get('token_b')} are {fmt(t.get('margin'))} logits apart",
+            f"hidden states first differ at tap {t.get('first_layer_differ')}; the schedules are "
+            f"{'' if t.get('bit_identical') else 'not '}bit-identical on the shared prefix; the divergence alone: "
+            f"{t.get('divergence_verdict')}",
+        ]
+    items.append(f"envelope: {fmt(t.get('envelope'))} logits ({t.get('envelope_source', '')})")
+    for key in ("a", "b"):
+        c = t.get(f"stream_{key}_check") or {}
+        if c:
+            at = ("none" if c.get("first_outside") is None
+                  else f"token {c['first_outside']}, {fmt(c.get('margin_outside'))} logits below the argmax")
+            items.append(f"stream {key.upper()} teacher-forced under `{t.get(f'schedule_{key}')}`: "
+                         f"{c.get('mismatches')} of {c.get('tokens')} tokens are not the argmax; first outside the "
+                         f"envelope: {at}")
+    items.append(f"**verdict: {t['verdict']}** — {t['reason']}")
+    return items
+
+
+def triage_lines(t: dict[str, Any]) -> list[str]:
+    """:func:`triage_items` for a terminal: indented, without markdown."""
+    return [("  " if i else "") + x.replace("`", "").replace("**", "") for i, x in enumerate(triage_items(t))]
+
+
+SUMMARIES["triage"] = lambda r: dict(r.details["triage"])
+TEXTS["triage"] = lambda r: "\n".join(triage_lines(r.details["triage"]))
+
+
+# ---- diverge
+
+
+def diverge_text(result: Result) -> str:
+    r = result.details
+    n = r["n"]
+    lines = [f"A ({r['stream_a']['label']}, {r['stream_a']['schedule']}): {r['text_a']!r}",
+             f"B ({r['stream_b']['label']}, {r['stream_b']['schedule']}): {r['text_b']!r}"]
+    if r["first_divergence"] is None:
+        lines.append(f"no divergence in {n} tokens")
+    elif not r.get("triage"):
+        lines.append(f"first divergence at generated token {r['first_divergence']}")
+    if r.get("triage"):
+        lines += triage_lines(r["triage"])
+    return "\n".join(lines)
+
+
+SUMMARIES["diverge"] = lambda r: dict(r.details)
+TEXTS["diverge"] = diverge_text
+
+
+# ---- divergence (statistics over a prompt set)
+
+
+def divergence_summary(df: pd.DataFrame) -> dict[str, Any]:
+    """Divergence rates and the gap distribution at divergence points."""
+    from .result import Verdict
+
+    div = df[df["first_divergence"].notna()]
+    compared = int(df["compared"].sum())
+    return {
+        "prompts": int(len(df)),
+        "diverged": int(len(div)),
+        "tokens_compared": compared,
+        "divergences_per_1k": 1000.0 * len(div) / compared if compared else 0.0,
+        "median_first_divergence": float(div["first_divergence"].median()) if len(div) else None,
+        "near_ties": int((div["verdict"] == Verdict.NEAR_TIE).sum()),
+        "outside_envelope": int((div["verdict"] == Verdict.OUTSIDE).sum()),
+        "margins": [float(x) for x in div["margin"]],
+    }
+
+
+def divergence_text(result: Result) -> str:
+    df = result.tables["divergence"]
+    s = divergence_summary(df)
+    text = text_table(df[["prompt", "prompt_tokens", "first_divergence", "verdict", "margin", "envelope",
+                          "acceptance"]])
+    return text + (f"\n\n{s['diverged']} of {s['prompts']} prompts diverged; "
+                   f"{s['divergences_per_1k']:.3g} divergences per 1,000 tokens; "
+                   f"{s['near_ties']} near-ties, {s['outside_envelope']} outside the envelope")
+
+
+SUMMARIES["divergence"] = lambda r: divergence_summary(r.tables["divergence"])
+TEXTS["divergence"] = divergence_text

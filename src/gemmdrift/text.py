@@ -1,0 +1,52 @@
+"""Text formatting shared by the printed summaries and the report page: numbers, fixed-width and markdown tables.
+
+Depends on nothing in gemmdrift (pandas only), so every layer above may use it.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pandas as pd
+
+
+def fmt(v: Any) -> str:
+    if isinstance(v, float):
+        if math.isnan(v):
+            return "-"
+        if v == 0:
+            return "0"
+        if math.isinf(v):
+            return "inf"
+        if abs(v) >= 1e4 or abs(v) < 1e-3:
+            return f"{v:.2e}"
+        return f"{v:.4g}"
+    return str(v)
+
+
+def text_table(df: pd.DataFrame) -> str:
+    """A plain fixed-width table (no extra dependency)."""
+    if df.empty:
+        return "(empty)"
+    cols = list(df.columns)
+    cells = [[fmt(v) for v in row] for row in df.itertuples(index=False)]
+    widths = [max(len(str(c)), *(len(r[i]) for r in cells)) for i, c in enumerate(cols)]
+    lines = ["  ".join(str(c).ljust(w) for c, w in zip(cols, widths))]
+    lines.append("  ".join("-" * w for w in widths))
+    lines += ["  ".join(v.rjust(w) if i else v.ljust(w) for i, (v, w) in enumerate(zip(r, widths))) for r in cells]
+    return "\n".join(lines)
+
+
+def cell(v: Any) -> str:
+    """One table cell, the same in markdown and HTML: '-' for a missing value."""
+    return "-" if v is None else fmt(v)
+
+
+def md_table(rows: list[dict[str, Any]]) -> str:
+    if not rows:
+        return "(none)"
+    cols = list(rows[0])
+    out = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    out += ["| " + " | ".join(cell(r.get(c)) for c in cols) + " |" for r in rows]
+    return "\n".join(out)

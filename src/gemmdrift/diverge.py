@@ -31,11 +31,12 @@ import numpy as np
 
 from . import metrics
 from .errors import GemmdriftError
+from .result import Verdict
 from .schedules import parse_schedule
 from .taps import common_prefix, run_schedule
 
-NEAR_TIE = "NEAR-TIE"
-OUTSIDE = "OUTSIDE ENVELOPE"
+NEAR_TIE = Verdict.NEAR_TIE
+OUTSIDE = Verdict.OUTSIDE
 ENVELOPE_POSITIONS = 64  # prefix positions whose Δgap make the envelope when none is given
 MIN_ENVELOPE_POSITIONS = 16  # fewer continuation positions than this: measure on the prompt too
 
@@ -151,6 +152,7 @@ class Triage:
     stream_a_check: dict[str, Any] = field(default_factory=dict)  # see check_stream
     stream_b_check: dict[str, Any] = field(default_factory=dict)
     context: str = ""
+    lengths: list[int] = field(default_factory=list)  # generated tokens of stream A and stream B
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -246,12 +248,15 @@ def triage(lm, prompt: Sequence[int], stream_a: Sequence[int], stream_b: Sequenc
     if last_shared + 1 - lo < MIN_ENVELOPE_POSITIONS:
         lo = max(0, last_shared - envelope_positions)
     tap_at = split + d if d is not None else split
+    # Every generated position needs its logits (each stream is checked against
+    # its own schedule), and the envelope needs `lo`.. : start at the earlier.
+    first = min(lo, split)
     runs = []
     for sched, stream in zip(scheds, (stream_a, stream_b)):
         seq = prompt + stream[:-1]
-        logit_positions = np.arange(lo, split + len(stream))
-        # Blocks before `lo` cover prompt tokens only, the same for both streams.
-        shared = common_prefix(lm.model, seq, [x.text for x in scheds], split_arg, int(lo))
+        logit_positions = np.arange(first, split + len(stream))
+        # Blocks before `first` cover prompt tokens only, the same for both streams.
+        shared = common_prefix(lm.model, seq, [x.text for x in scheds], split_arg, int(first))
         runs.append(run_schedule(lm.model, seq, sched, split=split_arg, positions=[tap_at],
                                  logit_positions=logit_positions, prefix=shared))
     ra, rb = runs
@@ -267,7 +272,12 @@ def triage(lm, prompt: Sequence[int], stream_a: Sequence[int], stream_b: Sequenc
            for key, r, s in (("a", ra, stream_a), ("b", rb, stream_b))}
     checks = {"a": check_stream(gen["a"], stream_a, envelope), "b": check_stream(gen["b"], stream_b, envelope)}
     bit_identical = bool(np.array_equal(la, lb) and (d is None or np.array_equal(ra.hidden, rb.hidden)))
-    out = Triage("IDENTICAL", "the streams agree", d, None if d is None else tap_at,
+    lengths = [len(stream_a), len(stream_b)]
+    agree = "the streams agree"
+    if lengths[0] != lengths[1]:
+        agree += (f" on their common {common} tokens (stream A has {lengths[0]} generated tokens, stream B "
+                  f"{lengths[1]}: the rest of the longer one is only checked against its own schedule)")
+    out = Triage(Verdict.IDENTICAL, agree, d, None if d is None else tap_at, lengths=lengths,
                  schedule_a=sa.text, schedule_b=sb.text, envelope=float(envelope), envelope_source=source,
                  bit_identical=bit_identical, stream_a_check=checks["a"], stream_b_check=checks["b"])
     if d is not None:
@@ -423,7 +433,7 @@ def divergence_stats(lm, prompts: Sequence[Sequence[int]], n: int, *, checkpoint
         d = r["first_divergence"]
         row = {
             "prompt": label, "prompt_tokens": len(prompt), "n": n, "first_divergence": d,
-            "compared": n if d is None else d + 1, "verdict": t.get("verdict", "IDENTICAL"),
+            "compared": n if d is None else d + 1, "verdict": t.get("verdict", Verdict.IDENTICAL),
             "margin": t.get("margin"), "gap_a": t.get("gap_a"), "dgap": t.get("dgap"), "envelope": t.get("envelope"),
             "first_layer_differ": t.get("first_layer_differ"), "acceptance": r["stream_b"].get("acceptance"),
             "divergence_verdict": t.get("divergence_verdict"),

@@ -139,6 +139,10 @@ def cmd_stack(args) -> int:
         parse_schedule(text)  # a bad schedule fails before the model loads
     if len(args.schedules) < 2:
         raise GemmdriftError("give at least two schedules: a reference and one to compare")
+    if args.ladder:
+        from .envinfo import force_true_float32
+
+        force_true_float32()  # the float32 rung: before mlx's first matmul (mlx reads MLX_ENABLE_TF32 once)
     lm = _load(args)
     ids, label = _tokens(args, lm)
     n = len(ids)

@@ -68,6 +68,7 @@ def stack_summary(result: StackResult) -> dict[str, Any]:
             item["flip_gaps"] = list(row["flip_gaps"])
         if result.ladder is not None and len(result.ladder):
             item["ladder_verdict"] = pair_verdict(result.ladder, pair)
+            item["ladder_true_float32"] = (result.inputs.get("ladder_float32") or {}).get("true_float32")
         pairs.append(item)
     return {"model": result.inputs["model"]["source"], "dtype": base, "tokens": len(result.inputs["tokens"]),
             "split": result.inputs["split"], "reference": result.inputs["reference"], "pairs": pairs}
@@ -320,6 +321,9 @@ def _stack_part(d: Path, env: dict[str, Any]) -> tuple[list[Block], list[str]]:
                      "things (keys, offsets, cache state)")
         elif verdict == "unclear":
             text += ". The precision ladder is inconclusive (the drift shrinks, but less than rounding would)"
+        elif verdict == "unreliable":
+            text += (". The precision ladder is **unreliable** here: its float32 rung ran TF32 matmuls "
+                     "(rerun with MLX_ENABLE_TF32=0), so drift that does not shrink proves nothing")
         reading.append(text + ".")
     return blocks, reading
 

@@ -152,3 +152,33 @@ def test_cli_gate_exit_status_and_history_figures(results, tmp_path):
     assert all((tmp_path / "h" / "figures").glob("*.png"))
     r = run("gate", "--results", str(tmp_path / "none"))
     assert r.returncode == 2 and "no asv results" in r.stderr
+
+
+def test_gate_refuses_a_release_against_itself(results):
+    # Regression: `gate --candidate X --baseline X` compared a release with itself and passed.
+    df = history.read_results(results)
+    with pytest.raises(GemmdriftError, match="same release"):
+        history.gate(df, candidate="0.32.4", baseline="0.32.4")
+    r = subprocess.run([sys.executable, "-m", "gemmdrift", "gate", "--results", str(results), "--candidate", "0.32.4",
+                        "--baseline", "0.32.4"], capture_output=True, text=True)
+    assert r.returncode == 2 and "same release" in r.stderr and "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize("layout,cli", [
+    ({"result_columns": ["params"], "results": {"b.track_x": [[1.0], []]}}, True),  # no "result" column
+    ({"result_columns": COLUMNS, "results": ["not", "a", "dict"]}, False),
+    ({"result_columns": COLUMNS, "results": {"b.track_x": 3.0}}, False),  # an entry that is not a list
+    ({"result_columns": COLUMNS, "results": {"b.track_x": [["abc"], []]}}, False),  # a value that is not a number
+    ({"result_columns": 7, "results": {}}, False),
+])
+def test_asv_results_with_a_wrong_layout_are_one_line_exit_2(results, layout, cli):
+    # Regression: valid JSON in another layout crashed history/gate with a traceback and exit 1,
+    # the exit status of a gate FAIL.
+    (results / "m1" / "cccccccc-env-x.json").write_text(json.dumps(layout))
+    with pytest.raises(GemmdriftError, match="cccccccc-env-x.json"):
+        history.read_results(results)
+    for cmd in ("gate", "history") if cli else ():
+        r = subprocess.run([sys.executable, "-m", "gemmdrift", cmd, "--results", str(results), "--out",
+                            str(results.parent / "o")], capture_output=True, text=True)
+        assert r.returncode == 2 and "Traceback" not in r.stderr and "layout" in r.stderr, r.stderr
+        assert len(r.stderr.strip().splitlines()) == 1

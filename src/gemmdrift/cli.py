@@ -372,11 +372,12 @@ def cmd_history(args) -> int:
 
 def cmd_gate(args) -> int:
     from . import files
-    from .history import gate, read_results
+    from .history import check_gate_versions, gate, read_results
     from .report import text_table
 
     if not args.threshold >= 0:
         raise GemmdriftError(f"--threshold must be a non-negative fraction, got {args.threshold}")
+    check_gate_versions(args.candidate, args.baseline)
     df = read_results(args.results)
     g = gate(df, candidate=args.candidate, baseline=args.baseline, threshold=args.threshold, include=args.include)
     bad = g[g["regression"]]

@@ -75,8 +75,8 @@ def read_results(results_dir: str | Path) -> pd.DataFrame:
     if bj.exists():
         try:
             units = {k: v.get("unit") for k, v in json.loads(bj.read_text()).items() if isinstance(v, dict)}
-        except json.JSONDecodeError:
-            units = {}
+        except (OSError, UnicodeDecodeError, ValueError, AttributeError):
+            units = {}  # units only label the axes
     rows = []
     for path in sorted(root.glob("*/*.json")):
         if path.name == "machine.json":
@@ -84,48 +84,57 @@ def read_results(results_dir: str | Path) -> pd.DataFrame:
         try:
             # asv writes bare NaN/Infinity; Python's json reads them.
             d = json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError) as e:
+        except (OSError, UnicodeDecodeError, ValueError) as e:
             raise GemmdriftError(f"cannot read asv result {path}: {e}") from None
-        if "result_columns" not in d or "results" not in d:
+        if not isinstance(d, dict) or "result_columns" not in d or "results" not in d:
             continue
-        cols = d["result_columns"]
-        i_res, i_par = cols.index("result"), cols.index("params")
-        req = d.get("requirements") or {}
-        file_rows = []
-        for bench, entry in d["results"].items():
-            values = entry[i_res]
-            params = entry[i_par] if len(entry) > i_par else []
-            combos = list(itertools.product(*params)) if params else [()]
-            if values is None:  # the benchmark failed
-                values = [None] * len(combos)
-            elif not isinstance(values, list):
-                values = [values]
-            for combo, v in zip(combos, values):
-                file_rows.append({
-                    "machine": d.get("params", {}).get("machine", path.parent.name),
-                    "env": d.get("env_name", ""),
-                    "commit": str(d.get("commit_hash", ""))[:8],
-                    "date": d.get("date"),
-                    "mlx_pinned": req.get("mlx") or None,
-                    "mlx_lm": req.get("mlx-lm") or None,
-                    "benchmark": bench,
-                    "params": ", ".join(str(_param_value(p)) for p in combo),
-                    "value": None if v is None or (isinstance(v, float) and math.isnan(v)) else float(v),
-                    "unit": units.get(bench),
-                })
-        tracked = {r["benchmark"]: r["value"] for r in file_rows if not r["params"]}
-        mlx = decode_version(tracked[VERSION_BENCH]) if tracked.get(VERSION_BENCH) is not None else None
-        backend = BACKEND_CODES.get(int(tracked[BACKEND_BENCH])) if tracked.get(BACKEND_BENCH) is not None else None
-        for r in file_rows:
-            r["mlx"] = mlx or r["mlx_pinned"]
-            r["backend"] = backend or "unknown"
-        rows += file_rows
+        try:
+            rows += _file_rows(path, d, units)
+        except (KeyError, IndexError, TypeError, ValueError, AttributeError) as e:
+            raise GemmdriftError(f"asv result {path} does not have asv 0.6's layout "
+                                 f"({e.__class__.__name__}: {e})") from None
     cols = ["machine", "backend", "env", "commit", "date", "mlx", "mlx_pinned", "mlx_lm", "benchmark", "params",
             "value", "unit"]
     df = pd.DataFrame(rows, columns=cols)
     if df.empty:
         raise GemmdriftError(f"no asv results under {root}")
     return df
+
+
+def _file_rows(path: Path, d: dict[str, Any], units: dict[str, Any]) -> list[dict[str, Any]]:
+    """The rows of one asv result file (see :func:`read_results`); layout errors raise."""
+    cols = d["result_columns"]
+    i_res, i_par = cols.index("result"), cols.index("params")
+    req = d.get("requirements") or {}
+    file_rows = []
+    for bench, entry in d["results"].items():
+        values = entry[i_res]
+        params = entry[i_par] if len(entry) > i_par else []
+        combos = list(itertools.product(*params)) if params else [()]
+        if values is None:  # the benchmark failed
+            values = [None] * len(combos)
+        elif not isinstance(values, list):
+            values = [values]
+        for combo, v in zip(combos, values):
+            file_rows.append({
+                "machine": d.get("params", {}).get("machine", path.parent.name),
+                "env": d.get("env_name", ""),
+                "commit": str(d.get("commit_hash", ""))[:8],
+                "date": d.get("date"),
+                "mlx_pinned": req.get("mlx") or None,
+                "mlx_lm": req.get("mlx-lm") or None,
+                "benchmark": bench,
+                "params": ", ".join(str(_param_value(p)) for p in combo),
+                "value": None if v is None or (isinstance(v, float) and math.isnan(v)) else float(v),
+                "unit": units.get(bench),
+            })
+    tracked = {r["benchmark"]: r["value"] for r in file_rows if not r["params"]}
+    mlx = decode_version(tracked[VERSION_BENCH]) if tracked.get(VERSION_BENCH) is not None else None
+    backend = BACKEND_CODES.get(int(tracked[BACKEND_BENCH])) if tracked.get(BACKEND_BENCH) is not None else None
+    for r in file_rows:
+        r["mlx"] = mlx or r["mlx_pinned"]
+        r["backend"] = backend or "unknown"
+    return file_rows
 
 
 def tracked(df: pd.DataFrame) -> pd.DataFrame:
@@ -182,6 +191,13 @@ def history_table(df: pd.DataFrame) -> pd.DataFrame:
     return wide.iloc[order].reset_index(drop=True)
 
 
+def check_gate_versions(candidate: str | None, baseline: str | None) -> None:
+    """Refuse to gate a release against itself: that comparison passes whatever the release does."""
+    if candidate is not None and baseline is not None and version_key(candidate) == version_key(baseline):
+        raise GemmdriftError(f"--candidate {candidate} and --baseline {baseline} are the same release: "
+                             "comparing a release with itself proves nothing")
+
+
 def gate(df: pd.DataFrame, candidate: str | None = None, baseline: str | None = None,
          threshold: float = GATE_THRESHOLD, include: str = "") -> pd.DataFrame:
     """Tracked drift figures of ``candidate`` that exceed ``baseline``'s by more than ``threshold``.
@@ -198,6 +214,7 @@ def gate(df: pd.DataFrame, candidate: str | None = None, baseline: str | None = 
     Returns:
         One row per compared series with ``old``, ``new``, ``ratio`` and ``regression``.
     """
+    check_gate_versions(candidate, baseline)
     t = latest_per_version(tracked(df))
     t = t[~t["params"].str.contains("emulated:", regex=False)]  # negative controls, not mlx kernels
     if include:
@@ -215,6 +232,7 @@ def gate(df: pd.DataFrame, candidate: str | None = None, baseline: str | None = 
         baseline = older[-1]
     elif baseline not in versions:
         raise GemmdriftError(f"no results for mlx {baseline} (have {', '.join(versions)})")
+    check_gate_versions(candidate, baseline)
     keys = ["machine", "backend", "benchmark", "params"]
     old = t[t["mlx"] == baseline].set_index(keys)["value"]
     new = t[t["mlx"] == candidate].set_index(keys)["value"]

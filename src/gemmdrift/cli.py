@@ -51,6 +51,19 @@ def _add_output(p, default: str):
     p.add_argument("--json", action="store_true", help="print a JSON summary on stdout (progress goes to stderr)")
 
 
+def _precheck(args) -> None:
+    """The checks every model command runs before loading a model (see gemmdrift.checks)."""
+    from . import checks
+
+    checks.check_out_dir(args.out)
+    if hasattr(args, "prompt"):
+        checks.check_prompt_args(args.prompt, args.prompt_file, args.prompt_ids)
+        if args.tokens is not None and args.tokens < 2:
+            raise GemmdriftError(f"--tokens must be at least 2, got {args.tokens}")
+    if getattr(args, "envelope", None) is not None:
+        checks.check_envelope(args.envelope)
+
+
 def _load(args):
     from .envinfo import select_device
     from .models import load_model, parse_quantization
@@ -73,6 +86,9 @@ def _tokens(args, lm):
         if args.tokens > len(ids):
             raise GemmdriftError(f"--tokens {args.tokens}: the prompt has only {len(ids)} tokens")
         ids = ids[: args.tokens]
+    from .checks import check_length
+
+    check_length(lm.info, len(ids), "the prompt")
     return ids, label
 
 
@@ -129,16 +145,23 @@ def cmd_env(args) -> int:
 
 
 def cmd_stack(args) -> int:
-    from .envinfo import environment
-    from .models import describe
-    from .report import print_stack, stack_summary, write_stack
+    from .checks import check_positive, check_range_text
     from .schedules import parse_schedule
-    from .stack import measure_stack
 
     for text in args.schedules:
         parse_schedule(text)  # a bad schedule fails before the model loads
     if len(args.schedules) < 2:
         raise GemmdriftError("give at least two schedules: a reference and one to compare")
+    _precheck(args)
+    check_positive(split=args.split)
+    check_range_text(args.positions, "--positions")
+    check_range_text(args.logit_positions, "--logit-positions")
+
+    from .envinfo import environment
+    from .models import describe
+    from .report import print_stack, stack_summary, write_stack
+    from .stack import measure_stack
+
     if args.ladder:
         from .envinfo import force_true_float32
 
@@ -169,6 +192,8 @@ def parse_ints(text: str | None, name: str) -> list[int] | None:
         for part in text.split(","):
             if "-" in part.strip("-"):
                 a, b = part.split("-", 1)
+                if int(b) < int(a):
+                    raise GemmdriftError(f"{name} {part}: the range is reversed (write {b}-{a})")
                 out += list(range(int(a), int(b) + 1))
             else:
                 out.append(int(part))
@@ -180,19 +205,27 @@ def parse_ints(text: str | None, name: str) -> list[int] | None:
 
 
 def cmd_kernels(args) -> int:
+    from .checks import check_max_t
+
+    ts = parse_ints(args.ts, "--ts")
+    if ts is not None and min(ts) < 1:
+        raise GemmdriftError(f"--ts: block sizes must be positive, got {min(ts)}")
+    for flag, value in (("--rows", args.rows), ("--max-t", args.max_t)):
+        if value < 1:
+            raise GemmdriftError(f"{flag} must be positive, got {value}")
+    layers = parse_ints(args.layers, "--layers")
+    if ts is not None:
+        check_max_t(ts, args.max_t)
+    _precheck(args)
+
     import pandas as pd
 
     from . import kernels
     from .envinfo import environment
     from .models import describe
 
-    ts = parse_ints(args.ts, "--ts") or list(kernels.DEFAULT_TS)
-    if min(ts) < 1:
-        raise GemmdriftError(f"--ts: block sizes must be positive, got {min(ts)}")
-    for flag, value in (("--rows", args.rows), ("--max-t", args.max_t)):
-        if value < 1:
-            raise GemmdriftError(f"{flag} must be positive, got {value}")
-    layers = parse_ints(args.layers, "--layers")
+    ts = ts or list(kernels.DEFAULT_TS)
+    check_max_t(ts, args.max_t)
     names = args.projections.split(",") if args.projections else None
     paths = args.paths.split(",")
     for p in paths:
@@ -233,17 +266,37 @@ def _triage_lines(t: dict) -> list[str]:
     return [("  " if i else "") + x.replace("`", "").replace("**", "") for i, x in enumerate(triage_items(t))]
 
 
+def _context_text(name: str) -> str:
+    from .prompts import builtin_text
+
+    try:
+        return builtin_text(name)
+    except (FileNotFoundError, OSError):
+        raise GemmdriftError(f"--context {name!r}: no such built-in text (try essay)") from None
+
+
 def cmd_diverge(args) -> int:
-    from . import files, plots
-    from .diverge import divergence_stats, diverge, stats_summary, write_divergence
-    from .envinfo import environment
-    from .models import describe
-    from .prompts import builtin_prompts, builtin_text, read_prompts
+    from .checks import check_length
+    from .prompts import builtin_prompts, read_prompts
 
     for flag, value in (("--n", args.n), ("--k", args.k), ("--prefill-a", args.prefill_a),
                         ("--prefill-b", args.prefill_b)):
         if value <= 0:
             raise GemmdriftError(f"{flag} must be positive, got {value}")
+    _precheck(args)
+    texts = None
+    if args.prompts is not None:
+        if any(x is not None for x in (args.prompt, args.prompt_file, args.prompt_ids)):
+            raise GemmdriftError("--prompts is a prompt set: give it without --prompt, --prompt-file or --prompt-ids")
+        texts = builtin_prompts() if args.prompts == "builtin" else read_prompts(args.prompts)
+        if args.context is not None:
+            _context_text(args.context)
+
+    from . import files, plots
+    from .diverge import divergence_stats, diverge, stats_summary, write_divergence
+    from .envinfo import environment
+    from .models import describe
+
     lm = _load(args)
     draft = _load_draft(args)
     opts = dict(k=args.k, draft=draft, prefill_a=args.prefill_a, prefill_b=args.prefill_b, plain_vs=args.compare,
@@ -252,12 +305,13 @@ def cmd_diverge(args) -> int:
     out = Path(args.out)
     env = environment()
     print(f"gemmdrift diverge: {describe(lm.info)}", file=sys.stderr)
-    if args.prompts is not None:
-        texts = builtin_prompts() if args.prompts == "builtin" else read_prompts(args.prompts)
+    if texts is not None:
         if lm.tokenizer is None:
             raise GemmdriftError("--prompts needs a model with a tokenizer")
-        prefix = "" if args.context is None else builtin_text(args.context) + "\n\n"
+        prefix = "" if args.context is None else _context_text(args.context) + "\n\n"
         ids = [lm.tokenizer.encode(prefix + t) for t in texts]
+        for i, x in enumerate(ids):
+            check_length(lm.info, len(x) + args.n, f"prompt {i} with --n {args.n}")
         df = divergence_stats(lm, ids, args.n, checkpoint=out / "prompts", labels=[str(i) for i in range(len(ids))],
                               do_triage=not args.no_triage, **opts)
         summary = stats_summary(df)
@@ -277,6 +331,7 @@ def cmd_diverge(args) -> int:
         _emit(args, summary, text)
         return 0
     ids, label = _tokens(args, lm)
+    check_length(lm.info, len(ids) + args.n, f"the prompt with --n {args.n}")
     r = diverge(lm, ids, args.n, do_triage=not args.no_triage, **opts)
     write_divergence(r, out, env, ids, {"model": lm.info, "prompt": label, "n": args.n, **record})
     lines = [f"A ({r['stream_a']['label']}, {r['stream_a']['schedule']}): {r['text_a']!r}",
@@ -293,15 +348,24 @@ def cmd_diverge(args) -> int:
 
 
 def cmd_triage(args) -> int:
-    from . import files, plots
-    from .diverge import read_stream, triage
-    from .envinfo import environment
+    from .checks import check_length
+    from .prompts import read_stream
+    from .schedules import parse_schedule
 
-    lm = _load(args)
+    # The stream files, schedules and flags are read and checked before the model loads.
     pa, sa = read_stream(args.stream_a)
     pb, sb = read_stream(args.stream_b)
     if pa is not None and pb is not None and pa != pb:
         raise GemmdriftError("the two stream files have unequal prompts")
+    parse_schedule(args.schedule_a)
+    parse_schedule(args.schedule_b)
+    _precheck(args)
+
+    from . import files, plots
+    from .diverge import triage
+    from .envinfo import environment
+
+    lm = _load(args)
     given = any(x is not None for x in (args.prompt, args.prompt_file, args.prompt_ids))
     if given:
         prompt, _ = _tokens(args, lm)
@@ -311,6 +375,7 @@ def cmd_triage(args) -> int:
         prompt = pa if pa is not None else pb
         if prompt is None:
             raise GemmdriftError("the stream files carry no prompt: give --prompt, --prompt-file or --prompt-ids")
+    check_length(lm.info, len(prompt) + max(len(sa), len(sb)), "the prompt and the longer stream")
     t = triage(lm, prompt, sa, sb, args.schedule_a, args.schedule_b, envelope=args.envelope).as_dict()
     files.save_figure(Path(args.out) / "triage.png", plots.triage(t))
     files.write_json(Path(args.out) / "triage.json", {"env": environment(), "triage": t})
@@ -319,6 +384,9 @@ def cmd_triage(args) -> int:
 
 
 def cmd_run(args) -> int:
+    from .checks import check_out_dir
+
+    check_out_dir(args.out)
     from .envinfo import select_device
     from .suite import main_job
 
@@ -340,6 +408,9 @@ def cmd_report(args) -> int:
 
 
 def cmd_history(args) -> int:
+    from .checks import check_out_dir
+
+    check_out_dir(args.out)
     from . import files
     from .history import (history_table, latest_per_version, layer_profiles, plot_history, plot_layer_profile,
                           read_results, tracked)
@@ -371,13 +442,17 @@ def cmd_history(args) -> int:
 
 
 def cmd_gate(args) -> int:
-    from . import files
-    from .history import check_gate_versions, gate, read_results
-    from .report import text_table
+    from .checks import check_gate_versions, check_out_dir
 
     if not args.threshold >= 0:
         raise GemmdriftError(f"--threshold must be a non-negative fraction, got {args.threshold}")
     check_gate_versions(args.candidate, args.baseline)
+    if args.out:
+        check_out_dir(args.out)
+    from . import files
+    from .history import gate, read_results
+    from .report import text_table
+
     df = read_results(args.results)
     g = gate(df, candidate=args.candidate, baseline=args.baseline, threshold=args.threshold, include=args.include)
     bad = g[g["regression"]]

@@ -32,6 +32,7 @@ import numpy as np
 from . import metrics
 from .errors import GemmdriftError
 from .result import Verdict
+from .prompts import read_stream  # noqa: F401  (read before the model loads; kept here for callers)
 from .schedules import parse_schedule
 from .taps import common_prefix, run_schedule
 
@@ -223,6 +224,9 @@ def triage(lm, prompt: Sequence[int], stream_a: Sequence[int], stream_b: Sequenc
         envelope: a known envelope (max |Δgap|, logits); measured here when None.
         envelope_positions: at most this many positions before the divergence make the envelope.
     """
+    from .checks import check_envelope
+
+    check_envelope(envelope, "envelope")
     vocab = lm.info.get("vocab_size")
     for name, s in (("prompt", prompt), ("stream A", stream_a), ("stream B", stream_b)):
         for t in s:
@@ -366,32 +370,6 @@ def write_divergence(r: dict[str, Any], out, env: dict[str, Any], prompt: Sequen
         written["fig_triage"] = files.save_figure(out / "triage.png", plots.triage(r["triage"]))
     written["diverge"] = files.write_json(out / "diverge.json", r)  # last: it marks the directory as a result
     return written
-
-
-def read_stream(path: str) -> tuple[list[int] | None, list[int]]:
-    """A stream file: a JSON list / whitespace-separated ids (generated tokens), or
-    ``{"prompt": [...], "tokens": [...]}``. Returns (prompt or None, tokens)."""
-    import json
-    from pathlib import Path
-
-    from .prompts import parse_token_ids
-
-    p = Path(path).expanduser()
-    try:
-        text = p.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise GemmdriftError(f"cannot read stream file {p}: {e}") from None
-    if text.lstrip().startswith("{"):
-        try:
-            obj = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise GemmdriftError(f"{p}: not valid JSON ({e.msg})") from None
-        if "tokens" not in obj:
-            raise GemmdriftError(f"{p}: a stream object needs a 'tokens' list")
-        prompt = obj.get("prompt")
-        return (parse_token_ids(json.dumps(prompt), f"{p} prompt") if prompt is not None else None,
-                parse_token_ids(json.dumps(obj["tokens"]), str(p)))
-    return None, parse_token_ids(text, str(p))
 
 
 def divergence_stats(lm, prompts: Sequence[Sequence[int]], n: int, *, checkpoint=None, labels=None,

@@ -27,6 +27,7 @@ from typing import Any
 
 import pandas as pd
 
+from .checks import check_gate_versions
 from .errors import GemmdriftError
 
 VERSION_BENCH = "bench_env.track_mlx_version"
@@ -189,13 +190,6 @@ def history_table(df: pd.DataFrame) -> pd.DataFrame:
     natural = [tuple(int(p) if p.isdigit() else p for p in re.split(r"(\d+)", str(x))) for x in wide["series"]]
     order = sorted(range(len(wide)), key=lambda i: (wide["machine"].iloc[i], wide["backend"].iloc[i], natural[i]))
     return wide.iloc[order].reset_index(drop=True)
-
-
-def check_gate_versions(candidate: str | None, baseline: str | None) -> None:
-    """Refuse to gate a release against itself: that comparison passes whatever the release does."""
-    if candidate is not None and baseline is not None and version_key(candidate) == version_key(baseline):
-        raise GemmdriftError(f"--candidate {candidate} and --baseline {baseline} are the same release: "
-                             "comparing a release with itself proves nothing")
 
 
 def gate(df: pd.DataFrame, candidate: str | None = None, baseline: str | None = None,

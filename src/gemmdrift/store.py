@@ -23,27 +23,11 @@ from typing import Any
 import pandas as pd
 
 from . import files
+from .checks import check_out_dir  # noqa: F401  (store.check_out_dir: checks run before pandas loads)
 from .errors import GemmdriftError
 from .result import FORMAT, Result, tidy
 
 MARKER = "result.json"
-
-
-def check_out_dir(out: str | Path) -> Path:
-    """Fail early (before any computation) when ``out`` cannot become a results directory."""
-    import os
-
-    out = Path(out)
-    probe = out
-    while not probe.exists():
-        if probe.parent == probe:
-            break
-        probe = probe.parent
-    if probe.exists() and not probe.is_dir():
-        raise GemmdriftError(f"--out {out}: {probe} is a file, not a directory")
-    if probe.exists() and not os.access(probe, os.W_OK | os.X_OK):
-        raise GemmdriftError(f"--out {out}: {probe} is not writable")
-    return out
 
 
 def write_result(result: Result, out: str | Path, *, draw: bool = True) -> dict[str, Path]:

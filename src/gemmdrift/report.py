@@ -207,13 +207,22 @@ def find_parts(d: Path) -> list[tuple[Path, str]]:
     return [(p, k) for p, k in subs if k]
 
 
-def _json(path: Path) -> Any:
+def _json(path: Path, need: tuple[str, ...] = ()) -> dict[str, Any] | None:
+    """A JSON object a command wrote; None if the file is absent. A corrupt one is refused by name
+    (a page of "None" would look like a result)."""
     import json
 
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
+    if not path.is_file():
         return None
+    try:
+        obj = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise GemmdriftError(f"{path} is corrupt ({e.__class__.__name__}): rerun the command that wrote it") from None
+    missing = [k for k in need if not isinstance(obj, dict) or k not in obj]
+    if not isinstance(obj, dict) or missing:
+        what = f"lacks {', '.join(missing)}" if isinstance(obj, dict) else f"holds a {type(obj).__name__}"
+        raise GemmdriftError(f"{path} is corrupt (it {what}): rerun the command that wrote it")
+    return obj
 
 
 def _figures(d: Path, root: Path, kind: str) -> list[Block]:
@@ -276,8 +285,8 @@ def _kernels_part(d: Path, env: dict[str, Any]) -> tuple[list[Block], list[str]]
 
 
 def _stack_part(d: Path, env: dict[str, Any]) -> tuple[list[Block], list[str]]:
-    summ = _json(d / "summary.json") or {}
-    meta = _json(d / "meta.json") or {}
+    summ = _json(d / "summary.json", need=("tokens", "reference", "pairs")) or {}
+    meta = _json(d / "meta.json", need=("inputs",)) or {}
     model = (meta.get("inputs") or {}).get("model") or {}
     window = model.get("sliding_window")
     positions = pd.read_csv(d / "positions.csv") if (d / "positions.csv").is_file() else pd.DataFrame()

@@ -165,3 +165,27 @@ def test_a_stream_longer_than_the_model_is_refused_before_computing(tmp_path):
     ids.write_text(" ".join(["1"] * 40_000))
     r = gd("stack", "--model", "shape:gemma3-270m", "--prompt-ids", str(ids), "--out", str(tmp_path / "o"))
     assert_user_error(r, "more than the model's 32,768 positions")
+
+
+def test_run_refuses_to_resume_a_directory_made_with_other_inputs(tmp_path):
+    # Regression: `run --out d --dtype float16` on a directory run at bfloat16 resumed it, mixing parts
+    # of both under one label. A corrupt done.json crashed the resume instead of redoing that part.
+    from gemmdrift import suite
+
+    out = tmp_path / "run"
+    out.mkdir()
+    import importlib.metadata as md
+
+    (out / "run.json").write_text(json.dumps({"model": "embedded", "dtype": "bfloat16", "sizes": "quick",
+                                              "mlx": md.version("mlx"), "mlx_lm": md.version("mlx-lm")}))
+    for args, needle in ((["--dtype", "float16"], "dtype 'bfloat16' (now 'float16')"),
+                         (["--sizes", "cpu"], "sizes 'quick' (now 'cpu')"),
+                         (["--model", "shape:gemma3-270m"], "model 'embedded'")):
+        r = gd("run", "--sizes", "quick", "--out", str(out), *args)
+        assert_user_error(r, needle)
+    (out / "run.json").write_text("[")
+    assert_user_error(gd("run", "--sizes", "quick", "--out", str(out)), "run.json is corrupt")
+    part = tmp_path / "part"
+    part.mkdir()
+    (part / "done.json").write_text("{")
+    assert not suite._done(part, "k") and not (part / "done.json").exists()

@@ -212,3 +212,24 @@ def test_streams_that_never_part_past_the_envelope_window_are_identical():
     t = dv.triage(lm, [1, 2, 3], a, b, "prefill:2048,decode", "prefill:512,verify:2")
     assert t.index == 75 and t.verdict == Verdict.OUTSIDE and t.stream_b_check["first_outside"] == 75
     assert not any("tap None" in x for x in triage_items(t.as_dict()))
+
+
+def test_a_corrupt_prompt_checkpoint_is_discarded_and_resume_keys_name_the_dtype(tmp_path, monkeypatch, capsys):
+    # Regression: a corrupt prompt JSON crashed `diverge --prompts` on resume, and a resume with
+    # another --dtype reused rows computed at the first dtype (the key did not name the model or dtype).
+    lm = near_tie_model()
+    prompts = [list(range(10, 22))]
+    first = dv.divergence_stats(lm, prompts, 8, checkpoint=tmp_path, k=2)
+    [row] = list(tmp_path.glob("prompt-*.json"))
+    row.write_text('{"prompt": "0"')
+    capsys.readouterr()
+    again = dv.divergence_stats(lm, prompts, 8, checkpoint=tmp_path, k=2)
+    assert f"checkpoint {row} is corrupt" in capsys.readouterr().err
+    assert again.equals(first)
+    other = near_tie_model()
+    other.info["dtype"] = "float16"
+    calls = []
+    real = dv.diverge
+    monkeypatch.setattr(dv, "diverge", lambda *a, **k: calls.append(1) or real(*a, **k))
+    dv.divergence_stats(other, prompts, 8, checkpoint=tmp_path, k=2)
+    assert calls == [1] and len(list(tmp_path.glob("prompt-*.json"))) == 2

@@ -331,3 +331,20 @@ def test_fp32_probe_tells_tf32_from_float32(monkeypatch):
     import os
 
     assert os.environ["MLX_ENABLE_TF32"] == "0" and not envinfo.force_true_float32()
+
+
+def test_a_corrupt_stack_checkpoint_is_discarded_and_recomputed(tmp_path, capsys):
+    # Regression: a corrupt .npz checkpoint crashed the resume with a traceback.
+    lm = make_tiny("float32")
+    kwargs = dict(split=10, ladder=False, local=False, checkpoint=tmp_path)
+    first = measure_stack(lm, TOKENS[:24], ["prefill:5,decode", "prefill:5,verify:2"], **kwargs)
+    victim = sorted(tmp_path.glob("*.npz"))[0]
+    victim.write_bytes(victim.read_bytes()[:100])  # truncated
+    capsys.readouterr()
+    again = measure_stack(lm, TOKENS[:24], ["prefill:5,decode", "prefill:5,verify:2"], **kwargs)
+    err = capsys.readouterr().err
+    assert f"checkpoint {victim} is corrupt" in err and err.count("done before (resumed)") == 1
+    assert again.table.equals(first.table)
+    from gemmdrift.taps import load_taps
+
+    load_taps(victim)  # rewritten whole

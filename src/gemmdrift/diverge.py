@@ -399,12 +399,23 @@ def divergence_stats(lm, prompts: Sequence[Sequence[int]], n: int, *, checkpoint
         label = labels[i] if labels else str(i)
         # The draft is a model object: key it by whether there is one, not by its repr.
         opts = sorted((k, str(v) if k != "draft" else ("self" if v is None else "separate")) for k, v in kwargs.items())
-        key = hashlib.sha256(json.dumps([list(map(int, prompt)), n, opts]).encode()).hexdigest()[:16]
+        # The model and its dtype too: a resume with another --dtype must not reuse these rows.
+        model = [lm.info.get(k) for k in ("source", "path", "dtype", "quantization")]
+        key = hashlib.sha256(json.dumps([list(map(int, prompt)), n, opts, model], default=str).encode()).hexdigest()[:16]
         path = Path(checkpoint) / f"prompt-{i:03d}-{key}.json" if checkpoint else None
         if path is not None and path.exists():
-            rows.append(json.loads(path.read_text()))
-            print(f"  prompt {i}: done before (resumed)", file=sys.stderr)
-            continue
+            from .files import discard_checkpoint
+
+            try:
+                row = json.loads(path.read_text())
+                if not isinstance(row, dict) or not {"prompt", "first_divergence", "verdict"} <= row.keys():
+                    raise ValueError("not a prompt row")
+            except (OSError, UnicodeDecodeError, ValueError) as e:
+                discard_checkpoint(path, str(e)[:80])
+            else:
+                rows.append(row)
+                print(f"  prompt {i}: done before (resumed)", file=sys.stderr)
+                continue
         print(f"gemmdrift diverge: prompt {i + 1}/{len(prompts)} ({len(prompt)} tokens)", file=sys.stderr, flush=True)
         r = diverge(lm, prompt, n, **kwargs)
         t = r.get("triage") or {}

@@ -64,9 +64,17 @@ def _run(model, tokens, schedule, *, checkpoint: Path | None = None, key: str = 
     mode = "local" if kw.get("reference") is not None else "run"
     path = checkpoint / f"{key}.npz" if checkpoint is not None else None
     if path is not None and path.exists():
-        taps = load_taps(path)
-        print(f"  {mode:5s} {schedule:28s} done before (resumed)", file=sys.stderr, flush=True)
-        return taps
+        import zipfile
+
+        from .files import discard_checkpoint
+
+        try:
+            taps = load_taps(path)
+        except (OSError, ValueError, KeyError, TypeError, EOFError, zipfile.BadZipFile) as e:
+            discard_checkpoint(path, e.__class__.__name__)
+        else:
+            print(f"  {mode:5s} {schedule:28s} done before (resumed)", file=sys.stderr, flush=True)
+            return taps
     bar = _progress(f"{schedule}{' (local)' if mode == 'local' else ''}", len(tokens))
     try:
         taps = run_schedule(model, tokens, schedule, progress=bar.update, **kw)

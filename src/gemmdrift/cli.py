@@ -407,6 +407,17 @@ def cmd_report(args) -> int:
     return 0
 
 
+def _results_dirs(args) -> list[str]:
+    """--results, or this checkout's .asv/results, or the committed reference results (said on stderr)."""
+    if args.results:
+        return args.results
+    from .history import default_results
+
+    d, why = default_results()
+    print(f"gemmdrift {args.command}: {why}", file=sys.stderr)
+    return [str(d)]
+
+
 def cmd_history(args) -> int:
     from .checks import check_out_dir
 
@@ -416,7 +427,7 @@ def cmd_history(args) -> int:
                           read_results, tracked)
     from .report import text_table
 
-    df = read_results(args.results)
+    df = read_results(_results_dirs(args))
     out = Path(args.out)
     t = latest_per_version(tracked(df))
     if args.include:
@@ -453,7 +464,7 @@ def cmd_gate(args) -> int:
     from .history import gate, read_results
     from .report import text_table
 
-    df = read_results(args.results)
+    df = read_results(_results_dirs(args))
     g = gate(df, candidate=args.candidate, baseline=args.baseline, threshold=args.threshold, include=args.include)
     bad = g[g["regression"]]
     if args.out:
@@ -470,6 +481,10 @@ def cmd_gate(args) -> int:
 
 
 # ------------------------------------------------------------------------- parser
+
+
+RESULTS_HELP = ("asv results directories, one or more (default: .asv/results if it holds results, else the "
+                "committed reference results in benchmarks/reference)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -553,13 +568,13 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=cmd_report)
 
     s = sub.add_parser("history", help="tracked figures against the mlx version, from asv's results")
-    s.add_argument("--results", default=".asv/results", help="asv results directory (default .asv/results)")
+    s.add_argument("--results", nargs="+", metavar="DIR", help=RESULTS_HELP)
     s.add_argument("--include", default="", help="only benchmarks whose name contains this text")
     _add_output(s, "results/history")
     s.set_defaults(func=cmd_history)
 
     s = sub.add_parser("gate", help="exit 1 if a tracked drift figure of an mlx release grew past the previous one")
-    s.add_argument("--results", default=".asv/results", help="asv results directory (default .asv/results)")
+    s.add_argument("--results", nargs="+", metavar="DIR", help=RESULTS_HELP)
     s.add_argument("--candidate", help="mlx version to judge (default: the newest with results)")
     s.add_argument("--baseline", help="mlx version to compare with (default: the release before the candidate)")
     s.add_argument("--threshold", type=float, default=0.10, help="allowed relative growth (default 0.10)")

@@ -23,7 +23,7 @@ import json
 import math
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import pandas as pd
 
@@ -62,12 +62,60 @@ def _param_value(text: str) -> Any:
         return text
 
 
-def read_results(results_dir: str | Path) -> pd.DataFrame:
+REFERENCE_RESULTS = Path("benchmarks") / "reference"  # committed asv results (see its README.md)
+LOCAL_RESULTS = Path(".asv") / "results"  # asv.conf.json's results_dir
+
+
+def project_root() -> Path | None:
+    """The checkout this runs in: the nearest directory up from here holding asv.conf.json
+    (the notebooks run from notebooks/), else the one this package sits in (src layout)."""
+    for base in (Path.cwd(), *Path.cwd().parents, Path(__file__).resolve().parents[2]):
+        if (base / "asv.conf.json").is_file():
+            return base
+    return None
+
+
+def default_results() -> tuple[Path, str]:
+    """(results directory, why): this checkout's .asv/results when it holds results, else the
+    committed reference results (four mlx releases on a Linux CPU, so a fresh clone has real data)."""
+    root = project_root()
+    if root is None:
+        raise GemmdriftError("no asv.conf.json here or above: give --results DIR (asv's results directory)")
+    local = root / LOCAL_RESULTS
+    if any(p.name != "machine.json" for p in local.glob("*/*.json")):
+        return local, f"asv results of this checkout ({local})"
+    ref = root / REFERENCE_RESULTS
+    if ref.is_dir():
+        return ref, (f"no asv results in {local}: the committed reference results ({ref}); "
+                     "run `asv run` for your own, or pass both with --results")
+    raise GemmdriftError(f"no asv results in {local} and no reference results in {ref} (run `asv run` first)")
+
+
+def read_results(results_dir: str | Path | Sequence[str | Path]) -> pd.DataFrame:
     """One row per (result file, benchmark, parameter combination) with its value.
+
+    Args:
+        results_dir: asv's results directory, or several (e.g. your own beside
+            the committed reference results). A machine is a subdirectory; the
+            same machine name in two directories is refused, since its results
+            would be drawn as one machine.
 
     Columns: machine, env, commit, date, mlx, mlx_pinned, mlx_lm, backend,
     benchmark, params, value, unit.
     """
+    if not isinstance(results_dir, (str, Path)):
+        dirs = [Path(d).expanduser() for d in results_dir]
+        if not dirs:
+            raise GemmdriftError("no asv results directory given")
+        seen: dict[str, Path] = {}
+        for d in dirs:
+            for m in (x for x in d.glob("*") if x.is_dir()):
+                if m.name in seen and seen[m.name].resolve() != d.resolve():
+                    raise GemmdriftError(f"machine {m.name!r} is in both {seen[m.name]} and {d}: results of two "
+                                         "machines would be drawn as one; rename one (asv machine --machine NAME)")
+                seen[m.name] = d
+        frames = [read_results(d) for d in dict.fromkeys(d.resolve() for d in dirs)]
+        return pd.concat(frames, ignore_index=True)
     root = Path(results_dir).expanduser()
     if not root.is_dir():
         raise GemmdriftError(f"no asv results directory at {root} (run `asv run` first)")

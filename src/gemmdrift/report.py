@@ -115,6 +115,9 @@ def print_stack(result: StackResult) -> str:
         lines.append("\n== precision ladder (rel_l2 at the logits and the last layer)")
         last = result.ladder[result.ladder["tap"].isin(["logits", "norm"])]
         lines.append(text_table(last))
+        rung = result.inputs.get("ladder_float32")
+        if rung:
+            lines.append(f"float32 rung: {rung['why']}")
     return "\n".join(lines)
 
 

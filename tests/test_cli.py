@@ -120,3 +120,72 @@ def test_run_quick_writes_the_report_and_resumes(tmp_path):
         assert (out / part / "done.json").exists()
     again = gd("run", "--sizes", "quick", "--out", str(out))
     assert again.returncode == 0 and again.stderr.count("done before (resumed)") == 4
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["stack", "--out", "{file}"], "is a file, not a directory"),
+    (["gate", "--out", "{file}/sub"], "is a file, not a directory"),
+    (["run", "--out", "{file}"], "is a file, not a directory"),
+    (["stack", "--prompt", "", "--out", "{tmp}/o"], "--prompt is empty"),
+    (["stack", "--prompt-file", "{tmp}/missing.txt", "--out", "{tmp}/o"], "no such file"),
+    (["stack", "--positions", "35:30", "--out", "{tmp}/o"], "reversed"),
+    (["stack", "--split", "0", "--out", "{tmp}/o"], "--split must be positive"),
+    (["kernels", "--layers", "3-1", "--out", "{tmp}/o"], "reversed"),
+    (["kernels", "--ts", "64,128", "--max-t", "32", "--out", "{tmp}/o"], "below every block size"),
+    (["diverge", "--envelope", "nan", "--out", "{tmp}/o"], "--envelope must be a finite non-negative"),
+    (["diverge", "--envelope", "-0.5", "--out", "{tmp}/o"], "--envelope must be a finite non-negative"),
+    (["diverge", "--prompts", "builtin", "--context", "nosuchtext", "--out", "{tmp}/o"], "no such built-in text"),
+    (["triage", "--stream-a", "{file}", "--stream-b", "{bad}", "--out", "{tmp}/o"], "not an integer"),
+    (["triage", "--stream-a", "{file}", "--stream-b", "{file}", "--envelope", "inf", "--out", "{tmp}/o"],
+     "--envelope must be a finite non-negative"),
+])
+def test_bad_input_is_refused_before_any_model_loads(tmp_path, args, needle):
+    # Regression: these were accepted and failed (or ran on) only after the model loaded and computed:
+    # an --out that is a file raised NotADirectoryError after the run (exit 1, a gate "regression"),
+    # --envelope nan gave a matplotlib traceback, a negative one OUTSIDE ENVELOPE on identical streams,
+    # reversed ranges and an empty prompt were not named, --max-t below every --ts exited 0 on an empty sweep.
+    import time
+
+    f = tmp_path / "file.txt"
+    f.write_text("[1, 2, 3]")
+    bad = tmp_path / "bad.txt"
+    bad.write_text("1 2 x")
+    args = [a.format(file=f, bad=bad, tmp=tmp_path) for a in args]
+    t0 = time.perf_counter()
+    r = gd(*args)
+    seconds = time.perf_counter() - t0
+    assert_user_error(r, needle)
+    assert seconds < 2.0, f"{args}: refused after {seconds:.1f} s"
+    assert not (tmp_path / "o").exists()
+
+
+def test_a_stream_longer_than_the_model_is_refused_before_computing(tmp_path):
+    # Regression: a 10-million-token id file was accepted and ran silently for minutes.
+    ids = tmp_path / "ids.txt"
+    ids.write_text(" ".join(["1"] * 40_000))
+    r = gd("stack", "--model", "shape:gemma3-270m", "--prompt-ids", str(ids), "--out", str(tmp_path / "o"))
+    assert_user_error(r, "more than the model's 32,768 positions")
+
+
+def test_run_refuses_to_resume_a_directory_made_with_other_inputs(tmp_path):
+    # Regression: `run --out d --dtype float16` on a directory run at bfloat16 resumed it, mixing parts
+    # of both under one label. A corrupt done.json crashed the resume instead of redoing that part.
+    from gemmdrift import suite
+
+    out = tmp_path / "run"
+    out.mkdir()
+    import importlib.metadata as md
+
+    (out / "run.json").write_text(json.dumps({"model": "embedded", "dtype": "bfloat16", "sizes": "quick",
+                                              "mlx": md.version("mlx"), "mlx_lm": md.version("mlx-lm")}))
+    for args, needle in ((["--dtype", "float16"], "dtype 'bfloat16' (now 'float16')"),
+                         (["--sizes", "cpu"], "sizes 'quick' (now 'cpu')"),
+                         (["--model", "shape:gemma3-270m"], "model 'embedded'")):
+        r = gd("run", "--sizes", "quick", "--out", str(out), *args)
+        assert_user_error(r, needle)
+    (out / "run.json").write_text("[")
+    assert_user_error(gd("run", "--sizes", "quick", "--out", str(out)), "run.json is corrupt")
+    part = tmp_path / "part"
+    part.mkdir()
+    (part / "done.json").write_text("{")
+    assert not suite._done(part, "k") and not (part / "done.json").exists()

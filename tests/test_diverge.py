@@ -189,3 +189,49 @@ def test_divergence_stats_resume_from_checkpoint(tmp_path, monkeypatch):
     monkeypatch.setattr(dv, "diverge", fail)
     again = dv.divergence_stats(lm, prompts, 16, checkpoint=tmp_path, k=2)
     assert again.equals(df)
+
+
+def test_streams_that_never_part_past_the_envelope_window_are_identical():
+    # Regression: streams agreeing for more than 64 tokens made triage fail with "position has no
+    # logits in this run" (the logits started at the envelope window, not at the first generated token).
+    from gemmdrift.report import triage_items
+    from gemmdrift.result import Verdict
+
+    lm = make_tiny("float32")
+    a = dv.generate_plain(lm.model, [1, 2, 3], 80).tokens
+    t = dv.triage(lm, [1, 2, 3], a, a, "prefill:2048,decode", "prefill:512,verify:2")
+    assert t.verdict == Verdict.IDENTICAL and t.index is None and t.lengths == [80, 80]
+    # Each stream is still checked against its own schedule, at every generated token.
+    assert t.stream_a_check["tokens"] == 80 and t.stream_b_check["tokens"] == 80
+    assert t.stream_a_check["first_outside"] is None and t.stream_b_check["first_outside"] is None
+    # Unequal lengths are said, and the longer one is still checked whole.
+    t = dv.triage(lm, [1, 2, 3], a, a[:70], "prefill:2048,decode", "prefill:512,verify:2")
+    assert t.verdict == Verdict.IDENTICAL and t.lengths == [80, 70] and "80" in t.reason and "70" in t.reason
+    assert t.stream_a_check["tokens"] == 80
+    assert any("unequal lengths" in x for x in triage_items(t.as_dict()))
+    # A late divergence (past the window too) is judged, not a crash; a token the model never picks is outside.
+    b = a[:75] + [(a[75] + 1) % 97] + a[76:]
+    t = dv.triage(lm, [1, 2, 3], a, b, "prefill:2048,decode", "prefill:512,verify:2")
+    assert t.index == 75 and t.verdict == Verdict.OUTSIDE and t.stream_b_check["first_outside"] == 75
+    assert not any("tap None" in x for x in triage_items(t.as_dict()))
+
+
+def test_a_corrupt_prompt_checkpoint_is_discarded_and_resume_keys_name_the_dtype(tmp_path, monkeypatch, capsys):
+    # Regression: a corrupt prompt JSON crashed `diverge --prompts` on resume, and a resume with
+    # another --dtype reused rows computed at the first dtype (the key did not name the model or dtype).
+    lm = near_tie_model()
+    prompts = [list(range(10, 22))]
+    first = dv.divergence_stats(lm, prompts, 8, checkpoint=tmp_path, k=2)
+    [row] = list(tmp_path.glob("prompt-*.json"))
+    row.write_text('{"prompt": "0"')
+    capsys.readouterr()
+    again = dv.divergence_stats(lm, prompts, 8, checkpoint=tmp_path, k=2)
+    assert f"checkpoint {row} is corrupt" in capsys.readouterr().err
+    assert again.equals(first)
+    other = near_tie_model()
+    other.info["dtype"] = "float16"
+    calls = []
+    real = dv.diverge
+    monkeypatch.setattr(dv, "diverge", lambda *a, **k: calls.append(1) or real(*a, **k))
+    dv.divergence_stats(other, prompts, 8, checkpoint=tmp_path, k=2)
+    assert calls == [1] and len(list(tmp_path.glob("prompt-*.json"))) == 2

@@ -152,3 +152,58 @@ def test_cli_gate_exit_status_and_history_figures(results, tmp_path):
     assert all((tmp_path / "h" / "figures").glob("*.png"))
     r = run("gate", "--results", str(tmp_path / "none"))
     assert r.returncode == 2 and "no asv results" in r.stderr
+
+
+def test_gate_refuses_a_release_against_itself(results):
+    # Regression: `gate --candidate X --baseline X` compared a release with itself and passed.
+    df = history.read_results(results)
+    with pytest.raises(GemmdriftError, match="same release"):
+        history.gate(df, candidate="0.32.4", baseline="0.32.4")
+    r = subprocess.run([sys.executable, "-m", "gemmdrift", "gate", "--results", str(results), "--candidate", "0.32.4",
+                        "--baseline", "0.32.4"], capture_output=True, text=True)
+    assert r.returncode == 2 and "same release" in r.stderr and "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize("layout,cli", [
+    ({"result_columns": ["params"], "results": {"b.track_x": [[1.0], []]}}, True),  # no "result" column
+    ({"result_columns": COLUMNS, "results": ["not", "a", "dict"]}, False),
+    ({"result_columns": COLUMNS, "results": {"b.track_x": 3.0}}, False),  # an entry that is not a list
+    ({"result_columns": COLUMNS, "results": {"b.track_x": [["abc"], []]}}, False),  # a value that is not a number
+    ({"result_columns": 7, "results": {}}, False),
+])
+def test_asv_results_with_a_wrong_layout_are_one_line_exit_2(results, layout, cli):
+    # Regression: valid JSON in another layout crashed history/gate with a traceback and exit 1,
+    # the exit status of a gate FAIL.
+    (results / "m1" / "cccccccc-env-x.json").write_text(json.dumps(layout))
+    with pytest.raises(GemmdriftError, match="cccccccc-env-x.json"):
+        history.read_results(results)
+    for cmd in ("gate", "history") if cli else ():
+        r = subprocess.run([sys.executable, "-m", "gemmdrift", cmd, "--results", str(results), "--out",
+                            str(results.parent / "o")], capture_output=True, text=True)
+        assert r.returncode == 2 and "Traceback" not in r.stderr and "layout" in r.stderr, r.stderr
+        assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_without_local_results_history_uses_the_committed_reference_results(tmp_path, monkeypatch):
+    # Regression: on a fresh clone (no .asv/results) `history` and `gate` had no data at all.
+    (tmp_path / "asv.conf.json").write_text("{}")
+    ref = tmp_path / "benchmarks" / "reference"
+    write_result(ref, "reference-linux-cpu", "aaaaaaaa", "0.31.2", 1, (0.5, 0.25), [0.0, 0.01], 0.60)
+    write_result(ref, "reference-linux-cpu", "bbbbbbbb", "0.32.4", 2, (0.5, 0.25), [0.0, 0.01], 0.60)
+    (tmp_path / "notebooks").mkdir()
+    monkeypatch.chdir(tmp_path / "notebooks")  # where the notebooks run
+    d, why = history.default_results()
+    assert d == ref and "reference" in why
+    r = subprocess.run([sys.executable, "-m", "gemmdrift", "gate"], capture_output=True, text=True, cwd=tmp_path)
+    assert r.returncode == 0 and "PASS" in r.stdout and "committed reference results" in r.stderr, r.stderr
+    # Your own results win once there are some; both can be read together, one line per machine.
+    local = tmp_path / ".asv" / "results"
+    write_result(local, "my-mac", "cccccccc", "0.32.4", 3, (0.1, 0.1), [0.0, 0.0], 0.9)
+    assert history.default_results()[0] == local
+    df = history.read_results([local, ref])
+    assert set(df["machine"]) == {"my-mac", "reference-linux-cpu"}
+    assert set(history.gate(df)["machine"]) == {"reference-linux-cpu"}  # my-mac has no older release to compare
+    # The same machine name in two directories would draw two machines as one: refused.
+    write_result(local, "reference-linux-cpu", "dddddddd", "0.32.4", 4, (0.1, 0.1), [0.0, 0.0], 0.9)
+    with pytest.raises(GemmdriftError, match="is in both"):
+        history.read_results([local, ref])

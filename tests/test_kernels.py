@@ -470,3 +470,20 @@ def test_ops_thresholds_follow_the_metal_sdpa_rule():
     assert origin.startswith("Metal (reference)")
     assert kernels.ops_thresholds(rows(8, 1), env)[0]["sdpa"][0][0] == 5  # 5 * 8 > 32
     assert kernels.ops_thresholds(rows(8, 1), {"backend": "cpu", "mlx": "0.29.4"})[0] == {}  # rules not read
+
+
+@pytest.mark.parametrize("damage", ["garbage", "empty", "record"])
+def test_a_corrupt_kernels_checkpoint_is_discarded_and_recomputed(tiny, tmp_path, capsys, damage):
+    # Regression: a corrupt unit CSV (or sweep.json) crashed the resume with a traceback.
+    projs = kernels.projections(tiny, layers=[0], names=["q_proj"])
+    inputs = kernels.capture_inputs(tiny, _tokens(), projs, max_rows=4, synthetic=False)
+    first = kernels.sweep(tiny, inputs, projs, ["model"], ts=[1, 2, 3], checkpoint=tmp_path)
+    [unit] = list((tmp_path / "units").glob("*.csv"))
+    victim = {"garbage": unit, "empty": unit, "record": tmp_path / "sweep.json"}[damage]
+    victim.write_text({"garbage": "a,b\n1,2\n", "empty": "", "record": "{not json"}[damage])
+    capsys.readouterr()
+    again = kernels.sweep(tiny, inputs, projs, ["model"], ts=[1, 2, 3], checkpoint=tmp_path)
+    assert "is corrupt" in capsys.readouterr().err
+    cols = ["layer", "projection", "path", "T", "metric", "value"]
+    assert again[cols].equals(first[cols])
+    assert unit.is_file() and json.loads((tmp_path / "sweep.json").read_text())["ts"] == [1, 2, 3]

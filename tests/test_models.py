@@ -211,3 +211,22 @@ def test_shape_models_are_synthetic_and_lazy():
     assert time.perf_counter() - t0 < 30
     assert big.n_layers == 60 and big.info["hidden_size"] == 5376 and big.synthetic
     assert big.info["layer_types"] == (["sliding"] * 5 + ["global"]) * 10
+
+
+def test_conversion_progress_goes_to_stderr(tmp_path, monkeypatch, capsys):
+    # Regression: "gemmdrift: converting ...gguf" went to stdout, so the first `--json` run on a fresh
+    # cache printed invalid JSON.
+    class Stop(Exception):
+        pass
+
+    def stop(path):
+        raise Stop
+
+    monkeypatch.setenv("GEMMDRIFT_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(gguf_gemma, "_reader", stop)  # stop right after the progress line
+    f = tmp_path / "m.gguf"
+    f.write_bytes(b"GGUF")
+    with pytest.raises(Stop):
+        gguf_gemma.converted_dir(f)
+    out, err = capsys.readouterr()
+    assert out == "" and "converting m.gguf" in err

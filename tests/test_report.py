@@ -204,3 +204,18 @@ def test_a_partial_run_directory_says_what_is_missing(tiny, tmp_path):
     assert lines[-3:] == [f"`{name}/` has not finished: rerun `gemmdrift run` with the same `--out` to resume it."
                           for name in ("stack-decode", "stack-prefill", "diverge")]
     assert [b[1] for b in report.report_blocks(tmp_path) if b[0] == "h2"][1] == report.PART_TITLES["kernels"]
+
+
+@pytest.mark.parametrize("name,content", [("summary.json", "{truncated"), ("meta.json", "[1, 2]"),
+                                          ("summary.json", '{"pairs": []}')])
+def test_report_refuses_a_corrupt_json_file_by_name(tmp_path, name, content):
+    # Regression: `report` on a directory with a corrupt summary.json or meta.json succeeded silently
+    # and rendered "None" where the numbers belong.
+    lm = make_tiny("bfloat16")
+    r = measure_stack(lm, TOKENS[:8], ["prefill:4,decode", "prefill:4,verify:2"], split=4, local=False, env=ENV)
+    store.write_result(r, tmp_path)
+    report.report_blocks(tmp_path)  # intact: fine
+    (tmp_path / name).write_text(content)
+    with pytest.raises(GemmdriftError, match=re.escape(str(tmp_path / name)) + " is corrupt"):
+        report.build_report(tmp_path)
+    assert not (tmp_path / "report.md").exists()

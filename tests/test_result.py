@@ -66,7 +66,7 @@ def test_read_refuses_incomplete_or_corrupt(tmp_path):
         read_result(tmp_path)
     write_result(_result(), tmp_path, draw=False)
     (tmp_path / "figures.json").write_text("{not json")
-    with pytest.raises(GemmdriftError, match="figures.json: unreadable"):
+    with pytest.raises(GemmdriftError, match="figures.json is corrupt"):
         read_result(tmp_path)
 
 

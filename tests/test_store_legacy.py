@@ -30,7 +30,10 @@ def test_old_layout_loads_as_a_result_of_its_kind(name):
     assert r.env["backend"] == "cpu"
     # The summary the new code computes from the old tables is the summary the old code wrote.
     if (d / "summary.json").is_file():
-        assert json.loads(files.to_json(summaries.summary(r))) == json.loads((d / "summary.json").read_text())
+        now = json.loads(files.to_json(summaries.summary(r)))
+        for p in now.get("pairs", []):  # added later (issue 12): unknown (None) for a ladder run before it
+            assert p.pop("ladder_true_float32", None) is None
+        assert now == json.loads((d / "summary.json").read_text())
     assert summaries.text(r)
 
 

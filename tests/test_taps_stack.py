@@ -259,3 +259,96 @@ def test_peak_memory_does_not_grow_with_depth_beyond_the_taps():
     block_bytes = 64 * 64 * 4  # one block's hidden states in one layer (64 rows, hidden 64, float32)
     per_layer = (extra[16] - extra[4]) / 12
     assert per_layer < block_bytes / 2, (extra, per_layer)
+
+
+# The precision ladder under TF32. Regression: on CUDA and on M5-class (NAX) Metal, mlx runs float32
+# matmuls as TF32 unless MLX_ENABLE_TF32=0, so the ladder's "float32" rung gained 3 mantissa bits, not 16,
+# and rounding drift that barely shrank was called "semantic".
+
+def _env(backend, arch="", mlx="0.32.4", tf32=None):
+    return {"backend": backend, "architecture": arch, "mlx": mlx, "env": {"MLX_ENABLE_TF32": tf32}}
+
+
+@pytest.mark.parametrize("env,mode", [
+    (_env("cpu"), "float32"),
+    (_env("cpu", tf32="1"), "float32"),  # the CPU backend has no TF32 path
+    (_env("cuda"), "tf32"),
+    (_env("cuda", tf32="0"), "float32"),
+    (_env("cuda", tf32="false"), "float32"),  # mlx reads it with atoi: 'false' is 0
+    (_env("cuda", tf32="2"), "tf32"),
+    (_env("metal", "applegpu_g17s"), "tf32"),  # M5 Max: neural accelerators
+    (_env("metal", "applegpu_g17g", tf32="0"), "float32"),
+    (_env("metal", "applegpu_g16s"), "float32"),  # M4: no NAX
+    (_env("metal", "applegpu_g17s", mlx="0.29.4"), "float32"),  # NAX kernels came with mlx 0.30.0
+    (_env("metal", "applegpu_g17p"), "float32"),  # phone GPUs need gen 18
+    (_env("metal", "applegpu_g18p"), "tf32"),
+    (_env("gpu"), "unknown"),
+])
+def test_fp32_matmul_mode_from_the_env_record(env, mode):
+    from gemmdrift.envinfo import fp32_matmul_mode
+
+    assert fp32_matmul_mode(env) == mode
+
+
+def test_ladder_verdicts_on_a_tf32_rung_are_unreliable():
+    from gemmdrift.result import Verdict
+    from gemmdrift.stack import float32_rung, ladder_table, ladder_verdict
+
+    # bf16 -> TF32 shrinks rounding drift ~8x: below the 10x "semantic" line.
+    assert ladder_verdict(1e-2, 1.25e-3, true_float32=True)[1] == Verdict.SEMANTIC
+    assert ladder_verdict(1e-2, 1.25e-3, true_float32=False)[1] == Verdict.UNRELIABLE
+    assert ladder_verdict(1e-2, 3e-3, true_float32=False)[1] == Verdict.UNRELIABLE  # was unclear (3.3x)
+    assert ladder_verdict(1e-2, 1e-6, true_float32=False)[1] == Verdict.ROUNDING  # a 10^4 shrink is still rounding
+    assert ladder_verdict(0.0, 0.0, true_float32=False)[1] == "identical"
+    # The rung record: the env record decides without a probe, a measured probe decides with one.
+    assert not float32_rung(_env("cuda"))["true_float32"]
+    assert float32_rung(_env("cuda", tf32="0"))["true_float32"]
+    assert float32_rung(_env("cpu"))["true_float32"]
+    r = float32_rung(_env("metal", "applegpu_g17s"), probe={"rel_err": 4e-4, "true_float32": False})
+    assert not r["true_float32"] and r["mode"] == "tf32" and "MLX_ENABLE_TF32=0" in r["why"]
+    assert float32_rung(_env("metal", "applegpu_g17s"), probe={"rel_err": 4e-7, "true_float32": True})["true_float32"]
+    # On a real (planted-semantic) ladder table, a TF32 rung turns "semantic" into "unreliable".
+    lm = make_tiny("bfloat16")
+    plant_zero_first_key(lm)
+    r = measure_stack(lm, TOKENS[:24], ["prefill:4,decode", "prefill:4,verify:2"], split=4, ladder=True, local=False)
+    assert r.inputs["ladder_float32"]["true_float32"] and r.inputs["ladder_float32"]["probe"]["rel_err"] < 1e-5
+    pair = r.tables["ladder"]["pair"].iloc[0]
+    assert pair_verdict(r.tables["ladder"], pair) == "semantic"
+    assert pair_verdict(ladder_table(r.tables["stack"], "bfloat16", true_float32=False), pair) == "unreliable"
+
+
+def test_fp32_probe_tells_tf32_from_float32(monkeypatch):
+    from gemmdrift import envinfo
+
+    def tf32(a, b):  # numpy: inputs rounded to nearest with 10 mantissa bits, as tensor cores do
+        def r(x):
+            u = x.view(np.uint32).astype(np.uint64)
+            return ((u + 0x1000) & 0xFFFFE000).astype(np.uint32).view(np.float32)
+        return r(a).astype(np.float64) @ r(b).astype(np.float64)
+
+    assert envinfo.probe_fp32_matmul()["true_float32"]  # mlx on this machine's default device
+    p = envinfo.probe_fp32_matmul(tf32)
+    assert not p["true_float32"] and p["rel_err"] > 10 * envinfo.FP32_PROBE_TOLERANCE
+    monkeypatch.delenv("MLX_ENABLE_TF32", raising=False)
+    monkeypatch.setattr(envinfo, "TF32_FORCED_OFF", False)
+    assert envinfo.force_true_float32() and envinfo.TF32_FORCED_OFF
+    import os
+
+    assert os.environ["MLX_ENABLE_TF32"] == "0" and not envinfo.force_true_float32()
+
+
+def test_a_corrupt_stack_checkpoint_is_discarded_and_recomputed(tmp_path, capsys):
+    # Regression: a corrupt .npz checkpoint crashed the resume with a traceback.
+    lm = make_tiny("float32")
+    kwargs = dict(split=10, ladder=False, local=False, checkpoint=tmp_path)
+    first = measure_stack(lm, TOKENS[:24], ["prefill:5,decode", "prefill:5,verify:2"], **kwargs)
+    victim = sorted(tmp_path.glob("*.npz"))[0]
+    victim.write_bytes(victim.read_bytes()[:100])  # truncated
+    capsys.readouterr()
+    again = measure_stack(lm, TOKENS[:24], ["prefill:5,decode", "prefill:5,verify:2"], **kwargs)
+    err = capsys.readouterr().err
+    assert f"checkpoint {victim} is corrupt" in err and err.count("done before (resumed)") == 1
+    assert again.tables["stack"].equals(first.tables["stack"])
+    from gemmdrift.taps import load_taps
+
+    load_taps(victim)  # rewritten whole

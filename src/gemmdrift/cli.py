@@ -51,6 +51,19 @@ def _add_output(p, default: str):
     p.add_argument("--json", action="store_true", help="print a JSON summary on stdout (progress goes to stderr)")
 
 
+def _precheck(args) -> None:
+    """The checks every model command runs before loading a model (see gemmdrift.checks)."""
+    from . import checks
+
+    checks.check_out_dir(args.out)
+    if hasattr(args, "prompt"):
+        checks.check_prompt_args(args.prompt, args.prompt_file, args.prompt_ids)
+        if args.tokens is not None and args.tokens < 2:
+            raise GemmdriftError(f"--tokens must be at least 2, got {args.tokens}")
+    if getattr(args, "envelope", None) is not None:
+        checks.check_envelope(args.envelope)
+
+
 def _load(args):
     from .envinfo import select_device
     from .models import load_model, parse_quantization
@@ -73,6 +86,9 @@ def _tokens(args, lm):
         if args.tokens > len(ids):
             raise GemmdriftError(f"--tokens {args.tokens}: the prompt has only {len(ids)} tokens")
         ids = ids[: args.tokens]
+    from .checks import check_length
+
+    check_length(lm.info, len(ids), "the prompt")
     return ids, label
 
 
@@ -139,15 +155,26 @@ def cmd_env(args) -> int:
 
 
 def cmd_stack(args) -> int:
-    from .envinfo import environment
-    from .models import describe
+    from .checks import check_positive, check_range_text
     from .schedules import parse_schedule
-    from .stack import measure_stack
 
     for text in args.schedules:
         parse_schedule(text)  # a bad schedule fails before the model loads
     if len(args.schedules) < 2:
         raise GemmdriftError("give at least two schedules: a reference and one to compare")
+    _precheck(args)
+    check_positive(split=args.split)
+    check_range_text(args.positions, "--positions")
+    check_range_text(args.logit_positions, "--logit-positions")
+
+    from .envinfo import environment
+    from .models import describe
+    from .stack import measure_stack
+
+    if args.ladder:
+        from .envinfo import force_true_float32
+
+        force_true_float32()  # the float32 rung: before mlx's first matmul (mlx reads MLX_ENABLE_TF32 once)
     lm = _load(args)
     ids, label = _tokens(args, lm)
     n = len(ids)
@@ -171,6 +198,8 @@ def parse_ints(text: str | None, name: str) -> list[int] | None:
         for part in text.split(","):
             if "-" in part.strip("-"):
                 a, b = part.split("-", 1)
+                if int(b) < int(a):
+                    raise GemmdriftError(f"{name} {part}: the range is reversed (write {b}-{a})")
                 out += list(range(int(a), int(b) + 1))
             else:
                 out.append(int(part))
@@ -182,17 +211,25 @@ def parse_ints(text: str | None, name: str) -> list[int] | None:
 
 
 def cmd_kernels(args) -> int:
-    from . import kernels
-    from .envinfo import environment
-    from .models import describe
+    from .checks import check_max_t
 
-    ts = parse_ints(args.ts, "--ts") or list(kernels.DEFAULT_TS)
-    if min(ts) < 1:
+    ts = parse_ints(args.ts, "--ts")
+    if ts is not None and min(ts) < 1:
         raise GemmdriftError(f"--ts: block sizes must be positive, got {min(ts)}")
     for flag, value in (("--rows", args.rows), ("--max-t", args.max_t)):
         if value < 1:
             raise GemmdriftError(f"{flag} must be positive, got {value}")
     layers = parse_ints(args.layers, "--layers")
+    if ts is not None:
+        check_max_t(ts, args.max_t)
+    _precheck(args)
+
+    from . import kernels
+    from .envinfo import environment
+    from .models import describe
+
+    ts = ts or list(kernels.DEFAULT_TS)
+    check_max_t(ts, args.max_t)
     names = args.projections.split(",") if args.projections else None
     paths = args.paths.split(",")
     for p in paths:
@@ -225,16 +262,36 @@ def _load_draft(args):
     return load_model(args.draft, dtype=args.draft_dtype or args.dtype, quantize=q).model
 
 
+def _context_text(name: str) -> str:
+    from .prompts import builtin_text
+
+    try:
+        return builtin_text(name)
+    except (FileNotFoundError, OSError):
+        raise GemmdriftError(f"--context {name!r}: no such built-in text (try essay)") from None
+
+
 def cmd_diverge(args) -> int:
-    from .diverge import measure_divergence_stats, measure_diverge
-    from .envinfo import environment
-    from .models import describe
-    from .prompts import builtin_prompts, builtin_text, read_prompts
+    from .checks import check_length
+    from .prompts import builtin_prompts, read_prompts
 
     for flag, value in (("--n", args.n), ("--k", args.k), ("--prefill-a", args.prefill_a),
                         ("--prefill-b", args.prefill_b)):
         if value <= 0:
             raise GemmdriftError(f"{flag} must be positive, got {value}")
+    _precheck(args)
+    texts = None
+    if args.prompts is not None:
+        if any(x is not None for x in (args.prompt, args.prompt_file, args.prompt_ids)):
+            raise GemmdriftError("--prompts is a prompt set: give it without --prompt, --prompt-file or --prompt-ids")
+        texts = builtin_prompts() if args.prompts == "builtin" else read_prompts(args.prompts)
+        if args.context is not None:
+            _context_text(args.context)
+
+    from .diverge import measure_divergence_stats, measure_diverge
+    from .envinfo import environment
+    from .models import describe
+
     lm = _load(args)
     draft = _load_draft(args)
     opts = dict(k=args.k, draft=draft, prefill_a=args.prefill_a, prefill_b=args.prefill_b, plain_vs=args.compare,
@@ -243,12 +300,13 @@ def cmd_diverge(args) -> int:
     out = Path(args.out)
     env = environment()
     print(f"gemmdrift diverge: {describe(lm.info)}", file=sys.stderr)
-    if args.prompts is not None:
-        texts = builtin_prompts() if args.prompts == "builtin" else read_prompts(args.prompts)
+    if texts is not None:
         if lm.tokenizer is None:
             raise GemmdriftError("--prompts needs a model with a tokenizer")
-        prefix = "" if args.context is None else builtin_text(args.context) + "\n\n"
+        prefix = "" if args.context is None else _context_text(args.context) + "\n\n"
         ids = [lm.tokenizer.encode(prefix + t) for t in texts]
+        for i, x in enumerate(ids):
+            check_length(lm.info, len(x) + args.n, f"prompt {i} with --n {args.n}")
         result = measure_divergence_stats(lm, ids, args.n, checkpoint=out / "prompts",
                                           labels=[str(i) for i in range(len(ids))], do_triage=not args.no_triage,
                                           record={"prompts": texts, "context": args.context, **record}, env=env,
@@ -256,6 +314,7 @@ def cmd_diverge(args) -> int:
         _write_and_print(args, result, out)
         return 0
     ids, label = _tokens(args, lm)
+    check_length(lm.info, len(ids) + args.n, f"the prompt with --n {args.n}")
     result = measure_diverge(lm, ids, args.n, do_triage=not args.no_triage, record={"prompt": label, **record},
                              env=env, **opts)
     _write_and_print(args, result, out, "(stream_a.json and stream_b.json feed `gemmdrift triage`)")
@@ -263,14 +322,23 @@ def cmd_diverge(args) -> int:
 
 
 def cmd_triage(args) -> int:
-    from .diverge import measure_triage, read_stream
-    from .envinfo import environment
+    from .checks import check_length
+    from .prompts import read_stream
+    from .schedules import parse_schedule
 
-    lm = _load(args)
+    # The stream files, schedules and flags are read and checked before the model loads.
     pa, sa = read_stream(args.stream_a)
     pb, sb = read_stream(args.stream_b)
     if pa is not None and pb is not None and pa != pb:
         raise GemmdriftError("the two stream files have unequal prompts")
+    parse_schedule(args.schedule_a)
+    parse_schedule(args.schedule_b)
+    _precheck(args)
+
+    from .diverge import measure_triage
+    from .envinfo import environment
+
+    lm = _load(args)
     given = any(x is not None for x in (args.prompt, args.prompt_file, args.prompt_ids))
     if given:
         prompt, _ = _tokens(args, lm)
@@ -280,6 +348,7 @@ def cmd_triage(args) -> int:
         prompt = pa if pa is not None else pb
         if prompt is None:
             raise GemmdriftError("the stream files carry no prompt: give --prompt, --prompt-file or --prompt-ids")
+    check_length(lm.info, len(prompt) + max(len(sa), len(sb)), "the prompt and the longer stream")
     result = measure_triage(lm, prompt, sa, sb, args.schedule_a, args.schedule_b, envelope=args.envelope,
                             env=environment())
     _write_and_print(args, result, args.out)
@@ -287,6 +356,9 @@ def cmd_triage(args) -> int:
 
 
 def cmd_run(args) -> int:
+    from .checks import check_out_dir
+
+    check_out_dir(args.out)
     from .envinfo import select_device
     from .suite import main_job
 
@@ -307,13 +379,27 @@ def cmd_report(args) -> int:
     return 0
 
 
+def _results_dirs(args) -> list[str]:
+    """--results, or this checkout's .asv/results, or the committed reference results (said on stderr)."""
+    if args.results:
+        return args.results
+    from .history import default_results
+
+    d, why = default_results()
+    print(f"gemmdrift {args.command}: {why}", file=sys.stderr)
+    return [str(d)]
+
+
 def cmd_history(args) -> int:
+    from .checks import check_out_dir
+
+    check_out_dir(args.out)
     from . import files
     from .history import (history_table, latest_per_version, layer_profiles, plot_history, plot_layer_profile,
                           read_results, tracked)
-    from .report import text_table
+    from .text import text_table
 
-    df = read_results(args.results)
+    df = read_results(_results_dirs(args))
     out = Path(args.out)
     t = latest_per_version(tracked(df))
     if args.include:
@@ -339,13 +425,18 @@ def cmd_history(args) -> int:
 
 
 def cmd_gate(args) -> int:
-    from . import files
-    from .history import gate, read_results
-    from .report import text_table
+    from .checks import check_gate_versions, check_out_dir
 
     if not args.threshold >= 0:
         raise GemmdriftError(f"--threshold must be a non-negative fraction, got {args.threshold}")
-    df = read_results(args.results)
+    check_gate_versions(args.candidate, args.baseline)
+    if args.out:
+        check_out_dir(args.out)
+    from . import files
+    from .history import gate, read_results
+    from .text import text_table
+
+    df = read_results(_results_dirs(args))
     g = gate(df, candidate=args.candidate, baseline=args.baseline, threshold=args.threshold, include=args.include)
     bad = g[g["regression"]]
     if args.out:
@@ -362,6 +453,10 @@ def cmd_gate(args) -> int:
 
 
 # ------------------------------------------------------------------------- parser
+
+
+RESULTS_HELP = ("asv results directories, one or more (default: .asv/results if it holds results, else the "
+                "committed reference results in benchmarks/reference)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -445,13 +540,13 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=cmd_report)
 
     s = sub.add_parser("history", help="tracked figures against the mlx version, from asv's results")
-    s.add_argument("--results", default=".asv/results", help="asv results directory (default .asv/results)")
+    s.add_argument("--results", nargs="+", metavar="DIR", help=RESULTS_HELP)
     s.add_argument("--include", default="", help="only benchmarks whose name contains this text")
     _add_output(s, "results/history")
     s.set_defaults(func=cmd_history)
 
     s = sub.add_parser("gate", help="exit 1 if a tracked drift figure of an mlx release grew past the previous one")
-    s.add_argument("--results", default=".asv/results", help="asv results directory (default .asv/results)")
+    s.add_argument("--results", nargs="+", metavar="DIR", help=RESULTS_HELP)
     s.add_argument("--candidate", help="mlx version to judge (default: the newest with results)")
     s.add_argument("--baseline", help="mlx version to compare with (default: the release before the candidate)")
     s.add_argument("--threshold", type=float, default=0.10, help="allowed relative growth (default 0.10)")

@@ -31,11 +31,13 @@ import numpy as np
 
 from . import metrics
 from .errors import GemmdriftError
+from .result import Verdict
+from .prompts import read_stream  # noqa: F401  (read before the model loads; kept here for callers)
 from .schedules import parse_schedule
 from .taps import common_prefix, run_schedule
 
-NEAR_TIE = "NEAR-TIE"
-OUTSIDE = "OUTSIDE ENVELOPE"
+NEAR_TIE = Verdict.NEAR_TIE
+OUTSIDE = Verdict.OUTSIDE
 ENVELOPE_POSITIONS = 64  # prefix positions whose Δgap make the envelope when none is given
 MIN_ENVELOPE_POSITIONS = 16  # fewer continuation positions than this: measure on the prompt too
 
@@ -151,6 +153,7 @@ class Triage:
     stream_a_check: dict[str, Any] = field(default_factory=dict)  # see check_stream
     stream_b_check: dict[str, Any] = field(default_factory=dict)
     context: str = ""
+    lengths: list[int] = field(default_factory=list)  # generated tokens of stream A and stream B
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -221,6 +224,9 @@ def triage(lm, prompt: Sequence[int], stream_a: Sequence[int], stream_b: Sequenc
         envelope: a known envelope (max |Δgap|, logits); measured here when None.
         envelope_positions: at most this many positions before the divergence make the envelope.
     """
+    from .checks import check_envelope
+
+    check_envelope(envelope, "envelope")
     vocab = lm.info.get("vocab_size")
     for name, s in (("prompt", prompt), ("stream A", stream_a), ("stream B", stream_b)):
         for t in s:
@@ -246,12 +252,15 @@ def triage(lm, prompt: Sequence[int], stream_a: Sequence[int], stream_b: Sequenc
     if last_shared + 1 - lo < MIN_ENVELOPE_POSITIONS:
         lo = max(0, last_shared - envelope_positions)
     tap_at = split + d if d is not None else split
+    # Every generated position needs its logits (each stream is checked against
+    # its own schedule), and the envelope needs `lo`.. : start at the earlier.
+    first = min(lo, split)
     runs = []
     for sched, stream in zip(scheds, (stream_a, stream_b)):
         seq = prompt + stream[:-1]
-        logit_positions = np.arange(lo, split + len(stream))
-        # Blocks before `lo` cover prompt tokens only, the same for both streams.
-        shared = common_prefix(lm.model, seq, [x.text for x in scheds], split_arg, int(lo))
+        logit_positions = np.arange(first, split + len(stream))
+        # Blocks before `first` cover prompt tokens only, the same for both streams.
+        shared = common_prefix(lm.model, seq, [x.text for x in scheds], split_arg, int(first))
         runs.append(run_schedule(lm.model, seq, sched, split=split_arg, positions=[tap_at],
                                  logit_positions=logit_positions, prefix=shared))
     ra, rb = runs
@@ -267,7 +276,12 @@ def triage(lm, prompt: Sequence[int], stream_a: Sequence[int], stream_b: Sequenc
            for key, r, s in (("a", ra, stream_a), ("b", rb, stream_b))}
     checks = {"a": check_stream(gen["a"], stream_a, envelope), "b": check_stream(gen["b"], stream_b, envelope)}
     bit_identical = bool(np.array_equal(la, lb) and (d is None or np.array_equal(ra.hidden, rb.hidden)))
-    out = Triage("IDENTICAL", "the streams agree", d, None if d is None else tap_at,
+    lengths = [len(stream_a), len(stream_b)]
+    agree = "the streams agree"
+    if lengths[0] != lengths[1]:
+        agree += (f" on their common {common} tokens (stream A has {lengths[0]} generated tokens, stream B "
+                  f"{lengths[1]}: the rest of the longer one is only checked against its own schedule)")
+    out = Triage(Verdict.IDENTICAL, agree, d, None if d is None else tap_at, lengths=lengths,
                  schedule_a=sa.text, schedule_b=sb.text, envelope=float(envelope), envelope_source=source,
                  bit_identical=bit_identical, stream_a_check=checks["a"], stream_b_check=checks["b"])
     if d is not None:
@@ -341,30 +355,6 @@ def diverge(lm, prompt: Sequence[int], n: int, *, k: int = 2, draft=None, prefil
     return out
 
 
-def read_stream(path: str) -> tuple[list[int] | None, list[int]]:
-    """A stream file: a JSON list / whitespace-separated ids (generated tokens), or
-    ``{"prompt": [...], "tokens": [...]}``. Returns (prompt or None, tokens)."""
-    import json
-    from pathlib import Path
-
-    from .prompts import parse_token_ids
-
-    p = Path(path).expanduser()
-    try:
-        text = p.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise GemmdriftError(f"cannot read stream file {p}: {e}") from None
-    if text.lstrip().startswith("{"):
-        try:
-            obj = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise GemmdriftError(f"{p}: not valid JSON ({e.msg})") from None
-        if "tokens" not in obj:
-            raise GemmdriftError(f"{p}: a stream object needs a 'tokens' list")
-        prompt = obj.get("prompt")
-        return (parse_token_ids(json.dumps(prompt), f"{p} prompt") if prompt is not None else None,
-                parse_token_ids(json.dumps(obj["tokens"]), str(p)))
-    return None, parse_token_ids(text, str(p))
 
 
 def divergence_stats(lm, prompts: Sequence[Sequence[int]], n: int, *, checkpoint=None, labels=None,
@@ -394,19 +384,30 @@ def divergence_stats(lm, prompts: Sequence[Sequence[int]], n: int, *, checkpoint
         label = labels[i] if labels else str(i)
         # The draft is a model object: key it by whether there is one, not by its repr.
         opts = sorted((k, str(v) if k != "draft" else ("self" if v is None else "separate")) for k, v in kwargs.items())
-        key = hashlib.sha256(json.dumps([list(map(int, prompt)), n, opts]).encode()).hexdigest()[:16]
+        # The model and its dtype too: a resume with another --dtype must not reuse these rows.
+        model = [lm.info.get(k) for k in ("source", "path", "dtype", "quantization")]
+        key = hashlib.sha256(json.dumps([list(map(int, prompt)), n, opts, model], default=str).encode()).hexdigest()[:16]
         path = Path(checkpoint) / f"prompt-{i:03d}-{key}.json" if checkpoint else None
         if path is not None and path.exists():
-            rows.append(json.loads(path.read_text()))
-            print(f"  prompt {i}: done before (resumed)", file=sys.stderr)
-            continue
+            from .files import discard_checkpoint
+
+            try:
+                row = json.loads(path.read_text())
+                if not isinstance(row, dict) or not {"prompt", "first_divergence", "verdict"} <= row.keys():
+                    raise ValueError("not a prompt row")
+            except (OSError, UnicodeDecodeError, ValueError) as e:
+                discard_checkpoint(path, str(e)[:80])
+            else:
+                rows.append(row)
+                print(f"  prompt {i}: done before (resumed)", file=sys.stderr)
+                continue
         print(f"gemmdrift diverge: prompt {i + 1}/{len(prompts)} ({len(prompt)} tokens)", file=sys.stderr, flush=True)
         r = diverge(lm, prompt, n, **kwargs)
         t = r.get("triage") or {}
         d = r["first_divergence"]
         row = {
             "prompt": label, "prompt_tokens": len(prompt), "n": n, "first_divergence": d,
-            "compared": n if d is None else d + 1, "verdict": t.get("verdict", "IDENTICAL"),
+            "compared": n if d is None else d + 1, "verdict": t.get("verdict", Verdict.IDENTICAL),
             "margin": t.get("margin"), "gap_a": t.get("gap_a"), "dgap": t.get("dgap"), "envelope": t.get("envelope"),
             "first_layer_differ": t.get("first_layer_differ"), "acceptance": r["stream_b"].get("acceptance"),
             "divergence_verdict": t.get("divergence_verdict"),

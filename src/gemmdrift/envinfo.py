@@ -183,3 +183,107 @@ def describe(record: dict[str, Any]) -> str:
     set_vars = {k: v for k, v in record["env"].items() if v is not None}
     lines.append("kernel env " + (", ".join(f"{k}={v}" for k, v in set_vars.items()) or "(none set)"))
     return "\n".join(lines)
+
+
+# ---- float32 matmuls: true float32 or TF32
+#
+# mlx runs float32 matmul-family ops (matmul, quantized matmul, gather/grouped
+# matmul, conv, sdpa) at TF32 precision on CUDA (cuBLAS
+# CUBLAS_COMPUTE_32F_FAST_TF32, mlx/backend/cuda/gemms/cublas_gemm.cpp) and on
+# Metal GPUs with neural accelerators ("NAX": M5-class, gen >= 17, macOS 26.2,
+# mlx >= 0.30.0; mlx/backend/metal/device.cpp is_nax_available and the
+# `env::enable_tf32() || a.dtype() != float32` tests in
+# mlx/backend/metal/matmul.cpp, quantized.cpp, scaled_dot_product_attention.cpp)
+# unless MLX_ENABLE_TF32=0. mlx reads the variable once: `env::enable_tf32()` in
+# mlx/utils.h keeps it in a function-local static, set at the first call (the
+# first matmul-family op on those backends; on NAX any dtype's matmul asks).
+# So it can be forced from inside a process only before mlx has run such an
+# op; after that, only a new process with MLX_ENABLE_TF32=0 helps.
+
+TF32_VAR = "MLX_ENABLE_TF32"
+TF32_FORCED_OFF = False  # force_true_float32() set the variable in this process
+
+
+def _atoi(text: str | None, default: int) -> int:
+    """C's atoi, as mlx's env::get_var reads the variable (mlx/utils.cpp): 'false' or '' is 0."""
+    if text is None:
+        return default
+    m = re.match(r"\s*([+-]?\d+)", text)
+    return int(m.group(1)) if m else 0
+
+
+def _version_tuple(v: str | None) -> tuple[int, ...]:
+    return tuple(int(x) for x in re.findall(r"\d+", str(v or ""))[:3])
+
+
+def fp32_matmul_mode(env: dict[str, Any]) -> str:
+    """How mlx computes float32 matmuls in the environment ``env`` (an :func:`environment` record).
+
+    Returns 'float32' (true float32: the CPU, Metal without neural accelerators,
+    or MLX_ENABLE_TF32=0), 'tf32' (CUDA, or an M5-class Metal GPU with mlx >=
+    0.30, with the variable at its default 1) or 'unknown' (another GPU).
+    """
+    backend = env.get("backend")
+    if backend == "cpu":
+        return "float32"  # the CPU backend has no reduced-precision float32 path
+    tf32 = _atoi((env.get("env") or {}).get(TF32_VAR), 1) != 0
+    if backend == "cuda":
+        return "tf32" if tf32 else "float32"
+    if backend == "metal":
+        m = _METAL_GEN.search(str(env.get("architecture") or ""))
+        if not m:
+            return "unknown" if tf32 else "float32"
+        gen, size = int(m.group(1)), m.group(2)
+        nax = gen >= (18 if size == "p" else 17) and _version_tuple(env.get("mlx")) >= (0, 30, 0)
+        # NAX also needs macOS >= 26.2, which the record does not carry: count it as possible.
+        return "tf32" if nax and tf32 else "float32"
+    return "unknown" if tf32 else "float32"
+
+
+def force_true_float32() -> bool:
+    """Set MLX_ENABLE_TF32=0 for this process, before mlx's first matmul-family op.
+
+    Returns True if it set the variable (it was not already 0). It works only
+    if no such op has run yet in this process (mlx reads the variable once; see
+    the comment above): call it before loading a model. Whether it took effect
+    is measured by :func:`probe_fp32_matmul`, not assumed.
+    """
+    global TF32_FORCED_OFF
+    if _atoi(os.environ.get(TF32_VAR), 1) == 0:
+        return False
+    os.environ[TF32_VAR] = "0"
+    TF32_FORCED_OFF = True
+    return True
+
+
+FP32_PROBE_TOLERANCE = 1e-5  # true float32 GEMM: ~1e-7 relative; TF32 (10-bit mantissa inputs): ~1e-4..1e-3
+
+
+def probe_fp32_matmul(matmul=None, m: int = 64, k: int = 512, n: int = 256, seed: int = 0) -> dict[str, Any]:
+    """Measure whether a float32 GEMM on mlx's default device is true float32.
+
+    Multiplies seeded (m, k) x (k, n) float32 matrices (a GEMM, not a GEMV, so
+    the tiled kernels that NAX/tensor cores serve are the ones asked) and
+    compares with numpy in float64. True float32 has a relative error of about
+    sqrt(k) * 2**-24 (~1e-6); TF32 rounds the inputs to 10 mantissa bits, ~1e-3.
+
+    Args:
+        matmul: (a, b) -> a @ b on float32 numpy arrays; default mlx on its default device.
+    """
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    a = rng.standard_normal((m, k)).astype(np.float32)
+    b = rng.standard_normal((k, n)).astype(np.float32)
+    if matmul is None:
+        import mlx.core as mx
+
+        def matmul(x, y):
+            out = mx.matmul(mx.array(x), mx.array(y))
+            mx.eval(out)
+            return np.array(out)
+
+    got = np.asarray(matmul(a, b), dtype=np.float64)
+    ref = a.astype(np.float64) @ b.astype(np.float64)
+    rel = float(np.linalg.norm(got - ref) / np.linalg.norm(ref))
+    return {"rel_err": rel, "true_float32": rel < FP32_PROBE_TOLERANCE, "shape": [m, k, n]}

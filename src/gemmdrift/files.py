@@ -50,6 +50,23 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
             tmp.unlink()
 
 
+def discard_checkpoint(path: str | os.PathLike, reason: str) -> None:
+    """A corrupt checkpoint (a part of a resumable run): say so by name, delete it, recompute that part.
+
+    Checkpoints are written atomically, so a corrupt one was damaged from outside
+    (a full disk, a copy, an edit); it is never worth a traceback.
+    """
+    import shutil
+
+    path = Path(path)
+    print(f"gemmdrift: warning: checkpoint {path} is corrupt ({reason}): discarded, recomputing that part",
+          file=sys.stderr, flush=True)
+    if path.is_dir():
+        shutil.rmtree(path)
+    else:
+        path.unlink(missing_ok=True)
+
+
 def write_text(path: str | os.PathLike, text: str) -> Path:
     with atomic_path(path) as tmp:
         tmp.write_text(text, encoding="utf-8")

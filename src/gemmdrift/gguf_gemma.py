@@ -23,6 +23,7 @@ import hashlib
 import json
 import os
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -224,7 +225,8 @@ def converted_dir(gguf_path: str | os.PathLike, progress: bool = True) -> Path:
     import mlx.core as mx
 
     if progress:
-        print(f"gemmdrift: converting {gguf_path.name} (once; cached in {target.parent})", flush=True)
+        # stderr: stdout carries --json output
+        print(f"gemmdrift: converting {gguf_path.name} (once; cached in {target.parent})", file=sys.stderr, flush=True)
     reader = _reader(gguf_path)
     config = gguf_config(reader)
     tensors = dequantized_tensors(reader)

@@ -23,10 +23,11 @@ import json
 import math
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import pandas as pd
 
+from .checks import check_gate_versions
 from .errors import GemmdriftError
 
 VERSION_BENCH = "bench_env.track_mlx_version"
@@ -61,12 +62,60 @@ def _param_value(text: str) -> Any:
         return text
 
 
-def read_results(results_dir: str | Path) -> pd.DataFrame:
+REFERENCE_RESULTS = Path("benchmarks") / "reference"  # committed asv results (see its README.md)
+LOCAL_RESULTS = Path(".asv") / "results"  # asv.conf.json's results_dir
+
+
+def project_root() -> Path | None:
+    """The checkout this runs in: the nearest directory up from here holding asv.conf.json
+    (the notebooks run from notebooks/), else the one this package sits in (src layout)."""
+    for base in (Path.cwd(), *Path.cwd().parents, Path(__file__).resolve().parents[2]):
+        if (base / "asv.conf.json").is_file():
+            return base
+    return None
+
+
+def default_results() -> tuple[Path, str]:
+    """(results directory, why): this checkout's .asv/results when it holds results, else the
+    committed reference results (four mlx releases on a Linux CPU, so a fresh clone has real data)."""
+    root = project_root()
+    if root is None:
+        raise GemmdriftError("no asv.conf.json here or above: give --results DIR (asv's results directory)")
+    local = root / LOCAL_RESULTS
+    if any(p.name != "machine.json" for p in local.glob("*/*.json")):
+        return local, f"asv results of this checkout ({local})"
+    ref = root / REFERENCE_RESULTS
+    if ref.is_dir():
+        return ref, (f"no asv results in {local}: the committed reference results ({ref}); "
+                     "run `asv run` for your own, or pass both with --results")
+    raise GemmdriftError(f"no asv results in {local} and no reference results in {ref} (run `asv run` first)")
+
+
+def read_results(results_dir: str | Path | Sequence[str | Path]) -> pd.DataFrame:
     """One row per (result file, benchmark, parameter combination) with its value.
+
+    Args:
+        results_dir: asv's results directory, or several (e.g. your own beside
+            the committed reference results). A machine is a subdirectory; the
+            same machine name in two directories is refused, since its results
+            would be drawn as one machine.
 
     Columns: machine, env, commit, date, mlx, mlx_pinned, mlx_lm, backend,
     benchmark, params, value, unit.
     """
+    if not isinstance(results_dir, (str, Path)):
+        dirs = [Path(d).expanduser() for d in results_dir]
+        if not dirs:
+            raise GemmdriftError("no asv results directory given")
+        seen: dict[str, Path] = {}
+        for d in dirs:
+            for m in (x for x in d.glob("*") if x.is_dir()):
+                if m.name in seen and seen[m.name].resolve() != d.resolve():
+                    raise GemmdriftError(f"machine {m.name!r} is in both {seen[m.name]} and {d}: results of two "
+                                         "machines would be drawn as one; rename one (asv machine --machine NAME)")
+                seen[m.name] = d
+        frames = [read_results(d) for d in dict.fromkeys(d.resolve() for d in dirs)]
+        return pd.concat(frames, ignore_index=True)
     root = Path(results_dir).expanduser()
     if not root.is_dir():
         raise GemmdriftError(f"no asv results directory at {root} (run `asv run` first)")
@@ -75,8 +124,8 @@ def read_results(results_dir: str | Path) -> pd.DataFrame:
     if bj.exists():
         try:
             units = {k: v.get("unit") for k, v in json.loads(bj.read_text()).items() if isinstance(v, dict)}
-        except json.JSONDecodeError:
-            units = {}
+        except (OSError, UnicodeDecodeError, ValueError, AttributeError):
+            units = {}  # units only label the axes
     rows = []
     for path in sorted(root.glob("*/*.json")):
         if path.name == "machine.json":
@@ -84,48 +133,57 @@ def read_results(results_dir: str | Path) -> pd.DataFrame:
         try:
             # asv writes bare NaN/Infinity; Python's json reads them.
             d = json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError) as e:
+        except (OSError, UnicodeDecodeError, ValueError) as e:
             raise GemmdriftError(f"cannot read asv result {path}: {e}") from None
-        if "result_columns" not in d or "results" not in d:
+        if not isinstance(d, dict) or "result_columns" not in d or "results" not in d:
             continue
-        cols = d["result_columns"]
-        i_res, i_par = cols.index("result"), cols.index("params")
-        req = d.get("requirements") or {}
-        file_rows = []
-        for bench, entry in d["results"].items():
-            values = entry[i_res]
-            params = entry[i_par] if len(entry) > i_par else []
-            combos = list(itertools.product(*params)) if params else [()]
-            if values is None:  # the benchmark failed
-                values = [None] * len(combos)
-            elif not isinstance(values, list):
-                values = [values]
-            for combo, v in zip(combos, values):
-                file_rows.append({
-                    "machine": d.get("params", {}).get("machine", path.parent.name),
-                    "env": d.get("env_name", ""),
-                    "commit": str(d.get("commit_hash", ""))[:8],
-                    "date": d.get("date"),
-                    "mlx_pinned": req.get("mlx") or None,
-                    "mlx_lm": req.get("mlx-lm") or None,
-                    "benchmark": bench,
-                    "params": ", ".join(str(_param_value(p)) for p in combo),
-                    "value": None if v is None or (isinstance(v, float) and math.isnan(v)) else float(v),
-                    "unit": units.get(bench),
-                })
-        tracked = {r["benchmark"]: r["value"] for r in file_rows if not r["params"]}
-        mlx = decode_version(tracked[VERSION_BENCH]) if tracked.get(VERSION_BENCH) is not None else None
-        backend = BACKEND_CODES.get(int(tracked[BACKEND_BENCH])) if tracked.get(BACKEND_BENCH) is not None else None
-        for r in file_rows:
-            r["mlx"] = mlx or r["mlx_pinned"]
-            r["backend"] = backend or "unknown"
-        rows += file_rows
+        try:
+            rows += _file_rows(path, d, units)
+        except (KeyError, IndexError, TypeError, ValueError, AttributeError) as e:
+            raise GemmdriftError(f"asv result {path} does not have asv 0.6's layout "
+                                 f"({e.__class__.__name__}: {e})") from None
     cols = ["machine", "backend", "env", "commit", "date", "mlx", "mlx_pinned", "mlx_lm", "benchmark", "params",
             "value", "unit"]
     df = pd.DataFrame(rows, columns=cols)
     if df.empty:
         raise GemmdriftError(f"no asv results under {root}")
     return df
+
+
+def _file_rows(path: Path, d: dict[str, Any], units: dict[str, Any]) -> list[dict[str, Any]]:
+    """The rows of one asv result file (see :func:`read_results`); layout errors raise."""
+    cols = d["result_columns"]
+    i_res, i_par = cols.index("result"), cols.index("params")
+    req = d.get("requirements") or {}
+    file_rows = []
+    for bench, entry in d["results"].items():
+        values = entry[i_res]
+        params = entry[i_par] if len(entry) > i_par else []
+        combos = list(itertools.product(*params)) if params else [()]
+        if values is None:  # the benchmark failed
+            values = [None] * len(combos)
+        elif not isinstance(values, list):
+            values = [values]
+        for combo, v in zip(combos, values):
+            file_rows.append({
+                "machine": d.get("params", {}).get("machine", path.parent.name),
+                "env": d.get("env_name", ""),
+                "commit": str(d.get("commit_hash", ""))[:8],
+                "date": d.get("date"),
+                "mlx_pinned": req.get("mlx") or None,
+                "mlx_lm": req.get("mlx-lm") or None,
+                "benchmark": bench,
+                "params": ", ".join(str(_param_value(p)) for p in combo),
+                "value": None if v is None or (isinstance(v, float) and math.isnan(v)) else float(v),
+                "unit": units.get(bench),
+            })
+    tracked = {r["benchmark"]: r["value"] for r in file_rows if not r["params"]}
+    mlx = decode_version(tracked[VERSION_BENCH]) if tracked.get(VERSION_BENCH) is not None else None
+    backend = BACKEND_CODES.get(int(tracked[BACKEND_BENCH])) if tracked.get(BACKEND_BENCH) is not None else None
+    for r in file_rows:
+        r["mlx"] = mlx or r["mlx_pinned"]
+        r["backend"] = backend or "unknown"
+    return file_rows
 
 
 def tracked(df: pd.DataFrame) -> pd.DataFrame:
@@ -198,6 +256,7 @@ def gate(df: pd.DataFrame, candidate: str | None = None, baseline: str | None = 
     Returns:
         One row per compared series with ``old``, ``new``, ``ratio`` and ``regression``.
     """
+    check_gate_versions(candidate, baseline)
     t = latest_per_version(tracked(df))
     t = t[~t["params"].str.contains("emulated:", regex=False)]  # negative controls, not mlx kernels
     if include:
@@ -215,6 +274,7 @@ def gate(df: pd.DataFrame, candidate: str | None = None, baseline: str | None = 
         baseline = older[-1]
     elif baseline not in versions:
         raise GemmdriftError(f"no results for mlx {baseline} (have {', '.join(versions)})")
+    check_gate_versions(candidate, baseline)
     keys = ["machine", "backend", "benchmark", "params"]
     old = t[t["mlx"] == baseline].set_index(keys)["value"]
     new = t[t["mlx"] == candidate].set_index(keys)["value"]

@@ -707,14 +707,32 @@ def _unit_file(checkpoint: Path, proj: Projection, path: PathSpec) -> Path:
     return checkpoint / "units" / f"{safe}.csv"
 
 
+def _read_unit(path: Path) -> pd.DataFrame | None:
+    """A finished unit from the checkpoint; None (after a warning) when the file is corrupt."""
+    try:
+        saved = pd.read_csv(path, dtype={"quant": str, "path": str, "projection": str})
+        missing = [c for c in ("layer", "projection", "path", "T", "metric", "value") if c not in saved.columns]
+        if missing or saved.empty or not pd.api.types.is_numeric_dtype(saved["value"]):
+            raise ValueError(f"missing columns {missing}" if missing else "no numeric rows")
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        files.discard_checkpoint(path, str(e)[:80])
+        return None
+    return saved.assign(quant=saved["quant"].fillna("") if "quant" in saved else "")
+
+
 def _open_checkpoint(checkpoint: Path, config: dict[str, Any]) -> None:
     """Create the checkpoint record, or check that an existing one belongs to the same sweep."""
     record = checkpoint / "sweep.json"
     if record.exists():
         try:
             saved = json.loads(record.read_text())
-        except (OSError, json.JSONDecodeError) as e:
-            raise GemmdriftError(f"cannot read checkpoint record {record}: {e}") from None
+            if not isinstance(saved, dict):
+                raise ValueError(f"a {type(saved).__name__}, not an object")
+        except (OSError, UnicodeDecodeError, ValueError) as e:
+            # Without its record nobody can tell which sweep the units belong to: start afresh.
+            files.discard_checkpoint(checkpoint / "units", f"its record {record.name} is unreadable: {e}")
+            files.write_json(record, config)
+            return
         if saved != json.loads(files.to_json(config)):  # compared as written: tuples become lists
             now = json.loads(files.to_json(config))
             diff = sorted(k for k in set(saved) | set(now) if saved.get(k) != now.get(k))
@@ -775,9 +793,10 @@ def sweep(lm, inputs: Mapping[tuple[int, str], np.ndarray], projs: Sequence[Proj
             bar.set_postfix_str(f"{proj.layer}:{proj.name} {spec.text}", refresh=False)
             unit_file = _unit_file(ckpt, proj, spec) if ckpt is not None else None
             if unit_file is not None and unit_file.exists():
-                saved = pd.read_csv(unit_file, dtype={"quant": str, "path": str, "projection": str})
-                frames.append(saved.assign(quant=saved["quant"].fillna("")))
-                continue
+                saved = _read_unit(unit_file)
+                if saved is not None:
+                    frames.append(saved)
+                    continue
             rows = inputs[proj.key]
             plan = plan_ts(ts, proj.flops_per_row, len(rows), flop_budget, max_t, always_t)
             op = build_operator(lm, proj, spec)

@@ -11,7 +11,6 @@ silent "None".
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -34,17 +33,6 @@ def kind_of(d: str | Path) -> str | None:
     return None
 
 
-def _json(path: Path, required: bool = True) -> Any:
-    if not path.is_file():
-        if required:
-            raise GemmdriftError(f"{path}: missing")
-        return None
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as e:
-        raise GemmdriftError(f"{path}: unreadable ({e.__class__.__name__}: {e})") from None
-
-
 def _csv(path: Path, **kw) -> pd.DataFrame:
     if not path.is_file():
         return pd.DataFrame()
@@ -53,13 +41,18 @@ def _csv(path: Path, **kw) -> pd.DataFrame:
     except pd.errors.EmptyDataError:
         return pd.DataFrame()
     except (OSError, ValueError, pd.errors.ParserError) as e:
-        raise GemmdriftError(f"{path}: unreadable table ({e.__class__.__name__})") from None
+        raise GemmdriftError(f"{path} is corrupt (unreadable table, {e.__class__.__name__}): rerun the command "
+                             "that wrote it") from None
 
 
 def _meta(d: Path) -> tuple[dict[str, Any], dict[str, Any]]:
-    meta = _json(d / "meta.json")
-    if not isinstance(meta, dict) or not isinstance(meta.get("inputs"), dict):
-        raise GemmdriftError(f"{d / 'meta.json'}: expected an object with 'env' and 'inputs'")
+    from .store import read_object
+
+    if not (d / "meta.json").is_file():
+        raise GemmdriftError(f"{d / 'meta.json'}: missing (the command that wrote {d} did not finish)")
+    meta = read_object(d / "meta.json", need=("inputs",))
+    if not isinstance(meta["inputs"], dict):
+        raise GemmdriftError(f"{d / 'meta.json'} is corrupt (its inputs are not an object)")
     return meta.get("env") or {}, meta["inputs"]
 
 
@@ -84,11 +77,10 @@ def _kernels(d: Path) -> Result:
 
 def _diverge(d: Path) -> Result:
     from .diverge import diverge_result
+    from .store import read_object
 
     env, inputs = _meta(d)
-    r = _json(d / "diverge.json")
-    if not isinstance(r, dict) or "stream_a" not in r or "stream_b" not in r:
-        raise GemmdriftError(f"{d / 'diverge.json'}: not a divergence record")
+    r = read_object(d / "diverge.json", need=("n", "stream_a", "stream_b", "first_divergence"))
     return diverge_result(r, inputs, env)
 
 
@@ -102,9 +94,11 @@ def _divergence(d: Path) -> Result:
 def _triage(d: Path) -> Result:
     from .diverge import triage_result
 
-    rec = _json(d / "triage.json")
-    if not isinstance(rec, dict) or not isinstance(rec.get("triage"), dict):
-        raise GemmdriftError(f"{d / 'triage.json'}: expected an object with 'triage'")
+    from .store import read_object
+
+    rec = read_object(d / "triage.json", need=("triage",))
+    if not isinstance(rec["triage"], dict):
+        raise GemmdriftError(f"{d / 'triage.json'} is corrupt (its triage is not an object)")
     return triage_result(rec["triage"], rec.get("inputs") or {}, rec.get("env") or {})
 
 
@@ -118,9 +112,13 @@ READERS = {"stack": _stack, "kernels": _kernels, "diverge": _diverge, "divergenc
 
 
 def read(d: str | Path) -> Result:
-    """The Result in an older results directory."""
+    """The Result in an older results directory (its summary.json, if any, checked against it)."""
+    from .store import check_summary
+
     d = Path(d)
     kind = kind_of(d)
     if kind is None:
         raise GemmdriftError(f"{d}: no gemmdrift results")
-    return READERS[kind](d)
+    result = READERS[kind](d)
+    check_summary(d, result)
+    return result

@@ -436,6 +436,7 @@ def load_model(
     info["vocab_size"] = int(text_config.get("vocab_size") or getattr(tokenizer, "vocab_size", 0) or 0)
     info["hidden_size"] = text_config.get("hidden_size")
     info["sliding_window"] = text_config.get("sliding_window")
+    info["max_positions"] = text_config.get("max_position_embeddings")
     return LoadedModel(model=model, tokenizer=tokenizer, info=info)
 
 

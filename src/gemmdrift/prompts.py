@@ -114,3 +114,24 @@ def prompt_tokens(lm, text: str | None = None, text_file: str | None = None, ids
     if not ids:
         raise GemmdriftError("the prompt is empty")
     return ids, label
+
+
+def read_stream(path: str) -> tuple[list[int] | None, list[int]]:
+    """A stream file: a JSON list / whitespace-separated ids (generated tokens), or
+    ``{"prompt": [...], "tokens": [...]}``. Returns (prompt or None, tokens)."""
+    p = Path(path).expanduser()
+    try:
+        text = p.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise GemmdriftError(f"cannot read stream file {p}: {e}") from None
+    if text.lstrip().startswith("{"):
+        try:
+            obj = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise GemmdriftError(f"{p}: not valid JSON ({e.msg})") from None
+        if "tokens" not in obj:
+            raise GemmdriftError(f"{p}: a stream object needs a 'tokens' list")
+        prompt = obj.get("prompt")
+        return (parse_token_ids(json.dumps(prompt), f"{p} prompt") if prompt is not None else None,
+                parse_token_ids(json.dumps(obj["tokens"]), str(p)))
+    return None, parse_token_ids(text, str(p))

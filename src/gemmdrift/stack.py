@@ -51,9 +51,17 @@ def _run(model, tokens, schedule, *, checkpoint: Path | None = None, key: str = 
     mode = "local" if kw.get("reference") is not None else "run"
     path = checkpoint / f"{key}.npz" if checkpoint is not None else None
     if path is not None and path.exists():
-        taps = load_taps(path)
-        print(f"  {mode:5s} {schedule:28s} done before (resumed)", file=sys.stderr, flush=True)
-        return taps
+        import zipfile
+
+        from .files import discard_checkpoint
+
+        try:
+            taps = load_taps(path)
+        except (OSError, ValueError, KeyError, TypeError, EOFError, zipfile.BadZipFile) as e:
+            discard_checkpoint(path, e.__class__.__name__)
+        else:
+            print(f"  {mode:5s} {schedule:28s} done before (resumed)", file=sys.stderr, flush=True)
+            return taps
     bar = _progress(f"{schedule}{' (local)' if mode == 'local' else ''}", len(tokens))
     try:
         taps = run_schedule(model, tokens, schedule, progress=bar.update, **kw)
@@ -101,14 +109,53 @@ def compare_taps(ref: Taps, other: Taps, layer_kinds: Sequence[str], labels: dic
     return rows, per_pos, envelope
 
 
-def ladder_verdict(low: float, high: float, low_dtype: str = "bfloat16") -> tuple[float, str]:
+def ladder_verdict(low: float, high: float, low_dtype: str = "bfloat16",
+                   true_float32: bool = True) -> tuple[float, str]:
     """(shrink factor, verdict) for a drift measured at low and at high precision.
 
     Rounding drift shrinks by orders of magnitude when the precision rises; a
     semantic difference keeps its size. A drift that is zero at low precision
     but not at high precision was rounded away by the low dtype: rounding, as
     long as it stays below the low dtype's unit roundoff.
+
+    When the float32 rung was not true float32 (TF32 matmuls, see
+    :func:`float32_rung`), drift that did not shrink proves nothing: bf16 to
+    TF32 gains 3 mantissa bits, not 16. Such verdicts are ``unreliable``; a
+    shrink by orders of magnitude is still rounding.
     """
+    shrink, verdict = _ladder_verdict(low, high, low_dtype)
+    if not true_float32 and verdict in (Verdict.SEMANTIC, Verdict.UNCLEAR):
+        return shrink, Verdict.UNRELIABLE.value
+    return shrink, verdict
+
+
+def float32_rung(env: dict[str, Any], probe: dict[str, Any] | None = None, forced: bool = False) -> dict[str, Any]:
+    """Was the ladder's float32 rung true float32? The record kept with the ladder.
+
+    Args:
+        env: an environment record (backend, architecture, mlx, env vars), see
+            :func:`gemmdrift.envinfo.fp32_matmul_mode`.
+        probe: :func:`gemmdrift.envinfo.probe_fp32_matmul` measured at the rung;
+            it decides when given (mlx reads MLX_ENABLE_TF32 once per process,
+            so only a measurement says what this process does).
+        forced: gemmdrift set MLX_ENABLE_TF32=0 for this process.
+    """
+    from .envinfo import TF32_VAR, fp32_matmul_mode
+
+    mode = fp32_matmul_mode(env)
+    true32 = bool(probe["true_float32"]) if probe is not None else mode == "float32"
+    if true32:
+        why = (f"float32 matmuls measured true float32 (probe GEMM relative error {probe['rel_err']:.2g})"
+               if probe is not None else f"{env.get('backend')}: no TF32 path")
+    else:
+        why = (f"float32 matmuls are not true float32 here ({mode}"
+               + (f", measured relative error {probe['rel_err']:.2g}" if probe is not None else "")
+               + f"): rerun in a new process with {TF32_VAR}=0; semantic/unclear ladder verdicts are unreliable")
+    return {"mode": mode, "forced": bool(forced), "probe": probe, "true_float32": true32, "why": why,
+            TF32_VAR: (env.get("env") or {}).get(TF32_VAR)}
+
+
+def _ladder_verdict(low: float, high: float, low_dtype: str) -> tuple[float, str]:
     if low == 0 and high == 0:
         return math.nan, "identical"
     if high == 0:
@@ -123,7 +170,7 @@ def ladder_verdict(low: float, high: float, low_dtype: str = "bfloat16") -> tupl
     return shrink, "unclear"
 
 
-def ladder_table(table: pd.DataFrame, base: str, high: str = "float32") -> pd.DataFrame:
+def ladder_table(table: pd.DataFrame, base: str, high: str = "float32", true_float32: bool = True) -> pd.DataFrame:
     """Per pair and tap: rel_l2 drift at the base dtype and at ``high``, shrink, verdict."""
     t = table[(table["mode"] == "accumulated") & (table["metric"] == "rel_l2")]
     lo = t[t["dtype"] == base].set_index(["pair", "tap"])["value"]
@@ -132,7 +179,7 @@ def ladder_table(table: pd.DataFrame, base: str, high: str = "float32") -> pd.Da
     for key in lo.index:
         if key not in hi.index:
             continue
-        shrink, verdict = ladder_verdict(float(lo[key]), float(hi[key]), base)
+        shrink, verdict = ladder_verdict(float(lo[key]), float(hi[key]), base, true_float32)
         layer = t[(t["pair"] == key[0]) & (t["tap"] == key[1])]["layer"].iloc[0]
         out.append({"pair": key[0], "tap": key[1], "layer": int(layer), f"rel_l2_{base}": float(lo[key]),
                     f"rel_l2_{high}": float(hi[key]), "shrink": shrink, "verdict": verdict})
@@ -140,9 +187,10 @@ def ladder_table(table: pd.DataFrame, base: str, high: str = "float32") -> pd.Da
 
 
 def pair_verdict(ladder: pd.DataFrame, pair: str) -> str:
-    """'semantic' if any tap failed to shrink, 'rounding' if all drift shrank, 'identical' if none."""
+    """'semantic' if any tap failed to shrink, 'rounding' if all drift shrank, 'identical' if none
+    ('unreliable' where the float32 rung was TF32 and something did not shrink)."""
     v = set(ladder[ladder["pair"] == pair]["verdict"])
-    for verdict in ("semantic", "unclear", "rounding"):
+    for verdict in ("semantic", "unreliable", "unclear", "rounding"):
         if verdict in v:
             return verdict
     return "identical"
@@ -223,11 +271,13 @@ def measure_stack(
     env_rows: list[dict] = []
     kept: dict[tuple[str, str, str], Taps] = {}
     dtypes = [base] + (["float32"] if ladder else [])
+    rung = None
     try:
         for dtype in dtypes:
             if dtype != lm.info["dtype"]:
                 # Same weights, higher precision: bf16/fp16 values upcast exactly.
                 _cast(lm.model, dtype)
+                rung = _measure_rung()
             print(f"gemmdrift stack: {dtype}, {n} tokens, reference {ref_text}", file=sys.stderr, flush=True)
             # Blocks every schedule shares before the first compared position run once.
             limit = int(min(positions[0], logit_positions[0] if logit_positions.size else positions[0]))
@@ -267,7 +317,7 @@ def measure_stack(
         if ladder:
             _cast(lm.model, base)  # bf16/fp16 values survived the f32 detour exactly
     table = pd.DataFrame(rows)
-    ladder_df = ladder_table(table, base) if ladder else None
+    ladder_df = ladder_table(table, base, true_float32=rung["true_float32"]) if ladder else None
     inputs = {
         "model": lm.info,
         "tokens": [int(t) for t in tokens],
@@ -280,6 +330,8 @@ def measure_stack(
         "ladder": ladder,
         **(record or {}),
     }
+    if rung is not None:
+        inputs["ladder_float32"] = rung
     if keep_taps is not None:
         keep_taps.update(kept)
     tables = {"stack": table, "positions": pd.concat(per_pos, ignore_index=True) if per_pos else pd.DataFrame(),
@@ -344,3 +396,16 @@ def stack_result(tables: dict[str, pd.DataFrame], inputs: dict[str, Any], env: d
                  model=inputs["model"].get("source", ""))
     return Result(kind="stack", inputs=inputs, env=env, frame=frame, figures=stack_figures(tables, base),
                   tables=tables)
+
+
+def _measure_rung() -> dict[str, Any]:
+    """float32_rung for this process: its device, mlx version and MLX_ENABLE_TF32, and a probe GEMM."""
+    import os
+
+    import mlx.core as mx
+
+    from . import envinfo
+
+    env = {**envinfo.device_record(), "mlx": getattr(mx, "__version__", None),
+           "env": {envinfo.TF32_VAR: os.environ.get(envinfo.TF32_VAR)}}
+    return float32_rung(env, envinfo.probe_fp32_matmul(), forced=envinfo.TF32_FORCED_OFF)

@@ -28,6 +28,7 @@ from typing import Any, Callable
 import pandas as pd
 
 from . import files
+from .checks import check_out_dir  # noqa: F401  (store.check_out_dir: checks run before pandas loads)
 from .errors import GemmdriftError
 from .result import FORMAT, Result, tidy
 
@@ -37,23 +38,6 @@ MARKER = "result.json"
 # older tools and other commands read, e.g. `gemmdrift triage --stream-a stream_a.json`).
 DOCUMENTS: dict[str, Callable[[Result], dict[str, Any]]] = {}
 RESERVED = ("result.json", "meta.json", "summary.json", "figures.json", "details.json")
-
-
-def check_out_dir(out: str | Path) -> Path:
-    """Fail early (before any computation) when ``out`` cannot become a results directory."""
-    import os
-
-    out = Path(out)
-    probe = out
-    while not probe.exists():
-        if probe.parent == probe:
-            break
-        probe = probe.parent
-    if probe.exists() and not probe.is_dir():
-        raise GemmdriftError(f"--out {out}: {probe} is a file, not a directory")
-    if probe.exists() and not os.access(probe, os.W_OK | os.X_OK):
-        raise GemmdriftError(f"--out {out}: {probe} is not writable")
-    return out
 
 
 def write_result(result: Result, out: str | Path, *, draw: bool = True) -> dict[str, Path]:
@@ -90,14 +74,39 @@ def _read_json(path: Path) -> Any:
     try:
         return json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, ValueError) as e:
-        raise GemmdriftError(f"{path}: unreadable ({e.__class__.__name__}: {e})") from None
+        raise GemmdriftError(f"{path} is corrupt ({e.__class__.__name__}: {e}): rerun the command that wrote it") \
+            from None
+
+
+def read_object(path: Path, need: tuple[str, ...] = ()) -> dict[str, Any]:
+    """A JSON object a command wrote, with the keys ``need``; a corrupt or incomplete one is refused by name
+    (a page of "None" would look like a result)."""
+    obj = _read_json(path)
+    missing = [k for k in need if not isinstance(obj, dict) or k not in obj]
+    if not isinstance(obj, dict) or missing:
+        what = f"lacks {', '.join(missing)}" if isinstance(obj, dict) else f"holds a {type(obj).__name__}"
+        raise GemmdriftError(f"{path} is corrupt (it {what}): rerun the command that wrote it")
+    return obj
+
+
+def check_summary(d: Path, result: Result) -> None:
+    """A summary.json beside a result must be the summary of that result (at least its keys): a corrupt or
+    truncated one means the directory was damaged, and is refused by name."""
+    from . import summaries
+
+    path = Path(d) / "summary.json"
+    if path.is_file():
+        read_object(path, need=tuple(summaries.summary(result)))
 
 
 def _read_csv(path: Path) -> pd.DataFrame:
     try:
         return pd.read_csv(path)
+    except pd.errors.EmptyDataError:
+        return pd.DataFrame()  # an empty table is written as an empty file
     except (OSError, ValueError, pd.errors.ParserError) as e:
-        raise GemmdriftError(f"{path}: unreadable table ({e.__class__.__name__})") from None
+        raise GemmdriftError(f"{path} is corrupt (unreadable table, {e.__class__.__name__}): rerun the command "
+                             "that wrote it") from None
 
 
 def is_result_dir(d: str | Path) -> bool:
@@ -125,21 +134,21 @@ def read_result(d: str | Path) -> Result:
         if legacy.kind_of(d) is not None:
             return legacy.read(d)
         raise GemmdriftError(f"{d}: not a gemmdrift result directory (no {MARKER})")
-    mark = _read_json(marker)
-    if not isinstance(mark, dict) or mark.get("format") != FORMAT or not isinstance(mark.get("kind"), str):
+    mark = read_object(marker, need=("format", "kind"))
+    if mark.get("format") != FORMAT or not isinstance(mark.get("kind"), str):
         raise GemmdriftError(f"{marker}: not a format-{FORMAT} result marker")
-    meta = _read_json(d / "meta.json")
-    if not isinstance(meta, dict) or meta.get("kind") != mark["kind"]:
-        raise GemmdriftError(f"{d / 'meta.json'}: does not describe a {mark['kind']} result")
-    figures = _read_json(d / "figures.json")
-    if not isinstance(figures, dict):
-        raise GemmdriftError(f"{d / 'figures.json'}: expected an object of figures")
-    details = _read_json(d / "details.json") if (d / "details.json").is_file() else {}
+    meta = read_object(d / "meta.json", need=("kind", "env", "inputs"))
+    if meta.get("kind") != mark["kind"]:
+        raise GemmdriftError(f"{d / 'meta.json'} is corrupt (it does not describe a {mark['kind']} result)")
+    figures = read_object(d / "figures.json")
+    details = read_object(d / "details.json") if (d / "details.json").is_file() else {}
     reserved = {"result.csv"}
     tables = {Path(n).stem: _read_csv(d / n) for n in mark.get("files", [])
               if n.endswith(".csv") and n not in reserved}
-    return Result(kind=mark["kind"], inputs=meta.get("inputs") or {}, env=meta.get("env") or {},
-                  frame=tidy(_read_csv(d / "result.csv")), figures=figures, tables=tables, details=details)
+    result = Result(kind=mark["kind"], inputs=meta.get("inputs") or {}, env=meta.get("env") or {},
+                    frame=tidy(_read_csv(d / "result.csv")), figures=figures, tables=tables, details=details)
+    check_summary(d, result)
+    return result
 
 
 # ---- diverge: stream_a.json / stream_b.json (inputs of `gemmdrift triage`) and diverge.json

@@ -129,7 +129,41 @@ def _key(part: str, lm, sizes: Sizes) -> str:
 
 def _done(out: Path, key: str) -> bool:
     marker = out / "done.json"
-    return marker.exists() and json.loads(marker.read_text()).get("key") == key
+    if not marker.exists():
+        return False
+    try:
+        saved = json.loads(marker.read_text())
+        if not isinstance(saved, dict):
+            raise ValueError(f"a {type(saved).__name__}, not an object")
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        files.discard_checkpoint(marker, str(e)[:80])
+        return False
+    return saved.get("key") == key
+
+
+RUN_RECORD = "run.json"
+
+
+def check_resume(out: str | Path, inputs: dict[str, Any]) -> None:
+    """Refuse to resume into a run directory made with other inputs (model, dtype, sizes, mlx, mlx-lm).
+
+    Parts finished under other inputs would otherwise sit beside new ones under
+    one label. Runs before the record existed are accepted as they are.
+    """
+    record = Path(out) / RUN_RECORD
+    if not record.is_file():
+        return
+    try:
+        saved = json.loads(record.read_text())
+        if not isinstance(saved, dict):
+            raise ValueError("not an object")
+    except (OSError, UnicodeDecodeError, ValueError):
+        raise GemmdriftError(f"{record} is corrupt: cannot tell what this run directory holds; use another --out "
+                             "or delete the directory") from None
+    diff = [f"{k} {saved.get(k)!r} (now {v!r})" for k, v in inputs.items() if saved.get(k) != v]
+    if diff:
+        raise GemmdriftError(f"{out} was made with other inputs: {'; '.join(diff)}; resuming would mix them "
+                             "under one label: use another --out")
 
 
 def _mark(out: Path, key: str, seconds: float) -> None:
@@ -155,10 +189,17 @@ def main_job(out: str | Path = "results/run", sizes: str | None = None, model: s
         raise GemmdriftError(f"unknown size {name!r} (choose {', '.join(SIZES)})")
     s = SIZES[name]
     out = Path(out)
+    from .envinfo import _version
+    from .models import parse_dtype
+
+    run_inputs = {"model": model, "dtype": parse_dtype(dtype), "sizes": name, "mlx": _version("mlx"),
+                  "mlx_lm": _version("mlx-lm")}
+    check_resume(out, run_inputs)  # before the model loads
     env = environment()
     lm = load_model(model, dtype=dtype)
     print(f"gemmdrift run: {describe(lm.info)}; sizes '{name}' on {env['backend']}", file=sys.stderr, flush=True)
     files.write_json(out / "env.json", env)
+    files.write_json(out / RUN_RECORD, run_inputs)
 
     parts = [
         ("stack-decode", "decode vs verify:2 / verify:3", lambda d: decode_family(lm, s, d / "checkpoint", env)),

@@ -87,6 +87,7 @@ def stack_summary(result: Result) -> dict[str, Any]:
             item["flip_gaps"] = _gaps(row["flip_gaps"])
         if ladder is not None and len(ladder):
             item["ladder_verdict"] = pair_verdict(ladder, pair)
+            item["ladder_true_float32"] = (result.inputs.get("ladder_float32") or {}).get("true_float32")
         pairs.append(item)
     return {"model": result.inputs["model"]["source"], "dtype": base, "tokens": len(result.inputs["tokens"]),
             "split": result.inputs["split"], "reference": result.inputs["reference"], "pairs": pairs}
@@ -109,6 +110,9 @@ def stack_text(result: Result) -> str:
         lines.append("\n== precision ladder (rel_l2 at the logits and the last layer)")
         last = ladder[ladder["tap"].isin(["logits", "norm"])]
         lines.append(text_table(last))
+        rung = result.inputs.get("ladder_float32")
+        if rung:
+            lines.append(f"float32 rung: {rung['why']}")
     return "\n".join(lines)
 
 

@@ -1,0 +1,122 @@
+"""Checks of the user's inputs that run before any model is loaded or anything is computed.
+
+Standard library only: importing pandas alone takes seconds on a busy
+machine, and a bad flag should be refused at once. Each check raises
+:class:`~gemmdrift.errors.GemmdriftError` (one line, exit status 2).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+from typing import Any, Mapping
+
+from .errors import GemmdriftError
+
+
+def check_out_dir(out: str | Path) -> Path:
+    """Fail early (before any computation) when ``out`` cannot become a results directory."""
+    out = Path(out)
+    probe = out
+    while not probe.exists():
+        if probe.parent == probe:
+            break
+        probe = probe.parent
+    if probe.exists() and not probe.is_dir():
+        raise GemmdriftError(f"--out {out}: {probe} is a file, not a directory")
+    if probe.exists() and not os.access(probe, os.W_OK | os.X_OK):
+        raise GemmdriftError(f"--out {out}: {probe} is not writable")
+    return out
+
+
+def check_envelope(value: float | None, flag: str = "--envelope") -> None:
+    """An envelope (max |Δgap|, logits) is a finite, non-negative number, or None (measure it)."""
+    if value is None:
+        return
+    if not math.isfinite(value) or value < 0:
+        raise GemmdriftError(f"{flag} must be a finite non-negative number of logits, got {value}")
+
+
+def check_positive(**flags: int | None) -> None:
+    """check_positive(n=args.n) -> '--n must be positive, got 0'. None means 'not given'."""
+    for name, value in flags.items():
+        if value is not None and value < 1:
+            raise GemmdriftError(f"--{name.replace('_', '-')} must be positive, got {value}")
+
+
+def check_range_text(text: str | None, name: str) -> None:
+    """The syntax of an 'A:B' position range (B exclusive), and that it is not reversed or empty.
+
+    What a range covers depends on the stream's length (negative ends count
+    from the end), which is known only later; this catches what is wrong
+    whatever the length.
+    """
+    if text is None or text == "none":
+        return
+    try:
+        if ":" in text:
+            a, b = text.split(":", 1)
+            lo = int(a) if a else None
+            hi = int(b) if b else None
+        else:
+            int(text)
+            return
+    except ValueError:
+        raise GemmdriftError(f"{name}: expected A:B, got {text!r}") from None
+    if lo is not None and hi is not None and (lo < 0) == (hi < 0) and lo >= hi:
+        raise GemmdriftError(f"{name} {text}: the range is {'reversed' if lo > hi else 'empty'} "
+                             f"(A:B covers A..B-1, so A must be below B)")
+
+
+def check_prompt_args(text: str | None, text_file: str | None = None, ids_file: str | None = None) -> None:
+    """At most one prompt source; no empty prompt; prompt files readable (before the model loads)."""
+    given = [x for x in (text, text_file, ids_file) if x is not None]
+    if len(given) > 1:
+        raise GemmdriftError("give only one of --prompt, --prompt-file and --prompt-ids")
+    if text is not None and not text.strip():
+        raise GemmdriftError("--prompt is empty")
+    for flag, path in (("--prompt-file", text_file), ("--prompt-ids", ids_file)):
+        if path is None:
+            continue
+        p = Path(path).expanduser()
+        if not p.is_file():
+            raise GemmdriftError(f"{flag} {p}: no such file")
+        if not os.access(p, os.R_OK):
+            raise GemmdriftError(f"{flag} {p}: not readable")
+        if flag == "--prompt-file":
+            try:
+                empty = not p.read_text(encoding="utf-8").strip()
+            except (OSError, UnicodeDecodeError) as e:
+                raise GemmdriftError(f"cannot read prompt file {p}: {e}") from None
+            if empty:
+                raise GemmdriftError(f"{flag} {p} is empty")
+
+
+def check_max_t(ts: list[int], max_t: int) -> None:
+    """A kernel sweep whose --max-t is below every block size would measure nothing."""
+    if ts and max_t < min(ts):
+        raise GemmdriftError(f"--max-t {max_t} is below every block size in --ts (smallest {min(ts)}): nothing to measure")
+
+
+def max_positions(info: Mapping[str, Any]) -> int | None:
+    """The longest sequence the model takes (its max_position_embeddings), if its config says."""
+    v = info.get("max_positions")
+    return int(v) if v else None
+
+
+def check_length(info: Mapping[str, Any], n_tokens: int, what: str) -> None:
+    """Refuse a stream longer than the model's maximum positions (before computing on it)."""
+    limit = max_positions(info)
+    if limit is not None and n_tokens > limit:
+        raise GemmdriftError(f"{what} has {n_tokens:,} tokens: more than the model's {limit:,} positions")
+
+
+def check_gate_versions(candidate: str | None, baseline: str | None) -> None:
+    """Refuse to gate a release against itself: that comparison passes whatever the release does."""
+    def key(v: str) -> tuple:
+        return tuple(int(x) if x.isdigit() else 0 for x in str(v).split("."))
+
+    if candidate is not None and baseline is not None and key(candidate) == key(baseline):
+        raise GemmdriftError(f"--candidate {candidate} and --baseline {baseline} are the same release: "
+                             "comparing a release with itself proves nothing")

@@ -89,7 +89,9 @@ def test_layer_profiles_regroup_per_layer_series(results):
     p = profiles[("m1", "cpu", "bench_stack.Layers.track_rel_l2", "verify2")]
     assert sorted(zip(p["mlx"], p["tap_index"], p["value"])) == [
         ("0.31.2", 0, 0.0), ("0.31.2", 1, 0.01), ("0.32.4", 0, 0.0), ("0.32.4", 1, 0.01)]
-    history.plot_layer_profile(p, "t")
+    from gemmdrift import plots
+
+    plots.plot_layer_profile(p, "t")
 
 
 def test_gate_flags_growth_past_the_threshold_only(results):
@@ -150,6 +152,10 @@ def test_cli_gate_exit_status_and_history_figures(results, tmp_path):
     assert summary["versions"] == ["0.31.2", "0.32.4"] and summary["figures"]
     assert any("layers_bench_stack.Layers.track_rel_l2" in f for f in summary["figures"])
     assert all((tmp_path / "h" / "figures").glob("*.png"))
+    from gemmdrift import report, store
+
+    assert store.read_result(tmp_path / "h").kind == "history"  # a Result like any other kind: it renders
+    assert any(b[0] == "img" for b in report.report_blocks(tmp_path / "h"))
     r = run("gate", "--results", str(tmp_path / "none"))
     assert r.returncode == 2 and "no asv results" in r.stderr
 

@@ -316,7 +316,7 @@ def test_checkpoint_resumes_without_recomputing(tiny, tmp_path, monkeypatch):
     def fail(*args, **kwargs):
         raise AssertionError("a checkpointed unit was recomputed")
 
-    monkeypatch.setattr(kernels, "build_operator", fail)
+    monkeypatch.setattr(kernels.runs, "build_operator", fail)
     again = kernels.sweep(tiny, inputs, projs, ["model", "emulated:splitk3"], ts=[1, 2, 3], checkpoint=tmp_path)
     cols = ["layer", "projection", "path", "quant", "emulated", "T", "metric", "value"]
     assert again[cols].equals(first[cols])

@@ -394,33 +394,17 @@ def cmd_history(args) -> int:
     from .checks import check_out_dir
 
     check_out_dir(args.out)
-    from . import files
-    from .history import (history_table, latest_per_version, layer_profiles, plot_history, plot_layer_profile,
-                          read_results, tracked)
-    from .text import text_table
+    from . import store, summaries
+    from .history import history_result, read_results
 
-    df = read_results(_results_dirs(args))
+    dirs = _results_dirs(args)
     out = Path(args.out)
-    t = latest_per_version(tracked(df))
-    if args.include:
-        t = t[t["benchmark"].str.contains(args.include, regex=False)]
-    if t.empty:
-        raise GemmdriftError("no tracked figures match")
-    files.write_csv(out / "history.csv", t)
-    wide = history_table(t)
-    files.write_csv(out / "history_wide.csv", wide)
-    figures = []
-    for (bench, params), _ in t.groupby(["benchmark", "params"], sort=True):
-        name = (bench + ("_" + params if params else "")).replace("/", "_").replace(" ", "").replace(",", "_")
-        figures.append(files.save_figure(out / "figures" / f"{name[:150]}.png", plot_history(t, bench, params)))
-    for (machine, backend, bench, rest), profile in layer_profiles(t).items():
-        name = f"layers_{bench}_{rest}_{machine}_{backend}".replace(" ", "").replace(",", "_").replace("/", "_")
-        title = f"{bench} [{rest}] on {machine} ({backend}): drift per layer by mlx version"
-        figures.append(files.save_figure(out / "figures" / f"{name[:150]}.png", plot_layer_profile(profile, title)))
-    summary = {"series": int(len(wide)), "versions": sorted(set(t["mlx"])), "machines": sorted(set(t["machine"])),
-               "figures": [str(f) for f in figures]}
-    _emit(args, {**summary, "table": wide.to_dict(orient="records")},
-          text_table(wide) + f"\n\n{len(figures)} figures in {out / 'figures'}/")
+    result = history_result(read_results(dirs), include=args.include,
+                            results=[str(d) for d in (dirs if isinstance(dirs, (list, tuple)) else [dirs])])
+    store.write_result(result, out)
+    summary = summaries.summary(result)
+    summary["figures"] = [str(out / f) for f in summary["figures"]]
+    _emit(args, summary, summaries.text(result) + f"\n\n{len(summary['figures'])} figures in {out / 'figures'}/")
     return 0
 
 

@@ -116,3 +116,23 @@ def save_figure(path: str | os.PathLike, fig) -> Path:
         fig.savefig(tmp, dpi=120, bbox_inches="tight", format=Path(path).suffix.lstrip(".") or "png")
     plt.close(fig)
     return Path(path)
+
+
+def read_object(path: str | Path, need: tuple[str, ...] = ()) -> dict[str, Any]:
+    """A JSON object a command wrote, with the keys ``need``; a corrupt or incomplete one is refused by name
+    (a page of "None" would look like a result)."""
+    import json
+
+    from .errors import GemmdriftError
+
+    path = Path(path)
+    try:
+        obj = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise GemmdriftError(f"{path} is corrupt ({e.__class__.__name__}: {e}): rerun the command that wrote it") \
+            from None
+    missing = [k for k in need if not isinstance(obj, dict) or k not in obj]
+    if not isinstance(obj, dict) or missing:
+        what = f"lacks {', '.join(missing)}" if isinstance(obj, dict) else f"holds a {type(obj).__name__}"
+        raise GemmdriftError(f"{path} is corrupt (it {what}): rerun the command that wrote it")
+    return obj

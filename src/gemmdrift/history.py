@@ -202,30 +202,6 @@ def series_name(benchmark: str, params: str) -> str:
     return benchmark + (f"[{params}]" if params else "")
 
 
-def plot_history(df: pd.DataFrame, benchmark: str, params: str = ""):
-    """One tracked figure against the mlx version, one line per machine/backend."""
-    from .plots import _plt
-
-    plt = _plt()
-
-    s = df[(df["benchmark"] == benchmark) & (df["params"] == params)]
-    versions = sorted(set(s["mlx"]), key=version_key)
-    x = {v: i for i, v in enumerate(versions)}
-    fig, ax = plt.subplots(figsize=(8, 4))
-    for (machine, backend), g in s.groupby(["machine", "backend"]):
-        g = g.sort_values("mlx", key=lambda c: c.map(version_key))
-        ax.plot([x[v] for v in g["mlx"]], g["value"], marker="o", label=f"{machine} ({backend})")
-    ax.set_xticks(range(len(versions)))
-    ax.set_xticklabels(versions)
-    ax.set_xlabel("mlx version")
-    unit = s["unit"].dropna().iloc[0] if s["unit"].notna().any() else ""
-    ax.set_ylabel(unit or "value")
-    ax.set_title(series_name(benchmark, params), fontsize=9)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
-    return fig
-
-
 def history_table(df: pd.DataFrame) -> pd.DataFrame:
     """Wide view: one row per tracked series and machine, one column per mlx version."""
     t = latest_per_version(tracked(df))
@@ -315,31 +291,32 @@ def layer_profiles(df: pd.DataFrame) -> dict[tuple[str, str, str, str], pd.DataF
     return {k: pd.DataFrame(v) for k, v in out.items()}
 
 
-def plot_layer_profile(profile: pd.DataFrame, title: str):
-    """Drift at every layer, one line per mlx version (log scale; exact zeros on the floor as open markers)."""
-    from .plots import _plt
+def figure_names(t: pd.DataFrame) -> dict[str, tuple]:
+    """The figures of a history table, by file name under ``figures/``: ``(benchmark, params)`` for one
+    series against the mlx version, ``(machine, backend, benchmark, rest)`` for a per-layer profile."""
+    out: dict[str, tuple] = {}
+    for (bench, params), _ in t.groupby(["benchmark", "params"], sort=True):
+        name = (bench + ("_" + params if params else "")).replace("/", "_").replace(" ", "").replace(",", "_")
+        out[f"figures/{name[:150]}.png"] = (bench, params)
+    for key in layer_profiles(t):
+        machine, backend, bench, rest = key
+        name = f"layers_{bench}_{rest}_{machine}_{backend}".replace(" ", "").replace(",", "_").replace("/", "_")
+        out[f"figures/{name[:150]}.png"] = key
+    return out
 
-    plt = _plt()
-    import numpy as np
 
-    taps = profile.drop_duplicates("tap").sort_values("tap_index")
-    x = {tap: i for i, tap in enumerate(taps["tap"])}
-    positive = profile["value"][profile["value"] > 0]
-    floor = float(positive.min()) / 4 if len(positive) else 1e-8
-    fig, ax = plt.subplots(figsize=(9, 4.2))
-    for version in sorted(set(profile["mlx"]), key=version_key):
-        s = profile[profile["mlx"] == version].sort_values("tap_index")
-        xs, ys = np.array([x[t] for t in s["tap"]]), s["value"].to_numpy(float)
-        line, = ax.plot(xs, np.where(ys > 0, ys, np.nan), marker="o", ms=3, label=f"mlx {version}")
-        if (ys == 0).any():
-            ax.plot(xs[ys == 0], np.full(int((ys == 0).sum()), floor), "o", mfc="none", color=line.get_color())
-    ax.set_yscale("log")
-    ax.set_xticks(range(len(x)))
-    ax.set_xticklabels([t.replace("layer ", "") for t in x], fontsize=7)
-    ax.set_xlabel("decoder layer")
-    unit = profile["unit"].dropna().iloc[0] if profile["unit"].notna().any() else "value"
-    ax.set_ylabel(unit)
-    ax.set_title(title, fontsize=9)
-    ax.grid(True, which="both", axis="y", alpha=0.3)
-    ax.legend(fontsize=7)
-    return fig
+def history_result(df: pd.DataFrame, include: str = "", results: Sequence[str] = ()):
+    """The ``history`` Result of asv's results (:func:`read_results`): the latest figure per machine, backend,
+    series and mlx version (table ``history``) and its wide view (``history_wide``)."""
+    from .result import Result, tidy
+
+    t = latest_per_version(tracked(df))
+    if include:
+        t = t[t["benchmark"].str.contains(include, regex=False)]
+    if t.empty:
+        raise GemmdriftError("no tracked figures match")
+    frame = tidy(t.rename(columns={"benchmark": "metric"})
+                 .assign(pair=t["params"], model="embedded")[["backend", "mlx", "model", "pair", "metric", "value",
+                                                              "machine"]])
+    return Result(kind="history", inputs={"results": [str(r) for r in results], "include": include}, env={},
+                  frame=frame, tables={"history": t, "history_wide": history_table(t)})

@@ -46,7 +46,7 @@ def _csv(path: Path, **kw) -> pd.DataFrame:
 
 
 def _meta(d: Path) -> tuple[dict[str, Any], dict[str, Any]]:
-    from .store import read_object
+    from .files import read_object
 
     if not (d / "meta.json").is_file():
         raise GemmdriftError(f"{d / 'meta.json'}: missing (the command that wrote {d} did not finish)")
@@ -77,7 +77,7 @@ def _kernels(d: Path) -> Result:
 
 def _diverge(d: Path) -> Result:
     from .diverge import diverge_result
-    from .store import read_object
+    from .files import read_object
 
     env, inputs = _meta(d)
     r = read_object(d / "diverge.json", need=("n", "stream_a", "stream_b", "first_divergence"))
@@ -94,7 +94,7 @@ def _divergence(d: Path) -> Result:
 def _triage(d: Path) -> Result:
     from .diverge import triage_result
 
-    from .store import read_object
+    from .files import read_object
 
     rec = read_object(d / "triage.json", need=("triage",))
     if not isinstance(rec["triage"], dict):
@@ -111,10 +111,19 @@ READERS = {"stack": _stack, "kernels": _kernels, "diverge": _diverge, "divergenc
            "triage": _triage, "history": _history}
 
 
+def check_summary(d: Path, result: Result) -> None:
+    """A summary.json beside a result must be the summary of that result (at least its keys): a corrupt or
+    truncated one means the directory was damaged, and is refused by name."""
+    from . import summaries
+    from .files import read_object
+
+    path = Path(d) / "summary.json"
+    if path.is_file():
+        read_object(path, need=tuple(summaries.summary(result)))
+
+
 def read(d: str | Path) -> Result:
     """The Result in an older results directory (its summary.json, if any, checked against it)."""
-    from .store import check_summary
-
     d = Path(d)
     kind = kind_of(d)
     if kind is None:

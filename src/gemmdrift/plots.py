@@ -433,3 +433,78 @@ DRAW["kernels"] = draw_kernels
 DRAW["diverge"] = lambda r: {"triage.png": triage(r.details["triage"])} if r.details.get("triage") else {}
 DRAW["triage"] = lambda r: {"triage.png": triage(r.details["triage"])}
 DRAW["divergence"] = lambda r: {"divergence.png": divergence(r.tables["divergence"])}
+
+
+# ---- history
+
+
+def plot_history(df: pd.DataFrame, benchmark: str, params: str = ""):
+    """One tracked figure against the mlx version, one line per machine/backend."""
+    plt = _plt()
+
+    from .history import series_name, version_key
+
+    s = df[(df["benchmark"] == benchmark) & (df["params"] == params)]
+    versions = sorted(set(s["mlx"]), key=version_key)
+    x = {v: i for i, v in enumerate(versions)}
+    fig, ax = plt.subplots(figsize=(8, 4))
+    for (machine, backend), g in s.groupby(["machine", "backend"]):
+        g = g.sort_values("mlx", key=lambda c: c.map(version_key))
+        ax.plot([x[v] for v in g["mlx"]], g["value"], marker="o", label=f"{machine} ({backend})")
+    ax.set_xticks(range(len(versions)))
+    ax.set_xticklabels(versions)
+    ax.set_xlabel("mlx version")
+    unit = s["unit"].dropna().iloc[0] if s["unit"].notna().any() else ""
+    ax.set_ylabel(unit or "value")
+    ax.set_title(series_name(benchmark, params), fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    return fig
+
+
+def plot_layer_profile(profile: pd.DataFrame, title: str):
+    """Drift at every layer, one line per mlx version (log scale; exact zeros on the floor as open markers)."""
+    from .history import version_key
+
+    plt = _plt()
+    taps = profile.drop_duplicates("tap").sort_values("tap_index")
+    x = {tap: i for i, tap in enumerate(taps["tap"])}
+    positive = profile["value"][profile["value"] > 0]
+    floor = float(positive.min()) / 4 if len(positive) else 1e-8
+    fig, ax = plt.subplots(figsize=(9, 4.2))
+    for version in sorted(set(profile["mlx"]), key=version_key):
+        s = profile[profile["mlx"] == version].sort_values("tap_index")
+        xs, ys = np.array([x[t] for t in s["tap"]]), s["value"].to_numpy(float)
+        line, = ax.plot(xs, np.where(ys > 0, ys, np.nan), marker="o", ms=3, label=f"mlx {version}")
+        if (ys == 0).any():
+            ax.plot(xs[ys == 0], np.full(int((ys == 0).sum()), floor), "o", mfc="none", color=line.get_color())
+    ax.set_yscale("log")
+    ax.set_xticks(range(len(x)))
+    ax.set_xticklabels([t.replace("layer ", "") for t in x], fontsize=7)
+    ax.set_xlabel("decoder layer")
+    unit = profile["unit"].dropna().iloc[0] if profile["unit"].notna().any() else "value"
+    ax.set_ylabel(unit)
+    ax.set_title(title, fontsize=9)
+    ax.grid(True, which="both", axis="y", alpha=0.3)
+    ax.legend(fontsize=7)
+    return fig
+
+
+def draw_history(result) -> dict:
+    """figures/<series>.png for every tracked series, figures/layers_*.png for every per-layer profile."""
+    from .history import figure_names, layer_profiles
+
+    t = result.tables["history"]
+    profiles = layer_profiles(t)
+    out = {}
+    for name, key in figure_names(t).items():
+        if len(key) == 2:
+            out[name] = plot_history(t, *key)
+        else:
+            machine, backend, bench, rest = key
+            out[name] = plot_layer_profile(profiles[key], f"{bench} [{rest}] on {machine} ({backend}): drift per "
+                                                          "layer by mlx version")
+    return out
+
+
+DRAW["history"] = draw_history

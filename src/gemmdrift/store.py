@@ -21,7 +21,6 @@ kind by the files its command wrote (``stack.csv``, ``kernels.csv``, ...).
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, Callable
 
@@ -71,32 +70,10 @@ def write_result(result: Result, out: str | Path, *, draw: bool = True) -> dict[
 
 
 def _read_json(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as e:
-        raise GemmdriftError(f"{path} is corrupt ({e.__class__.__name__}: {e}): rerun the command that wrote it") \
-            from None
+    return files.read_object(path)
 
 
-def read_object(path: Path, need: tuple[str, ...] = ()) -> dict[str, Any]:
-    """A JSON object a command wrote, with the keys ``need``; a corrupt or incomplete one is refused by name
-    (a page of "None" would look like a result)."""
-    obj = _read_json(path)
-    missing = [k for k in need if not isinstance(obj, dict) or k not in obj]
-    if not isinstance(obj, dict) or missing:
-        what = f"lacks {', '.join(missing)}" if isinstance(obj, dict) else f"holds a {type(obj).__name__}"
-        raise GemmdriftError(f"{path} is corrupt (it {what}): rerun the command that wrote it")
-    return obj
-
-
-def check_summary(d: Path, result: Result) -> None:
-    """A summary.json beside a result must be the summary of that result (at least its keys): a corrupt or
-    truncated one means the directory was damaged, and is refused by name."""
-    from . import summaries
-
-    path = Path(d) / "summary.json"
-    if path.is_file():
-        read_object(path, need=tuple(summaries.summary(result)))
+read_object = files.read_object
 
 
 def _read_csv(path: Path) -> pd.DataFrame:
@@ -147,7 +124,7 @@ def read_result(d: str | Path) -> Result:
               if n.endswith(".csv") and n not in reserved}
     result = Result(kind=mark["kind"], inputs=meta.get("inputs") or {}, env=meta.get("env") or {},
                     frame=tidy(_read_csv(d / "result.csv")), figures=figures, tables=tables, details=details)
-    check_summary(d, result)
+    legacy.check_summary(d, result)
     return result
 
 

@@ -309,3 +309,18 @@ def divergence_text(result: Result) -> str:
 
 SUMMARIES["divergence"] = lambda r: divergence_summary(r.tables["divergence"])
 TEXTS["divergence"] = divergence_text
+
+
+# ---- history (asv results by mlx version)
+
+
+def history_summary(result: Result) -> dict[str, Any]:
+    from .history import figure_names
+
+    t, wide = result.tables["history"], result.tables["history_wide"]
+    return {"series": int(len(wide)), "versions": sorted(set(t["mlx"])), "machines": sorted(set(t["machine"])),
+            "figures": list(figure_names(t)), "table": wide.to_dict(orient="records")}
+
+
+SUMMARIES["history"] = history_summary
+TEXTS["history"] = lambda r: text_table(r.tables["history_wide"])

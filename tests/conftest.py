@@ -52,7 +52,7 @@ def make_tiny(dtype: str = "bfloat16", seed: int = 0, **overrides):
     info = {"source": "tiny", "kind": "tiny", "dtype": dtype, "synthetic": True, "architecture": "gemma3_text",
             "n_layers": config["num_hidden_layers"], "layer_types": layer_types(model),
             "vocab_size": config["vocab_size"], "hidden_size": config["hidden_size"], "quantization": None,
-            "sliding_window": config["sliding_window"]}
+            "sliding_window": config["sliding_window"], "max_positions": None, "path": None}
     return LoadedModel(model=model, tokenizer=None, info=info)
 
 

@@ -229,7 +229,9 @@ def test_a_corrupt_prompt_checkpoint_is_discarded_and_resume_keys_name_the_dtype
     assert f"checkpoint {row} is corrupt" in capsys.readouterr().err
     assert again.equals(first)
     other = near_tie_model()
-    other.info["dtype"] = "float16"
+    import dataclasses
+
+    other.description = dataclasses.replace(other.description, dtype="float16")
     calls = []
     real = dv.diverge
     monkeypatch.setattr(dv, "diverge", lambda *a, **k: calls.append(1) or real(*a, **k))

@@ -107,7 +107,7 @@ def max_positions(info: Mapping[str, Any]) -> int | None:
 
 def check_length(info: Mapping[str, Any], n_tokens: int, what: str) -> None:
     """Refuse a stream longer than the model's maximum positions (before computing on it)."""
-    limit = max_positions(info)
+    limit = info.max_positions if hasattr(info, "max_positions") else max_positions(info)
     if limit is not None and n_tokens > limit:
         raise GemmdriftError(f"{what} has {n_tokens:,} tokens: more than the model's {limit:,} positions")
 

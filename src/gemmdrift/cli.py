@@ -88,7 +88,7 @@ def _tokens(args, lm):
         ids = ids[: args.tokens]
     from .checks import check_length
 
-    check_length(lm.info, len(ids), "the prompt")
+    check_length(lm.description, len(ids), "the prompt")
     return ids, label
 
 
@@ -181,7 +181,7 @@ def cmd_stack(args) -> int:
     split = args.split if args.split is not None else default_split(n)
     positions = parse_range(args.positions, n, "--positions")
     logit_positions = parse_range(args.logit_positions, n, "--logit-positions")
-    print(f"gemmdrift stack: {describe(lm.info)}; {n} tokens ({label}); split {split}", file=sys.stderr)
+    print(f"gemmdrift stack: {describe(lm.description)}; {n} tokens ({label}); split {split}", file=sys.stderr)
     result = measure_stack(lm, ids, args.schedules, split=split, positions=positions,
                            logit_positions=logit_positions, local=not args.no_local, ladder=args.ladder,
                            checkpoint=Path(args.out) / "checkpoint", env=environment(), record={"prompt": label})
@@ -236,7 +236,7 @@ def cmd_kernels(args) -> int:
         kernels.parse_path(p)  # a bad path fails before the model loads
     lm = _load(args)
     projs = kernels.projections(lm, layers=layers, names=names)
-    print(f"gemmdrift kernels: {describe(lm.info)}; {len(projs)} projections x {len(paths)} paths", file=sys.stderr)
+    print(f"gemmdrift kernels: {describe(lm.description)}; {len(projs)} projections x {len(paths)} paths", file=sys.stderr)
     if lm.synthetic:
         ids, label = [], "synthetic rows"
     else:
@@ -299,14 +299,14 @@ def cmd_diverge(args) -> int:
     record = {**opts, "draft": args.draft or "self", "draft_quantize": args.draft_quantize}
     out = Path(args.out)
     env = environment()
-    print(f"gemmdrift diverge: {describe(lm.info)}", file=sys.stderr)
+    print(f"gemmdrift diverge: {describe(lm.description)}", file=sys.stderr)
     if texts is not None:
         if lm.tokenizer is None:
             raise GemmdriftError("--prompts needs a model with a tokenizer")
         prefix = "" if args.context is None else _context_text(args.context) + "\n\n"
         ids = [lm.tokenizer.encode(prefix + t) for t in texts]
         for i, x in enumerate(ids):
-            check_length(lm.info, len(x) + args.n, f"prompt {i} with --n {args.n}")
+            check_length(lm.description, len(x) + args.n, f"prompt {i} with --n {args.n}")
         result = measure_divergence_stats(lm, ids, args.n, checkpoint=out / "prompts",
                                           labels=[str(i) for i in range(len(ids))], do_triage=not args.no_triage,
                                           record={"prompts": texts, "context": args.context, **record}, env=env,
@@ -314,7 +314,7 @@ def cmd_diverge(args) -> int:
         _write_and_print(args, result, out)
         return 0
     ids, label = _tokens(args, lm)
-    check_length(lm.info, len(ids) + args.n, f"the prompt with --n {args.n}")
+    check_length(lm.description, len(ids) + args.n, f"the prompt with --n {args.n}")
     result = measure_diverge(lm, ids, args.n, do_triage=not args.no_triage, record={"prompt": label, **record},
                              env=env, **opts)
     _write_and_print(args, result, out, "(stream_a.json and stream_b.json feed `gemmdrift triage`)")
@@ -348,7 +348,7 @@ def cmd_triage(args) -> int:
         prompt = pa if pa is not None else pb
         if prompt is None:
             raise GemmdriftError("the stream files carry no prompt: give --prompt, --prompt-file or --prompt-ids")
-    check_length(lm.info, len(prompt) + max(len(sa), len(sb)), "the prompt and the longer stream")
+    check_length(lm.description, len(prompt) + max(len(sa), len(sb)), "the prompt and the longer stream")
     result = measure_triage(lm, prompt, sa, sb, args.schedule_a, args.schedule_b, envelope=args.envelope,
                             env=environment())
     _write_and_print(args, result, args.out)

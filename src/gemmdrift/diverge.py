@@ -227,7 +227,7 @@ def triage(lm, prompt: Sequence[int], stream_a: Sequence[int], stream_b: Sequenc
     from .checks import check_envelope
 
     check_envelope(envelope, "envelope")
-    vocab = lm.info.get("vocab_size")
+    vocab = lm.description.vocab_size
     for name, s in (("prompt", prompt), ("stream A", stream_a), ("stream B", stream_b)):
         for t in s:
             if t < 0 or (vocab and t >= vocab):
@@ -371,13 +371,13 @@ def divergence_stats(lm, prompts: Sequence[Sequence[int]], n: int, *, checkpoint
         labels: a label per prompt (default: its index).
         **kwargs: passed to :func:`diverge` (k, draft, prefill_a, prefill_b, plain_vs, envelope).
     """
-    import hashlib
     import json
     from pathlib import Path
 
     import pandas as pd
 
     from .files import write_json
+    from .models import resume_key
 
     rows = []
     for i, prompt in enumerate(prompts):
@@ -385,8 +385,7 @@ def divergence_stats(lm, prompts: Sequence[Sequence[int]], n: int, *, checkpoint
         # The draft is a model object: key it by whether there is one, not by its repr.
         opts = sorted((k, str(v) if k != "draft" else ("self" if v is None else "separate")) for k, v in kwargs.items())
         # The model and its dtype too: a resume with another --dtype must not reuse these rows.
-        model = [lm.info.get(k) for k in ("source", "path", "dtype", "quantization")]
-        key = hashlib.sha256(json.dumps([list(map(int, prompt)), n, opts, model], default=str).encode()).hexdigest()[:16]
+        key = resume_key(lm.description, list(map(int, prompt)), n, opts)
         path = Path(checkpoint) / f"prompt-{i:03d}-{key}.json" if checkpoint else None
         if path is not None and path.exists():
             from .files import discard_checkpoint

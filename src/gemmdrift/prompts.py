@@ -89,7 +89,7 @@ def prompt_tokens(lm, text: str | None = None, text_file: str | None = None, ids
     if len(given) > 1:
         raise GemmdriftError("give only one of --prompt, --prompt-file and --prompt-ids")
     if ids_file is not None:
-        return check_ids(read_token_ids(ids_file), lm.info.get("vocab_size"), ids_file), f"token ids from {ids_file}"
+        return check_ids(read_token_ids(ids_file), lm.description.vocab_size, ids_file), f"token ids from {ids_file}"
     if text_file is not None:
         try:
             text = Path(text_file).expanduser().read_text(encoding="utf-8")

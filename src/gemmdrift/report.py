@@ -17,6 +17,7 @@ import pandas as pd
 
 from . import files, store
 from .errors import GemmdriftError
+from .result import Verdict
 from .summaries import stack_summary, triage_items
 from .text import cell as _cell
 from .text import fmt, md_table as _md_table, text_table  # noqa: F401  (text_table: kept importable from here)
@@ -202,17 +203,17 @@ def _stack_part(d: Path, env: dict[str, Any]) -> tuple[list[Block], list[str]]:
         if p.get("flips"):
             text += f" (largest gap flipped: {fmt(p.get('max_gap_at_flip'))} logits)"
         verdict = p.get("ladder_verdict")
-        if verdict == "rounding":
+        if verdict == Verdict.ROUNDING:
             sh = ladder[(ladder["pair"] == pair) & (ladder["shrink"] > 0)]["shrink"] if len(ladder) else []
             least = float(min(sh)) if len(sh) else math.nan
             text += (". **Rounding-level** by the precision ladder" +
                      (f": at float32 the drift shrinks at least {least:,.0f}×" if math.isfinite(least) else ""))
-        elif verdict == "semantic":
+        elif verdict == Verdict.SEMANTIC:
             text += (". **Not rounding**: at float32 the drift does not shrink, so the schedules compute different "
                      "things (keys, offsets, cache state)")
-        elif verdict == "unclear":
+        elif verdict == Verdict.UNCLEAR:
             text += ". The precision ladder is inconclusive (the drift shrinks, but less than rounding would)"
-        elif verdict == "unreliable":
+        elif verdict == Verdict.UNRELIABLE:
             text += (". The precision ladder is **unreliable** here: its float32 rung ran TF32 matmuls "
                      "(rerun with MLX_ENABLE_TF32=0), so drift that does not shrink proves nothing")
         reading.append(text + ".")

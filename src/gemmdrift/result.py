@@ -65,6 +65,7 @@ class Verdict(str, enum.Enum):
     ROUNDING = "rounding"  # shrinks by orders of magnitude: rounding
     SEMANTIC = "semantic"  # does not shrink: the computations differ
     UNCLEAR = "unclear"  # shrinks, but less than rounding would
+    NO_DRIFT = "identical"  # no drift at either precision (the ladder's pair is bit-identical)
     UNRELIABLE = "unreliable"  # the higher rung could not be made true float32 (e.g. TF32 matmuls)
     # Cache state operations (gemmdrift state)
     EXACT = "EXACT"  # bit-identical to the computation that never did the operation

@@ -14,7 +14,6 @@ For each schedule compared with the reference schedule:
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import sys
@@ -75,12 +74,10 @@ def _run(model, tokens, schedule, *, checkpoint: Path | None = None, key: str = 
 
 def _run_key(lm, tokens, schedule: str, mode: str, dtype: str, split, positions, logit_positions) -> str:
     """What a run's taps depend on, for resuming: model, versions, inputs, schedule, mode, dtype."""
-    from .envinfo import _version
+    from .models import resume_key
 
-    blob = json.dumps([lm.info.get("source"), lm.info.get("path"), lm.info.get("quantization"), _version("mlx"),
-                       _version("mlx-lm"), [int(t) for t in tokens], schedule, mode, dtype, split,
-                       [int(p) for p in positions], [int(p) for p in logit_positions]], default=str)
-    return f"{mode}-{dtype}-" + hashlib.sha256(blob.encode()).hexdigest()[:16]
+    return f"{mode}-{dtype}-" + resume_key(lm.description, [int(t) for t in tokens], schedule, mode, dtype, split,
+                                           [int(p) for p in positions], [int(p) for p in logit_positions])
 
 
 def compare_taps(ref: Taps, other: Taps, layer_kinds: Sequence[str], labels: dict[str, Any]) -> tuple[list[dict], pd.DataFrame | None, dict | None]:
@@ -155,19 +152,19 @@ def float32_rung(env: dict[str, Any], probe: dict[str, Any] | None = None, force
             TF32_VAR: (env.get("env") or {}).get(TF32_VAR)}
 
 
-def _ladder_verdict(low: float, high: float, low_dtype: str) -> tuple[float, str]:
+def _ladder_verdict(low: float, high: float, low_dtype: str) -> tuple[float, Verdict]:
     if low == 0 and high == 0:
-        return math.nan, "identical"
+        return math.nan, Verdict.NO_DRIFT
     if high == 0:
-        return math.inf, "rounding"
+        return math.inf, Verdict.ROUNDING
     if low == 0:
-        return 0.0, "rounding" if high < metrics.UNIT_ROUNDOFF[low_dtype] else "unclear"
+        return 0.0, Verdict.ROUNDING if high < metrics.UNIT_ROUNDOFF[low_dtype] else Verdict.UNCLEAR
     shrink = low / high
     if shrink >= LADDER_ROUNDING_SHRINK:
-        return shrink, "rounding"
+        return shrink, Verdict.ROUNDING
     if shrink < LADDER_SEMANTIC_SHRINK:
-        return shrink, "semantic"
-    return shrink, "unclear"
+        return shrink, Verdict.SEMANTIC
+    return shrink, Verdict.UNCLEAR
 
 
 def ladder_table(table: pd.DataFrame, base: str, high: str = "float32", true_float32: bool = True) -> pd.DataFrame:
@@ -186,14 +183,14 @@ def ladder_table(table: pd.DataFrame, base: str, high: str = "float32", true_flo
     return pd.DataFrame(out)
 
 
-def pair_verdict(ladder: pd.DataFrame, pair: str) -> str:
+def pair_verdict(ladder: pd.DataFrame, pair: str) -> Verdict:
     """'semantic' if any tap failed to shrink, 'rounding' if all drift shrank, 'identical' if none
     ('unreliable' where the float32 rung was TF32 and something did not shrink)."""
     v = set(ladder[ladder["pair"] == pair]["verdict"])
-    for verdict in ("semantic", "unreliable", "unclear", "rounding"):
+    for verdict in (Verdict.SEMANTIC, Verdict.UNRELIABLE, Verdict.UNCLEAR, Verdict.ROUNDING):
         if verdict in v:
             return verdict
-    return "identical"
+    return Verdict.NO_DRIFT
 
 
 def measure_stack(
@@ -261,10 +258,10 @@ def measure_stack(
     logit_positions = positions if logit_positions is None else np.unique(np.asarray(logit_positions, dtype=np.int64))
     if logit_positions.size and (logit_positions[0] < 0 or logit_positions[-1] >= n):
         raise GemmdriftError(f"logit positions out of range: the stream has {n} tokens (0..{n - 1})")
-    base = lm.info["dtype"]
+    base = lm.description.dtype
     if ladder and base == "float32":
         raise GemmdriftError("the precision ladder needs a base dtype below float32 (bfloat16 or float16)")
-    kinds = lm.info.get("layer_types") or ["layer"] * lm.n_layers
+    kinds = list(lm.description.layer_types)
     ref_text = parsed[0].text
     rows: list[dict] = []
     per_pos: list[pd.DataFrame] = []
@@ -274,7 +271,7 @@ def measure_stack(
     rung = None
     try:
         for dtype in dtypes:
-            if dtype != lm.info["dtype"]:
+            if dtype != lm.description.dtype:
                 # Same weights, higher precision: bf16/fp16 values upcast exactly.
                 _cast(lm.model, dtype)
                 rung = _measure_rung()

@@ -9,7 +9,6 @@ used in full).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import sys
 import time
@@ -120,11 +119,9 @@ def divergence_probe(lm, sizes: Sizes, env: dict[str, Any] | None = None):
 
 def _key(part: str, lm, sizes: Sizes) -> str:
     """What a finished part depends on: its sizes, the model, and the mlx/mlx-lm versions."""
-    from .envinfo import _version
+    from .models import resume_key
 
-    blob = json.dumps([part, asdict(sizes), lm.info.get("source"), lm.info.get("path"), lm.info.get("dtype"),
-                       _version("mlx"), _version("mlx-lm")], sort_keys=True, default=str)
-    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+    return resume_key(lm.description, part, asdict(sizes))
 
 
 def _done(out: Path, key: str) -> bool:
@@ -197,7 +194,7 @@ def main_job(out: str | Path = "results/run", sizes: str | None = None, model: s
     check_resume(out, run_inputs)  # before the model loads
     env = environment()
     lm = load_model(model, dtype=dtype)
-    print(f"gemmdrift run: {describe(lm.info)}; sizes '{name}' on {env['backend']}", file=sys.stderr, flush=True)
+    print(f"gemmdrift run: {describe(lm.description)}; sizes '{name}' on {env['backend']}", file=sys.stderr, flush=True)
     files.write_json(out / "env.json", env)
     files.write_json(out / RUN_RECORD, run_inputs)
 

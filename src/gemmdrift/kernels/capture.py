@@ -252,7 +252,7 @@ def capture_inputs(lm, tokens: Sequence[int], projs: Sequence[Projection], max_r
     if max_rows < 1:
         raise GemmdriftError(f"max_rows must be at least 1, got {max_rows}")
     projs = list(projs)
-    dtype = lm.info.get("dtype", "bfloat16")
+    dtype = lm.description.dtype
     if lm.synthetic if synthetic is None else synthetic:
         rows = {p.key: synthetic_rows(p.key, p.in_dims, max_rows, dtype, seed) for p in projs}
         return CapturedInputs(rows, dtype=dtype, synthetic=True, source=f"seeded unit-RMS rows (seed {seed})")

@@ -117,7 +117,7 @@ def ops_sweep(lm, *, ops: Sequence[str] = OP_NAMES, query_lengths: Iterable[int]
     kls = sorted({int(k) for k in key_lengths})
     if not qls or qls[0] < 1 or not kls or kls[0] < 1:
         raise GemmdriftError("query and key lengths must be positive integers")
-    dtype = lm.info.get("dtype", "bfloat16")
+    dtype = lm.description.dtype
     dt = mx_dtype(dtype)
     rows: list[dict] = []
     heads_first = lambda a: a[0].transpose(1, 0, 2)  # noqa: E731  (1, H, L, D) -> (L, H, D)

@@ -108,7 +108,7 @@ def dense_weights(lm, proj: Projection, dtype: str):
     """
     import mlx.core as mx
 
-    if lm.info.get("kind") == "shape":
+    if lm.description.kind == "shape":
         return _synthetic_dense(proj, dtype)
     mod = proj.module
     bias = mod["bias"] if isinstance(mod, _linear_types()) and "bias" in mod else None
@@ -216,7 +216,7 @@ def build_operator(lm, proj: Projection, path: PathSpec) -> _Operator:
 
     from ..models import mx_dtype
 
-    compute = lm.info.get("dtype", "bfloat16")
+    compute = lm.description.dtype
     k, n = proj.in_dims, proj.out_dims
     w, bias = dense_weights(lm, proj, compute)
 
@@ -245,7 +245,7 @@ def build_operator(lm, proj: Projection, path: PathSpec) -> _Operator:
                          _quant_rows(qlin["weight"], qlin["scales"], qlin.get("biases"), q), bias, n, k, _arrays(qlin))
     # "model": the module as loaded (a shape model's lazy module is rebuilt from seeded weights).
     mod, q = proj.module, _quant_of(proj.module)
-    if lm.info.get("kind") == "shape":
+    if lm.description.kind == "shape":
         mod = linear(w, bias) if q is None else nn.QuantizedLinear.from_linear(linear(w, bias), **_quant_kwargs(q))
     run = mod.as_linear if isinstance(mod, (nn.Embedding, nn.QuantizedEmbedding)) else mod
     if q is None:
@@ -280,7 +280,7 @@ def time_projection(lm, proj: Projection, path: str, t: int, rows: np.ndarray | 
     spec = parse_path(path)
     op = build_operator(lm, proj, spec)
     if rows is None:
-        rows = synthetic_rows(proj.key, proj.in_dims, min(t, DEFAULT_MAX_ROWS), lm.info.get("dtype", "bfloat16"))
+        rows = synthetic_rows(proj.key, proj.in_dims, min(t, DEFAULT_MAX_ROWS), lm.description.dtype)
     x = mx.array(np.asarray(rows, np.float32)[np.arange(t) % len(rows)][None]).astype(mx_dtype(op.in_dtype))
     run = op.run if t == 1 else op.run_block
     mx.eval(x, op.arrays)

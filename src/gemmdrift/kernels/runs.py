@@ -199,8 +199,8 @@ def sweep(lm, inputs: Mapping[tuple[int, str], np.ndarray], projs: Sequence[Proj
     kind = {True: "synthetic", False: "captured", None: "given"}[getattr(inputs, "synthetic", None)]
     ckpt = Path(checkpoint) if checkpoint is not None else None
     if ckpt is not None:
-        _open_checkpoint(ckpt, {"model": lm.info.get("source"), "dtype": lm.info.get("dtype"),
-                                "quantization": lm.info.get("quantization"), "ts": ts, "max_t": max_t,
+        _open_checkpoint(ckpt, {"model": lm.description.source, "dtype": lm.description.dtype,
+                                "quantization": lm.info["quantization"], "ts": ts, "max_t": max_t,
                                 "flop_budget": flop_budget, "always_t": always_t, "inputs": inputs_digest(inputs)})
     frames: list[pd.DataFrame] = []
     units = [(p, s) for p in projs for s in specs]

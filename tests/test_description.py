@@ -1,0 +1,60 @@
+"""The typed model description: a wrong or missing field is an error (was: silent defaults such as
+`lm.info.get("dtype", "bfloat16")`), and lm.info stays the JSON record results carry."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from conftest import make_tiny
+from gemmdrift.errors import GemmdriftError
+from gemmdrift.models import LoadedModel, ModelDescription, describe, resume_key
+
+
+def test_the_record_round_trips_and_code_reads_typed_fields():
+    lm = make_tiny("bfloat16")
+    d = lm.description
+    assert isinstance(d, ModelDescription) and d.dtype == "bfloat16" and d.n_layers == lm.n_layers == 4
+    assert d.layer_types == ("sliding", "global", "sliding", "global")
+    assert ModelDescription.from_dict(lm.info) == d
+    assert lm.info["layer_types"] == list(d.layer_types) and lm.info["source"] == "tiny"
+    assert "bfloat16" in describe(d) and describe(d) == describe(lm.info)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        d.dtype = "float32"
+
+
+@pytest.mark.parametrize("change,needle", [
+    ({"dtype": None}, "lacks dtype"),  # removed below
+    ({"dtype": "bf16x"}, "dtype must be"),
+    ({"n_layers": 0}, "n_layers must be a positive integer"),
+    ({"layer_types": ["sliding"]}, "layer_types must name all 4 layers"),
+    ({"synthetic": "yes"}, "synthetic must be True or False"),
+    ({"vocab_size": 97.5}, "vocab_size must be a positive integer"),
+    ({"sliding_window": -1}, "sliding_window must be a positive integer or None"),
+    ({"quantization": "q4"}, "quantization must be a mapping or None"),
+])
+def test_a_wrong_or_missing_field_is_an_error(change, needle):
+    info = make_tiny("float32").info
+    if needle.startswith("lacks"):
+        del info["dtype"]
+    else:
+        info.update(change)
+    with pytest.raises(GemmdriftError, match=needle):
+        ModelDescription.from_dict(info)
+    with pytest.raises(GemmdriftError):
+        LoadedModel(model=None, tokenizer=None, info=info)
+
+
+def test_extras_travel_with_the_record():
+    info = {**make_tiny("float32").info, "gguf": "/x.gguf", "weights": "Gemma 3 GGUF"}
+    d = ModelDescription.from_dict(info)
+    assert d.extra == {"gguf": "/x.gguf", "weights": "Gemma 3 GGUF"} and d.as_dict() == info
+
+
+def test_one_resume_key_scheme_names_the_model_and_its_dtype():
+    d = make_tiny("bfloat16").description
+    assert resume_key(d, "part", [1, 2]) == resume_key(d, "part", [1, 2])
+    assert resume_key(d, "part", [1, 2]) != resume_key(d, "part", [1, 3])
+    assert resume_key(d, "part") != resume_key(dataclasses.replace(d, dtype="float16"), "part")
+    assert resume_key(d, "part") != resume_key(dataclasses.replace(d, source="other"), "part")

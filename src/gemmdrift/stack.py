@@ -241,7 +241,10 @@ def measure_stack(
 
     if len(schedules) < 2:
         raise GemmdriftError("give at least two schedules: a reference and one to compare")
-    env_record = dict(env) if env is not None else environment()  # (`env` below is each pair's envelope)
+    from .models import weights_record
+
+    # (`env` below is each pair's envelope)
+    env_record = {**(env if env is not None else environment()), **weights_record(lm.description)}
     parsed = [parse_schedule(s) for s in schedules]
     n = len(tokens)
     if n < 2:

@@ -242,8 +242,9 @@ def measure_kernels(lm, inputs: Mapping[tuple[int, str], np.ndarray], projs: Seq
         **kw: passed to :func:`sweep` (max_t, flop_budget, always_t, checkpoint).
     """
     from ..envinfo import environment
+    from ..models import weights_record
 
-    env = dict(env) if env is not None else environment()
+    env = {**(env if env is not None else environment()), **weights_record(lm.description)}
     ts = list(ts)
     df = sweep(lm, inputs, projs, paths, ts, **kw)
     if ops:
@@ -257,8 +258,9 @@ def measure_kernels(lm, inputs: Mapping[tuple[int, str], np.ndarray], projs: Seq
 def measure_ops(lm, *, env: Mapping[str, Any] | None = None, **kw):
     """:func:`ops_sweep` alone as a ``kernels`` Result (``**kw`` passed on: ops, query_lengths, key_lengths)."""
     from ..envinfo import environment
+    from ..models import weights_record
 
-    env = dict(env) if env is not None else environment()
+    env = {**(env if env is not None else environment()), **weights_record(lm.description)}
     rec = {"model": lm.info, **{k: list(v) for k, v in kw.items()}}
     return kernels_result(ops_sweep(lm, **kw), rec, env)
 

@@ -17,7 +17,7 @@ SRC = Path(__file__).resolve().parent.parent / "src" / "gemmdrift"
 # Lower rank = lower in the house. A module may import only modules of a strictly lower rank.
 RANKS = {
     # foundations: no gemmdrift imports but errors
-    "errors": 0, "files": 1, "text": 1, "metrics": 1, "schedules": 1, "dispatch": 1, "checks": 1, "prompts": 1,
+    "errors": 0, "files": 1, "text": 1, "metrics": 1, "schedules": 1, "dispatch": 1, "checks": 1, "prompts": 2,
     "envinfo": 1,
     "result": 2, "gguf_gemma": 2,
     "models": 3,

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import os
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from .errors import GemmdriftError
 
@@ -120,3 +120,18 @@ def check_gate_versions(candidate: str | None, baseline: str | None) -> None:
     if candidate is not None and baseline is not None and key(candidate) == key(baseline):
         raise GemmdriftError(f"--candidate {candidate} and --baseline {baseline} are the same release: "
                              "comparing a release with itself proves nothing")
+
+
+def check_vocab(ids: Sequence[int], vocab_size: int | None, source: str = "token ids") -> list[int]:
+    """Reject ids outside the vocabulary (negative ones included): the one vocabulary check."""
+    for i, t in enumerate(ids):
+        if t < 0 or (vocab_size and t >= vocab_size):
+            limit = f"0..{vocab_size - 1}" if vocab_size else "non-negative"
+            raise GemmdriftError(f"{source}: token id {t} at index {i} is outside the vocabulary ({limit})")
+    return [int(t) for t in ids]
+
+
+def check_positions(lo: int, hi: int, n: int, name: str) -> None:
+    """The one position-range check: positions lo..hi (hi included) must lie in a stream of n tokens."""
+    if lo < 0 or hi >= n:
+        raise GemmdriftError(f"{name} out of range: the stream has {n} tokens (0..{n - 1})")

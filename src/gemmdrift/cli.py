@@ -114,8 +114,9 @@ def parse_range(text: str | None, n: int, name: str):
         lo += n
     if hi < 0:
         hi += n
-    if not 0 <= lo < hi <= n:
-        raise GemmdriftError(f"{name} {text} out of range: the stream has {n} tokens (0..{n - 1})")
+    from .checks import check_positions
+
+    check_positions(lo, hi - 1 if hi > lo else n, n, f"{name} {text}")  # empty or reversed: out of range
     return np.arange(lo, hi)
 
 

@@ -224,14 +224,11 @@ def triage(lm, prompt: Sequence[int], stream_a: Sequence[int], stream_b: Sequenc
         envelope: a known envelope (max |Δgap|, logits); measured here when None.
         envelope_positions: at most this many positions before the divergence make the envelope.
     """
-    from .checks import check_envelope
+    from .checks import check_envelope, check_vocab
 
     check_envelope(envelope, "envelope")
-    vocab = lm.description.vocab_size
     for name, s in (("prompt", prompt), ("stream A", stream_a), ("stream B", stream_b)):
-        for t in s:
-            if t < 0 or (vocab and t >= vocab):
-                raise GemmdriftError(f"{name}: token id {t} is outside the vocabulary (0..{vocab - 1})")
+        check_vocab(s, lm.description.vocab_size, name)
     if len(prompt) == 0:
         raise GemmdriftError("the streams have no common prefix (empty prompt)")
     if not len(stream_a) or not len(stream_b):

@@ -7,6 +7,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Sequence
 
+from .checks import check_vocab
 from .errors import GemmdriftError
 
 SYNTHETIC_TOKENS = 640
@@ -69,13 +70,7 @@ def read_token_ids(path: str | Path) -> list[int]:
     return parse_token_ids(text, source=str(p))
 
 
-def check_ids(ids: Sequence[int], vocab_size: int | None, source: str = "token ids") -> list[int]:
-    """Reject ids outside the vocabulary (negative ones included)."""
-    for i, t in enumerate(ids):
-        if t < 0 or (vocab_size and t >= vocab_size):
-            limit = f"0..{vocab_size - 1}" if vocab_size else "non-negative"
-            raise GemmdriftError(f"{source}: token id {t} at index {i} is outside the vocabulary ({limit})")
-    return [int(t) for t in ids]
+check_ids = check_vocab  # the one vocabulary check lives in gemmdrift.checks
 
 
 def prompt_tokens(lm, text: str | None = None, text_file: str | None = None, ids_file: str | None = None,

@@ -24,6 +24,7 @@ import numpy as np
 import pandas as pd
 
 from . import metrics
+from .checks import check_positions
 from .errors import GemmdriftError
 from .result import Result, Verdict, env_labels, figure_name, tidy
 from .schedules import parse_schedule
@@ -256,11 +257,10 @@ def measure_stack(
     positions = np.unique(np.asarray(positions, dtype=np.int64))
     if positions.size == 0:
         raise GemmdriftError("no positions to compare")
-    if positions[0] < 0 or positions[-1] >= n:
-        raise GemmdriftError(f"positions out of range: the stream has {n} tokens (0..{n - 1})")
+    check_positions(int(positions[0]), int(positions[-1]), n, "positions")
     logit_positions = positions if logit_positions is None else np.unique(np.asarray(logit_positions, dtype=np.int64))
-    if logit_positions.size and (logit_positions[0] < 0 or logit_positions[-1] >= n):
-        raise GemmdriftError(f"logit positions out of range: the stream has {n} tokens (0..{n - 1})")
+    if logit_positions.size:
+        check_positions(int(logit_positions[0]), int(logit_positions[-1]), n, "logit positions")
     base = lm.description.dtype
     if ladder and base == "float32":
         raise GemmdriftError("the precision ladder needs a base dtype below float32 (bfloat16 or float16)")

@@ -249,21 +249,30 @@ def find_final_norm(model) -> tuple[Any, str]:
 
 
 @contextlib.contextmanager
+def swapped(slots: Sequence[tuple[Any, Any, Any]]) -> Iterator[None]:
+    """The one proxy mechanism (layer taps here, input capture in :mod:`gemmdrift.kernels.capture`): put each
+    proxy into its slot, ``container[key] = proxy``, for the duration; always restore the originals (in
+    reverse order), even when a forward pass raised, so the model stays usable."""
+    originals = []
+    try:
+        for container, key, proxy in slots:
+            originals.append((container, key, container[key]))
+            container[key] = proxy
+        yield
+    finally:
+        for container, key, original in reversed(originals):
+            container[key] = original
+
+
+@contextlib.contextmanager
 def installed(model, recorder: _Recorder) -> Iterator[None]:
     """Swap in the proxies for the duration of a run; always restore the model."""
     layers = model.layers
     owner, norm_name = find_final_norm(model)
-    originals = list(layers)
-    norm = owner[norm_name]
-    try:
-        for i, layer in enumerate(originals):
-            layers[i] = _LayerProxy(layer, i, recorder)
-        owner[norm_name] = _NormProxy(norm, len(originals), recorder)
+    slots = [(layers, i, _LayerProxy(layer, i, recorder)) for i, layer in enumerate(list(layers))]
+    slots.append((owner, norm_name, _NormProxy(owner[norm_name], len(layers), recorder)))
+    with swapped(slots):
         yield
-    finally:
-        # Restore even when a forward pass raised, so the model stays usable.
-        layers[:] = originals
-        owner[norm_name] = norm
 
 
 def copy_cache(cache: list) -> list:

@@ -12,7 +12,7 @@ import numpy as np
 
 from .. import metrics
 from ..errors import GemmdriftError
-from ..taps import StopForward, find_final_norm, storage_dtype_name, to_numpy
+from ..taps import StopForward, find_final_norm, storage_dtype_name, swapped, to_numpy
 
 LM_HEAD = "lm_head"
 INPUT_SEED = 20260901
@@ -263,15 +263,10 @@ def capture_inputs(lm, tokens: Sequence[int], projs: Sequence[Projection], max_r
     owner, norm_name = find_final_norm(lm.model)
     norm = owner[norm_name]
     head_tap = _HeadTap(norm, wanted, record=any(p.is_head for p in projs))
-    taps: dict[tuple[int, str], _InputTap] = {}
-    try:
-        for p in projs:
-            if not p.is_head:
-                taps[p.key] = p.parent[p.attr] = _InputTap(p.module, wanted)
-        owner[norm_name] = head_tap
-        for p in projs:
-            if p.is_head:
-                taps[p.key] = head_tap
+    taps: dict[tuple[int, str], _InputTap] = {p.key: head_tap if p.is_head else _InputTap(p.module, wanted)
+                                              for p in projs}
+    slots = [(p.parent, p.attr, taps[p.key]) for p in projs if not p.is_head] + [(owner, norm_name, head_tap)]
+    with swapped(slots):  # the same install/restore as the layer taps
         try:
             lm.model(mx.array(tokens)[None], cache=make_prompt_cache(lm.model))
         except StopForward:
@@ -279,12 +274,6 @@ def capture_inputs(lm, tokens: Sequence[int], projs: Sequence[Projection], max_r
         else:
             raise GemmdriftError("unsupported architecture: the forward pass never reached the final norm")
         mx.eval([[s[0] for s in t.seen] for t in taps.values()])
-    finally:
-        # Restore even when the forward pass raised, so the model stays usable.
-        owner[norm_name] = norm
-        for p in projs:
-            if not p.is_head:
-                p.parent[p.attr] = p.module
     rows, positions, dtypes = {}, {}, set()
     for key, tap in taps.items():
         if not tap.seen:

@@ -17,7 +17,7 @@ SRC = Path(__file__).resolve().parent.parent / "src" / "gemmdrift"
 # Lower rank = lower in the house. A module may import only modules of a strictly lower rank.
 RANKS = {
     # foundations: no gemmdrift imports but errors
-    "errors": 0, "files": 1, "text": 1, "metrics": 1, "schedules": 1, "dispatch": 1, "checks": 1, "prompts": 2,
+    "errors": 0, "defaults": 0, "files": 1, "text": 1, "metrics": 1, "schedules": 1, "dispatch": 1, "checks": 1, "prompts": 2,
     "envinfo": 1,
     "result": 2, "gguf_gemma": 2,
     "models": 3,
@@ -96,3 +96,21 @@ def test_the_layering_check_sees_a_planted_cycle(tmp_path):
 @pytest.mark.parametrize("name", [n for n, _ in _modules() if n not in ("__main__",)])
 def test_every_module_imports(name):
     importlib.import_module("gemmdrift" + (f".{name}" if name else ""))
+
+
+def test_the_cli_defaults_are_the_library_defaults():
+    """The CLI's defaults come from the library (gemmdrift.defaults), not copies in argparse."""
+    from gemmdrift import cli, defaults, diverge, history, kernels, suite
+
+    p = cli.build_parser()
+    sub = {a.dest: a for a in p._subparsers._group_actions[0].choices["kernels"]._actions}
+    assert sub["paths"].default == ",".join(kernels.DEFAULT_PATHS)
+    assert sub["max_t"].default == kernels.DEFAULT_MAX_T and sub["rows"].default == kernels.DEFAULT_MAX_ROWS
+    assert p.parse_args(["stack"]).schedules == list(suite.DECODE_FAMILY)
+    d = p.parse_args(["diverge"])
+    import inspect
+
+    sig = inspect.signature(diverge.diverge).parameters
+    assert (d.k, d.prefill_a, d.prefill_b) == (sig["k"].default, sig["prefill_a"].default, sig["prefill_b"].default)
+    assert p.parse_args(["gate"]).threshold == history.GATE_THRESHOLD
+    assert p.parse_args(["triage", "--stream-a", "a", "--stream-b", "b"]).schedule_b == defaults.SCHEDULE_SPECULATIVE

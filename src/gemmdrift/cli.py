@@ -12,9 +12,9 @@ import json
 import sys
 from pathlib import Path
 
+from . import defaults as D
 from .errors import GemmdriftError
 
-DEFAULT_SCHEDULES = ["prefill:512,decode", "prefill:512,verify:2", "prefill:512,verify:3"]
 
 
 class _Parser(argparse.ArgumentParser):
@@ -29,12 +29,12 @@ class _Parser(argparse.ArgumentParser):
 
 def _add_model(p):
     g = p.add_argument_group("model")
-    g.add_argument("--model", default="embedded",
+    g.add_argument("--model", default=D.MODEL,
                    help="'embedded' (Gemma 3 270M, default), 'shape:NAME', a Gemma 3 .gguf file, or an mlx-lm directory")
-    g.add_argument("--dtype", default="bfloat16", help="compute dtype: bfloat16 (default), float16, float32")
+    g.add_argument("--dtype", default=D.DTYPE, help=f"compute dtype: bfloat16, float16, float32 (default {D.DTYPE})")
     g.add_argument("--quantize", type=int, metavar="BITS", help="re-quantize a dense model (mlx affine: 2,3,4,5,6,8 bits)")
     g.add_argument("--group-size", type=int, help="quantization group size: 32, 64 (default), 128")
-    g.add_argument("--quant-mode", default="affine", help="quantization mode (affine; mxfp4/mxfp8/nvfp4 where mlx has them)")
+    g.add_argument("--quant-mode", default=D.QUANT_MODE, help="quantization mode (affine; mxfp4/mxfp8/nvfp4 where mlx has them)")
     g.add_argument("--device", choices=["cpu", "gpu"], help="mlx device (default: mlx's own choice, recorded in every result)")
 
 
@@ -455,7 +455,7 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("stack", help="layer-by-layer drift between execution schedules, and the logit envelope")
     _add_model(s)
     _add_prompt(s)
-    s.add_argument("--schedules", nargs="+", default=DEFAULT_SCHEDULES, metavar="SCHEDULE",
+    s.add_argument("--schedules", nargs="+", default=list(D.STACK_SCHEDULES), metavar="SCHEDULE",
                    help="reference first; e.g. prefill:512,decode prefill:512,verify:2 (default: decode vs verify:2, verify:3)")
     s.add_argument("--split", type=int, help="prompt/continuation boundary (default: compare the last 128 tokens)")
     s.add_argument("--positions", help="positions compared, A:B (default split:end)")
@@ -470,11 +470,13 @@ def build_parser() -> argparse.ArgumentParser:
     _add_prompt(s)
     s.add_argument("--layers", help="decoder layers, e.g. 0-5,17 (default all; the LM head is layer N)")
     s.add_argument("--projections", help="comma-separated names, e.g. q_proj,mlp.down_proj,lm_head (default all)")
-    s.add_argument("--paths", default="model,quant:affine-q4-g64,emulated:splitk4",
+    s.add_argument("--paths", default=",".join(D.KERNEL_PATHS),
                    help="comma-separated: model, dense:<dtype>, quant:<mode>-q<bits>-g<group>, emulated:splitk<P>")
     s.add_argument("--ts", help="block sizes, e.g. 1-17,24,32,33,64,128,512,2048 (the default)")
-    s.add_argument("--max-t", type=int, default=2048, help="largest block size (default 2048; a FLOP budget caps big projections)")
-    s.add_argument("--rows", type=int, default=64, help="distinct captured rows per projection (default 64)")
+    s.add_argument("--max-t", type=int, default=D.KERNEL_MAX_T,
+                   help=f"largest block size (default {D.KERNEL_MAX_T}; a FLOP budget caps big projections)")
+    s.add_argument("--rows", type=int, default=D.KERNEL_MAX_ROWS,
+                   help=f"distinct captured rows per projection (default {D.KERNEL_MAX_ROWS})")
     s.add_argument("--ops", action="store_true", help="also sdpa, rms_norm, rope and softmax with the model's geometry")
     _add_output(s, "results/kernels")
     s.set_defaults(func=cmd_kernels)
@@ -482,12 +484,15 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("diverge", help="greedy generation under two schedules (mlx-lm generate vs speculative), first divergence, triage")
     _add_model(s)
     _add_prompt(s)
-    s.add_argument("--n", type=int, default=64, help="tokens to generate (default 64)")
-    s.add_argument("--k", type=int, default=2, help="draft tokens per verification (default 2: blocks of 3)")
+    s.add_argument("--n", type=int, default=D.DIVERGE_N, help=f"tokens to generate (default {D.DIVERGE_N})")
+    s.add_argument("--k", type=int, default=D.DIVERGE_K,
+                   help=f"draft tokens per verification (default {D.DIVERGE_K}: blocks of {D.DIVERGE_K + 1})")
     s.add_argument("--compare", choices=["speculative", "prefill"], default="speculative",
                    help="plain vs speculative generate (default), or plain generate with two prefill chunk sizes")
-    s.add_argument("--prefill-a", type=int, default=2048, help="prefill chunk of stream A (mlx-lm generate: 2048)")
-    s.add_argument("--prefill-b", type=int, default=512, help="prefill chunk of stream B (speculative generate: 512)")
+    s.add_argument("--prefill-a", type=int, default=D.PREFILL_PLAIN,
+                   help=f"prefill chunk of stream A (mlx-lm generate: {D.PREFILL_PLAIN})")
+    s.add_argument("--prefill-b", type=int, default=D.PREFILL_SPECULATIVE,
+                   help=f"prefill chunk of stream B (speculative generate: {D.PREFILL_SPECULATIVE})")
     s.add_argument("--draft", help="draft model (same sources as --model); default: the target drafts for itself")
     s.add_argument("--draft-quantize", type=int, metavar="BITS", help="re-quantize the draft (e.g. 4)")
     s.add_argument("--draft-dtype", help="draft compute dtype (default: --dtype)")
@@ -503,8 +508,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_prompt(s)
     s.add_argument("--stream-a", required=True, help="stream file (from `diverge`, or a JSON list / whitespace-separated ids)")
     s.add_argument("--stream-b", required=True, help="the other stream file")
-    s.add_argument("--schedule-a", default="prefill:2048,decode", help="how stream A was computed (default: mlx-lm generate)")
-    s.add_argument("--schedule-b", default="prefill:512,verify:2", help="how stream B was computed (default: speculative, K=2)")
+    s.add_argument("--schedule-a", default=D.SCHEDULE_PLAIN, help="how stream A was computed (default: mlx-lm generate)")
+    s.add_argument("--schedule-b", default=D.SCHEDULE_SPECULATIVE, help="how stream B was computed (default: speculative, K=2)")
     s.add_argument("--envelope", type=float, help="use this envelope instead of measuring it on the shared prefix")
     _add_output(s, "results/triage")
     s.set_defaults(func=cmd_triage)
@@ -512,8 +517,8 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("run", help="the main job: kernels, schedules, prefill chunks and a divergence on the embedded Gemma")
     s.add_argument("--out", default="results/run", help="output directory (default results/run); reruns resume")
     s.add_argument("--sizes", choices=["cpu", "gpu", "quick"], help="default: gpu on Metal/CUDA, cpu otherwise")
-    s.add_argument("--model", default="embedded", help="a model source (default: the embedded Gemma 3 270M)")
-    s.add_argument("--dtype", default="bfloat16", help="compute dtype (default bfloat16)")
+    s.add_argument("--model", default=D.MODEL, help="a model source (default: the embedded Gemma 3 270M)")
+    s.add_argument("--dtype", default=D.DTYPE, help=f"compute dtype (default {D.DTYPE})")
     s.add_argument("--device", choices=["cpu", "gpu"], help="mlx device (default: mlx's own choice)")
     s.set_defaults(func=cmd_run)
 
@@ -534,7 +539,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--results", nargs="+", metavar="DIR", help=RESULTS_HELP)
     s.add_argument("--candidate", help="mlx version to judge (default: the newest with results)")
     s.add_argument("--baseline", help="mlx version to compare with (default: the release before the candidate)")
-    s.add_argument("--threshold", type=float, default=0.10, help="allowed relative growth (default 0.10)")
+    s.add_argument("--threshold", type=float, default=D.GATE_THRESHOLD,
+                   help=f"allowed relative growth (default {D.GATE_THRESHOLD})")
     s.add_argument("--include", default="", help="only benchmarks whose name contains this text")
     s.add_argument("--out", help="also write gate.csv here")
     s.add_argument("--json", action="store_true")

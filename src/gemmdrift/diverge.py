@@ -29,7 +29,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from . import metrics
+from . import defaults, metrics
 from .errors import GemmdriftError
 from .result import Verdict
 from .prompts import read_stream  # noqa: F401  (read before the model loads; kept here for callers)
@@ -70,7 +70,8 @@ def speculative_schedule(prefill_step: int, k: int) -> str:
     return f"prefill:{prefill_step},verify:{k}"
 
 
-def generate_plain(model, prompt: Sequence[int], n: int, prefill_step: int = 2048, prompt_cache=None) -> Generation:
+def generate_plain(model, prompt: Sequence[int], n: int, prefill_step: int = defaults.PREFILL_PLAIN,
+                   prompt_cache=None) -> Generation:
     """Greedy tokens from mlx-lm's own ``generate_step``."""
     import time
 
@@ -87,7 +88,8 @@ def generate_plain(model, prompt: Sequence[int], n: int, prefill_step: int = 204
     return Generation(out, "plain", plain_schedule(prefill_step), time.perf_counter() - t0)
 
 
-def generate_speculative(model, prompt: Sequence[int], n: int, k: int = 2, draft=None, prefill_step: int = 512,
+def generate_speculative(model, prompt: Sequence[int], n: int, k: int = defaults.DIVERGE_K, draft=None,
+                         prefill_step: int = defaults.PREFILL_SPECULATIVE,
                          prompt_cache=None) -> Generation:
     """Greedy tokens from mlx-lm's own ``speculative_generate_step``.
 
@@ -319,9 +321,9 @@ def triage(lm, prompt: Sequence[int], stream_a: Sequence[int], stream_b: Sequenc
     return out
 
 
-def diverge(lm, prompt: Sequence[int], n: int, *, k: int = 2, draft=None, prefill_a: int = 2048,
-            prefill_b: int = 512, plain_vs: str = "speculative", do_triage: bool = True,
-            envelope: float | None = None) -> dict[str, Any]:
+def diverge(lm, prompt: Sequence[int], n: int, *, k: int = defaults.DIVERGE_K, draft=None,
+            prefill_a: int = defaults.PREFILL_PLAIN, prefill_b: int = defaults.PREFILL_SPECULATIVE,
+            plain_vs: str = "speculative", do_triage: bool = True, envelope: float | None = None) -> dict[str, Any]:
     """Greedy generation of ``n`` tokens under two schedules, first divergence, and its triage.
 
     Args:

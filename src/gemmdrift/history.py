@@ -27,13 +27,14 @@ from typing import Any, Sequence
 
 import pandas as pd
 
+from . import defaults
 from .checks import check_gate_versions
 from .errors import GemmdriftError
 
 VERSION_BENCH = "bench_env.track_mlx_version"
 BACKEND_BENCH = "bench_env.track_backend"
 BACKEND_CODES = {0: "cpu", 1: "metal", 2: "cuda"}  # track_backend's numbering
-GATE_THRESHOLD = 0.10  # relative growth of a drift figure that fails the gate
+GATE_THRESHOLD = defaults.GATE_THRESHOLD  # relative growth of a drift figure that fails the gate
 GATE_ABS_TOL = 1e-12  # growth from exactly zero by less than this is not a regression
 # Tracked figures where a larger value is better; every other drift figure is lower-is-better.
 HIGHER_IS_BETTER = ("track_first_divergence", "track_self_draft_acceptance")

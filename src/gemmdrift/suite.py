@@ -16,11 +16,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from . import files
+from . import defaults, files
 from .errors import GemmdriftError
 
 # mlx-lm's generate_step prefills in chunks of 2048, speculative_generate_step in 512.
-DECODE_FAMILY = ("prefill:512,decode", "prefill:512,verify:2", "prefill:512,verify:3")
+DECODE_FAMILY = defaults.STACK_SCHEDULES
 PREFILL_FAMILY = ("prefill:2048", "prefill:512")
 
 

@@ -10,7 +10,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from .. import metrics
+from .. import defaults, metrics
 from ..errors import GemmdriftError
 from ..taps import StopForward, find_final_norm, storage_dtype_name, swapped, to_numpy
 
@@ -18,7 +18,7 @@ LM_HEAD = "lm_head"
 INPUT_SEED = 20260901
 # Rows are picked from this many evenly spaced positions per distinct row wanted.
 CANDIDATES_PER_ROW = 4
-DEFAULT_MAX_ROWS = 64
+DEFAULT_MAX_ROWS = defaults.KERNEL_MAX_ROWS
 
 
 # ---------------------------------------------------------------------- projections

@@ -13,7 +13,7 @@ from typing import Any, Iterable, Mapping, Sequence
 import numpy as np
 import pandas as pd
 
-from .. import files, metrics
+from .. import defaults, files, metrics
 from ..errors import GemmdriftError
 from ..taps import to_numpy
 from .capture import Projection, inputs_digest
@@ -26,7 +26,7 @@ from .table import TABLE_COLUMNS, block_drift, kernels_result
 # limits 6..33, 32-row qmm tiles); 512 and 2048 are the prefill chunk sizes of
 # mlx-lm's speculative and plain generation.
 DEFAULT_TS = (*range(1, 18), 24, 32, 33, 64, 128, 512, 2048)
-DEFAULT_MAX_T = 2048
+DEFAULT_MAX_T = defaults.KERNEL_MAX_T
 # FLOPs allowed per (projection, path): T=1 rows plus every GEMM block. 2e9 is
 # about 0.3 s in bf16, 1.5 s in fp32 and 7 s quantized on the reference CPU
 # (7, 1.4 and 0.3 GFLOP/s); for Gemma 3 270M it reaches T=128 (MLP), 512
@@ -37,7 +37,7 @@ DEFAULT_FLOP_BUDGET = 2e9
 # second pass from T=6 in dispatch.py), and keep a vocabulary-sized LM head
 # (335 MFLOP per row for Gemma 3 270M) from being cut to nothing.
 DEFAULT_ALWAYS_T = 4
-DEFAULT_PATHS = ("model", "quant:affine-q4-g64", "emulated:splitk4")
+DEFAULT_PATHS = defaults.KERNEL_PATHS
 
 
 # -------------------------------------------------------------------------- sweep

@@ -246,3 +246,40 @@ def test_cli_writes_result(tmp_path, capsys):
     r = store.read_result(out)
     assert r.kind == "fingerprint" and (out / "fingerprints.csv").is_file()
     assert (out / "fingerprint_vs_t.png").is_file() and (out / "trees_small_k.png").is_file()
+
+
+def test_report_page_shows_fingerprints(tmp_path):
+    from gemmdrift import report, store
+
+    r = fp.measure(["matmul:float32", "emulated:splitk2:float32", "rms_norm:float32"], K=16, ts=[1, 2], N=8, draw_k=8)
+    store.write_result(r, tmp_path)
+    md = report.to_markdown(report.report_blocks(tmp_path))
+    assert "Accumulation-order fingerprints" in md and "fingerprint_vs_t.png" in md
+    assert "`emulated:splitk2:float32` (K=16): 1 distinct summation tree(s)" in md
+    assert "sequential in 2 blocks of 8, blocks combined sequential" in md
+    assert "`rms_norm:float32`: not recoverable" in md
+
+
+def test_asv_benchmark_tracks_the_measured_figures(monkeypatch):
+    import math
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    monkeypatch.syspath_prepend(str(root))
+    from benchmarks import bench_fingerprint as b
+
+    monkeypatch.setattr(b, "FP_PATHS", ("matmul:float32", "emulated:splitk4:float32"))
+    monkeypatch.setattr(b, "FP_K", 32)
+    monkeypatch.setattr(b, "FP_TS", (1, 2))
+    bench = b.Fingerprint()
+    figs = bench.setup_cache()
+    for name in ("track_distinct_trees", "track_tree_id_t1", "track_tree_id_tmax", "track_unrecovered"):
+        fn = getattr(b.Fingerprint, name)
+        assert fn.unit and fn.version == "1"
+    assert bench.track_distinct_trees(figs, "matmul:float32") == 1.0
+    assert bench.track_unrecovered(figs, "matmul:float32") == 0.0
+    a, s = bench.track_tree_id_t1(figs, "matmul:float32"), bench.track_tree_id_t1(figs, "emulated:splitk4:float32")
+    assert a != s and a == float(int(a)) and a < 2 ** 48
+    assert math.isnan(bench.track_distinct_trees(figs, "sum:bfloat16"))  # not measured: skipped, never 0
+    assert "bench_fingerprint" in sys.modules["benchmarks.bench_fingerprint"].__name__

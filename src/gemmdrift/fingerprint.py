@@ -987,7 +987,7 @@ def measure(paths: Sequence[str], *, K: int = 1024, ts: Iterable[int] = (1, 2, 3
             if progress:
                 progress(f"{s.text} K={K} T={T}: {len({r['fingerprint'] for r in rows[-T:]})} tree(s), "
                          f"{stats['probes']} probes in {stats['calls']} calls, {secs:.1f} s")
-        if draw_k and s.op != "numpy":
+        if draw_k:
             k_small = max(draw_k, s.group_size) if s.op == "quant" else draw_k
             try:
                 red = make_reducer(s, k_small, 1, N, window)

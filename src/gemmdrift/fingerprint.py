@@ -794,7 +794,8 @@ def _contiguous_blocks(t, marked: set[int]) -> list[Any]:
     def split(x) -> list[Any]:
         if isinstance(x, int) or id(x) in marked:
             return [x]
-        if _contiguous(x) and all(_contiguous(c) for c in x):
+        # a node with a bare term among its children is a block with a remainder: keep it whole
+        if _contiguous(x) and all(_contiguous(c) and not isinstance(c, int) for c in x):
             return [b for c in x for b in split(c)]
         return [x]
     return [b for b in split(t) if not isinstance(b, int) and has_mark(b)]

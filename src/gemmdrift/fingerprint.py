@@ -43,8 +43,13 @@ Limits (documented, not hidden):
   assumption of the construction, checked only as far as the accumulator
   check and the consistency checks go (an accumulator wider than float32
   would fail to absorb and be reported as not recovered).
+* An exact multi-operand sum (a node that adds M, 1 and -M without rounding
+  in between) does not absorb its units: the L values then do not nest and
+  the row is reported not recovered.
 * Orders that depend on the data (none of mlx's kernels, as read) would be
   mis-recovered.
+* The T-row block is T identical rows (all ones for the matmuls, the probe
+  for quantized matmul and ``mx.sum``), so one call measures every position.
 * Quantized matmul: an affine group cannot hold both a unit and a value big
   enough to absorb it exactly (``M = bias + scale * q`` and ``1 = bias +
   scale * q'`` need a scale with as many significant bits as ``M / u``), so
@@ -55,6 +60,19 @@ Limits (documented, not hidden):
   by this method, and the result says so. ``sdpa`` is recoverable through its
   P @ V sum: with q = 0 every key weighs exactly 1/K (K a power of two) and the
   probes ride in the value columns.
+
+What the source says the Linux CPU backend does (ml-explore/mlx at 846d176):
+``mlx/backend/cpu/gemms/simd_gemm.h`` (fp16/bf16) walks K in blocks of 16
+but adds ``simd::sum`` of ``simd_size`` products into one float32 accumulator,
+and ``simd::max_size`` is 1 on x86 (``mlx/backend/cpu/simd/base_simd.h``;
+the Accelerate/NEON versions are for arm64), so it is one sequential sum;
+float32 goes to ``cblas_sgemm`` (the reference BLAS in the wheel: a sequential
+loop over K); ``_qmm_t`` in ``mlx/backend/cpu/quantized.cpp`` is a sequential
+loop accumulating in the activation dtype; ``contiguous_reduce`` in
+``mlx/backend/cpu/reduce.cpp`` is sequential; on the CPU ``sdpa`` falls back
+to matmul, softmax, matmul (``mlx/backend/no_gpu/primitives.cpp``). The
+measurements agree with all of it except one: at 0.32.4 ``mx.sum`` of 510
+bfloat16 ones is 510, so its accumulator is wider than bfloat16.
 
 The code is generic over a :class:`Reducer` (``reduce(codes) -> counts``), so
 numpy, a Python loop, a hand-built blocked sum and the emulated split-K path

@@ -416,9 +416,9 @@ def _fingerprint_part(d: Path, env: dict[str, Any]) -> tuple[list[Block], list[s
     reading = []
     for path, e in s["paths"].items():
         if e["status"] == "not recoverable":
-            reading.append(f"`{path}`: not recoverable by cancellation probes ({e.get('reason', '')}).")
+            reading.append(f"`{path}`: {e.get('reason', 'not recoverable')}.")
             continue
-        line = (f"`{path}` (K={s['K']}): {e['distinct_trees']} distinct summation tree(s) over T {s['ts']}"
+        line = (f"`{path}` (K={s['K']}): {e['distinct_trees']} distinct summation tree(s) over T {e.get('ts', s['ts'])}"
                 + (f", {e['not_recovered']} row positions not recovered" if e["not_recovered"] else "")
                 + (f"; {e['description']}" if e.get("description") else ""))
         a = e.get("accumulator_check")

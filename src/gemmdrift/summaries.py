@@ -55,7 +55,8 @@ def _fp_runs(table: pd.DataFrame) -> list[dict[str, Any]]:
         prev = None
         for t, g in s.groupby("T", sort=True):
             fps = [f or "not recovered" for f in dict.fromkeys(g["fingerprint"])]
-            key = (tuple(fps), g["predicted_kernel"].iloc[0])
+            pred = g["predicted_kernel"].iloc[0]
+            key = (tuple(fps), pred if isinstance(pred, str) else "")  # read back from CSV, "" is NaN
             desc = "; ".join(dict.fromkeys(g["description"]))
             if prev is not None and prev["key"] == key:
                 prev["T1"] = int(t)
@@ -85,6 +86,7 @@ def fingerprint_summary(result: Result) -> dict[str, Any]:
                                  "not_recovered": int((s["status"] == "not recovered").sum())}
         if len(ok):
             entry["trees_by_T"] = {str(int(t)): sorted(set(g["fingerprint"])) for t, g in ok.groupby("T")}
+            entry["ts"] = sorted(int(t) for t in ok["T"].unique())
             entry["description"] = ok["description"].iloc[0]
             entry["probes"] = int(s.drop_duplicates("T")["probes"].sum())
             entry["calls"] = int(s.drop_duplicates("T")["calls"].sum())

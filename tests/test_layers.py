@@ -25,13 +25,14 @@ RANKS = {
     # measurements: each returns a Result
     "kernels.capture": 5, "kernels.paths": 6, "kernels.table": 7, "kernels.ops": 8, "kernels.runs": 9,
     "kernels": 10, "stack": 5, "diverge": 5, "history": 5,
+    "fingerprint": 11,
     # downstream of a Result
-    "summaries": 11, "plots": 11,
-    "legacy": 12,
-    "store": 13,
-    "report": 14,
-    "suite": 15,
-    "cli": 16, "__main__": 17, "": 18,  # "" is the package itself (gemmdrift/__init__.py)
+    "summaries": 12, "plots": 12,
+    "legacy": 13,
+    "store": 14,
+    "report": 15,
+    "suite": 16,
+    "cli": 17, "__main__": 18, "": 19,  # "" is the package itself (gemmdrift/__init__.py)
 }
 
 

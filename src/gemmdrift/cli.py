@@ -437,6 +437,29 @@ def cmd_gate(args) -> int:
     return 1 if len(bad) else 0
 
 
+def cmd_fingerprint(args) -> int:
+    from . import fingerprint, store, summaries
+    from .envinfo import environment, select_device
+
+    paths = [p for p in args.paths.split(",") if p]
+    if not paths:
+        raise GemmdriftError("--paths: give at least one path")
+    ts = parse_ints(args.ts, "--ts") or [1]
+    if min(ts) < 1:
+        raise GemmdriftError(f"--ts: block sizes must be positive, got {min(ts)}")
+    if args.draw_k < 0:
+        raise GemmdriftError(f"--draw-k must be 0 or more, got {args.draw_k}")
+    for text in paths:  # every input error before any computation
+        fingerprint.check_path(fingerprint.parse_path(text), args.k, args.n, args.window)
+    store.check_out_dir(args.out)
+    select_device(args.device)
+    result = fingerprint.measure(paths, K=args.k, ts=ts, N=args.n, window=args.window, draw_k=args.draw_k,
+                                 env=environment(), progress=lambda m: print(m, file=sys.stderr))
+    store.write_result(result, args.out)
+    _emit(args, summaries.summary(result), summaries.text(result) + f"\n\nwritten to {Path(args.out)}/")
+    return 0
+
+
 # ------------------------------------------------------------------------- parser
 
 
@@ -545,6 +568,19 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--out", help="also write gate.csv here")
     s.add_argument("--json", action="store_true")
     s.set_defaults(func=cmd_gate)
+
+    s = sub.add_parser("fingerprint", help="accumulation-order fingerprints: the summation tree of a kernel path per T")
+    s.add_argument("--paths", default="matmul:bfloat16,matmul:float32,emulated:splitk4:bfloat16",
+                   help="comma-separated: matmul:<dtype>, quant:affine-q<bits>-g<group>[:<dtype>], sum:<dtype>, "
+                        "sdpa:<dtype>, emulated:splitk<P>[:<dtype>], numpy:float32, rms_norm:<dtype>, softmax:<dtype>")
+    s.add_argument("--k", type=int, default=1024, help="terms of the reduction: K of the matmul, keys of sdpa (default 1024)")
+    s.add_argument("--ts", default="1-4,8,16,33", help="block sizes T; the probed row is at every position (default 1-4,8,16,33)")
+    s.add_argument("--n", type=int, default=64, help="output columns per call (sdpa: head dim), fixed per fingerprint (default 64)")
+    s.add_argument("--window", type=int, help="units per probe at most (default: what the output dtype counts exactly)")
+    s.add_argument("--draw-k", type=int, default=16, help="also recover each path at this small K for the tree plot (0: skip)")
+    s.add_argument("--device", choices=["cpu", "gpu"], help="mlx device (default: mlx's own choice)")
+    _add_output(s, "results/fingerprint")
+    s.set_defaults(func=cmd_fingerprint)
     return p
 
 

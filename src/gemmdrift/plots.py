@@ -508,3 +508,87 @@ def draw_history(result) -> dict:
 
 
 DRAW["history"] = draw_history
+
+
+# ---- fingerprint
+
+
+def _tree_xy(tree):
+    """Dendrogram coordinates: leaves at their index, a node at the height of its tallest child + 1."""
+    segs, pos = [], {}
+
+    def walk(t):
+        if isinstance(t, int):
+            return float(t), 0
+        pts = [walk(c) for c in t]
+        x = sum(p[0] for p in pts) / len(pts)
+        y = max(p[1] for p in pts) + 1
+        for cx, cy in pts:
+            segs.append(((cx, cy), (x, y)))
+        return x, y
+
+    import sys
+    old = sys.getrecursionlimit()
+    sys.setrecursionlimit(max(old, 100000))
+    try:
+        top = walk(tree)
+    finally:
+        sys.setrecursionlimit(old)
+    return segs, top
+
+
+def fingerprint_figures(result) -> dict:
+    from .fingerprint import from_text
+
+    plt = _plt()
+    out = {}
+    table = result.tables["fingerprints"]
+    ok = table[table["status"] != "not recoverable"]
+    paths = list(dict.fromkeys(ok["path"]))
+    origin = result.details.get("prediction_origin", "")
+    if paths:
+        fig, axes = plt.subplots(len(paths), 1, figsize=(8, 1.6 + 1.5 * len(paths)), squeeze=False)
+        colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+        for ax, path in zip(axes[:, 0], paths):
+            s = ok[ok["path"] == path]
+            fps = [f for f in dict.fromkeys(s["fingerprint"]) if f]
+            for i, f in enumerate(fps):
+                g = s[s["fingerprint"] == f]
+                ax.scatter(g["T"], g["position"], s=12, color=colors[i % len(colors)],
+                           label=f"{f}: {str(g['description'].iloc[0])[:60]}")
+            bad = s[s["status"] != "recovered"]
+            if len(bad):
+                ax.scatter(bad["T"], bad["position"], s=14, marker="x", color="k", label="not recovered")
+            prev = None
+            for t, g in s.groupby("T", sort=True):
+                k = g["predicted_kernel"].iloc[0]
+                if k and k != prev:
+                    ax.axvline(t, color="0.5", lw=0.8, ls=":")
+                    ax.text(t, 0.98, f" {k}", rotation=90, va="top", fontsize=6, color="0.3",
+                            transform=ax.get_xaxis_transform())
+                prev = k
+            ax.set_title(f"{path}: {len(fps)} distinct tree(s) over T (dotted: {origin} kernel switch)", fontsize=8)
+            ax.set_ylabel("row position", fontsize=8)
+            ax.legend(fontsize=6, loc="upper left")
+        axes[-1, 0].set_xlabel("T (rows in the block)", fontsize=8)
+        fig.suptitle(f"Summation tree per T and row position, K={result.inputs.get('K')}", fontsize=9)
+        fig.tight_layout()
+        out["fingerprint_vs_t.png"] = fig
+    small = {p: v for p, v in result.details.get("small_trees", {}).items() if v.get("tree")}
+    if small:
+        fig, axes = plt.subplots(len(small), 1, figsize=(8, 1.2 + 1.8 * len(small)), squeeze=False)
+        for ax, (path, v) in zip(axes[:, 0], small.items()):
+            segs, (tx, ty) = _tree_xy(from_text(v["tree"]))
+            for (x0, y0), (x1, y1) in segs:
+                ax.plot([x0, x0, x1], [y0, y1, y1], color="C0", lw=0.8)
+            ax.set_xticks(range(int(v["K"])))
+            ax.tick_params(labelsize=6)
+            ax.set_ylabel("height", fontsize=7)
+            ax.set_title(f"{path}, K={v['K']}: {v['description'][:90]}", fontsize=8)
+        axes[-1, 0].set_xlabel("term index k", fontsize=8)
+        fig.tight_layout()
+        out["trees_small_k.png"] = fig
+    return out
+
+
+DRAW["fingerprint"] = fingerprint_figures

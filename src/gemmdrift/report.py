@@ -317,8 +317,37 @@ def _generic_part(d: Path, env: dict[str, Any]) -> tuple[list[Block], list[str]]
     return [("pre", text(_result(d)))], []
 
 
+def _fingerprint_part(d: Path, env: dict[str, Any]) -> tuple[list[Block], list[str]]:
+    from .store import read_result
+    from .summaries import fingerprint_summary
+
+    s = fingerprint_summary(read_result(d))
+    reading = []
+    for path, e in s["paths"].items():
+        if e["status"] == "not recoverable":
+            reading.append(f"`{path}`: {e.get('reason', 'not recoverable')}.")
+            continue
+        line = (f"`{path}` (K={s['K']}): {e['distinct_trees']} distinct summation tree(s) over T {e.get('ts', s['ts'])}"
+                + (f", {e['not_recovered']} row positions not recovered" if e["not_recovered"] else "")
+                + (f"; {e['description']}" if e.get("description") else ""))
+        a = e.get("accumulator_check")
+        if a and not a["exact"]:
+            line += f"; an all-unit sum of {a['units']} gave {a['sum']:g} (the accumulator is narrower than the output)"
+        reading.append(line + ".")
+    blocks: list[Block] = [("p", f"Summation trees recovered black-box (FPRev probes: +M, -M and units), K={s['K']}, "
+                                 f"N={s['N']} columns per call, the probed row at every position of each T-row block. "
+                                 f"Predicted kernel: {s['prediction_origin'] or 'none'}."),
+                           ("table", [{k: (v[:120] if isinstance(v, str) else v) for k, v in r.items()}
+                                      for r in s["runs"]])]
+    return blocks, reading
+
+
 PARTS = {"kernels": _kernels_part, "stack": _stack_part, "diverge": _diverge_part, "triage": _triage_part,
          "divergence": _divergence_part, "history": _history_part}
+PARTS["fingerprint"] = _fingerprint_part
+KIND_TITLES["fingerprint"] = "Accumulation-order fingerprints: the summation tree per kernel path and T"
+FIGURES["fingerprint"] = [("fingerprint_vs_t.png", "the tree per T and row position, with the predicted kernel switches"),
+                          ("trees_small_k.png", "the recovered trees at small K")]
 
 
 def _environment(d: Path, parts: list[tuple[Path, str]]) -> tuple[dict[str, Any], dict[str, Any]]:

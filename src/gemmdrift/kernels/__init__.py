@@ -56,6 +56,7 @@ from .capture import __all__ as _capture
 from .paths import *  # noqa: F401,F403
 from .paths import __all__ as _paths
 from .table import *  # noqa: F401,F403
+from .table import _reference_backend  # noqa: F401  (gemmdrift.fingerprint reads it)
 from .table import __all__ as _table
 from .ops import *  # noqa: F401,F403
 from .ops import __all__ as _ops

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 from importlib import resources
 from pathlib import Path
-from typing import Sequence
 
 from .checks import check_vocab
 from .errors import GemmdriftError
@@ -70,7 +69,6 @@ def read_token_ids(path: str | Path) -> list[int]:
     return parse_token_ids(text, source=str(p))
 
 
-check_ids = check_vocab  # the one vocabulary check lives in gemmdrift.checks
 
 
 def prompt_tokens(lm, text: str | None = None, text_file: str | None = None, ids_file: str | None = None,
@@ -84,7 +82,7 @@ def prompt_tokens(lm, text: str | None = None, text_file: str | None = None, ids
     if len(given) > 1:
         raise GemmdriftError("give only one of --prompt, --prompt-file and --prompt-ids")
     if ids_file is not None:
-        return check_ids(read_token_ids(ids_file), lm.description.vocab_size, ids_file), f"token ids from {ids_file}"
+        return check_vocab(read_token_ids(ids_file), lm.description.vocab_size, ids_file), f"token ids from {ids_file}"
     if text_file is not None:
         try:
             text = Path(text_file).expanduser().read_text(encoding="utf-8")

@@ -108,6 +108,12 @@ def find_parts(d: Path) -> list[tuple[Path, str]]:
     return [(p, k) for p, k in subs if k]
 
 
+def _json(path: Path, need: tuple[str, ...] = ()) -> dict[str, Any] | None:
+    """A JSON object a command wrote beside its Result; None if absent, a corrupt one refused by name.
+    (Parts read Results through :func:`_result`; this is for the few files that are no Result.)"""
+    return files.read_object(path, need) if Path(path).is_file() else None
+
+
 def _figures(d: Path, root: Path, kind: str) -> list[Block]:
     if kind == "history":
         found = [(p, p.stem.replace("_", " ")) for p in sorted((d / "figures").glob("*.png")) if _headline(p.stem)]
@@ -352,7 +358,7 @@ FIGURES["fingerprint"] = [("fingerprint_vs_t.png", "the tree per T and row posit
 
 def _environment(d: Path, parts: list[tuple[Path, str]]) -> tuple[dict[str, Any], dict[str, Any]]:
     """The environment record and the model description found in a results directory."""
-    env = store._read_json(d / "env.json") if (d / "env.json").is_file() else {}
+    env = _json(d / "env.json") or {}
     model: dict[str, Any] = {}
     for p, _ in parts:
         r = _result(p)

@@ -213,3 +213,19 @@ def test_without_local_results_history_uses_the_committed_reference_results(tmp_
     write_result(local, "reference-linux-cpu", "dddddddd", "0.32.4", 4, (0.1, 0.1), [0.0, 0.0], 0.9)
     with pytest.raises(GemmdriftError, match="is in both"):
         history.read_results([local, ref])
+
+
+def test_the_committed_reference_results_read_as_one_cpu_machine():
+    # The reference results a fresh clone shows (benchmarks/reference): asv's JSON as asv wrote it.
+    from pathlib import Path
+
+    ref = Path(__file__).resolve().parent.parent / history.REFERENCE_RESULTS
+    df = history.read_results(ref)
+    assert set(df["machine"]) == {"reference-linux-cpu"} and set(df["backend"]) == {"cpu"}
+    assert (df["mlx"] == df["mlx_pinned"]).all()  # what ran is what the matrix pinned
+    assert set(df["mlx"]) <= {"0.29.4", "0.30.6", "0.31.2", "0.32.4"}
+    t = history.tracked(df)
+    assert len(t) > 200 * df["mlx"].nunique() and t["value"].notna().all()
+    rope = t[(t["benchmark"] == "bench_kernels.OpsDrift.track_bits_lost") & (t["params"] == "rope")]
+    # mlx < 0.30 computed CPU RoPE angles in bf16 (mlx/fast.cpp): positions past 256 collide.
+    assert all((v > 0) == (m == "0.29.4") for m, v in zip(rope["mlx"], rope["value"]))

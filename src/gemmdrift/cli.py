@@ -314,6 +314,41 @@ def cmd_triage(args) -> int:
     return 0
 
 
+def cmd_state(args) -> int:
+    from . import state, store, summaries
+    from .models import describe
+
+    ops = [o.strip() for o in args.ops.split(",") if o.strip()]
+    for o in ops:
+        if o not in state.OPERATIONS:
+            raise GemmdriftError(f"--ops: unknown operation {o!r} (choose from {', '.join(state.OPERATIONS)})")
+    where = [w.strip() for w in args.where.split(",") if w.strip()]
+    for w in where:
+        if w not in state.WHERE:
+            raise GemmdriftError(f"--where: unknown prefix position {w!r} (choose from {', '.join(state.WHERE)})")
+    ks = parse_ints(args.k, "--k")
+    if not ks or min(ks) < 1 or max(ks) > 8:
+        raise GemmdriftError("--k: draft counts must be between 1 and 8")
+    caches = [c.strip() for c in args.caches.split(",")] if args.caches else None
+    known = set(state.KNOWN_CLASSES) | {"QuantizedKVCache"}
+    for c in caches or []:
+        if c not in known:
+            raise GemmdriftError(f"--caches: unknown cache class {c!r} (known: {', '.join(sorted(known))})")
+    if args.envelope is not None and not args.envelope > 0:
+        raise GemmdriftError(f"--envelope must be positive, got {args.envelope}")
+    if args.compute_limit is not None and args.compute_limit < 1:
+        raise GemmdriftError(f"--compute-limit must be positive, got {args.compute_limit}")
+    out = store.check_out_dir(args.out)
+    lm = _load(args)
+    print(f"gemmdrift state: {describe(lm.info)}", file=sys.stderr)
+    r = state.measure_state(lm, operations=ops, where=where, ks=ks, ladder=not args.no_ladder,
+                            envelope=args.envelope, compute_limit=args.compute_limit, caches=caches)
+    written = store.write_result(r, out)
+    _emit(args, summaries.summary(r), summaries.text(r) + f"\n\nwritten to {out}/ "
+          f"({', '.join(sorted(p.name for p in written.values()))})")
+    return 0
+
+
 def cmd_run(args) -> int:
     from .envinfo import select_device
     from .suite import main_job
@@ -456,6 +491,22 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--envelope", type=float, help="use this envelope instead of measuring it on the shared prefix")
     _add_output(s, "results/triage")
     s.set_defaults(func=cmd_triage)
+
+    s = sub.add_parser("state", help="cache state exactness: rollback, trim, save/load, server reuse, batch vs a "
+                                     "cache that never did them")
+    _add_model(s)
+    s.add_argument("--ops", default="rollback,trim,trim_prompt_cache,save_load,server_reuse,batch",
+                   help="operations: rollback,trim,trim_prompt_cache,save_load,server_reuse,batch (default all)")
+    s.add_argument("--where", default="below,at,past,far",
+                   help="prefix lengths relative to the sliding window: below,at,past,far (default all)")
+    s.add_argument("--k", default="1-4", help="draft counts of the rollback, every r = 0..k (default 1-4)")
+    s.add_argument("--caches", help="only these cache classes, e.g. KVCache,RotatingKVCache (default all)")
+    s.add_argument("--no-ladder", action="store_true", help="skip the float32 rerun of cases that differ")
+    s.add_argument("--envelope", type=float, help="largest max|Δlogit| still called rounding (default: the ladder decides)")
+    s.add_argument("--compute-limit", type=int,
+                   help="really prefill at most this many tokens; longer prefixes repeat them (default window + 16)")
+    _add_output(s, "results/state")
+    s.set_defaults(func=cmd_state)
 
     s = sub.add_parser("run", help="the main job: kernels, schedules, prefill chunks and a divergence on the embedded Gemma")
     s.add_argument("--out", default="results/run", help="output directory (default results/run); reruns resume")

@@ -189,7 +189,8 @@ HOW_TO_READ = [
 def result_kind(d: Path) -> str | None:
     """What a gemmdrift output directory holds, by the files its command writes."""
     for name, kind in (("stack.csv", "stack"), ("kernels.csv", "kernels"), ("diverge.json", "diverge"),
-                       ("divergence.csv", "divergence"), ("triage.json", "triage"), ("history_wide.csv", "history")):
+                       ("divergence.csv", "divergence"), ("triage.json", "triage"), ("history_wide.csv", "history"),
+                       ("state.csv", "state")):
         if (d / name).is_file():
             return kind
     return None
@@ -407,8 +408,42 @@ def _history_part(d: Path, env: dict[str, Any]) -> tuple[list[Block], list[str]]
             [f"asv history: {len(wide)} tracked series over mlx {', '.join(versions)}."])
 
 
+def _state_part(d: Path, env: dict[str, Any]) -> tuple[list[Block], list[str]]:
+    from .store import read_result
+    from .summaries import _state_cells, state_summary
+
+    r = read_result(d)
+    t = r.tables["state"]
+    s = state_summary(r)
+    pre = ", ".join(f"{w} {p}" for w, p in s["prefixes"].items())
+    blocks: list[Block] = [
+        ("p", f"Each case runs a cache operation of mlx-lm {s['mlx_lm']} and a reference that never did it, from the "
+              f"same state and with the same blocks, and compares the cache contents in temporal order and the next "
+              f"position's logits. Prefix lengths: {pre} (sliding window {s['window']}). EXACT: bit-identical; "
+              "rounding: differs but shrinks at float32; STATE BUG: different entries or offsets, or an operation "
+              "refused while the generator carried on. The full table is state.csv."),
+        ("table", _state_cells(t).to_dict(orient="records")),
+    ]
+    reading = []
+    bugs = t[t["verdict"] == "STATE BUG"]
+    for (cache, op), g in bugs.groupby(["cache", "operation"], sort=False):
+        r0 = g.iloc[0]
+        wheres = ", ".join(dict.fromkeys(str(w) for w in g["where"]))
+        reading.append(f"State: `{cache}` `{op}` is not exact in {len(g)} cases ({wheres}); first: "
+                       f"{r0['params']} — {r0['reason']}.")
+    exact = t.groupby(["cache", "operation"])["verdict"].agg(lambda v: set(v) == {"EXACT"})
+    clean = [f"{c} {o}" for (c, o), ok in exact.items() if ok]
+    if clean:
+        reading.append(f"State: exact in every case: {', '.join(clean)}.")
+    return blocks, reading
+
+
 PARTS = {"kernels": _kernels_part, "stack": _stack_part, "diverge": _diverge_part, "triage": _triage_part,
          "divergence": _divergence_part, "history": _history_part}
+PARTS["state"] = _state_part
+KIND_TITLES["state"] = "Cache state exactness: every way mlx-lm rewinds, reuses or reshapes a cache"
+PART_TITLES["state"] = "Cache state exactness (short sweep): rollback and trim against a cache that never did them"
+FIGURES["state"] = [("state_grid.png", "worst verdict per cache class, operation and prefix position")]
 
 
 def _environment(d: Path, parts: list[tuple[Path, str]]) -> tuple[dict[str, Any], dict[str, Any]]:

@@ -244,7 +244,9 @@ def cmd_diverge(args) -> int:
     draft = _load_draft(args)
     opts = dict(k=args.k, draft=draft, prefill_a=args.prefill_a, prefill_b=args.prefill_b, plain_vs=args.compare,
                 envelope=args.envelope)
-    record = {**opts, "draft": args.draft or "self", "draft_quantize": args.draft_quantize}
+    if args.rollback != "mlx-lm":  # the default leaves resumable checkpoints of earlier runs valid
+        opts["rollback"] = args.rollback
+    record = {**opts, "draft": args.draft or "self", "draft_quantize": args.draft_quantize, "rollback": args.rollback}
     out = Path(args.out)
     env = environment()
     print(f"gemmdrift diverge: {describe(lm.info)}", file=sys.stderr)
@@ -478,6 +480,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--context", help="prefix every prompt of --prompts with a built-in text (e.g. essay) to cross the sliding window")
     s.add_argument("--no-triage", action="store_true", help="only report the divergence")
     s.add_argument("--envelope", type=float, help="use this envelope (max |Δgap|, logits) instead of measuring it")
+    s.add_argument("--rollback", choices=["mlx-lm", "exact"], default="mlx-lm",
+                   help="speculative stream: mlx-lm's speculative_generate_step (default), or the same loop with an "
+                        "exact cache rollback (snapshots restored where trim_prompt_cache refuses)")
     _add_output(s, "results/diverge")
     s.set_defaults(func=cmd_diverge)
 

@@ -76,6 +76,7 @@ CONTINUATION = 3  # tokens of the block fed after an operation (a verify:2 block
 COMPUTE_LIMIT_EXTRA = 16  # real prefill covers window + this; longer prefixes repeat it
 LADDER_ROUNDING_SHRINK = 100.0  # as gemmdrift.stack: rounding shrinks by >= 100x at float32
 KV_BITS = 8  # mlx-lm's --kv-bits for the QuantizedKVCache setup
+OPTIONAL_SETUPS = ("ConcatenateKVCache",)  # model cases only with --caches naming them
 
 OPERATIONS = {
     "rollback": "generate.speculative_generate_step/_rewind_cache -> cache.trim_prompt_cache",
@@ -374,6 +375,25 @@ def head(model, rows: list) -> np.ndarray:
     return _np(out[0])
 
 
+def logit_diffs(model, pairs: list[tuple[Any, Any]]) -> list[Diff]:
+    """Next-position logits compared for each (operation row, reference row) of normed final hidden states.
+
+    Rows that are bit-identical give bit-identical logits (the same deterministic LM head on the
+    same input), so the head runs only on pairs that differ, all of them in one call.
+    """
+    import mlx.core as mx
+
+    out = [Diff() for _ in pairs]
+    differ = [i for i, (a, b) in enumerate(pairs) if not bool(mx.array_equal(a, b).item())]
+    if differ:
+        logits = head(model, [x for i in differ for x in pairs[i]])
+        for j, i in enumerate(differ):
+            out[i] = logit_diff(logits[2 * j], logits[2 * j + 1])
+            if out[i].identical:  # the hidden rows differ, the logits do not: still not bit-identical state
+                out[i] = Diff(True, False, 0.0, 0.0, 0.0, why="final hidden state differs")
+    return out
+
+
 @dataclass
 class Prefix:
     """Keys and values of a real prefill (every layer a KVCache), and the token stream."""
@@ -555,9 +575,8 @@ def _rollback_side(lm, setup: Setup, prefix: Prefix, p: int, mat: list[int], k: 
     trimmed = trim_prompt_cache(op, r)
     op_op = read_caches(op)
     h_op = forward(lm.model, cont, op, keep_last=True)
-    logits = head(lm.model, [h_op, h_ref])
     d = merge_diffs(compare_readings(op_op, ref_op), compare_readings(read_caches(op), read_caches(ref)),
-                    logit_diff(logits[0], logits[1]))
+                    *logit_diffs(lm.model, [(h_op, h_ref)]))
     return d, trimmed
 
 
@@ -608,10 +627,9 @@ def rollback_cases(lm, setup: Setup, prefix: Prefix, p: int, ks: Sequence[int] =
             cases.append({"k": k, "r": r, "n": n, "trimmed": int(trimmed), "diff": d, "h": len(rows_h),
                           "h_ref": refs[n][2], "mat": mat})
             rows_h.append(h)
-    logits = head(lm.model, rows_h)
-    for c in cases:
-        if c["h"] is not None:
-            c["diff"] = merge_diffs(c["diff"], logit_diff(logits[c["h"]], logits[c["h_ref"]]))
+    live = [c for c in cases if c["h"] is not None]
+    for c, ld in zip(live, logit_diffs(lm.model, [(rows_h[c["h"]], rows_h[c["h_ref"]]) for c in live])):
+        c["diff"] = merge_diffs(c["diff"], ld)
     return cases
 
 
@@ -716,9 +734,8 @@ def save_load_case(lm, setup: Setup, prefix: Prefix, p: int, block: int, dtype=N
         loaded = read_caches(op)
         h_op = forward(lm.model, mat, op, keep_last=True)
     h_ref = forward(lm.model, mat, ref, keep_last=True)
-    logits = head(lm.model, [h_op, h_ref])
     d = merge_diffs(compare_readings(loaded, before), compare_readings(read_caches(op), read_caches(ref)),
-                    logit_diff(logits[0], logits[1]))
+                    *logit_diffs(lm.model, [(h_op, h_ref)]))
     return d, ""
 
 
@@ -773,9 +790,8 @@ def server_case(lm, setup: Setup, prefix: Prefix, p: int, kind: str, dtype=None)
     fetched = read_caches(cache)
     h_op = forward(lm.model, rest, cache, keep_last=True)
     h_ref = forward(lm.model, rest, ref, keep_last=True)
-    logits = head(lm.model, [h_op, h_ref])
     d = merge_diffs(compare_readings(fetched, after), compare_readings(read_caches(cache), read_caches(ref)),
-                    logit_diff(logits[0], logits[1]))
+                    *logit_diffs(lm.model, [(h_op, h_ref)]))
     return {"reused": reused, "rest": len(rest), "common": common, "diff": d}
 
 
@@ -852,11 +868,9 @@ def batch_vs_alone(lm, seq: Sequence[int], other: Sequence[int], *, op: str, ste
             toks = [[feed_seq[i]]] + ([[feed_oth[i]]] if members == 2 else [])
             rows_batch.append(_forward_rows(lm.model, toks, batch))
             rows_alone.append(forward(lm.model, [feed_seq[i]], alone, keep_last=True))
-        logits_b = head(lm.model, rows_batch)
-        logits_a = head(lm.model, rows_alone)
         extracted = [c.extract(0) for c in batch]
         d = merge_diffs(compare_readings(read_caches(extracted), read_caches(alone)),
-                        logit_diff(logits_b, logits_a))
+                        *logit_diffs(lm.model, list(zip(rows_batch, rows_alone))))
         return {"diff": d, "steps": before + steps, "members_after": members}
     finally:
         if old is not None:
@@ -958,9 +972,14 @@ def measure_state(lm, *, operations: Sequence[str] = tuple(OPERATIONS), where: S
     env = environment()
     window = _window(lm)
     lengths = {w: p for w, p in prefix_lengths(window, max(max(ks), max(KS))).items() if w in where}
+    setups_given = setups
     setups = list(setups) if setups is not None else model_setups(lm)
     if caches is not None:
         setups = [s for s in setups if s.name in caches]
+    elif setups_given is None:
+        # ConcatenateKVCache is mlx-lm's mock cache (no model makes it for generation): model cases only when
+        # asked for by name; the model-free trim cases always cover it.
+        setups = [s for s in setups if s.name not in OPTIONAL_SETUPS]
     longest = max(lengths.values()) + 8 + max(KS) + CONTINUATION
     limit = compute_limit if compute_limit is not None else ((window or 64) + COMPUTE_LIMIT_EXTRA)
     computed = min(max(lengths.values()), max(limit, 1))

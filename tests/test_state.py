@@ -344,3 +344,28 @@ def test_exact_rollback_decoder_fixes_the_sliding_window_state_bug(dtype):
     s = dv.generate_speculative_exact(lm.model, prompt, 24, k=3)
     ts = dv.triage(lm, prompt, a.tokens, s.tokens, a.schedule, s.schedule)
     assert s.stats["acceptance"] > 0.5 and ts.verdict in ("IDENTICAL", dv.NEAR_TIE)
+
+
+def test_state_benchmark_tracks_counts_and_nan_for_missing_cases(monkeypatch):
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    if str(root) not in sys.path:
+        sys.path.insert(0, str(root))
+    from benchmarks import bench_state, common
+
+    tiny = make_tiny()
+    monkeypatch.setattr(common, "model", lambda dtype="bfloat16": tiny)
+    monkeypatch.setattr(bench_state, "STATE_OPERATIONS", ("rollback", "trim_prompt_cache"))
+    monkeypatch.setattr(bench_state, "STATE_WHERE", ("below", "past"))
+    monkeypatch.setattr(bench_state, "STATE_KS", (1,))
+    b = bench_state.StateExactness()
+    f = b.setup_cache()
+    for fn in (b.track_non_exact, b.track_state_bugs):
+        assert fn.unit and fn.version == "1"
+    assert b.track_non_exact(f, "KVCache/rollback") == 0.0
+    assert b.track_non_exact(f, "RotatingKVCache/rollback") == 1.0  # past the window, k=1 r=1: refused
+    assert b.track_non_exact(f, "RotatingKVCache/trim_prompt_cache") == 4.0  # past: 2 trims x 2 continuations
+    assert math.isnan(b.track_non_exact(f, "QuantizedKVCache/save_load"))  # not measured: NaN, never 0
+    assert set(bench_state.STATE_CASES) >= {"RotatingKVCache/rollback", "BatchRotatingKVCache/batch"}

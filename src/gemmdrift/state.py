@@ -115,6 +115,16 @@ def cache_classes() -> list[str]:
 # --------------------------------------------------------------------------- reading a cache
 
 
+class _Absent:
+    """Stands in for a cache class the installed mlx-lm does not have (isinstance is always False)."""
+
+
+def _cls(name: str):
+    from mlx_lm.models import cache as C
+
+    return getattr(C, name, _Absent)
+
+
 def _np(x) -> np.ndarray:
     import mlx.core as mx
 
@@ -143,12 +153,12 @@ def read_cache(c) -> dict[str, Any]:
     from mlx_lm.models import cache as C
 
     name = type(c).__name__
-    if isinstance(c, C.CacheList):
+    if isinstance(c, _cls("CacheList")):
         parts = [read_cache(x) for x in c.caches]
         return {"class": name, "offset": tuple(p["offset"] for p in parts),
                 "fields": tuple((p["class"], p["fields"]) for p in parts),
                 "arrays": [a for p in parts for a in p["arrays"]], "short": any(p["short"] for p in parts)}
-    if isinstance(c, (C.BatchKVCache, C.BatchRotatingKVCache)):
+    if isinstance(c, (_cls("BatchKVCache"), _cls("BatchRotatingKVCache"))):
         import mlx.core as mx
 
         mx.eval(c.offset, c.left_padding)
@@ -168,10 +178,10 @@ def read_cache(c) -> dict[str, Any]:
         arrays = [] if c.keys is None else [x[..., : c.offset, :] for x in (*c.keys, *c.values)]
         short = c.keys is not None and c.keys[0].shape[2] < c.offset
         return {"class": name, "offset": c.offset, "fields": (c.group_size, c.bits), "arrays": arrays, "short": short}
-    if isinstance(c, C.ConcatenateKVCache):  # keys_and_values() ignores the offset: all keys are attended
+    if isinstance(c, _cls("ConcatenateKVCache")):  # keys_and_values() ignores the offset: all keys are attended
         arrays = [] if c.keys is None else [c.keys, c.values]
         return {"class": name, "offset": c.offset, "fields": (), "arrays": arrays, "short": False}
-    if isinstance(c, C.ChunkedKVCache):
+    if isinstance(c, _cls("ChunkedKVCache")):
         end = c.offset - c.start_position
         arrays = [] if c.keys is None else [c.keys[..., :end, :], c.values[..., :end, :]]
         return {"class": name, "offset": c.offset, "fields": (c.chunk_size, c.start_position), "arrays": arrays,
@@ -502,8 +512,10 @@ def model_setups(lm) -> list[Setup]:
                      f"kv_bits={KV_BITS}, kv_group_size={group}, quantized_kv_start=0 (maybe_quantize_kv_cache); "
                      "mlx-lm cannot quantize a RotatingKVCache (to_quantized raises NotImplementedError), so every "
                      "layer starts as a KVCache", post=quantize))
-    out.append(Setup("ConcatenateKVCache", (lambda m: [C.ConcatenateKVCache() for _ in range(n)]) if standard else None,
-                     "every layer a ConcatenateKVCache"))
+    concat = hasattr(C, "ConcatenateKVCache")
+    out.append(Setup("ConcatenateKVCache", (lambda m: [C.ConcatenateKVCache() for _ in range(n)])
+                     if (standard and concat) else None,
+                     "every layer a ConcatenateKVCache" if concat else "not in this mlx-lm"))
     return out
 
 
@@ -655,14 +667,15 @@ def class_factories(window: int = 16) -> dict[str, Callable[[], Any] | None]:
         "RotatingKVCache": lambda: C.RotatingKVCache(max_size=window),
         "RotatingKVCache(keep=4)": lambda: C.RotatingKVCache(max_size=window, keep=4),
         "QuantizedKVCache": lambda: C.QuantizedKVCache(group_size=64, bits=KV_BITS),
-        "ConcatenateKVCache": C.ConcatenateKVCache,
+        "ConcatenateKVCache": lambda: C.ConcatenateKVCache(),
         "ChunkedKVCache": lambda: C.ChunkedKVCache(chunk_size=window),
         "CacheList": lambda: C.CacheList(C.KVCache(), C.RotatingKVCache(max_size=window)),
         "BatchKVCache": lambda: C.BatchKVCache([0]),
         "BatchRotatingKVCache": lambda: C.BatchRotatingKVCache(window, [0]),
         "ArraysCache": None,
     }
-    return out
+    # Classes an older mlx-lm does not have: "absent" (a not-applicable row, never an error).
+    return {k: (v if hasattr(C, k.split("(")[0]) else "absent") for k, v in out.items()}
 
 
 def _feed_direct(c, k, v) -> None:
@@ -742,6 +755,19 @@ def save_load_case(lm, setup: Setup, prefix: Prefix, p: int, block: int, dtype=N
 # --------------------------------------------------------------------------- d: server prompt reuse
 
 
+def lru_prompt_cache_class():
+    """mlx-lm's server prompt cache (``models/cache.py`` in 0.32; ``server.py`` before), or None."""
+    from mlx_lm.models import cache as C
+
+    if hasattr(C, "LRUPromptCache"):
+        return C.LRUPromptCache
+    try:
+        from mlx_lm import server
+    except Exception:  # the server's own imports may be missing
+        return None
+    return getattr(server, "LRUPromptCache", None)
+
+
 def server_case(lm, setup: Setup, prefix: Prefix, p: int, kind: str, dtype=None) -> dict[str, Any]:
     """mlx-lm server's prompt-cache reuse: a cached conversation of ``p + 4`` tokens, then a new request.
 
@@ -751,8 +777,7 @@ def server_case(lm, setup: Setup, prefix: Prefix, p: int, kind: str, dtype=None)
     common prefix when that is shorter) and the rest of its tokens; the reference
     computes the request's tokens from a cache of its common prefix that was never stored.
     """
-    from mlx_lm.models.cache import LRUPromptCache
-
+    LRUPromptCache = lru_prompt_cache_class()
     vocab = lm.vocab_size
     stored_len = p + 4
     toks = prefix.tokens if stored_len + 4 <= len(prefix.tokens) else None
@@ -1028,6 +1053,10 @@ def measure_state(lm, *, operations: Sequence[str] = tuple(OPERATIONS), where: S
             for via in ("trim", "trim_prompt_cache"):
                 if via not in operations:
                     continue
+                if make == "absent":
+                    rows.append(_row(name, via, "", None, None, "", Verdict.NOT_APPLICABLE,
+                                     f"mlx-lm {mlx_lm_version()} has no {name.split('(')[0]}"))
+                    continue
                 if make is None:
                     rows.append(_row(name, via, "", None, None, "", Verdict.NOT_APPLICABLE,
                                      "no trim: a recurrent state (is_trimmable() is False); speculative_generate_step "
@@ -1076,7 +1105,13 @@ def measure_state(lm, *, operations: Sequence[str] = tuple(OPERATIONS), where: S
 
     # d. server prompt reuse
     if "server_reuse" in operations:
+        lru = lru_prompt_cache_class()
+        fetch = getattr(lru, "fetch_nearest_cache", None)
         for s in setups:
+            if fetch is None:
+                rows.append(_row(s.name, "server_reuse", "", None, window, "", Verdict.NOT_APPLICABLE,
+                                 f"mlx-lm {mlx_lm_version()} has no LRUPromptCache.fetch_nearest_cache"))
+                continue
             if s.make is None:
                 rows.append(_row(s.name, "server_reuse", "", None, window, "", Verdict.NOT_APPLICABLE, s.note))
                 continue
@@ -1106,9 +1141,13 @@ def measure_state(lm, *, operations: Sequence[str] = tuple(OPERATIONS), where: S
     # e. batch caches
     if "batch" in operations:
         for s in setups:
-            if s.name not in ("KVCache", "RotatingKVCache") or s.make is None:
+            if s.name not in ("KVCache", "RotatingKVCache"):
                 continue
             bname = "BatchKVCache" if s.name == "KVCache" else "BatchRotatingKVCache"
+            if s.make is None or _cls(bname) is _Absent or not hasattr(_cls(s.name), "merge"):
+                rows.append(_row(bname, "batch", "", None, window, "", Verdict.NOT_APPLICABLE,
+                                 s.note if s.make is None else f"mlx-lm {mlx_lm_version()} cannot batch {s.name}"))
+                continue
             for w, p in lengths.items():
                 q = max(1, p // 2 + 1)
                 for op in ("extend", "filter"):
@@ -1192,3 +1231,21 @@ def _result(lm, env, table: pd.DataFrame, inputs: dict[str, Any], seconds: float
     frame = tidy(frame_rows, model=str(lm.info.get("source")), dtype=str(lm.info.get("dtype")), **labels)
     return Result(kind="state", inputs={"model": dict(lm.info), **inputs}, env=env, frame=frame, figures=figures,
                   tables={"state": table}, details={"mlx_lm": mlx_lm_version(), "seconds": seconds})
+
+
+# The short sweep of `gemmdrift run` (suite.main_job), per size.
+SHORT = {
+    "cpu": dict(operations=("rollback", "trim", "trim_prompt_cache"), where=("below", "past"), ks=(2,),
+                caches=("KVCache", "RotatingKVCache")),
+    "gpu": dict(operations=("rollback", "trim", "trim_prompt_cache", "save_load"), where=WHERE, ks=(1, 2, 3),
+                caches=("KVCache", "RotatingKVCache")),
+    "quick": dict(operations=("rollback", "trim_prompt_cache"), where=("below",), ks=(1,), caches=("KVCache",),
+                  compute_limit=32),
+}
+
+
+def short_sweep(lm, size: str = "cpu") -> Result:
+    """The short version of the sweep that `gemmdrift run` includes (see :data:`SHORT`)."""
+    if size not in SHORT:
+        raise GemmdriftError(f"unknown size {size!r} (choose {', '.join(SHORT)})")
+    return measure_state(lm, **SHORT[size])

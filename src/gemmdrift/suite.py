@@ -177,6 +177,10 @@ def main_job(out: str | Path = "results/run", sizes: str | None = None, model: s
          write_kernels_part),
         ("diverge", "mlx-lm generate vs speculative generate", lambda d: divergence_probe(lm, s), write_diverge_part),
     ]
+    from . import state as _state, store as _store  # cache state exactness, a short sweep (gemmdrift state)
+
+    parts.append(("state", "cache state exactness (short sweep)", lambda d: _state.short_sweep(lm, name),
+                  lambda d, result: _store.write_result(result, d)))
     for i, (part, title, measure, write) in enumerate(parts, 1):
         d = out / part
         key = _key(part, lm, s)

@@ -369,3 +369,16 @@ def test_state_benchmark_tracks_counts_and_nan_for_missing_cases(monkeypatch):
     assert b.track_non_exact(f, "RotatingKVCache/trim_prompt_cache") == 4.0  # past: 2 trims x 2 continuations
     assert math.isnan(b.track_non_exact(f, "QuantizedKVCache/save_load"))  # not measured: NaN, never 0
     assert set(bench_state.STATE_CASES) >= {"RotatingKVCache/rollback", "BatchRotatingKVCache/batch"}
+
+
+def test_rollback_comparison_puts_both_rollbacks_side_by_side(tmp_path):
+    from gemmdrift import diverge as dv
+
+    lm = make_tiny("float32", seed=3)
+    prompts = [list(range(10, 22)), list(range(30, 41))]
+    df = dv.rollback_comparison(lm, prompts, 10, k=2, checkpoint=tmp_path)
+    assert list(df["rollback"]) == ["mlx-lm", "exact"] * 2 and list(df["prompt"]) == ["0", "0", "1", "1"]
+    exact = df[df["rollback"] == "exact"]
+    assert exact["b_first_outside"].isna().all() and set(exact["verdict"]) <= {"IDENTICAL", "NEAR-TIE"}
+    again = dv.rollback_comparison(lm, prompts, 10, k=2, checkpoint=tmp_path)  # resumed from the checkpoint
+    assert again.equals(df)

@@ -328,8 +328,8 @@ def cmd_state(args) -> int:
     for w in where:
         if w not in state.WHERE:
             raise GemmdriftError(f"--where: unknown prefix position {w!r} (choose from {', '.join(state.WHERE)})")
-    ks = parse_ints(args.k, "--k")
-    if not ks or min(ks) < 1 or max(ks) > 8:
+    ks = parse_ints(args.k, "--k") if args.k is not None else None
+    if ks is not None and (min(ks) < 1 or max(ks) > 8):
         raise GemmdriftError("--k: draft counts must be between 1 and 8")
     caches = [c.strip() for c in args.caches.split(",")] if args.caches else None
     known = set(state.KNOWN_CLASSES) | {"QuantizedKVCache"}
@@ -504,12 +504,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="operations: rollback,trim,trim_prompt_cache,save_load,server_reuse,batch (default all)")
     s.add_argument("--where", default="below,at,past,far",
                    help="prefix lengths relative to the sliding window: below,at,past,far (default all)")
-    s.add_argument("--k", default="1-4", help="draft counts of the rollback, every r = 0..k (default 1-4)")
+    s.add_argument("--k", help="draft counts of the rollback, every r = 0..k (default 1-4; 2 for QuantizedKVCache)")
     s.add_argument("--caches", help="only these cache classes, e.g. KVCache,RotatingKVCache (default all)")
     s.add_argument("--no-ladder", action="store_true", help="skip the float32 rerun of cases that differ")
     s.add_argument("--envelope", type=float, help="largest max|Δlogit| still called rounding (default: the ladder decides)")
     s.add_argument("--compute-limit", type=int,
-                   help="really prefill at most this many tokens; longer prefixes repeat them (default window + 16)")
+                   help="really prefill at most this many tokens; longer prefixes repeat them (default: shortest prefix + 16)")
     _add_output(s, "results/state")
     s.set_defaults(func=cmd_state)
 

@@ -579,3 +579,54 @@ def generate_speculative_exact(model, prompt: Sequence[int], n: int, k: int = 2,
     stats = {"draft": "self" if draft is None else "separate", "k": k, "accepted_drafts": accepted,
              "acceptance": accepted / len(out) if out else 0.0, "rollback": "exact", "restores": restored}
     return Generation(out, "speculative-exact", speculative_schedule(prefill_step, k), time.perf_counter() - t0, stats)
+
+
+def rollback_comparison(lm, prompts: Sequence[Sequence[int]], n: int, *, k: int = 2, checkpoint=None,
+                        labels=None) -> "pd.DataFrame":
+    """Plain vs mlx-lm speculative and plain vs exact-rollback speculative, side by side, per prompt.
+
+    The plain stream is generated once per prompt; each speculative stream (self-draft, K=k)
+    is triaged against it (:func:`triage`). One row per prompt and rollback, with the columns
+    of :func:`divergence_stats` plus ``rollback`` and ``restores``; finished prompts are kept
+    in ``checkpoint`` (one JSON file each) and skipped when the run is repeated.
+    """
+    import hashlib
+    import json
+    from pathlib import Path
+
+    import pandas as pd
+
+    from .files import write_json
+
+    rows = []
+    for i, prompt in enumerate(prompts):
+        label = labels[i] if labels else str(i)
+        key = hashlib.sha256(json.dumps([list(map(int, prompt)), n, k, "rollback"]).encode()).hexdigest()[:16]
+        path = Path(checkpoint) / f"rollback-{i:03d}-{key}.json" if checkpoint else None
+        if path is not None and path.exists():
+            rows += json.loads(path.read_text())
+            print(f"  prompt {i}: done before (resumed)", file=sys.stderr)
+            continue
+        print(f"gemmdrift rollback comparison: prompt {i + 1}/{len(prompts)} ({len(prompt)} tokens)", file=sys.stderr,
+              flush=True)
+        a = generate_plain(lm.model, prompt, n)
+        out = []
+        for b in (generate_speculative(lm.model, prompt, n, k=k), generate_speculative_exact(lm.model, prompt, n, k=k)):
+            t = triage(lm, prompt, a.tokens, b.tokens, a.schedule, b.schedule).as_dict()
+            d = first_divergence(a.tokens, b.tokens)
+            print(f"  {b.label:18s} first divergence {d}, {t['verdict']}, {b.seconds:.0f} s", file=sys.stderr,
+                  flush=True)
+            out.append({
+                "prompt": label, "rollback": b.stats.get("rollback", "mlx-lm"), "prompt_tokens": len(prompt), "n": n,
+                "first_divergence": d, "compared": n if d is None else d + 1, "verdict": t["verdict"],
+                "divergence_verdict": t.get("divergence_verdict"), "margin": t.get("margin"),
+                "envelope": t.get("envelope"), "acceptance": b.stats.get("acceptance"),
+                "restores": b.stats.get("restores", 0),
+                "b_first_outside": (t.get("stream_b_check") or {}).get("first_outside"),
+                "b_mismatches": (t.get("stream_b_check") or {}).get("mismatches"),
+                "seconds_plain": a.seconds, "seconds_speculative": b.seconds,
+            })
+        if path is not None:
+            write_json(path, out)
+        rows += out
+    return pd.DataFrame(rows)

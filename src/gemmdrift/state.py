@@ -38,10 +38,11 @@ chunks, no LM head), poured into each cache class through its own
 ``update_and_fetch`` in chunks of ``prefill_step`` (512, what
 ``speculative_generate_step`` uses), so each class ends in the layout mlx-lm
 gives it. ``QuantizedKVCache`` comes from ``maybe_quantize_kv_cache`` (kv_bits 8,
-``quantized_kv_start`` 0). Prefixes longer than ``compute_limit`` tokens repeat
-the computed keys and values (the cache's offset, ring position and layout are
-those of the long prefix; both sides start from the same state, so the
-comparison is as strict as with a computed prefix).
+``quantized_kv_start`` 0). The prefill covers the shortest prefix (+16 tokens,
+``compute_limit``); longer prefixes repeat the computed keys and values (the
+cache's offset, ring position and layout are those of the long prefix, the
+content repeats; both sides start from the same state, so the comparison is as
+strict as with a computed prefix, at a fraction of the prefill time).
 
 **Same schedule.** A rollback feeds ``[y, d1..dk]`` as one block, rejects the
 last ``r`` drafts and continues with a block ``[c, x1, x2]``. Its reference feeds
@@ -73,10 +74,11 @@ KS = (1, 2, 3, 4)  # draft tokens per verification block
 WHERE = ("below", "at", "past", "far")  # prefix length relative to the sliding window
 PREFILL_STEP = 512  # speculative_generate_step's default prefill chunk
 CONTINUATION = 3  # tokens of the block fed after an operation (a verify:2 block)
-COMPUTE_LIMIT_EXTRA = 16  # real prefill covers window + this; longer prefixes repeat it
+COMPUTE_LIMIT_EXTRA = 16  # the real prefill covers the shortest prefix + this; longer prefixes repeat it
 LADDER_ROUNDING_SHRINK = 100.0  # as gemmdrift.stack: rounding shrinks by >= 100x at float32
 KV_BITS = 8  # mlx-lm's --kv-bits for the QuantizedKVCache setup
 OPTIONAL_SETUPS = ("ConcatenateKVCache",)  # model cases only with --caches naming them
+DEFAULT_KS = {"QuantizedKVCache": (2,)}  # rollback draft counts by cache when none are given
 
 OPERATIONS = {
     "rollback": "generate.speculative_generate_step/_rewind_cache -> cache.trim_prompt_cache",
@@ -964,7 +966,7 @@ def _progress(msg: str) -> None:
 
 
 def measure_state(lm, *, operations: Sequence[str] = tuple(OPERATIONS), where: Sequence[str] = WHERE,
-                  ks: Sequence[int] = KS, setups: Sequence[Setup] | None = None, ladder: bool = True,
+                  ks: Sequence[int] | None = None, setups: Sequence[Setup] | None = None, ladder: bool = True,
                   envelope: float | None = None, compute_limit: int | None = None,
                   caches: Sequence[str] | None = None) -> Result:
     """Check every cache operation of ``operations`` on the model's caches; one row per case.
@@ -973,12 +975,14 @@ def measure_state(lm, *, operations: Sequence[str] = tuple(OPERATIONS), where: S
         lm: the loaded model (:func:`gemmdrift.models.load_model`).
         operations: any of :data:`OPERATIONS`.
         where: prefix lengths relative to the sliding window (:func:`prefix_lengths`).
-        ks: draft counts for the rollback (every r = 0..k is run).
+        ks: draft counts for the rollback (every r = 0..k is run). Default: 1..4, except
+            k = 2 alone for the QuantizedKVCache (its CPU attention is slow, and its cache
+            mechanics do not depend on the window); given explicitly, it applies to every cache.
         setups: cache setups (default :func:`model_setups`; tests pass planted ones).
         ladder: rerun cases that differ (with the same structure) at float32.
         envelope: largest max|Δlogit| still called rounding (None: the ladder decides).
         compute_limit: really compute at most this many prefix positions (default: the
-            window + 16, enough for every prefix but 'far', which repeats them).
+            shortest prefix + 16); longer prefixes repeat the computed keys and values.
         caches: only these cache setups / classes (names as in the table).
     """
     from .envinfo import environment
@@ -989,6 +993,8 @@ def measure_state(lm, *, operations: Sequence[str] = tuple(OPERATIONS), where: S
     bad_where = [w for w in where if w not in WHERE]
     if bad_where:
         raise GemmdriftError(f"unknown prefix position {bad_where[0]!r} (choose from {', '.join(WHERE)})")
+    ks_for = (lambda name: DEFAULT_KS.get(name, KS)) if ks is None else (lambda name, ks=tuple(ks): ks)
+    ks = tuple(KS) if ks is None else tuple(ks)
     if not ks or min(ks) < 1:
         raise GemmdriftError("draft counts k must be positive")
     if lm.info.get("synthetic") and lm.info.get("kind") == "shape":
@@ -1006,7 +1012,7 @@ def measure_state(lm, *, operations: Sequence[str] = tuple(OPERATIONS), where: S
         # asked for by name; the model-free trim cases always cover it.
         setups = [s for s in setups if s.name not in OPTIONAL_SETUPS]
     longest = max(lengths.values()) + 8 + max(KS) + CONTINUATION
-    limit = compute_limit if compute_limit is not None else ((window or 64) + COMPUTE_LIMIT_EXTRA)
+    limit = compute_limit if compute_limit is not None else (min(lengths.values()) + COMPUTE_LIMIT_EXTRA)
     computed = min(max(lengths.values()), max(limit, 1))
     tokens = _stream(lm, max(longest, computed + 16))
     need_model = any(o in operations for o in ("rollback", "save_load", "server_reuse", "batch"))
@@ -1032,7 +1038,7 @@ def measure_state(lm, *, operations: Sequence[str] = tuple(OPERATIONS), where: S
                 continue
             for w, p in lengths.items():
                 t0 = time.perf_counter()
-                for c in rollback_cases(lm, s, prefix, p, ks):
+                for c in rollback_cases(lm, s, prefix, p, ks_for(s.name)):
                     refused = c["r"] > 0 and c["trimmed"] < c["r"]
                     v, why, _ = judge(c["diff"], None if not c["diff"].identical else None, refused=refused,
                                       envelope=envelope)

@@ -292,7 +292,8 @@ def test_cli_state_on_a_tiny_directory(tmp_path):
     assert r.returncode == 0, r.stderr
     s = json.loads(r.stdout)
     assert s["kind"] == "state" and s["cases"] == 3 * 2 * 2  # 3 cache setups x 2 prefixes x (k=1: r=0,1)
-    assert s["verdicts"].get("STATE BUG", 0) >= 2  # the RotatingKVCache past its window, r=1
+    bugs = [(b["cache"], b["operation"], b["where"], b["params"]) for b in s["state_bugs"]]
+    assert bugs == [("RotatingKVCache", "rollback", "past", "k=1 r=1")]  # the one refused trim
 
 
 @pytest.mark.parametrize("args,needle", [

@@ -324,8 +324,8 @@ def cmd_state(args) -> int:
     for o in ops:
         if o not in state.OPERATIONS:
             raise GemmdriftError(f"--ops: unknown operation {o!r} (choose from {', '.join(state.OPERATIONS)})")
-    where = [w.strip() for w in args.where.split(",") if w.strip()]
-    for w in where:
+    where = [w.strip() for w in args.where.split(",") if w.strip()] if args.where is not None else None
+    for w in where or []:
         if w not in state.WHERE:
             raise GemmdriftError(f"--where: unknown prefix position {w!r} (choose from {', '.join(state.WHERE)})")
     ks = parse_ints(args.k, "--k") if args.k is not None else None
@@ -502,8 +502,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model(s)
     s.add_argument("--ops", default="rollback,trim,trim_prompt_cache,save_load,server_reuse,batch",
                    help="operations: rollback,trim,trim_prompt_cache,save_load,server_reuse,batch (default all)")
-    s.add_argument("--where", default="below,at,past,far",
-                   help="prefix lengths relative to the sliding window: below,at,past,far (default all)")
+    s.add_argument("--where", help="prefix lengths relative to the sliding window: below,at,past,far "
+                                   "(default all; below,past for QuantizedKVCache)")
     s.add_argument("--k", help="draft counts of the rollback, every r = 0..k (default 1-4; 2 for QuantizedKVCache)")
     s.add_argument("--caches", help="only these cache classes, e.g. KVCache,RotatingKVCache (default all)")
     s.add_argument("--no-ladder", action="store_true", help="skip the float32 rerun of cases that differ")

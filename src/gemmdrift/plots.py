@@ -406,7 +406,7 @@ def state_grid(table: pd.DataFrame, title: str = ""):
     ax.set_xlim(0, len(cols))
     ax.set_ylim(len(keys), 0)
     ax.set_xticks(np.arange(len(cols)) + 0.5)
-    ax.set_xticklabels([c or "-" for c in cols], fontsize=8)
+    ax.set_xticklabels([c or "n/a" for c in cols], fontsize=8)
     ax.set_yticks(np.arange(len(keys)) + 0.5)
     ax.set_yticklabels([f"{c} · {o}" for c, o in keys], fontsize=7)
     ax.set_xlabel("prefix length relative to the sliding window", fontsize=8)

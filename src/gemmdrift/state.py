@@ -79,6 +79,9 @@ LADDER_ROUNDING_SHRINK = 100.0  # as gemmdrift.stack: rounding shrinks by >= 100
 KV_BITS = 8  # mlx-lm's --kv-bits for the QuantizedKVCache setup
 OPTIONAL_SETUPS = ("ConcatenateKVCache",)  # model cases only with --caches naming them
 DEFAULT_KS = {"QuantizedKVCache": (2,)}  # rollback draft counts by cache when none are given
+# Prefix positions by cache when none are given: CPU quantized attention is slow over long caches, and a
+# QuantizedKVCache's mechanics do not depend on the window.
+DEFAULT_WHERE = {"QuantizedKVCache": ("below", "past")}
 
 OPERATIONS = {
     "rollback": "generate.speculative_generate_step/_rewind_cache -> cache.trim_prompt_cache",
@@ -296,7 +299,7 @@ def judge(bf: Diff, f32: Diff | None = None, *, refused: bool = False, envelope:
         envelope: largest max|Δlogit| still called rounding (None: the ladder alone decides).
     """
     if refused:
-        why = "refused (trimmed nothing) and the generator carried on"
+        why = "refused (trimmed nothing) and generation carried on as if it had"
         return Verdict.STATE_BUG, why + (f"; {bf.why}" if bf.why else ""), math.nan
     if bf.identical:
         return Verdict.EXACT, "bit-identical", math.nan
@@ -965,7 +968,7 @@ def _progress(msg: str) -> None:
     print(f"gemmdrift state: {msg}", file=sys.stderr, flush=True)
 
 
-def measure_state(lm, *, operations: Sequence[str] = tuple(OPERATIONS), where: Sequence[str] = WHERE,
+def measure_state(lm, *, operations: Sequence[str] = tuple(OPERATIONS), where: Sequence[str] | None = None,
                   ks: Sequence[int] | None = None, setups: Sequence[Setup] | None = None, ladder: bool = True,
                   envelope: float | None = None, compute_limit: int | None = None,
                   caches: Sequence[str] | None = None) -> Result:
@@ -974,7 +977,8 @@ def measure_state(lm, *, operations: Sequence[str] = tuple(OPERATIONS), where: S
     Args:
         lm: the loaded model (:func:`gemmdrift.models.load_model`).
         operations: any of :data:`OPERATIONS`.
-        where: prefix lengths relative to the sliding window (:func:`prefix_lengths`).
+        where: prefix lengths relative to the sliding window (:func:`prefix_lengths`). Default: all
+            four, except below and past for the QuantizedKVCache; given explicitly, for every cache.
         ks: draft counts for the rollback (every r = 0..k is run). Default: 1..4, except
             k = 2 alone for the QuantizedKVCache (its CPU attention is slow, and its cache
             mechanics do not depend on the window); given explicitly, it applies to every cache.
@@ -990,6 +994,8 @@ def measure_state(lm, *, operations: Sequence[str] = tuple(OPERATIONS), where: S
     unknown_ops = [o for o in operations if o not in OPERATIONS]
     if unknown_ops:
         raise GemmdriftError(f"unknown operation {unknown_ops[0]!r} (choose from {', '.join(OPERATIONS)})")
+    where_for = (lambda name: DEFAULT_WHERE.get(name, WHERE)) if where is None else (lambda name, w=tuple(where): w)
+    where = tuple(WHERE) if where is None else tuple(where)
     bad_where = [w for w in where if w not in WHERE]
     if bad_where:
         raise GemmdriftError(f"unknown prefix position {bad_where[0]!r} (choose from {', '.join(WHERE)})")
@@ -1037,6 +1043,8 @@ def measure_state(lm, *, operations: Sequence[str] = tuple(OPERATIONS), where: S
                 rows.append(_row(s.name, "rollback", "", None, window, "", Verdict.NOT_APPLICABLE, s.note))
                 continue
             for w, p in lengths.items():
+                if w not in where_for(s.name):
+                    continue
                 t0 = time.perf_counter()
                 for c in rollback_cases(lm, s, prefix, p, ks_for(s.name)):
                     refused = c["r"] > 0 and c["trimmed"] < c["r"]
@@ -1097,6 +1105,8 @@ def measure_state(lm, *, operations: Sequence[str] = tuple(OPERATIONS), where: S
                 rows.append(_row(s.name, "save_load", "", None, window, "", Verdict.NOT_APPLICABLE, s.note))
                 continue
             for w, p in lengths.items():
+                if w not in where_for(s.name):
+                    continue
                 for block in (1, CONTINUATION):
                     try:
                         d, _ = save_load_case(lm, s, prefix, p, block)
@@ -1122,6 +1132,8 @@ def measure_state(lm, *, operations: Sequence[str] = tuple(OPERATIONS), where: S
                 rows.append(_row(s.name, "server_reuse", "", None, window, "", Verdict.NOT_APPLICABLE, s.note))
                 continue
             for w, p in lengths.items():
+                if w not in where_for(s.name):
+                    continue
                 for kind in ("longer", "shorter", "branch"):
                     params = f"{kind}"
                     try:

@@ -383,3 +383,20 @@ def test_rollback_comparison_puts_both_rollbacks_side_by_side(tmp_path):
     assert exact["b_first_outside"].isna().all() and set(exact["verdict"]) <= {"IDENTICAL", "NEAR-TIE"}
     again = dv.rollback_comparison(lm, prompts, 10, k=2, checkpoint=tmp_path)  # resumed from the checkpoint
     assert again.equals(df)
+
+
+def test_cli_diverge_rollback_exact(tmp_path):
+    from test_cli import assert_user_error, gd
+    from test_models import save_tiny
+
+    save_tiny(tmp_path / "m")
+    (tmp_path / "ids.txt").write_text(" ".join(str(i) for i in range(10, 22)))
+    r = gd("diverge", "--model", str(tmp_path / "m"), "--prompt-ids", str(tmp_path / "ids.txt"), "--n", "12",
+           "--rollback", "exact", "--out", str(tmp_path / "out"), "--json")
+    assert r.returncode == 0, r.stderr
+    s = json.loads(r.stdout)
+    assert s["stream_b"]["label"] == "speculative-exact" and s["stream_b"]["rollback"] == "exact"
+    assert s["triage"]["stream_b_check"]["first_outside"] is None
+    meta = json.loads((tmp_path / "out" / "meta.json").read_text())
+    assert meta["inputs"]["rollback"] == "exact"
+    assert_user_error(gd("diverge", "--model", str(tmp_path / "m"), "--rollback", "undo"), "invalid choice")

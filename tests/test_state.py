@@ -257,6 +257,10 @@ def test_batch_vs_alone_is_reusable_and_catches_a_planted_filter(monkeypatch):
     monkeypatch.setattr(C.BatchKVCache, "filter", lambda self, idx: real(self, [1]))  # keeps the wrong sequence
     d = state.batch_vs_alone(lm, seq, other, op="filter", cache_factory=lambda m: [C.KVCache() for _ in m.layers])["diff"]
     assert not d.identical and not d.structure
+    c = state.batch_check(lm, seq, other, op="filter", cache_factory=lambda m: [C.KVCache() for _ in m.layers])
+    assert c["verdict"] == Verdict.STATE_BUG and c["f32"] is None and "offset" in c["reason"]
+    monkeypatch.undo()
+    assert state.batch_check(lm, seq, other, op="extend")["verdict"] == Verdict.EXACT
 
 
 # ----------------------------------------------------------------------------- Result, store, CLI

@@ -909,6 +909,22 @@ def batch_vs_alone(lm, seq: Sequence[int], other: Sequence[int], *, op: str, ste
             _cast(lm.model, old)
 
 
+def batch_check(lm, seq: Sequence[int], other: Sequence[int], *, op: str, steps: int = 2, before: int = 1,
+                cache_factory: Callable[[Any], list] | None = None, envelope: float | None = None) -> dict[str, Any]:
+    """:func:`batch_vs_alone` judged: EXACT, ROUNDING (the float32 rerun shrinks it) or STATE BUG.
+
+    For batch generation checks elsewhere (e.g. a batch generator's own tests): give the two
+    token sequences and the operation; both prefills happen here, at the model's dtype and
+    (only when the result differs with the same structure) again at float32.
+    Returns ``{"verdict", "reason", "shrink", "diff", "f32"}``.
+    """
+    kw = dict(op=op, steps=steps, before=before, cache_factory=cache_factory)
+    d = batch_vs_alone(lm, seq, other, **kw)["diff"]
+    f32 = batch_vs_alone(lm, seq, other, dtype="float32", **kw)["diff"] if (not d.identical and d.structure) else None
+    verdict, reason, shrink = judge(d, f32, envelope=envelope)
+    return {"verdict": verdict, "reason": reason, "shrink": shrink, "diff": d, "f32": f32}
+
+
 def _forward_rows(model, toks: list[list[int]], cache: list):
     """A batched T=1 step; the normed row of sequence 0."""
     import mlx.core as mx

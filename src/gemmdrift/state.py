@@ -1044,7 +1044,7 @@ def measure_state(lm, *, operations: Sequence[str] = tuple(OPERATIONS), where: S
         prefix = compute_prefix(lm, tokens, computed)
         _progress(f"  {prefix.seconds:.1f} s")
     rows: list[dict[str, Any]] = []
-    ladder_jobs: list[tuple[int, Callable[[], Diff]]] = []
+    ladder_jobs: list[tuple[int, Callable[[], Diff], Diff]] = []
     vocab = lm.vocab_size
 
     def add(row, diff: Diff | None, refused: bool = False, rerun: Callable[[], Diff] | None = None):
@@ -1064,7 +1064,7 @@ def measure_state(lm, *, operations: Sequence[str] = tuple(OPERATIONS), where: S
                 t0 = time.perf_counter()
                 for c in rollback_cases(lm, s, prefix, p, ks_for(s.name)):
                     refused = c["r"] > 0 and c["trimmed"] < c["r"]
-                    v, why, _ = judge(c["diff"], None if not c["diff"].identical else None, refused=refused,
+                    v, why, _ = judge(c["diff"], refused=refused,
                                       envelope=envelope)
                     row = _row(s.name, "rollback", w, p, window, f"k={c['k']} r={c['r']}", v, why, c["diff"],
                                k=c["k"], r=c["r"], trimmed=c["trimmed"], note=s.note)

@@ -49,3 +49,54 @@ class StateExactness:
 
     track_state_bugs.unit = "cases"
     track_state_bugs.version = "1"
+
+
+# The built-in prompts, each after the built-in essay (past the 512-token window), 32 greedy tokens,
+# self-draft with K=2: plain vs mlx-lm's speculative decoding and plain vs the exact-rollback one.
+ROLLBACK_N = 32
+ROLLBACK_K = 2
+
+
+class ExactRollbackDivergence:
+    timeout = 14400
+    params = [["mlx-lm", "exact"]]
+    param_names = ["rollback"]
+
+    def setup_cache(self):
+        from gemmdrift import diverge
+        from gemmdrift.prompts import builtin_prompts, builtin_text
+
+        lm = common.model()
+        prefix = builtin_text("essay") + "\n\n"
+        ids = [lm.tokenizer.encode(prefix + t) for t in builtin_prompts()]
+        df = diverge.rollback_comparison(lm, ids, ROLLBACK_N, k=ROLLBACK_K)
+        out = {}
+        for rollback, g in df.groupby("rollback"):
+            div = g[g["first_divergence"].notna()]
+            out[rollback] = {"diverged": float(len(div)), "outside": float((g["verdict"] == "OUTSIDE ENVELOPE").sum()),
+                             "near_ties": float((div["verdict"] == "NEAR-TIE").sum())}
+        return out
+
+    setup_cache.timeout = 14400
+
+    def track_outside_envelope(self, f, rollback):
+        """Prompts whose speculative stream is judged a state bug (OUTSIDE ENVELOPE); 0 expected with the
+        exact rollback."""
+        return f.get(rollback, {}).get("outside", float("nan"))
+
+    track_outside_envelope.unit = "prompts"
+    track_outside_envelope.version = "1"
+
+    def track_near_ties(self, f, rollback):
+        """Prompts whose first divergence is a near-tie (numeric) and whose stream is otherwise sound."""
+        return f.get(rollback, {}).get("near_ties", float("nan"))
+
+    track_near_ties.unit = "prompts"
+    track_near_ties.version = "1"
+
+    def track_diverged(self, f, rollback):
+        """Prompts whose speculative stream parts from plain greedy decoding within the tokens generated."""
+        return f.get(rollback, {}).get("diverged", float("nan"))
+
+    track_diverged.unit = "prompts"
+    track_diverged.version = "1"

@@ -404,3 +404,43 @@ def test_cli_diverge_rollback_exact(tmp_path):
     meta = json.loads((tmp_path / "out" / "meta.json").read_text())
     assert meta["inputs"]["rollback"] == "exact"
     assert_user_error(gd("diverge", "--model", str(tmp_path / "m"), "--rollback", "undo"), "invalid choice")
+
+
+def test_exact_rollback_benchmark_summarises_both_rollbacks(monkeypatch):
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    if str(root) not in sys.path:
+        sys.path.insert(0, str(root))
+    import pandas as pd
+
+    from benchmarks import bench_state
+    from gemmdrift import diverge as dv
+
+    calls = {}
+
+    def fake(lm, ids, n, k):  # the measurement itself is tested in test_rollback_comparison_...
+        calls["args"] = (len(ids), n, k)
+        return pd.DataFrame([
+            {"rollback": "mlx-lm", "first_divergence": 5, "verdict": "OUTSIDE ENVELOPE"},
+            {"rollback": "mlx-lm", "first_divergence": None, "verdict": "IDENTICAL"},
+            {"rollback": "exact", "first_divergence": 9, "verdict": "NEAR-TIE"},
+            {"rollback": "exact", "first_divergence": None, "verdict": "IDENTICAL"}])
+
+    class FakeTok:
+        def encode(self, text):
+            return [1, 2, 3]
+
+    class FakeLM:
+        tokenizer = FakeTok()
+
+    monkeypatch.setattr(dv, "rollback_comparison", fake)
+    monkeypatch.setattr(bench_state.common, "model", lambda dtype="bfloat16": FakeLM())
+    b = bench_state.ExactRollbackDivergence()
+    f = b.setup_cache()
+    assert calls["args"] == (10, 32, 2)
+    assert b.track_outside_envelope(f, "mlx-lm") == 1.0 and b.track_outside_envelope(f, "exact") == 0.0
+    assert b.track_near_ties(f, "exact") == 1.0 and b.track_diverged(f, "mlx-lm") == 1.0
+    for fn in (b.track_outside_envelope, b.track_near_ties, b.track_diverged):
+        assert fn.unit == "prompts" and fn.version == "1"

@@ -116,10 +116,11 @@ def test_run_quick_writes_the_report_and_resumes(tmp_path):
     assert f"report: {out / 'report.html'}" in r.stdout
     for name in ("stream_a.json", "stream_b.json", "meta.json", "triage.png"):
         assert (out / "diverge" / name).exists(), name
-    for part in ("stack-decode", "stack-prefill", "kernels", "diverge"):
+    for part in ("stack-decode", "stack-prefill", "kernels", "diverge", "state"):
         assert (out / part / "done.json").exists()
+    assert "## 5. Cache state exactness" in report
     again = gd("run", "--sizes", "quick", "--out", str(out))
-    assert again.returncode == 0 and again.stderr.count("done before (resumed)") == 4
+    assert again.returncode == 0 and again.stderr.count("done before (resumed)") == 5
 
 
 @pytest.mark.parametrize("args,needle", [

@@ -297,7 +297,9 @@ def cmd_diverge(args) -> int:
     draft = _load_draft(args)
     opts = dict(k=args.k, draft=draft, prefill_a=args.prefill_a, prefill_b=args.prefill_b, plain_vs=args.compare,
                 envelope=args.envelope)
-    record = {**opts, "draft": args.draft or "self", "draft_quantize": args.draft_quantize}
+    if args.rollback != "mlx-lm":  # the default leaves resumable checkpoints of earlier runs valid
+        opts["rollback"] = args.rollback
+    record = {**opts, "draft": args.draft or "self", "draft_quantize": args.draft_quantize, "rollback": args.rollback}
     out = Path(args.out)
     env = environment()
     print(f"gemmdrift diverge: {describe(lm.description)}", file=sys.stderr)
@@ -353,6 +355,41 @@ def cmd_triage(args) -> int:
     result = measure_triage(lm, prompt, sa, sb, args.schedule_a, args.schedule_b, envelope=args.envelope,
                             env=environment())
     _write_and_print(args, result, args.out)
+    return 0
+
+
+def cmd_state(args) -> int:
+    from . import state, store, summaries
+    from .models import describe
+
+    ops = [o.strip() for o in args.ops.split(",") if o.strip()]
+    for o in ops:
+        if o not in state.OPERATIONS:
+            raise GemmdriftError(f"--ops: unknown operation {o!r} (choose from {', '.join(state.OPERATIONS)})")
+    where = [w.strip() for w in args.where.split(",") if w.strip()] if args.where is not None else None
+    for w in where or []:
+        if w not in state.WHERE:
+            raise GemmdriftError(f"--where: unknown prefix position {w!r} (choose from {', '.join(state.WHERE)})")
+    ks = parse_ints(args.k, "--k") if args.k is not None else None
+    if ks is not None and (min(ks) < 1 or max(ks) > 8):
+        raise GemmdriftError("--k: draft counts must be between 1 and 8")
+    caches = [c.strip() for c in args.caches.split(",")] if args.caches else None
+    known = set(state.KNOWN_CLASSES) | {"QuantizedKVCache"}
+    for c in caches or []:
+        if c not in known:
+            raise GemmdriftError(f"--caches: unknown cache class {c!r} (known: {', '.join(sorted(known))})")
+    if args.envelope is not None and not args.envelope > 0:
+        raise GemmdriftError(f"--envelope must be positive, got {args.envelope}")
+    if args.compute_limit is not None and args.compute_limit < 1:
+        raise GemmdriftError(f"--compute-limit must be positive, got {args.compute_limit}")
+    out = store.check_out_dir(args.out)
+    lm = _load(args)
+    print(f"gemmdrift state: {describe(lm.description)}", file=sys.stderr)
+    r = state.measure_state(lm, operations=ops, where=where, ks=ks, ladder=not args.no_ladder,
+                            envelope=args.envelope, compute_limit=args.compute_limit, caches=caches)
+    written = store.write_result(r, out)
+    _emit(args, summaries.summary(r), summaries.text(r) + f"\n\nwritten to {out}/ "
+          f"({', '.join(sorted(p.name for p in written.values()))})")
     return 0
 
 
@@ -523,6 +560,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--context", help="prefix every prompt of --prompts with a built-in text (e.g. essay) to cross the sliding window")
     s.add_argument("--no-triage", action="store_true", help="only report the divergence")
     s.add_argument("--envelope", type=float, help="use this envelope (max |Δgap|, logits) instead of measuring it")
+    s.add_argument("--rollback", choices=["mlx-lm", "exact"], default="mlx-lm",
+                   help="speculative stream: mlx-lm's speculative_generate_step (default), or the same loop with an "
+                        "exact cache rollback (snapshots restored where trim_prompt_cache refuses)")
     _add_output(s, "results/diverge")
     s.set_defaults(func=cmd_diverge)
 
@@ -536,6 +576,22 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--envelope", type=float, help="use this envelope instead of measuring it on the shared prefix")
     _add_output(s, "results/triage")
     s.set_defaults(func=cmd_triage)
+
+    s = sub.add_parser("state", help="cache state exactness: rollback, trim, save/load, server reuse, batch vs a "
+                                     "cache that never did them")
+    _add_model(s)
+    s.add_argument("--ops", default="rollback,trim,trim_prompt_cache,save_load,server_reuse,batch",
+                   help="operations: rollback,trim,trim_prompt_cache,save_load,server_reuse,batch (default all)")
+    s.add_argument("--where", help="prefix lengths relative to the sliding window: below,at,past,far "
+                                   "(default all; below,past for QuantizedKVCache)")
+    s.add_argument("--k", help="draft counts of the rollback, every r = 0..k (default 1-4; 2 for QuantizedKVCache)")
+    s.add_argument("--caches", help="only these cache classes, e.g. KVCache,RotatingKVCache (default all)")
+    s.add_argument("--no-ladder", action="store_true", help="skip the float32 rerun of cases that differ")
+    s.add_argument("--envelope", type=float, help="largest max|Δlogit| still called rounding (default: the ladder decides)")
+    s.add_argument("--compute-limit", type=int,
+                   help="really prefill at most this many tokens; longer prefixes repeat them (default: shortest prefix + 16)")
+    _add_output(s, "results/state")
+    s.set_defaults(func=cmd_state)
 
     s = sub.add_parser("run", help="the main job: kernels, schedules, prefill chunks and a divergence on the embedded Gemma")
     s.add_argument("--out", default="results/run", help="output directory (default results/run); reruns resume")

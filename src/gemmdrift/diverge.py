@@ -323,19 +323,25 @@ def triage(lm, prompt: Sequence[int], stream_a: Sequence[int], stream_b: Sequenc
 
 def diverge(lm, prompt: Sequence[int], n: int, *, k: int = defaults.DIVERGE_K, draft=None,
             prefill_a: int = defaults.PREFILL_PLAIN, prefill_b: int = defaults.PREFILL_SPECULATIVE,
-            plain_vs: str = "speculative", do_triage: bool = True, envelope: float | None = None) -> dict[str, Any]:
+            plain_vs: str = "speculative", do_triage: bool = True, envelope: float | None = None,
+            rollback: str = "mlx-lm") -> dict[str, Any]:
     """Greedy generation of ``n`` tokens under two schedules, first divergence, and its triage.
 
     Args:
         plain_vs: 'speculative' (plain generate vs speculative generate, mlx-lm's defaults)
             or 'prefill' (plain generate with prefill_a vs plain generate with prefill_b).
+        rollback: 'mlx-lm' (speculative_generate_step itself) or 'exact' (the same loop with an
+            exact cache rollback, :func:`generate_speculative_exact`).
     """
+    if rollback not in ("mlx-lm", "exact"):
+        raise GemmdriftError(f"unknown rollback {rollback!r} (mlx-lm or exact)")
     if plain_vs not in ("speculative", "prefill"):
         raise GemmdriftError(f"unknown comparison {plain_vs!r} (speculative or prefill)")
     a = generate_plain(lm.model, prompt, n, prefill_step=prefill_a)
     print(f"  plain       {a.schedule:28s} {n} tokens  {a.seconds:6.1f} s", file=sys.stderr, flush=True)
     if plain_vs == "speculative":
-        b = generate_speculative(lm.model, prompt, n, k=k, draft=draft, prefill_step=prefill_b)
+        speculative = generate_speculative_exact if rollback == "exact" else generate_speculative
+        b = speculative(lm.model, prompt, n, k=k, draft=draft, prefill_step=prefill_b)
     else:
         b = generate_plain(lm.model, prompt, n, prefill_step=prefill_b)
     print(f"  {b.label:11s} {b.schedule:28s} {n} tokens  {b.seconds:6.1f} s", file=sys.stderr, flush=True)
@@ -533,3 +539,178 @@ def measure_divergence_stats(lm, prompts: Sequence[Sequence[int]], n: int, *, re
     df = divergence_stats(lm, prompts, n, **kw)
     opts = {k: v for k, v in kw.items() if k not in ("draft", "checkpoint", "labels")}
     return divergence_result(df, {"model": lm.info, "n": n, **opts, **(record or {})}, env)
+
+
+# ---------------------------------------------------------------- exact rollback (gemmdrift state, item 2)
+
+
+def speculative_exact_step(prompt: Sequence[int], model, draft_model, *, num_draft_tokens: int = 2,
+                           max_tokens: int = 256, prefill_step_size: int = 512):
+    """Greedy speculative decoding with mlx-lm's loop, but with an exact cache rollback.
+
+    The same draft-and-verify loop as ``speculative_generate_step`` in mlx-lm 0.32.2
+    (``site-packages/mlx_lm/generate.py``): prefill ``prompt[:-1]`` in chunks, draft
+    ``k`` tokens with the draft model (T=1), verify ``[y, d1..dk]`` in one block, accept
+    the longest agreeing prefix, emit the target's token after it, rewind. The one
+    difference is the rewind: mlx-lm calls ``trim_prompt_cache`` and ignores that it
+    trims nothing once a ``RotatingKVCache`` is full (``is_trimmable()`` is False). Here
+    each cache list is snapshotted (deep copy) before it takes the tokens that may be
+    rejected; when a rejection has to be undone and ``can_trim_prompt_cache`` says the
+    list cannot be trimmed, the snapshot is restored and the accepted tokens are fed
+    again as one block. Where mlx-lm's trim works, it is used unchanged, so both
+    decoders do the same thing below the window.
+
+    Yields ``(token, from_draft, restored)``; ``restored`` counts snapshot restores so far.
+    """
+    import copy
+
+    import mlx.core as mx
+    from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache, trim_prompt_cache
+
+    def step(m, cache, toks):
+        logits = m(mx.array(list(toks), dtype=mx.uint32)[None], cache=cache)
+        return logits[0]
+
+    def greedy(logits):
+        # As mlx-lm's _process_and_sample with its greedy sampler: argmax of the log-probabilities.
+        logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+        return mx.argmax(logprobs, axis=-1)
+
+    def prefill(m, cache, y):
+        while len(y) > 1:
+            n = min(prefill_step_size, len(y) - 1)
+            m(mx.array(y[:n], dtype=mx.uint32)[None], cache=cache)
+            mx.eval([c.state for c in cache])
+            y = y[n:]
+        return y
+
+    prompt = [int(t) for t in prompt]
+    model_cache = make_prompt_cache(model)
+    draft_cache = make_prompt_cache(draft_model)
+    restored = 0
+    draft_y = prefill(draft_model, draft_cache, prompt)
+    y = prefill(model, model_cache, prompt)
+    ntoks = 0
+    while ntoks < max_tokens:
+        num_draft = min(max_tokens - ntoks, num_draft_tokens)
+        # Draft num_draft tokens, T=1 after the first call (as _draft_generate does).
+        draft_snapshot = copy.deepcopy(draft_cache)
+        draft_fed: list[int] = []
+        drafts: list[int] = []
+        dy = list(draft_y)
+        for _ in range(num_draft):
+            logits = step(draft_model, draft_cache, dy)
+            draft_fed += dy
+            tok = int(greedy(logits[-1:])[0].item())
+            drafts.append(tok)
+            dy = [tok]
+        # Verify [y, d1..dk] in one block.
+        snapshot = copy.deepcopy(model_cache)
+        block = list(y) + drafts
+        logits = step(model, model_cache, block)
+        target = [int(t) for t in greedy(logits[-(num_draft + 1):]).tolist()]
+        n = 0
+        while n < num_draft and target[n] == drafts[n]:
+            n += 1
+            ntoks += 1
+            yield drafts[n - 1], True, restored
+            if ntoks == max_tokens:
+                break
+        if ntoks < max_tokens:
+            ntoks += 1
+            yield target[n], False, restored
+        if ntoks == max_tokens:
+            break
+        # Target: keep y and the n accepted drafts.
+        keep = len(y) + n
+        if keep < len(block):
+            if can_trim_prompt_cache(model_cache):
+                trim_prompt_cache(model_cache, len(block) - keep)
+            else:
+                restored += 1
+                model_cache = snapshot
+                model(mx.array(block[:keep], dtype=mx.uint32)[None], cache=model_cache)
+                mx.eval([c.state for c in model_cache])
+        # Draft: it has processed draft_y and d1..d(k-1); keep draft_y and d1..dn.
+        keep_d = len(draft_y) + n
+        if keep_d < len(draft_fed):
+            if can_trim_prompt_cache(draft_cache):
+                trim_prompt_cache(draft_cache, len(draft_fed) - keep_d)
+            else:
+                restored += 1
+                draft_cache = draft_snapshot
+                draft_model(mx.array(draft_fed[:keep_d], dtype=mx.uint32)[None], cache=draft_cache)
+                mx.eval([c.state for c in draft_cache])
+        y = [target[n]]
+        draft_y = ([drafts[-1]] if n == num_draft else []) + y
+
+
+def generate_speculative_exact(model, prompt: Sequence[int], n: int, k: int = 2, draft=None,
+                               prefill_step: int = 512) -> Generation:
+    """Greedy tokens from :func:`speculative_exact_step` (mlx-lm's loop with an exact rollback)."""
+    import time
+
+    _check_prompt(prompt, n)
+    if k <= 0:
+        raise GemmdriftError(f"the number of draft tokens K must be positive, got {k}")
+    t0 = time.perf_counter()
+    out, accepted, restored = [], 0, 0
+    for tok, from_draft, restored in speculative_exact_step(prompt, model, draft if draft is not None else model,
+                                                            num_draft_tokens=k, max_tokens=n,
+                                                            prefill_step_size=prefill_step):
+        out.append(int(tok))
+        accepted += bool(from_draft)
+    stats = {"draft": "self" if draft is None else "separate", "k": k, "accepted_drafts": accepted,
+             "acceptance": accepted / len(out) if out else 0.0, "rollback": "exact", "restores": restored}
+    return Generation(out, "speculative-exact", speculative_schedule(prefill_step, k), time.perf_counter() - t0, stats)
+
+
+def rollback_comparison(lm, prompts: Sequence[Sequence[int]], n: int, *, k: int = 2, checkpoint=None,
+                        labels=None) -> "pd.DataFrame":
+    """Plain vs mlx-lm speculative and plain vs exact-rollback speculative, side by side, per prompt.
+
+    The plain stream is generated once per prompt; each speculative stream (self-draft, K=k)
+    is triaged against it (:func:`triage`). One row per prompt and rollback, with the columns
+    of :func:`divergence_stats` plus ``rollback`` and ``restores``; finished prompts are kept
+    in ``checkpoint`` (one JSON file each) and skipped when the run is repeated.
+    """
+    import hashlib
+    import json
+    from pathlib import Path
+
+    import pandas as pd
+
+    from .files import write_json
+
+    rows = []
+    for i, prompt in enumerate(prompts):
+        label = labels[i] if labels else str(i)
+        key = hashlib.sha256(json.dumps([list(map(int, prompt)), n, k, "rollback"]).encode()).hexdigest()[:16]
+        path = Path(checkpoint) / f"rollback-{i:03d}-{key}.json" if checkpoint else None
+        if path is not None and path.exists():
+            rows += json.loads(path.read_text())
+            print(f"  prompt {i}: done before (resumed)", file=sys.stderr)
+            continue
+        print(f"gemmdrift rollback comparison: prompt {i + 1}/{len(prompts)} ({len(prompt)} tokens)", file=sys.stderr,
+              flush=True)
+        a = generate_plain(lm.model, prompt, n)
+        out = []
+        for b in (generate_speculative(lm.model, prompt, n, k=k), generate_speculative_exact(lm.model, prompt, n, k=k)):
+            t = triage(lm, prompt, a.tokens, b.tokens, a.schedule, b.schedule).as_dict()
+            d = first_divergence(a.tokens, b.tokens)
+            print(f"  {b.label:18s} first divergence {d}, {t['verdict']}, {b.seconds:.0f} s", file=sys.stderr,
+                  flush=True)
+            out.append({
+                "prompt": label, "rollback": b.stats.get("rollback", "mlx-lm"), "prompt_tokens": len(prompt), "n": n,
+                "first_divergence": d, "compared": n if d is None else d + 1, "verdict": t["verdict"],
+                "divergence_verdict": t.get("divergence_verdict"), "margin": t.get("margin"),
+                "envelope": t.get("envelope"), "acceptance": b.stats.get("acceptance"),
+                "restores": b.stats.get("restores", 0),
+                "b_first_outside": (t.get("stream_b_check") or {}).get("first_outside"),
+                "b_mismatches": (t.get("stream_b_check") or {}).get("mismatches"),
+                "seconds_plain": a.seconds, "seconds_speculative": b.seconds,
+            })
+        if path is not None:
+            write_json(path, out)
+        rows += out
+    return pd.DataFrame(rows)

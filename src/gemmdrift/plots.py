@@ -592,3 +592,47 @@ def fingerprint_figures(result) -> dict:
 
 
 DRAW["fingerprint"] = fingerprint_figures
+# ---- state
+
+STATE_COLORS = {"EXACT": "#3a9d5d", "rounding": "#e3c542", "STATE BUG": "#c8423b", "not applicable": "#c9c9c9",
+                "not checked": "#8fb3d9"}
+
+
+def state_grid(table: pd.DataFrame, title: str = ""):
+    """Cache class x operation (rows) by prefix position (columns), colored by the worst verdict of the cell."""
+    plt = _plt()
+    from matplotlib.patches import Patch
+
+    order = ["below", "at", "past", "far", ""]
+    worst = ["STATE BUG", "rounding", "EXACT", "not applicable", "not checked"]
+    keys = list(dict.fromkeys(zip(table["cache"], table["operation"])))
+    cols = [w for w in order if (table["where"].fillna("") == w).any()]
+    fig, ax = plt.subplots(figsize=(2.2 + 1.3 * len(cols), 0.8 + 0.32 * len(keys)))
+    for i, (cache, op) in enumerate(keys):
+        g = table[(table["cache"] == cache) & (table["operation"] == op)]
+        for j, w in enumerate(cols):
+            h = g[g["where"].fillna("") == w]
+            if not len(h):
+                continue
+            counts = h["verdict"].value_counts()
+            top = next(v for v in worst if v in counts.index)
+            ax.add_patch(plt.Rectangle((j, i), 1, 1, color=STATE_COLORS[top], ec="white"))
+            label = f"{int(counts[top])}/{len(h)}" if len(counts) > 1 else str(len(h))
+            ax.text(j + 0.5, i + 0.5, label, ha="center", va="center", fontsize=7)
+    ax.set_xlim(0, len(cols))
+    ax.set_ylim(len(keys), 0)
+    ax.set_xticks(np.arange(len(cols)) + 0.5)
+    ax.set_xticklabels([c or "n/a" for c in cols], fontsize=8)
+    ax.set_yticks(np.arange(len(keys)) + 0.5)
+    ax.set_yticklabels([f"{c} · {o}" for c, o in keys], fontsize=7)
+    ax.set_xlabel("prefix length relative to the sliding window", fontsize=8)
+    ax.legend(handles=[Patch(color=c, label=v) for v, c in STATE_COLORS.items()], fontsize=6, loc="upper left",
+              bbox_to_anchor=(1.01, 1))
+    ax.set_title(title or "Cache state exactness: worst verdict per cell (cases with it / cases)", fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+DRAW["state"] = lambda result: {"state_grid.png": state_grid(
+    result.tables["state"], f"Cache state exactness, mlx-lm {result.details.get('mlx_lm')}: worst verdict "
+                            "per cell (cases with it / cases)")}

@@ -128,3 +128,14 @@ def read_stream(path: str) -> tuple[list[int] | None, list[int]]:
         return (parse_token_ids(json.dumps(prompt), f"{p} prompt") if prompt is not None else None,
                 parse_token_ids(json.dumps(obj["tokens"]), str(p)))
     return None, parse_token_ids(text, str(p))
+
+
+def builtin_stream(lm, n: int) -> list[int]:
+    """The first ``n`` tokens of the built-in essay (repeated when longer is asked for)."""
+    if lm.tokenizer is None:
+        raise GemmdriftError("the main job needs a model with a tokenizer")
+    once = lm.tokenizer.encode(builtin_text())
+    ids = list(once)
+    while len(ids) < n:
+        ids += once[1:]  # the text again, without a second BOS
+    return ids[:n]

@@ -95,6 +95,13 @@ def _result(d: Path):
         _READ.clear()
         _READ[key] = store.read_result(d)
     return _READ[key]
+    """What a gemmdrift output directory holds, by the files its command writes."""
+    for name, kind in (("stack.csv", "stack"), ("kernels.csv", "kernels"), ("diverge.json", "diverge"),
+                       ("divergence.csv", "divergence"), ("triage.json", "triage"), ("history_wide.csv", "history"),
+                       ("state.csv", "state")):
+        if (d / name).is_file():
+            return kind
+    return None
 
 
 def find_parts(d: Path) -> list[tuple[Path, str]]:
@@ -345,6 +352,33 @@ def _fingerprint_part(d: Path, env: dict[str, Any]) -> tuple[list[Block], list[s
                                  f"Predicted kernel: {s['prediction_origin'] or 'none'}."),
                            ("table", [{k: (v[:120] if isinstance(v, str) else v) for k, v in r.items()}
                                       for r in s["runs"]])]
+def _state_part(d: Path, env: dict[str, Any]) -> tuple[list[Block], list[str]]:
+    from .store import read_result
+    from .summaries import _state_cells, state_summary
+
+    r = read_result(d)
+    t = r.tables["state"]
+    s = state_summary(r)
+    pre = ", ".join(f"{w} {p}" for w, p in s["prefixes"].items())
+    blocks: list[Block] = [
+        ("p", f"Each case runs a cache operation of mlx-lm {s['mlx_lm']} and a reference that never did it, from the "
+              f"same state and with the same blocks, and compares the cache contents in temporal order and the next "
+              f"position's logits. Prefix lengths: {pre} (sliding window {s['window']}). EXACT: bit-identical; "
+              "rounding: differs but shrinks at float32; STATE BUG: different entries or offsets, or an operation "
+              "refused while the generator carried on. The full table is state.csv."),
+        ("table", _state_cells(t).to_dict(orient="records")),
+    ]
+    reading = []
+    bugs = t[t["verdict"] == "STATE BUG"]
+    for (cache, op), g in bugs.groupby(["cache", "operation"], sort=False):
+        r0 = g.iloc[0]
+        wheres = ", ".join(dict.fromkeys(str(w) for w in g["where"]))
+        reading.append(f"State: `{cache}` `{op}` is not exact in {len(g)} cases ({wheres}); first: "
+                       f"{r0['params']} — {r0['reason']}.")
+    exact = t.groupby(["cache", "operation"])["verdict"].agg(lambda v: set(v) == {"EXACT"})
+    clean = [f"{c} {o}" for (c, o), ok in exact.items() if ok]
+    if clean:
+        reading.append(f"State: exact in every case: {', '.join(clean)}.")
     return blocks, reading
 
 
@@ -354,6 +388,10 @@ PARTS["fingerprint"] = _fingerprint_part
 KIND_TITLES["fingerprint"] = "Accumulation-order fingerprints: the summation tree per kernel path and T"
 FIGURES["fingerprint"] = [("fingerprint_vs_t.png", "the tree per T and row position, with the predicted kernel switches"),
                           ("trees_small_k.png", "the recovered trees at small K")]
+PARTS["state"] = _state_part
+KIND_TITLES["state"] = "Cache state exactness: every way mlx-lm rewinds, reuses or reshapes a cache"
+PART_TITLES["state"] = "Cache state exactness (short sweep): rollback and trim against a cache that never did them"
+FIGURES["state"] = [("state_grid.png", "worst verdict per cache class, operation and prefix position")]
 
 
 def _environment(d: Path, parts: list[tuple[Path, str]]) -> tuple[dict[str, Any], dict[str, Any]]:

@@ -64,16 +64,10 @@ def default_sizes() -> str:
 
 
 def stream(lm, n: int) -> list[int]:
-    """The first ``n`` tokens of the built-in essay (repeated when longer is asked for)."""
-    from .prompts import builtin_text
+    """The first ``n`` tokens of the built-in essay (:func:`gemmdrift.prompts.builtin_stream`)."""
+    from .prompts import builtin_stream
 
-    if lm.tokenizer is None:
-        raise GemmdriftError("the main job needs a model with a tokenizer")
-    once = lm.tokenizer.encode(builtin_text())
-    ids = list(once)
-    while len(ids) < n:
-        ids += once[1:]  # the text again, without a second BOS
-    return ids[:n]
+    return builtin_stream(lm, n)
 
 
 def decode_family(lm, sizes: Sizes, checkpoint: Path | None = None, env: dict[str, Any] | None = None):
@@ -177,7 +171,7 @@ def main_job(out: str | Path = "results/run", sizes: str | None = None, model: s
     Returns:
         The report's paths, ``{"markdown": ..., "html": ...}``.
     """
-    from . import report, store
+    from . import report, state, store
     from .envinfo import environment
     from .models import describe, load_model
 
@@ -203,6 +197,7 @@ def main_job(out: str | Path = "results/run", sizes: str | None = None, model: s
         ("stack-prefill", "prefill 2048 vs 512", lambda d: prefill_family(lm, s, d / "checkpoint", env)),
         ("kernels", "GEMV vs GEMM per projection", lambda d: kernel_probe(lm, s, d / "checkpoint", env)),
         ("diverge", "mlx-lm generate vs speculative generate", lambda d: divergence_probe(lm, s, env)),
+        ("state", "cache state exactness (short sweep)", lambda d: state.short_sweep(lm, name)),
     ]
     for i, (part, title, measure) in enumerate(parts, 1):
         d = out / part

@@ -1,0 +1,102 @@
+"""Cache state exactness (gemmdrift state): the number of non-exact cases per cache class and operation.
+
+A release of mlx-lm that fixes the speculative rollback of a full RotatingKVCache
+shows here as ``track_non_exact`` of ``RotatingKVCache/rollback`` dropping to 0.
+"""
+
+from . import common
+
+# Pinned inputs: the default sweep of `gemmdrift state` on the embedded Gemma (None: the library's
+# defaults, i.e. below/at/past/far and k = 1..4, with below/past and k = 2 for the QuantizedKVCache).
+STATE_OPERATIONS = ("rollback", "trim", "trim_prompt_cache", "save_load", "server_reuse", "batch")
+STATE_WHERE = None
+STATE_KS = None
+STATE_CASES = (
+    [f"{c}/{op}" for op in ("rollback", "save_load", "server_reuse")
+     for c in ("KVCache", "RotatingKVCache", "QuantizedKVCache")]
+    + [f"{c}/{op}" for op in ("trim", "trim_prompt_cache")
+       for c in ("KVCache", "RotatingKVCache", "RotatingKVCache(keep=4)", "QuantizedKVCache", "ConcatenateKVCache",
+                 "ChunkedKVCache", "CacheList", "BatchKVCache", "BatchRotatingKVCache")]
+    + ["BatchKVCache/batch", "BatchRotatingKVCache/batch"]
+)
+
+
+class StateExactness:
+    timeout = 3600
+    params = [STATE_CASES]
+    param_names = ["case"]
+
+    def setup_cache(self):
+        from gemmdrift import state
+
+        r = state.measure_state(common.model(), operations=STATE_OPERATIONS, where=STATE_WHERE, ks=STATE_KS)
+        return dict(r.figures)  # picklable: name -> value
+
+    setup_cache.timeout = 3600
+
+    def track_non_exact(self, figures, case):
+        """Cases of this cache class and operation that are not bit-identical to a cache that never did it
+        (rounding or state bug); NaN where this mlx-lm has no such case."""
+        cache, op = case.rsplit("/", 1)
+        return float(figures.get(f"non_exact.{cache}.{op}", float("nan")))
+
+    track_non_exact.unit = "cases"
+    track_non_exact.version = "1"
+
+    def track_state_bugs(self, figures, case):
+        """All STATE BUG cases of the sweep (the same number for every case parameter)."""
+        return float(figures.get("state_bugs", float("nan")))
+
+    track_state_bugs.unit = "cases"
+    track_state_bugs.version = "1"
+
+
+# The built-in prompts, each after the built-in essay (past the 512-token window), 32 greedy tokens,
+# self-draft with K=2: plain vs mlx-lm's speculative decoding and plain vs the exact-rollback one.
+ROLLBACK_N = 32
+ROLLBACK_K = 2
+
+
+class ExactRollbackDivergence:
+    timeout = 14400
+    params = [["mlx-lm", "exact"]]
+    param_names = ["rollback"]
+
+    def setup_cache(self):
+        from gemmdrift import diverge
+        from gemmdrift.prompts import builtin_prompts, builtin_text
+
+        lm = common.model()
+        prefix = builtin_text("essay") + "\n\n"
+        ids = [lm.tokenizer.encode(prefix + t) for t in builtin_prompts()]
+        df = diverge.rollback_comparison(lm, ids, ROLLBACK_N, k=ROLLBACK_K)
+        out = {}
+        for rollback, g in df.groupby("rollback"):
+            div = g[g["first_divergence"].notna()]
+            out[rollback] = {"diverged": float(len(div)), "outside": float((g["verdict"] == "OUTSIDE ENVELOPE").sum()),
+                             "near_ties": float((div["verdict"] == "NEAR-TIE").sum())}
+        return out
+
+    setup_cache.timeout = 14400
+
+    def track_outside_envelope(self, f, rollback):
+        """Prompts whose speculative stream is judged a state bug (OUTSIDE ENVELOPE); 0 expected with the
+        exact rollback."""
+        return f.get(rollback, {}).get("outside", float("nan"))
+
+    track_outside_envelope.unit = "prompts"
+    track_outside_envelope.version = "1"
+
+    def track_near_ties(self, f, rollback):
+        """Prompts whose first divergence is a near-tie (numeric) and whose stream is otherwise sound."""
+        return f.get(rollback, {}).get("near_ties", float("nan"))
+
+    track_near_ties.unit = "prompts"
+    track_near_ties.version = "1"
+
+    def track_diverged(self, f, rollback):
+        """Prompts whose speculative stream parts from plain greedy decoding within the tokens generated."""
+        return f.get(rollback, {}).get("diverged", float("nan"))
+
+    track_diverged.unit = "prompts"
+    track_diverged.version = "1"

@@ -106,3 +106,36 @@ def test_layout_and_bad_inputs():
         batch.layout([1], [[2]], 4, 0)
     with pytest.raises(GemmdriftError, match="outside"):
         batch.layout([1], [[2]], 2, 2)
+
+
+def test_bench_batch_tracks_have_units_versions_and_skip_unmeasured():
+    import math
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    if str(root) not in sys.path:
+        sys.path.insert(0, str(root))
+    from benchmarks import bench_batch
+
+    found = 0
+    for cls in (bench_batch.Batch, bench_batch.Server):
+        for name in dir(cls):
+            if name.startswith("track_"):
+                fn = getattr(cls, name)
+                assert fn.unit and fn.version == "1", name
+                assert math.isnan(fn(cls(), {}))  # not measured: NaN, never 0
+                found += 1
+    assert found >= 8
+    assert bench_batch.Batch().track_batch_flips({"batch_flips": 2.0}) == 2.0
+
+
+@pytest.mark.parametrize("argv", [["batch", "--batch-sizes", "0"], ["batch", "--companions", "x"],
+                                  ["batch", "--n", "0"], ["server", "--cases", "x"],
+                                  ["server", "--model", "shape:gemma3-270m"], ["server", "--draft", "/nonexistent"]])
+def test_cli_rejects_bad_input_before_loading(argv, capsys):
+    from gemmdrift.cli import main
+
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("gemmdrift: error:") and err.count("\n") == 1

@@ -160,6 +160,8 @@ KIND_TITLES = {
     "triage": "Divergence triage",
     "divergence": "Divergence statistics over prompts",
     "history": "Tracked figures across mlx releases",
+    "batch": "Batch composition: a row of mlx-lm's BatchGenerator vs the same prompt alone",
+    "server": "mlx_lm.server: draft model, concurrent requests, prompt-cache reuse",
 }
 FIGURES = {
     "kernels": [("kernels_heatmap.png", "worst drift per layer and projection"),
@@ -170,6 +172,8 @@ FIGURES = {
     "diverge": [("triage.png", "each stream teacher-forced under its own schedule")],
     "triage": [("triage.png", "each stream teacher-forced under its own schedule")],
     "divergence": [("divergence.png", "first divergences and the gap at each")],
+    "batch": [("batch.png", "batch envelope and first divergence against B, by companion set and row position")],
+    "server": [("server.png", "first divergence per server case")],
 }
 HOW_TO_READ = [
     "A *near-tie* flips the argmax where Δgap exceeds the top-2 gap; that is rounding, expected wherever kernels "
@@ -189,7 +193,8 @@ HOW_TO_READ = [
 def result_kind(d: Path) -> str | None:
     """What a gemmdrift output directory holds, by the files its command writes."""
     for name, kind in (("stack.csv", "stack"), ("kernels.csv", "kernels"), ("diverge.json", "diverge"),
-                       ("divergence.csv", "divergence"), ("triage.json", "triage"), ("history_wide.csv", "history")):
+                       ("divergence.csv", "divergence"), ("triage.json", "triage"), ("history_wide.csv", "history"),
+                       ("batch.csv", "batch"), ("server.csv", "server")):
         if (d / name).is_file():
             return kind
     return None
@@ -407,8 +412,35 @@ def _history_part(d: Path, env: dict[str, Any]) -> tuple[list[Block], list[str]]
             [f"asv history: {len(wide)} tracked series over mlx {', '.join(versions)}."])
 
 
+def _batch_part(d: Path, env: dict[str, Any]) -> tuple[list[Block], list[str]]:
+    t = pd.read_csv(d / "batch.csv")
+    f = _json(d / "figures.json") or {}
+    cols = [c for c in ("target", "companions", "B", "row", "verdict", "first_divergence", "envelope_batch",
+                        "margin", "seconds_batch", "seconds_alone_all") if c in t.columns]
+    said = (f"Batch: {int(f.get('batch_rows', len(t)))} rows of mlx-lm's BatchGenerator against the same prompt "
+            f"alone: {int(f.get('batch_identical', 0))} bit-identical, {int(f.get('batch_flips', 0))} parted, "
+            f"{int(f.get('batch_outside', 0))} outside the envelope; largest batch envelope "
+            f"{fmt(float(f.get('batch_envelope', 0.0)))}"
+            + (f"; the largest batch ran {fmt(float(f['batch_speedup']))}x faster than its streams one by one."
+               if "batch_speedup" in f else "."))
+    return ([("p", "Logits only: the per-layer taps cannot yet follow a row through the padded batch."),
+             ("table", t[cols].to_dict(orient="records"))], [said])
+
+
+def _server_part(d: Path, env: dict[str, Any]) -> tuple[list[Block], list[str]]:
+    t = pd.read_csv(d / "server.csv")
+    f = _json(d / "figures.json") or {}
+    cols = [c for c in ("case", "a", "b", "prompt_tokens", "first_divergence", "verdict", "margin", "envelope",
+                        "seconds_a", "seconds_b") if c in t.columns]
+    said = f"mlx_lm.server: {int(f.get('server_divergences', 0))} of {len(t)} stream pairs diverged"
+    if "server_tokens_per_s" in f:
+        said += (f"; {fmt(float(f['server_tokens_per_s']))} tokens/s through the server vs "
+                 f"{fmt(float(f['inprocess_tokens_per_s']))} in process")
+    return [("table", t[cols].to_dict(orient="records"))], [said + "."]
+
+
 PARTS = {"kernels": _kernels_part, "stack": _stack_part, "diverge": _diverge_part, "triage": _triage_part,
-         "divergence": _divergence_part, "history": _history_part}
+         "divergence": _divergence_part, "history": _history_part, "batch": _batch_part, "server": _server_part}
 
 
 def _environment(d: Path, parts: list[tuple[Path, str]]) -> tuple[dict[str, Any], dict[str, Any]]:

@@ -254,6 +254,7 @@ def sweep(lm, target: Sequence[int], companion_sets: dict[str, Sequence[Sequence
             raise GemmdriftError(f"batch sizes must be positive, got {B}")
     if rows not in ("ends", "all"):
         raise GemmdriftError(f"rows must be 'ends' or 'all', got {rows!r}")
+    generate_alone(lm.model, target, 1, prefill_step)  # warm-up: lazy weights load on the first pass, untimed
     alone = generate_alone(lm.model, target, n, prefill_step)
     say(f"alone: {n} tokens in {alone.seconds:.1f} s")
     ref = reference_envelope(lm, target, alone.tokens[0]) if reference else None

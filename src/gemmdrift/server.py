@@ -391,7 +391,7 @@ def run_cases(lm, model_dir: str | os.PathLike, prompt: str, n: int, *, cases: S
                 if not companions:
                     raise GemmdriftError("the concurrent case needs companion prompts")
                 replies = srv.complete_concurrently([as_request(prompt)] + [as_request(c) for c in companions], n)
-                say(f"among {len(companions)} concurrent requests: {replies[0].seconds:.1f} s")
+                say(f"among {len(replies)} concurrent requests: {replies[0].seconds:.1f} s")
                 pairs.append(StreamPair("concurrent", "alone", f"among {len(companions) + 1}", ids, alone.tokens,
                                         replies[0].tokens, PLAIN_SCHEDULE, PLAIN_SCHEDULE, alone.seconds,
                                         replies[0].seconds,
@@ -413,7 +413,7 @@ def run_cases(lm, model_dir: str | os.PathLike, prompt: str, n: int, *, cases: S
                                                "turn1_equal": first.tokens == plain_alone.tokens}))
         if "draft" in cases:
             if draft_dir is None:
-                say("making the default draft: a 4-bit re-quantized copy of the target (mlx_lm.convert)")
+                say("default draft: a 4-bit re-quantized copy of the target (mlx_lm.convert, made once and cached)")
                 draft_dir = requantized_draft(model_dir)
             say(f"starting mlx_lm.server --draft-model {draft_dir} --num-draft-tokens {num_draft}")
             with MlxLmServer(model_dir, draft_dir=draft_dir, num_draft=num_draft, prompt_cache_size=0,

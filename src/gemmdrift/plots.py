@@ -402,6 +402,9 @@ def batch_figure(result):
     for ax in axes:
         ax.set_xlabel("B (sequences in the batch)")
         ax.set_xscale("log", base=2)
+        bs = sorted(int(b) for b in t["B"].unique())
+        ax.set_xticks(bs, [str(b) for b in bs])
+        ax.minorticks_off()
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=7)
     fig.suptitle("Row j of mlx-lm's BatchGenerator vs the same prompt alone", fontsize=9)

@@ -355,7 +355,8 @@ def _prompt_ids(lm, prompt: str | list[dict], reply: Reply, what: str) -> list[i
     if isinstance(prompt, str):
         ids = list(lm.tokenizer.encode(prompt))
     else:
-        ids = list(lm.tokenizer._tok.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True))
+        out = lm.tokenizer._tok.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True)
+        ids = list(out["input_ids"] if hasattr(out, "keys") else out)  # transformers 5 may return a mapping
     if reply.prompt_tokens != len(ids):
         raise GemmdriftError(f"{what}: the server counted {reply.prompt_tokens} prompt tokens, gemmdrift's "
                              f"tokenizer {len(ids)}: the checkpoint's tokenizer files disagree with gemmdrift")
@@ -493,6 +494,7 @@ def measure_server(source: str, prompt: str, n: int, *, cases: Sequence[str] = (
         raise GemmdriftError(f"{model_dir} has no tokenizer: the server needs one")
     say(f"{describe(lm.info)}; server dtype {dtype}")
     ids = list(lm.tokenizer.encode(prompt))
+    generate_plain(lm.model, ids, 1, prefill_step=PREFILL_STEP)  # untimed: the lazy weights load on the first pass
     ref = generate_plain(lm.model, ids, n, prefill_step=PREFILL_STEP)
     say(f"in-process generate: {len(ref.tokens)} tokens in {ref.seconds:.1f} s")
     pairs = run_cases(lm, model_dir, prompt, n, cases=cases, draft_dir=draft, num_draft=num_draft,

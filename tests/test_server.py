@@ -46,15 +46,15 @@ def test_stored_dtype_reads_safetensors_header(tmp_path):
 @pytest.mark.slow
 def test_real_server_lone_stream_is_generate_and_server_stops():
     """Known answer: the server's lone greedy stream is mlx-lm generate's stream in this process (same
-    code, same float32 weights); the concurrent stream is triaged; the process is gone afterwards."""
+    code, same float32 weights); a concurrent request is answered too; the process is gone afterwards.
+    (Triage of server streams is the benchmark's and the CLI's; here it would double the time.)"""
     t0 = time.monotonic()
-    r = server.measure_server("embedded", "The capital of France is", 4, cases=("concurrent",),
-                              companions=["Once upon a time"])
+    r = server.measure_server("embedded", "The capital of France is", 3, cases=("concurrent",),
+                              companions=["Once upon a time"], triage=False)
     assert r.figure("server_matches_inprocess") == 1.0
     pair = r.details["pairs"][0]
-    assert len(pair["tokens_a"]) == 4 and len(pair["tokens_b"]) == 4
-    assert pair["prompt"][0] == 2  # BOS: the server encodes as gemmdrift does
-    assert pair["triage"]["verdict"] in ("IDENTICAL", "NEAR-TIE", "OUTSIDE ENVELOPE")
+    assert len(pair["tokens_a"]) == 3 and len(pair["tokens_b"]) == 3
+    assert pair["prompt"][0] == 2  # BOS: the server encodes as gemmdrift does (its prompt count was checked)
     assert r.figure("server_tokens_per_s") > 0 and r.figure("inprocess_tokens_per_s") > 0
     files = server.stream_files(r)
     assert set(files) == {"concurrent_a.json", "concurrent_b.json"}

@@ -139,3 +139,11 @@ def test_cli_rejects_bad_input_before_loading(argv, capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert err.startswith("gemmdrift: error:") and err.count("\n") == 1
+
+
+def test_ladder_calls_a_planted_mask_shift_semantic(tiny):
+    """A padding bug keeps its size at float32 (semantic); rounding would shrink by orders of magnitude."""
+    rows = batch.sweep(tiny, TARGET, {"long": LONG}, 8, batch_sizes=(2,), rows="ends", reference=True,
+                       plant=batch.shift_row_mask, ladder_lm=make_tiny("float32"))
+    assert rows and all(r.verdict == batch.OUTSIDE for r in rows)
+    assert all(r.ladder == "semantic" and r.ladder_envelope > 0.05 for r in rows), [(r.ladder, r.ladder_envelope) for r in rows]

@@ -32,7 +32,9 @@ the reference envelope where the streams agree, or it parts at a margin
 larger than it: suspect padding, masks or cache state, as a planted one-row
 mask shift does). A batch that is honestly noisier than the single-sequence
 schedules also lands OUTSIDE: the verdict says "more than any single-sequence
-schedule", not "a bug" by itself.
+schedule", not "a bug" by itself. With ``ladder_lm`` (``gemmdrift batch
+--ladder``) each such row is rerun at float32: rounding shrinks by orders of
+magnitude, a padding or state bug keeps its size.
 
 Per-layer drift is NOT measured here: the taps (:mod:`gemmdrift.taps`) follow
 single sequences through their own caches and cannot yet follow a row through
@@ -166,6 +168,9 @@ class RowComparison:
     tokens_row: list[int] = field(default_factory=list)
     seconds_batch: float = 0.0
     seconds_alone_all: float = 0.0  # the B prompts one by one
+    ladder_envelope: float | None = None  # envelope_batch of the same row rerun at float32
+    ladder_shrink: float | None = None
+    ladder: str = ""  # rounding | semantic | unclear (stack.ladder_verdict), for rows outside the envelope
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -239,8 +244,14 @@ def layout(target: Sequence[int], companions: Sequence[Sequence[int]], B: int, r
 
 def sweep(lm, target: Sequence[int], companion_sets: dict[str, Sequence[Sequence[int]]], n: int, *,
           batch_sizes: Sequence[int] = (1, 2, 4, 8), rows: str = "ends", prefill_step: int = 2048,
-          reference: bool = True, plant: Callable | None = None, progress=None) -> list[RowComparison]:
+          reference: bool = True, plant: Callable | None = None, ladder_lm=None,
+          progress=None) -> list[RowComparison]:
     """Row j of a batch of B vs the target alone, over B, row positions and companion sets.
+
+    ``ladder_lm``: the same model at float32; every row outside the envelope is
+    rerun with it, and the precision ladder says whether its drift is rounding
+    (shrinks by orders of magnitude) or semantic (keeps its size), as
+    :func:`gemmdrift.stack.ladder_verdict` does for schedules.
 
     Args:
         companion_sets: {label: companion prompts (token ids)}; e.g. 'short' and
@@ -270,6 +281,7 @@ def sweep(lm, target: Sequence[int], companion_sets: dict[str, Sequence[Sequence
         return alone_seconds[key]
 
     out: list[RowComparison] = []
+    high_alone = None
     for label, comps in companion_sets.items():
         for B in batch_sizes:
             positions = range(B) if rows == "all" else sorted({0, B - 1})
@@ -279,10 +291,24 @@ def sweep(lm, target: Sequence[int], companion_sets: dict[str, Sequence[Sequence
                                      plant=None if plant is None else (lambda caches, j=j: plant(caches, j)))
                 c = compare_row(alone, run, j, ref)
                 one_by_one = sum(seconds_alone(p) for p in prompts)
+                lad = {}
+                if ladder_lm is not None and c["verdict"] == OUTSIDE:
+                    from .stack import ladder_verdict
+
+                    if high_alone is None:
+                        high_alone = generate_alone(ladder_lm.model, target, n, prefill_step)
+                    high_run = generate_batch(ladder_lm.model, prompts, n, keep=[j], prefill_step=prefill_step,
+                                              plant=None if plant is None else (lambda caches, j=j: plant(caches, j)))
+                    high = compare_row(high_alone, high_run, j, None)
+                    shrink, verdict = ladder_verdict(c["envelope_batch"], high["envelope_batch"],
+                                                     str(lm.info.get("dtype") or "bfloat16"))
+                    lad = {"ladder_envelope": high["envelope_batch"], "ladder": verdict,
+                           "ladder_shrink": None if shrink != shrink or shrink == float("inf") else shrink}
+                    say(f"  float32 rerun: envelope {high['envelope_batch']:.3g}: {verdict}")
                 out.append(RowComparison(B=B, row=j, companions=label, prompt_tokens=len(target),
                                          companion_tokens=[len(p) for i, p in enumerate(prompts) if i != j],
                                          reference_envelope=ref, tokens_alone=alone.tokens[0], tokens_row=run.tokens[j],
-                                         seconds_batch=run.seconds, seconds_alone_all=one_by_one, **c))
+                                         seconds_batch=run.seconds, seconds_alone_all=one_by_one, **c, **lad))
                 say(f"{label:6s} B={B} row {j}: {c['verdict']}  first divergence {c['first_divergence']}  "
                     f"envelope {c['envelope_batch']:.3g}  batch {run.seconds:.1f} s vs {one_by_one:.1f} s one by one")
     return out
@@ -293,7 +319,8 @@ def sweep(lm, target: Sequence[int], companion_sets: dict[str, Sequence[Sequence
 
 def measure_batch(lm, targets: dict[str, Sequence[int]], companion_sets: dict[str, Sequence[Sequence[int]]], n: int,
                   *, batch_sizes: Sequence[int] = (1, 2, 4, 8), rows: str = "ends", prefill_step: int = 2048,
-                  reference: bool = True, plant: Callable | None = None, progress=None, inputs=None):
+                  reference: bool = True, plant: Callable | None = None, ladder_lm=None, progress=None,
+                  inputs=None):
     """:func:`sweep` for every target prompt: a Result of kind ``batch``.
 
     Args:
@@ -317,7 +344,7 @@ def measure_batch(lm, targets: dict[str, Sequence[int]], companion_sets: dict[st
     for tlabel, target in targets.items():
         say(f"target {tlabel!r} ({len(target)} tokens)")
         for c in sweep(lm, target, companion_sets, n, batch_sizes=batch_sizes, rows=rows, prefill_step=prefill_step,
-                       reference=reference, plant=plant, progress=say):
+                       reference=reference, plant=plant, ladder_lm=ladder_lm, progress=say):
             d = c.as_dict()
             rows_out.append({"target": tlabel, **{k: v for k, v in d.items() if k not in ("tokens_alone", "tokens_row",
                                                                                          "companion_tokens", "reason")},
@@ -347,6 +374,9 @@ def measure_batch(lm, targets: dict[str, Sequence[int]], companion_sets: dict[st
         "batch_outside": float((table["verdict"] == OUTSIDE).sum()),
         "batch_identical": float((table["verdict"] == IDENTICAL).sum()),
     }
+    if "ladder" in table.columns and (table["ladder"] != "").any():
+        figures["batch_outside_rounding"] = float((table["ladder"] == "rounding").sum())
+        figures["batch_outside_semantic"] = float((table["ladder"] == "semantic").sum())
     refs = table["reference_envelope"].dropna()
     if len(refs):
         figures["reference_envelope"] = float(refs.max())

@@ -443,7 +443,12 @@ def cmd_batch(args) -> int:
             else (lm.tokenizer.encode(builtin_prompts()[0]), "built-in prompt 0")
         targets, exclude = {"target": ids}, (args.prompt or builtin_prompts()[0])
     comps = _batch_companions(lm, names, exclude, long_tokens, max(sizes) - 1)
-    r = measure_batch(lm, targets, comps, args.n, batch_sizes=sizes, rows=args.rows,
+    ladder_lm = None
+    if args.ladder:
+        from .models import load_model
+
+        ladder_lm = load_model(args.model, dtype="float32")
+    r = measure_batch(lm, targets, comps, args.n, batch_sizes=sizes, rows=args.rows, ladder_lm=ladder_lm,
                       reference=not args.no_reference, progress=lambda m: print("  " + m, file=sys.stderr, flush=True),
                       inputs={"long_tokens": long_tokens})
     out = Path(args.out)
@@ -604,6 +609,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--long-tokens", type=int, help="length of the long companions (default: sliding window + 64)")
     s.add_argument("--prompts", help="'builtin': every built-in prompt as the target in turn (divergence statistics)")
     s.add_argument("--no-reference", action="store_true", help="skip the single-sequence reference envelope")
+    s.add_argument("--ladder", action="store_true",
+                   help="rerun rows outside the envelope at float32: rounding shrinks, a padding/state bug does not")
     _add_output(s, "results/batch")
     s.set_defaults(func=cmd_batch)
 

@@ -416,7 +416,7 @@ def _batch_part(d: Path, env: dict[str, Any]) -> tuple[list[Block], list[str]]:
     t = pd.read_csv(d / "batch.csv")
     f = _json(d / "figures.json") or {}
     cols = [c for c in ("target", "companions", "B", "row", "verdict", "first_divergence", "envelope_batch",
-                        "margin", "seconds_batch", "seconds_alone_all") if c in t.columns]
+                        "margin", "ladder", "seconds_batch", "seconds_alone_all") if c in t.columns]
     said = (f"Batch: {int(f.get('batch_rows', len(t)))} rows of mlx-lm's BatchGenerator against the same prompt "
             f"alone: {int(f.get('batch_identical', 0))} bit-identical, {int(f.get('batch_flips', 0))} parted, "
             f"{int(f.get('batch_outside', 0))} outside the envelope; largest batch envelope "

@@ -60,14 +60,18 @@ def batch_text(result: Result) -> str:
 
     t = result.tables["batch"]
     f = result.figures
-    lines = ["== batch: row j of mlx-lm's BatchGenerator vs the same prompt alone", text_table(t[BATCH_COLUMNS]), ""]
+    cols = BATCH_COLUMNS + [c for c in ("ladder", "ladder_envelope") if c in t.columns and (t[c].fillna("") != "").any()]
+    lines = ["== batch: row j of mlx-lm's BatchGenerator vs the same prompt alone", text_table(t[cols]), ""]
     lines.append(f"{int(f['batch_rows'])} rows: {int(f['batch_identical'])} bit-identical, {int(f['batch_flips'])} "
                  f"parted from the lone stream, {int(f['batch_outside'])} outside the envelope; largest batch "
                  f"envelope (max |Δgap|) {f['batch_envelope']:.4g}"
                  + (f", single-sequence reference envelope {f['reference_envelope']:.4g}"
                     if "reference_envelope" in f else ""))
+    if "batch_outside_rounding" in f:
+        lines.append(f"precision ladder (float32 rerun) of the rows outside: {int(f['batch_outside_rounding'])} "
+                     f"rounding, {int(f['batch_outside_semantic'])} semantic")
     if "batch_speedup" in f:
-        lines.append(f"largest batch: {f['batch_speedup']:.2f}x faster than the same streams one by one")
+        lines.append(f"largest batch: {f['batch_speedup']:.2f}x the speed of the same streams one by one")
     return "\n".join(lines)
 
 

@@ -25,7 +25,7 @@ RANKS = {
     # measurements: each returns a Result
     "kernels.capture": 5, "kernels.paths": 6, "kernels.table": 7, "kernels.ops": 8, "kernels.runs": 9,
     "kernels": 10, "stack": 5, "diverge": 5, "history": 5,
-    "fingerprint": 11, "state": 5,
+    "fingerprint": 11, "state": 5, "batch": 6, "server": 6,
     # downstream of a Result
     "summaries": 12, "plots": 12,
     "legacy": 13,

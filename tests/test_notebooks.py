@@ -20,6 +20,7 @@ def parameters(tmp_path) -> dict[str, str]:
     return {
         "divergence": 'PROMPT_TOKENS = 16\nN = 4\nK = 2\nMODEL = "embedded"',
         "history": f"RESULTS = {str(root)!r}",
+        "batch": 'MODEL = "embedded"\nN = 3\nBATCH_SIZES = (1, 2)\nSERVER = False',
     }
 
 

@@ -502,6 +502,113 @@ def cmd_fingerprint(args) -> int:
 
 RESULTS_HELP = ("asv results directories, one or more (default: .asv/results if it holds results, else the "
                 "committed reference results in benchmarks/reference)")
+# ---- batch and server (issue 14)
+
+
+def _batch_companions(lm, names, exclude: str, long_tokens: int, count: int) -> dict:
+    from .prompts import builtin_prompts, builtin_text
+
+    texts = [t for t in builtin_prompts() if t != exclude]
+    texts = (texts * (count // max(len(texts), 1) + 1))[:count]
+    out = {}
+    for name in names:
+        if name == "short":
+            out["short"] = [lm.tokenizer.encode(t) for t in texts]
+        else:  # longer than the sliding window: a prompt, then the essay, cut to long_tokens
+            out["long"] = [lm.tokenizer.encode(t + "\n\n" + builtin_text("essay"))[:long_tokens] for t in texts]
+    return out
+
+
+def cmd_batch(args) -> int:
+    from . import store, summaries
+    from .batch import measure_batch
+    from .files import to_json
+    from .models import describe
+    from .prompts import builtin_prompts
+
+    sizes = parse_ints(args.batch_sizes, "--batch-sizes")
+    if not sizes or min(sizes) < 1 or max(sizes) > 64:
+        raise GemmdriftError("--batch-sizes: give sizes from 1 to 64, e.g. 1,2,4,8")
+    names = [c.strip() for c in args.companions.split(",") if c.strip()]
+    if not names or set(names) - {"short", "long"}:
+        raise GemmdriftError(f"--companions: short, long or short,long (got {args.companions!r})")
+    if args.n <= 0:
+        raise GemmdriftError(f"--n must be positive, got {args.n}")
+    if args.long_tokens is not None and args.long_tokens < 2:
+        raise GemmdriftError("--long-tokens must be at least 2")
+    if args.prompts is not None and args.prompts != "builtin":
+        raise GemmdriftError("--prompts: only 'builtin' (each built-in prompt as the target in turn)")
+    store.check_out_dir(args.out)
+    lm = _load(args)
+    if lm.tokenizer is None:
+        raise GemmdriftError("gemmdrift batch builds its companion prompts from text: the model needs a tokenizer")
+    window = lm.description.sliding_window or 512  # no sliding window: long companions still outgrow most prompts
+    long_tokens = args.long_tokens or window + 64
+    print(f"gemmdrift batch: {describe(lm.description)}", file=sys.stderr)
+    if args.prompts == "builtin":
+        targets = {f"p{i}": lm.tokenizer.encode(t) for i, t in enumerate(builtin_prompts())}
+        exclude = ""
+    else:
+        ids, label = _tokens(args, lm) if any(x is not None for x in (args.prompt, args.prompt_file, args.prompt_ids)) \
+            else (lm.tokenizer.encode(builtin_prompts()[0]), "built-in prompt 0")
+        targets, exclude = {"target": ids}, (args.prompt or builtin_prompts()[0])
+    comps = _batch_companions(lm, names, exclude, long_tokens, max(sizes) - 1)
+    ladder_lm = None
+    if args.ladder:
+        from .models import load_model
+
+        ladder_lm = load_model(args.model, dtype="float32")
+    r = measure_batch(lm, targets, comps, args.n, batch_sizes=sizes, rows=args.rows, ladder_lm=ladder_lm,
+                      reference=not args.no_reference, progress=lambda m: print("  " + m, file=sys.stderr, flush=True),
+                      inputs={"long_tokens": long_tokens})
+    out = Path(args.out)
+    store.write_result(r, out)
+    from .files import write_json
+    from .server import stream_files
+
+    for name, obj in stream_files(r).items():
+        write_json(out / "streams" / name, obj)
+    text = summaries.text(r) + f"\nwritten to {out}/ (streams/*.json feed `gemmdrift triage`)"
+    print(to_json(summaries.summary(r)) if args.json else text)
+    return 0
+
+
+def cmd_server(args) -> int:
+    from . import store, summaries
+    from .files import to_json, write_json
+    from .prompts import builtin_prompts, builtin_text
+    from .server import measure_server, port_in_use, stream_files
+
+    cases = [c.strip() for c in args.cases.split(",") if c.strip()]
+    if not cases or set(cases) - {"draft", "concurrent", "conversation"}:
+        raise GemmdriftError(f"--cases: draft, concurrent, conversation (got {args.cases!r})")
+    if args.n <= 0 or args.num_draft <= 0 or args.companions < 1:
+        raise GemmdriftError("--n, --num-draft and --companions must be positive")
+    if args.model.startswith("shape:"):
+        raise GemmdriftError("the server needs a real checkpoint: 'embedded', a Gemma 3 .gguf or an mlx-lm directory")
+    if args.draft is not None and not Path(args.draft).expanduser().is_dir():
+        raise GemmdriftError(f"--draft {args.draft}: not an mlx-lm directory")
+    if args.prompt is not None and args.prompt_file is not None:
+        raise GemmdriftError("give only one of --prompt and --prompt-file")
+    if args.prompt_file is not None:
+        try:
+            prompt = Path(args.prompt_file).expanduser().read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            raise GemmdriftError(f"cannot read prompt file {args.prompt_file}: {e}") from None
+    else:
+        prompt = args.prompt if args.prompt is not None else builtin_text("essay")
+    store.check_out_dir(args.out)
+    companions = (builtin_prompts() * args.companions)[: args.companions]
+    r = measure_server(args.model, prompt, args.n, cases=cases, draft=args.draft, num_draft=args.num_draft,
+                       companions=companions, triage=not args.no_triage,
+                       progress=lambda m: print("  " + m, file=sys.stderr, flush=True))
+    out = Path(args.out)
+    store.write_result(r, out)
+    for name, obj in stream_files(r).items():
+        write_json(out / "streams" / name, obj)
+    text = summaries.text(r) + f"\nwritten to {out}/ (streams/*.json feed `gemmdrift triage`)"
+    print(to_json(summaries.summary(r)) if args.json else text)
+    return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -637,6 +744,35 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--device", choices=["cpu", "gpu"], help="mlx device (default: mlx's own choice)")
     _add_output(s, "results/fingerprint")
     s.set_defaults(func=cmd_fingerprint)
+    # ---- batch and server (issue 14)
+    s = sub.add_parser("batch", help="a stream as row j of mlx-lm's BatchGenerator vs the same prompt alone, over B and row")
+    _add_model(s)
+    _add_prompt(s)
+    s.add_argument("--n", type=int, default=16, help="tokens to generate (default 16)")
+    s.add_argument("--batch-sizes", default="1,2,4,8", help="batch sizes B (default 1,2,4,8)")
+    s.add_argument("--rows", choices=["ends", "all"], default="ends", help="the target's row: first and last (default) or every row")
+    s.add_argument("--companions", default="short,long",
+                   help="companion prompts: short (built-in prompts), long (longer than the sliding window), or both (default)")
+    s.add_argument("--long-tokens", type=int, help="length of the long companions (default: sliding window + 64)")
+    s.add_argument("--prompts", help="'builtin': every built-in prompt as the target in turn (divergence statistics)")
+    s.add_argument("--no-reference", action="store_true", help="skip the single-sequence reference envelope")
+    s.add_argument("--ladder", action="store_true",
+                   help="rerun rows outside the envelope at float32: rounding shrinks, a padding/state bug does not")
+    _add_output(s, "results/batch")
+    s.set_defaults(func=cmd_batch)
+
+    s = sub.add_parser("server", help="the real mlx_lm.server: draft model, concurrent requests, prompt-cache reuse")
+    s.add_argument("--model", default="embedded", help="'embedded' (default), a Gemma 3 .gguf or an mlx-lm directory")
+    s.add_argument("--prompt", help="prompt text (default: the built-in essay, longer than the 512 window)")
+    s.add_argument("--prompt-file", help="file with the prompt text")
+    s.add_argument("--n", type=int, default=64, help="tokens per request (default 64)")
+    s.add_argument("--cases", default="draft,concurrent,conversation", help="which comparisons (default all three)")
+    s.add_argument("--draft", help="--draft-model directory (default: a 4-bit re-quantized copy of the target, cached)")
+    s.add_argument("--num-draft", type=int, default=2, help="--num-draft-tokens (default 2)")
+    s.add_argument("--companions", type=int, default=3, help="concurrent companion requests (default 3)")
+    s.add_argument("--no-triage", action="store_true", help="only report the divergences")
+    _add_output(s, "results/server")
+    s.set_defaults(func=cmd_server)
     return p
 
 

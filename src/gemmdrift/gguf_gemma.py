@@ -3,8 +3,9 @@
 ``mx.load`` cannot read the K-quant GGUF types, so every tensor is dequantized
 with the ``gguf`` package (F32, F16, BF16, Q4_K, Q5_0, Q6_K, Q8_0, ...) to
 float32 and written as a plain mlx-lm directory (``config.json`` +
-``model.safetensors`` + ``tokenizer.model``). The directory is cached; later
-runs load it in seconds.
+``model.safetensors`` + ``tokenizer.model`` + the transformers tokenizer files
+that stock mlx-lm tools read, see :func:`hf_tokenizer_files`). The directory is
+cached; later runs load it in seconds.
 
 Two details of llama.cpp's Gemma 3 export matter:
 
@@ -55,7 +56,9 @@ GLOBAL_NAMES = {
     "output": "lm_head",
 }
 # Bump when the conversion changes, so stale caches are not reused.
-CONVERTER_VERSION = 2
+# 3: tokenizer.json, tokenizer_config.json and special_tokens_map.json written, so stock
+#    mlx-lm tools encode with BOS exactly as gemmdrift does (issue 14).
+CONVERTER_VERSION = 3
 
 
 def _reader(path: Path):
@@ -204,6 +207,87 @@ def sentencepiece_proto(reader) -> bytes:
     return m.SerializeToString()
 
 
+# ---------------------------------------------------------------- HF tokenizer files
+
+def hf_tokenizer_files(proto: bytes) -> dict[str, str]:
+    """``tokenizer.json``, ``tokenizer_config.json`` and ``special_tokens_map.json``
+    that make transformers (and so mlx-lm's ``load_tokenizer``, ``mlx_lm.generate``
+    and ``mlx_lm.server``) encode exactly as the SentencePiece model ``proto`` does.
+
+    Built with the ``tokenizers`` library (a transformers dependency, so present
+    wherever mlx-lm is). How SentencePiece's BPE (``bpe_model.cc``) maps onto it:
+
+    * text: spaces -> U+2581, no dummy prefix, no other normalization;
+    * user-defined pieces (``\\n\\n``, ``[multimodal]``...) are matched in the
+      text before BPE, so they become non-special added tokens. Those written
+      with plain spaces (llama.cpp's GGUF stores ``"  "`` for ``"▁▁"``) can
+      never match escaped text in SentencePiece, so they are left out too;
+    * control pieces (``<bos>``, ``<start_of_turn>``...) are special tokens that
+      SentencePiece never parses out of text: ``split_special_tokens`` keeps
+      transformers from parsing them either;
+    * BPE merges: every split of a normal or user-defined piece into two
+      known pieces, ranked by the merged piece's score (SentencePiece merges
+      the highest-scoring piece first); unknown characters fall back to bytes;
+    * ``add_bos_token`` (GGUF ``tokenizer.ggml.add_bos_token``) becomes a
+      template post-processor prepending ``<bos>``.
+
+    No chat template is written: the embedded GGUF has no
+    ``tokenizer.chat_template``.
+    """
+    from sentencepiece import sentencepiece_model_pb2 as pb
+    from tokenizers import AddedToken, Tokenizer, decoders, normalizers, processors
+    from tokenizers.models import BPE
+
+    m = pb.ModelProto()
+    m.ParseFromString(proto)
+    T = pb.ModelProto.SentencePiece
+    pieces = [(p.piece, p.score, p.type) for p in m.pieces]
+    vocab = {p: i for i, (p, _, _) in enumerate(pieces)}
+    mergeable = {T.NORMAL, T.USER_DEFINED}
+    ranked = []
+    for i, (p, score, typ) in enumerate(pieces):
+        if typ not in mergeable or len(p) < 2:
+            continue
+        for k in range(1, len(p)):
+            left, right = p[:k], p[k:]
+            if left in vocab and right in vocab:
+                ranked.append((-score, i, k, left, right))
+    ranked.sort()
+    merges = [(left, right) for _, _, _, left, right in ranked]
+    spec = m.trainer_spec
+    unk = pieces[spec.unk_id][0]
+    tok = Tokenizer(BPE(vocab=vocab, merges=merges, unk_token=unk, fuse_unk=True, byte_fallback=True,
+                        dropout=None))
+    tok.normalizer = normalizers.Replace(" ", "\u2581")
+    tok.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()])
+    added = []
+    for i, (p, _, typ) in enumerate(pieces):
+        if typ in (T.CONTROL, T.UNKNOWN):
+            added.append(AddedToken(p, special=True, normalized=False))
+        elif typ == T.USER_DEFINED and " " not in p:
+            added.append(AddedToken(p, special=False, normalized=False))
+    tok.add_tokens(added)
+    bos, eos, pad = (pieces[spec.bos_id][0], pieces[spec.eos_id][0], pieces[spec.pad_id][0])
+    tok.post_processor = processors.TemplateProcessing(
+        single=f"{bos} $A", pair=f"{bos} $A {bos} $B", special_tokens=[(bos, spec.bos_id)])
+    special = {"bos_token": bos, "eos_token": eos, "pad_token": pad, "unk_token": unk}
+    config = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        **special,
+        "add_bos_token": True,
+        "add_eos_token": False,
+        "split_special_tokens": True,
+        "clean_up_tokenization_spaces": False,
+        "padding_side": "left",
+        "model_max_length": 1_000_000_000,
+    }
+    return {
+        "tokenizer.json": tok.to_str(),
+        "tokenizer_config.json": json.dumps(config, indent=2),
+        "special_tokens_map.json": json.dumps(special, indent=2),
+    }
+
+
 def _file_key(path: Path) -> str:
     """The conversion cache key: the GGUF file, the converter and the gguf package that dequantized it."""
     from .envinfo import _version
@@ -259,6 +343,8 @@ def converted_dir(gguf_path: str | os.PathLike, progress: bool = True) -> Path:
         mx.save_safetensors(str(tmp / "model.safetensors"), {k: mx.array(v) for k, v in tensors.items()})
         (tmp / "config.json").write_text(json.dumps(config, indent=2))
         (tmp / "tokenizer.model").write_bytes(proto)
+        for name, text in hf_tokenizer_files(proto).items():
+            (tmp / name).write_text(text, encoding="utf-8")
         types = sorted({t.tensor_type.name for t in reader.tensors})
         from .envinfo import _version
 

@@ -633,6 +633,65 @@ def state_grid(table: pd.DataFrame, title: str = ""):
     return fig
 
 
+# ---- batch
+
+
+def batch_figure(result):
+    """Batch envelope (max |Δgap|) and first divergence against B, per companion set and row position."""
+    plt = _plt()
+    t = result.tables["batch"]
+    n = int(result.inputs.get("n") or 0)
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
+    styles = {"first": "o-", "last": "s--", "middle": "^:"}
+    for (comp, where), g in t.assign(where=np.where(t["row"] == 0, "first",
+                                                    np.where(t["row"] == t["B"] - 1, "last", "middle"))
+                                     ).groupby(["companions", "where"]):
+        g = g.groupby("B").agg(env=("envelope_batch", "max"), first=("first_divergence", "min")).reset_index()
+        label = f"{comp}, {where} row"
+        axes[0].plot(g["B"], g["env"], styles.get(where, "o-"), label=label, ms=5)
+        first = g["first"].fillna(n)
+        axes[1].plot(g["B"], first, styles.get(where, "o-"), label=label, ms=5)
+    ref = result.figures.get("reference_envelope")
+    if ref is not None:
+        axes[0].axhline(ref, color="0.4", lw=0.8, ls=":", label="single-sequence envelope")
+    axes[0].set_ylabel("batch envelope: max |Δgap| (logits)")
+    axes[1].set_ylabel(f"first divergent token ({n} = none)")
+    for ax in axes:
+        ax.set_xlabel("B (sequences in the batch)")
+        ax.set_xscale("log", base=2)
+        bs = sorted(int(b) for b in t["B"].unique())
+        ax.set_xticks(bs, [str(b) for b in bs])
+        ax.minorticks_off()
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.suptitle("Row j of mlx-lm's BatchGenerator vs the same prompt alone", fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
 DRAW["state"] = lambda result: {"state_grid.png": state_grid(
     result.tables["state"], f"Cache state exactness, mlx-lm {result.details.get('mlx_lm')}: worst verdict "
                             "per cell (cases with it / cases)")}
+DRAW["batch"] = lambda result: {"batch.png": batch_figure(result)}
+
+
+# ---- server
+
+
+def server_figure(result):
+    """First divergence per server case (the number generated when the streams never part)."""
+    plt = _plt()
+    t = result.tables["server"]
+    n = int(result.inputs.get("n") or 0)
+    fig, ax = plt.subplots(figsize=(6, 3))
+    first = t["first_divergence"].fillna(n)
+    colors = ["C3" if v == "OUTSIDE ENVELOPE" else "C1" if v == "NEAR-TIE" else "C2" for v in t["verdict"]]
+    ax.bar(t["case"], first, color=colors)
+    ax.axhline(n, color="0.4", lw=0.8, ls=":")
+    ax.set_ylabel(f"first divergent token ({n} = none)")
+    ax.set_title("mlx_lm.server: green identical, orange near-tie, red outside the envelope", fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+DRAW["server"] = lambda result: {"server.png": server_figure(result)}

@@ -53,6 +53,8 @@ KIND_TITLES = {
     "triage": "Divergence triage",
     "divergence": "Divergence statistics over prompts",
     "history": "Tracked figures across mlx releases",
+    "batch": "Batch composition: a row of mlx-lm's BatchGenerator vs the same prompt alone",
+    "server": "mlx_lm.server: draft model, concurrent requests, prompt-cache reuse",
 }
 FIGURES = {
     "kernels": [("kernels_heatmap.png", "worst drift per layer and projection"),
@@ -63,6 +65,8 @@ FIGURES = {
     "diverge": [("triage.png", "each stream teacher-forced under its own schedule")],
     "triage": [("triage.png", "each stream teacher-forced under its own schedule")],
     "divergence": [("divergence.png", "first divergences and the gap at each")],
+    "batch": [("batch.png", "batch envelope and first divergence against B, by companion set and row position")],
+    "server": [("server.png", "first divergence per server case")],
 }
 HOW_TO_READ = [
     "A *near-tie* flips the argmax where Δgap exceeds the top-2 gap; that is rounding, expected wherever kernels "
@@ -95,13 +99,6 @@ def _result(d: Path):
         _READ.clear()
         _READ[key] = store.read_result(d)
     return _READ[key]
-    """What a gemmdrift output directory holds, by the files its command writes."""
-    for name, kind in (("stack.csv", "stack"), ("kernels.csv", "kernels"), ("diverge.json", "diverge"),
-                       ("divergence.csv", "divergence"), ("triage.json", "triage"), ("history_wide.csv", "history"),
-                       ("state.csv", "state")):
-        if (d / name).is_file():
-            return kind
-    return None
 
 
 def find_parts(d: Path) -> list[tuple[Path, str]]:
@@ -392,6 +389,37 @@ PARTS["state"] = _state_part
 KIND_TITLES["state"] = "Cache state exactness: every way mlx-lm rewinds, reuses or reshapes a cache"
 PART_TITLES["state"] = "Cache state exactness (short sweep): rollback and trim against a cache that never did them"
 FIGURES["state"] = [("state_grid.png", "worst verdict per cache class, operation and prefix position")]
+
+
+def _batch_part(d: Path, env: dict[str, Any]) -> tuple[list[Block], list[str]]:
+    r = _result(d)
+    t, f = r.tables["batch"], r.figures
+    cols = [c for c in ("target", "companions", "B", "row", "verdict", "first_divergence", "envelope_batch",
+                        "margin", "ladder", "seconds_batch", "seconds_alone_all") if c in t.columns]
+    said = (f"Batch: {int(f.get('batch_rows', len(t)))} rows of mlx-lm's BatchGenerator against the same prompt "
+            f"alone: {int(f.get('batch_identical', 0))} bit-identical, {int(f.get('batch_flips', 0))} parted, "
+            f"{int(f.get('batch_outside', 0))} outside the envelope; largest batch envelope "
+            f"{fmt(float(f.get('batch_envelope', 0.0)))}"
+            + (f"; the largest batch ran {fmt(float(f['batch_speedup']))}x faster than its streams one by one."
+               if "batch_speedup" in f else "."))
+    return ([("p", "Logits only: the per-layer taps cannot yet follow a row through the padded batch."),
+             ("table", t[cols].to_dict(orient="records"))], [said])
+
+
+def _server_part(d: Path, env: dict[str, Any]) -> tuple[list[Block], list[str]]:
+    r = _result(d)
+    t, f = r.tables["server"], r.figures
+    cols = [c for c in ("case", "a", "b", "prompt_tokens", "first_divergence", "verdict", "margin", "envelope",
+                        "seconds_a", "seconds_b") if c in t.columns]
+    said = f"mlx_lm.server: {int(f.get('server_divergences', 0))} of {len(t)} stream pairs diverged"
+    if "server_tokens_per_s" in f:
+        said += (f"; {fmt(float(f['server_tokens_per_s']))} tokens/s through the server vs "
+                 f"{fmt(float(f['inprocess_tokens_per_s']))} in process")
+    return [("table", t[cols].to_dict(orient="records"))], [said + "."]
+
+
+PARTS["batch"] = _batch_part
+PARTS["server"] = _server_part
 
 
 def _environment(d: Path, parts: list[tuple[Path, str]]) -> tuple[dict[str, Any], dict[str, Any]]:

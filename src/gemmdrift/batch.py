@@ -1,0 +1,395 @@
+"""Batch as a schedule axis: one stream computed as row j of a batch vs the same stream alone.
+
+The batch is mlx-lm's own continuous batching, ``BatchGenerator`` in
+``mlx_lm/generate.py`` (0.32.2), what ``batch_generate`` and ``mlx_lm.server``
+run: every prompt gets its own cache, the caches are merged into
+``BatchKVCache`` / ``BatchRotatingKVCache`` (``mlx_lm/models/cache.py``), the
+prompts are prefilled together (right-padded, then ``finalize`` turns it into
+left padding and the mask hides the pad), and each decode step is one forward
+pass over B rows: every projection is a GEMM with M=B instead of a GEMV. The
+row's stream and its per-step log-probabilities come straight from
+``GenerationBatch`` responses; "alone" is ``mlx_lm.generate.generate_step`` on
+the same prompt.
+
+What is compared, at every generated position both streams share (the
+positions read anyway, so no extra vocabulary-wide logits are computed):
+
+* the **batch envelope**: max |Δgap| (top-2 gap of the alone logits minus the
+  same two tokens' gap in the row's logits, :func:`gemmdrift.metrics.logit_drift`)
+  and max |Δ log-prob|;
+* **greedy divergence**: the first generated token where the row differs, and
+  the margin there (how far apart the two competing tokens are, the smaller
+  of the two computations' readings);
+* a **reference envelope** per prompt: max |Δgap| between two single-sequence
+  schedules of the same stream (``prefill:2048,decode`` vs
+  ``prefill:2048,verify:2``, teacher forced by :func:`gemmdrift.diverge.triage`):
+  what changing a kernel's M from 1 to 3 does without any batch.
+
+Verdict per row: IDENTICAL (same tokens, bit-identical log-probs); NEAR-TIE
+(the row parts at a margin within the reference envelope, or drifts without
+parting, within it); OUTSIDE ENVELOPE (the row's log-probs move by more than
+the reference envelope where the streams agree, or it parts at a margin
+larger than it: suspect padding, masks or cache state, as a planted one-row
+mask shift does). A batch that is honestly noisier than the single-sequence
+schedules also lands OUTSIDE: the verdict says "more than any single-sequence
+schedule", not "a bug" by itself. With ``ladder_lm`` (``gemmdrift batch
+--ladder``) each such row is rerun at float32: rounding shrinks by orders of
+magnitude, a padding or state bug keeps its size.
+
+Per-layer drift is NOT measured here: the taps (:mod:`gemmdrift.taps`) follow
+single sequences through their own caches and cannot yet follow a row through
+the padded batch. This module reads logits only.
+
+The batch-cache operations themselves (extend, filter, merge vs alone) are
+checked by the state-exactness work (issue 13); this module compares whole
+generations.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from . import metrics
+from .errors import GemmdriftError
+
+PLAIN = "prefill:2048,decode"
+REFERENCE = "prefill:2048,verify:2"
+IDENTICAL, NEAR_TIE, OUTSIDE = "IDENTICAL", "NEAR-TIE", "OUTSIDE ENVELOPE"
+
+
+@dataclass
+class Run:
+    """Greedy streams of one generation: tokens per row, log-probs of the rows kept, wall time."""
+
+    tokens: list[list[int]]
+    logprobs: dict[int, np.ndarray]  # row -> (n, vocab) float32
+    seconds: float
+
+
+def _np(a) -> np.ndarray:
+    import mlx.core as mx
+
+    return np.asarray(a.astype(mx.float32))
+
+
+def generate_alone(model, prompt: Sequence[int], n: int, prefill_step: int = 2048) -> Run:
+    """``mlx_lm.generate.generate_step``, greedy, with the log-probs of every step."""
+    import mlx.core as mx
+    from mlx_lm.generate import generate_step
+
+    t0 = time.perf_counter()
+    toks, lps = [], []
+    for (tok, lp), _ in zip(generate_step(mx.array([int(t) for t in prompt]), model, max_tokens=n,
+                                          prefill_step_size=prefill_step), range(n)):
+        toks.append(int(tok))
+        lps.append(_np(lp.reshape(-1)))
+    return Run([toks], {0: np.stack(lps)}, time.perf_counter() - t0)
+
+
+def shift_row_mask(caches, row: int, by: int = 1) -> None:
+    """A planted padding bug: row ``row``'s left padding grows by ``by`` in every batch cache, so its
+    mask hides its first real token(s) (known-answer tests only)."""
+    import mlx.core as mx
+
+    for c in caches:
+        lp = getattr(c, "left_padding", None)
+        if lp is None:
+            continue
+        bump = mx.zeros(lp.shape, dtype=lp.dtype).at[row].add(by)
+        c.left_padding = lp + bump
+
+
+def generate_batch(model, prompts: Sequence[Sequence[int]], n: int, *, keep: Sequence[int] = (),
+                   prefill_step: int = 2048, plant: Callable[[list], None] | None = None) -> Run:
+    """mlx-lm's ``BatchGenerator`` over all prompts at once (greedy, no stop tokens, ``n`` tokens each).
+
+    Args:
+        keep: rows whose per-step log-probs are returned.
+        plant: called once with the generation batch's caches after the first
+            decode step is queued (tests plant bugs with it).
+    """
+    from mlx_lm.generate import BatchGenerator
+
+    B = len(prompts)
+    if B < 1:
+        raise GemmdriftError("a batch needs at least one prompt")
+    if any(len(p) < 1 for p in prompts):
+        raise GemmdriftError("a batch prompt is empty")
+    if n <= 0:
+        raise GemmdriftError(f"the number of tokens must be positive, got {n}")
+    t0 = time.perf_counter()
+    gen = BatchGenerator(model, max_tokens=n, prefill_step_size=prefill_step, prefill_batch_size=max(8, B),
+                         completion_batch_size=max(32, B))
+    toks: list[list[int]] = [[] for _ in range(B)]
+    lps: dict[int, list[np.ndarray]] = {int(j): [] for j in keep}
+    try:
+        uids = gen.insert([list(map(int, p)) for p in prompts], [n] * B)
+        row_of = {u: i for i, u in enumerate(uids)}
+        planted = plant is None
+        while any(len(t) < n for t in toks):
+            responses = gen.next_generated()
+            if not planted and len(gen._generation_batch) == B:
+                plant(gen._generation_batch.prompt_cache)
+                planted = True
+            if not responses and not gen._unprocessed_sequences and len(gen._generation_batch) == 0:
+                break
+            for r in responses:
+                i = row_of[r.uid]
+                toks[i].append(int(r.token))
+                if i in lps:
+                    lps[i].append(_np(r.logprobs.reshape(-1)))
+    finally:
+        gen.close()
+    return Run(toks, {j: np.stack(v) for j, v in lps.items()}, time.perf_counter() - t0)
+
+
+@dataclass
+class RowComparison:
+    """Row j of a batch against the same prompt alone."""
+
+    B: int
+    row: int
+    companions: str
+    prompt_tokens: int
+    companion_tokens: list[int]
+    first_divergence: int | None
+    envelope_batch: float  # max |Δgap| where the streams agree
+    max_dlogprob: float
+    bit_identical: bool
+    margin: float | None  # at the divergence
+    reference_envelope: float | None
+    verdict: str
+    reason: str
+    tokens_alone: list[int] = field(default_factory=list)
+    tokens_row: list[int] = field(default_factory=list)
+    seconds_batch: float = 0.0
+    seconds_alone_all: float = 0.0  # the B prompts one by one
+    ladder_envelope: float | None = None  # envelope_batch of the same row rerun at float32
+    ladder_shrink: float | None = None
+    ladder: str = ""  # rounding | semantic | unclear (stack.ladder_verdict), for rows outside the envelope
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def compare_row(alone: Run, row: Run, j: int, reference_envelope: float | None) -> dict[str, Any]:
+    """Envelope, divergence, margin and verdict of row ``j`` of ``row`` against ``alone``.
+
+    Known answers (tests): identical log-probs give IDENTICAL; a planted mask
+    shift gives OUTSIDE ENVELOPE against any honest reference envelope.
+    """
+    from .diverge import first_divergence
+
+    ta, tb = alone.tokens[0], row.tokens[j]
+    la, lb = alone.logprobs[0], row.logprobs[j]
+    d = first_divergence(ta, tb)
+    common = d if d is not None else min(len(ta), len(tb))
+    agree = slice(0, common)  # positions predicting the same token from the same prefix
+    upto = slice(0, common + (1 if d is not None else 0))  # and the divergence itself: same prefix
+    bit = bool(d is None and np.array_equal(la[upto], lb[upto]))
+    if common:
+        drift = metrics.logit_drift(la[agree].astype(np.float64), lb[agree].astype(np.float64))
+        env_b = float(np.max(np.abs(drift["dgap"])))
+    else:
+        env_b = 0.0
+    max_dlp = float(np.max(np.abs(la[upto].astype(np.float64) - lb[upto].astype(np.float64)))) if common or d == 0 else 0.0
+    margin = None
+    if d is not None:
+        xa, xb = la[d].astype(np.float64), lb[d].astype(np.float64)
+        margin = float(min(abs(xa[ta[d]] - xa[tb[d]]), abs(xb[ta[d]] - xb[tb[d]])))
+    ref = reference_envelope
+    if bit:
+        verdict, reason = IDENTICAL, "same tokens, bit-identical log-probs at every position"
+    elif ref is None:
+        verdict = NEAR_TIE if d is None else OUTSIDE
+        reason = "no reference envelope measured"
+    elif env_b > ref:
+        verdict = OUTSIDE
+        reason = (f"where the streams agree the batch moves a top-2 gap by {env_b:.4g}, more than the "
+                  f"{ref:.4g} any single-sequence schedule change does: suspect padding, mask or cache state")
+    elif d is not None and margin > ref:
+        verdict = OUTSIDE
+        reason = f"the row parts at generated token {d} where the competing tokens are {margin:.4g} apart, outside the {ref:.4g} envelope"
+    elif d is not None:
+        verdict = NEAR_TIE
+        reason = f"the row parts at generated token {d}, a near-tie ({margin:.4g} within the {ref:.4g} envelope)"
+    else:
+        verdict = NEAR_TIE
+        reason = f"same tokens; the log-probs drift by at most {env_b:.4g} in top-2 gap, within the {ref:.4g} envelope"
+    return {"first_divergence": d, "envelope_batch": env_b, "max_dlogprob": max_dlp, "bit_identical": bit,
+            "margin": margin, "verdict": verdict, "reason": reason}
+
+
+def reference_envelope(lm, prompt: Sequence[int], stream: Sequence[int]) -> float:
+    """max |Δgap| between two single-sequence schedules (``prefill:2048,decode`` vs
+    ``prefill:2048,verify:2``) teacher-forced on ``stream`` (:func:`gemmdrift.diverge.triage`)."""
+    from .diverge import triage
+
+    return float(triage(lm, list(prompt), list(stream), list(stream), PLAIN, REFERENCE).envelope)
+
+
+def layout(target: Sequence[int], companions: Sequence[Sequence[int]], B: int, row: int) -> list[list[int]]:
+    """B prompts: the target at ``row``, the first B-1 companions around it."""
+    if not 0 <= row < B:
+        raise GemmdriftError(f"row {row} is outside a batch of {B}")
+    if len(companions) < B - 1:
+        raise GemmdriftError(f"a batch of {B} needs {B - 1} companion prompts, got {len(companions)}")
+    others = [list(c) for c in companions[: B - 1]]
+    return others[:row] + [list(target)] + others[row:]
+
+
+def sweep(lm, target: Sequence[int], companion_sets: dict[str, Sequence[Sequence[int]]], n: int, *,
+          batch_sizes: Sequence[int] = (1, 2, 4, 8), rows: str = "ends", prefill_step: int = 2048,
+          reference: bool = True, plant: Callable | None = None, ladder_lm=None,
+          progress=None) -> list[RowComparison]:
+    """Row j of a batch of B vs the target alone, over B, row positions and companion sets.
+
+    ``ladder_lm``: the same model at float32; every row outside the envelope is
+    rerun with it, and the precision ladder says whether its drift is rounding
+    (shrinks by orders of magnitude) or semantic (keeps its size), as
+    :func:`gemmdrift.stack.ladder_verdict` does for schedules.
+
+    Args:
+        companion_sets: {label: companion prompts (token ids)}; e.g. 'short' and
+            'long' (longer than the sliding window).
+        rows: 'ends' (first and last row) or 'all'.
+        plant: a bug planted into every batch (tests): ``plant(caches, row)``.
+    """
+    say = progress or (lambda msg: None)
+    for B in batch_sizes:
+        if B < 1:
+            raise GemmdriftError(f"batch sizes must be positive, got {B}")
+    if rows not in ("ends", "all"):
+        raise GemmdriftError(f"rows must be 'ends' or 'all', got {rows!r}")
+    generate_alone(lm.model, target, 1, prefill_step)  # warm-up: lazy weights load on the first pass, untimed
+    alone = generate_alone(lm.model, target, n, prefill_step)
+    say(f"alone: {n} tokens in {alone.seconds:.1f} s")
+    ref = reference_envelope(lm, target, alone.tokens[0]) if reference else None
+    if ref is not None:
+        say(f"reference envelope (single-sequence {PLAIN} vs {REFERENCE}): {ref:.4g}")
+    alone_seconds: dict[tuple, float] = {}
+
+    def seconds_alone(p) -> float:  # the B prompts one by one, for the cost ratio
+        key = tuple(p)
+        if key not in alone_seconds:
+            alone_seconds[key] = alone.seconds if key == tuple(target) else generate_alone(
+                lm.model, p, n, prefill_step).seconds
+        return alone_seconds[key]
+
+    out: list[RowComparison] = []
+    high_alone = None
+    for label, comps in companion_sets.items():
+        for B in batch_sizes:
+            positions = range(B) if rows == "all" else sorted({0, B - 1})
+            for j in positions:
+                prompts = layout(target, comps, B, j)
+                run = generate_batch(lm.model, prompts, n, keep=[j], prefill_step=prefill_step,
+                                     plant=None if plant is None else (lambda caches, j=j: plant(caches, j)))
+                c = compare_row(alone, run, j, ref)
+                one_by_one = sum(seconds_alone(p) for p in prompts)
+                lad = {}
+                if ladder_lm is not None and c["verdict"] == OUTSIDE:
+                    from .stack import ladder_verdict
+
+                    if high_alone is None:
+                        high_alone = generate_alone(ladder_lm.model, target, n, prefill_step)
+                    high_run = generate_batch(ladder_lm.model, prompts, n, keep=[j], prefill_step=prefill_step,
+                                              plant=None if plant is None else (lambda caches, j=j: plant(caches, j)))
+                    high = compare_row(high_alone, high_run, j, None)
+                    shrink, verdict = ladder_verdict(c["envelope_batch"], high["envelope_batch"],
+                                                     lm.description.dtype)
+                    lad = {"ladder_envelope": high["envelope_batch"], "ladder": verdict,
+                           "ladder_shrink": None if shrink != shrink or shrink == float("inf") else shrink}
+                    say(f"  float32 rerun: envelope {high['envelope_batch']:.3g}: {verdict}")
+                out.append(RowComparison(B=B, row=j, companions=label, prompt_tokens=len(target),
+                                         companion_tokens=[len(p) for i, p in enumerate(prompts) if i != j],
+                                         reference_envelope=ref, tokens_alone=alone.tokens[0], tokens_row=run.tokens[j],
+                                         seconds_batch=run.seconds, seconds_alone_all=one_by_one, **c, **lad))
+                say(f"{label:6s} B={B} row {j}: {c['verdict']}  first divergence {c['first_divergence']}  "
+                    f"envelope {c['envelope_batch']:.3g}  batch {run.seconds:.1f} s vs {one_by_one:.1f} s one by one")
+    return out
+
+
+# ------------------------------------------------------------------ the measurement
+
+
+def measure_batch(lm, targets: dict[str, Sequence[int]], companion_sets: dict[str, Sequence[Sequence[int]]], n: int,
+                  *, batch_sizes: Sequence[int] = (1, 2, 4, 8), rows: str = "ends", prefill_step: int = 2048,
+                  reference: bool = True, plant: Callable | None = None, ladder_lm=None, progress=None,
+                  inputs=None):
+    """:func:`sweep` for every target prompt: a Result of kind ``batch``.
+
+    Args:
+        targets: {label: prompt ids}; each is run alone and as a row of every batch.
+        companion_sets: {label: companion prompt ids}.
+    """
+    import pandas as pd
+
+    from .envinfo import environment
+    from .result import Result, env_labels, tidy
+
+    say = progress or (lambda msg: None)
+    if not targets:
+        raise GemmdriftError("no target prompt")
+    if max(batch_sizes) > 1:
+        for label, comps in companion_sets.items():
+            if len(comps) < max(batch_sizes) - 1:
+                raise GemmdriftError(f"companion set {label!r} has {len(comps)} prompts; a batch of "
+                                     f"{max(batch_sizes)} needs {max(batch_sizes) - 1}")
+    rows_out, pairs = [], []
+    for tlabel, target in targets.items():
+        say(f"target {tlabel!r} ({len(target)} tokens)")
+        for c in sweep(lm, target, companion_sets, n, batch_sizes=batch_sizes, rows=rows, prefill_step=prefill_step,
+                       reference=reference, plant=plant, ladder_lm=ladder_lm, progress=say):
+            d = c.as_dict()
+            rows_out.append({"target": tlabel, **{k: v for k, v in d.items() if k not in ("tokens_alone", "tokens_row",
+                                                                                         "companion_tokens", "reason")},
+                             "companion_tokens": " ".join(map(str, c.companion_tokens)), "reason": c.reason})
+            tag = f"{tlabel}_{c.companions}_B{c.B}_r{c.row}"
+            pairs.append({"case": "batch", "label_a": "alone", "label_b": f"row {c.row} of {c.B} ({c.companions})",
+                          "prompt": [int(t) for t in target], "tokens_a": c.tokens_alone, "tokens_b": c.tokens_row,
+                          "schedule_a": PLAIN, "schedule_b": PLAIN, "first_divergence": c.first_divergence,
+                          "verdict": c.verdict, "notes": {"row": tag}})
+    table = pd.DataFrame(rows_out)
+    frame_rows = []
+    for r in rows_out:
+        for metric in ("envelope_batch", "max_dlogprob", "first_divergence", "margin", "seconds_batch",
+                       "seconds_alone_all"):
+            if r[metric] is not None:
+                frame_rows.append({"pair": f"alone vs row {r['row']} of {r['B']}", "mode": r["companions"],
+                                   "metric": metric, "value": float(r[metric]), "B": r["B"], "row": r["row"],
+                                   "target": r["target"]})
+        frame_rows.append({"pair": f"alone vs row {r['row']} of {r['B']}", "mode": r["companions"],
+                           "metric": "diverged", "value": float(r["first_divergence"] is not None), "B": r["B"],
+                           "row": r["row"], "target": r["target"]})
+    env = environment()
+    figures: dict[str, float] = {
+        "batch_rows": float(len(table)),
+        "batch_envelope": float(table["envelope_batch"].max()),
+        "batch_flips": float(table["first_divergence"].notna().sum()),
+        "batch_outside": float((table["verdict"] == OUTSIDE).sum()),
+        "batch_identical": float((table["verdict"] == IDENTICAL).sum()),
+    }
+    if "ladder" in table.columns and (table["ladder"] != "").any():
+        figures["batch_outside_rounding"] = float((table["ladder"] == "rounding").sum())
+        figures["batch_outside_semantic"] = float((table["ladder"] == "semantic").sum())
+    refs = table["reference_envelope"].dropna()
+    if len(refs):
+        figures["reference_envelope"] = float(refs.max())
+    for B, g in table.groupby("B"):
+        figures[f"batch_envelope_b{int(B)}"] = float(g["envelope_batch"].max())
+        figures[f"batch_flips_b{int(B)}"] = float(g["first_divergence"].notna().sum())
+    big = table[table["B"] == table["B"].max()]
+    if len(big) and big["seconds_batch"].sum() > 0 and table["B"].max() > 1:
+        figures["batch_speedup"] = float(big["seconds_alone_all"].sum() / big["seconds_batch"].sum())
+    return Result(kind="batch", inputs={"model": lm.info, "targets": {k: list(map(int, v)) for k, v in targets.items()},
+                                        "companions": {k: [len(p) for p in v] for k, v in companion_sets.items()},
+                                        "n": n, "batch_sizes": list(batch_sizes), "rows": rows,
+                                        "prefill_step": prefill_step, "planted": plant is not None, **(inputs or {})},
+                  env=env, frame=tidy(frame_rows, model=lm.description.source, dtype=lm.description.dtype,
+                                      **env_labels(env)),
+                  figures=figures, tables={"batch": table}, details={"pairs": pairs})

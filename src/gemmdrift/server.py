@@ -1,0 +1,555 @@
+"""The real ``mlx_lm.server``: greedy streams over HTTP, and what changes them.
+
+The installed server (``mlx_lm/server.py``, mlx-lm 0.32.2) is started as a
+subprocess (``python -m mlx_lm.server --model DIR --host 127.0.0.1 --port P``)
+on a free loopback port, driven with greedy requests (``temperature 0``) and
+always stopped (``try/finally``: on errors and Ctrl-C too; the whole process
+group is terminated). Three comparisons (issue 14):
+
+a. **draft**: no draft vs ``--draft-model`` with ``--num-draft-tokens 2``; the
+   draft is a re-quantized copy of the target by default (``mlx_lm.convert``
+   with ``quantize=True`` into the cache directory). The server serves draft
+   requests one at a time with ``stream_generate`` and a speculative step.
+b. **concurrent**: one request alone vs the same request sent together with
+   other requests; without a draft the server batches them
+   (``BatchGenerator``: left padding, batch caches, a decode GEMM with M=B).
+c. **conversation**: turn 2 of a conversation sent after turn 1 to a server
+   that keeps prompt caches (``LRUPromptCache`` reuses turn 1's cache) vs the
+   same full text sent to a server started with ``--prompt-cache-size 0``.
+
+Token ids: the server returns the generated ids itself when asked for
+``logprobs`` (``choices[0].logprobs.content[i].id``), so generated streams are
+not re-tokenized. The server only takes prompt *text*; the prompt ids are
+gemmdrift's tokenizer's, which stock mlx-lm reproduces exactly for the embedded
+checkpoint (``tests/test_checkpoint_tokenizer.py``), and every request checks
+that the server counted the same number of prompt tokens.
+
+``/v1/completions`` is used for base models; ``/v1/chat/completions`` where the
+tokenizer has a chat template (then the prompt ids come from the tokenizer's
+own template through mlx-lm's tokenizer, as the server builds them).
+
+Every pair of streams is saved as stream files (``{"prompt": [...], "tokens":
+[...]}``, what :func:`gemmdrift.diverge.read_stream` reads) and triaged with
+:func:`gemmdrift.diverge.triage` against its teacher-forced single-sequence
+schedule (``prefill:2048,decode``; ``prefill:2048,verify:2`` for the draft
+server, whose ``--prefill-step-size`` is 2048). Batching itself is not a
+teacher-forced schedule: a batched stream is judged against the single-sequence
+computation, so a batch-made flip shows as a NEAR-TIE or OUTSIDE verdict.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+from .errors import GemmdriftError
+
+PREFILL_STEP = 2048  # mlx_lm.server's --prefill-step-size default
+PLAIN_SCHEDULE = f"prefill:{PREFILL_STEP},decode"
+
+
+def free_port() -> int:
+    """A free TCP port on 127.0.0.1 (the kernel's choice)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def port_in_use(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return True
+    return False
+
+
+_ACCESS = re.compile(r'"(GET|POST|PUT|DELETE|HEAD) \S+ HTTP/')
+
+
+def _last_line(path: Path) -> str:
+    """The server's last log line that is not an HTTP access line (its error, when it failed)."""
+    try:
+        lines = [ln.strip() for ln in path.read_text(errors="replace").splitlines() if ln.strip()]
+    except OSError:
+        return ""
+    lines = [ln for ln in lines if not _ACCESS.search(ln)] or lines
+    return lines[-1] if lines else ""
+
+
+@dataclass
+class Reply:
+    """One greedy completion from the server."""
+
+    tokens: list[int]
+    text: str
+    prompt_tokens: int
+    cached_tokens: int | None
+    seconds: float
+    finish_reason: str | None
+
+
+class MlxLmServer:
+    """``mlx_lm.server`` in a subprocess on loopback; use as a context manager.
+
+    Args:
+        model_dir: the mlx-lm checkpoint directory.
+        draft_dir: ``--draft-model`` (None: no draft).
+        num_draft: ``--num-draft-tokens``.
+        prompt_cache_size: ``--prompt-cache-size`` (0: no prompt-cache reuse).
+        port: a fixed port (None: a free one).
+        start_timeout: seconds to wait for ``/health``.
+    """
+
+    def __init__(self, model_dir: str | os.PathLike, *, draft_dir: str | os.PathLike | None = None,
+                 num_draft: int = 2, prompt_cache_size: int | None = None, port: int | None = None,
+                 start_timeout: float = 180.0, max_tokens: int = 512):
+        self.model_dir = Path(model_dir)
+        self.draft_dir = Path(draft_dir) if draft_dir else None
+        self.num_draft = int(num_draft)
+        self.prompt_cache_size = prompt_cache_size
+        self.port = port
+        self.start_timeout = start_timeout
+        self.max_tokens = max_tokens
+        self.proc: subprocess.Popen | None = None
+        self._log: Path | None = None
+        self.chat = False
+
+    # ------------------------------------------------------------ lifecycle
+    def command(self) -> list[str]:
+        cmd = [sys.executable, "-m", "mlx_lm.server", "--model", str(self.model_dir), "--host", "127.0.0.1",
+               "--port", str(self.port), "--temp", "0", "--max-tokens", str(self.max_tokens),
+               "--prefill-step-size", str(PREFILL_STEP), "--log-level", "WARNING"]
+        if self.draft_dir is not None:
+            cmd += ["--draft-model", str(self.draft_dir), "--num-draft-tokens", str(self.num_draft)]
+        if self.prompt_cache_size is not None:
+            cmd += ["--prompt-cache-size", str(self.prompt_cache_size)]
+        return cmd
+
+    def start(self) -> "MlxLmServer":
+        for what, d in (("model", self.model_dir), ("draft model", self.draft_dir)):
+            if d is not None and not d.is_dir():  # else mlx_lm would try to download it
+                raise GemmdriftError(f"{what} directory not found: {d}")
+        if self.port is None:
+            self.port = free_port()
+        elif port_in_use(self.port):
+            raise GemmdriftError(f"port {self.port} on 127.0.0.1 is in use: pick another or omit --port")
+        fd, log = tempfile.mkstemp(prefix="gemmdrift-server-", suffix=".log")
+        self._log = Path(log)
+        # Its own process group, so stop() ends the server and anything it started.
+        self.proc = subprocess.Popen(self.command(), stdout=fd, stderr=fd, stdin=subprocess.DEVNULL,
+                                     start_new_session=True)
+        os.close(fd)
+        deadline = time.monotonic() + self.start_timeout
+        while True:
+            if self.proc.poll() is not None:
+                last = _last_line(self._log)
+                self.stop()
+                raise GemmdriftError(f"mlx_lm.server exited with code {self.proc.returncode} while starting: {last}")
+            status = self._health()
+            if status == 200:
+                break
+            if status == 503:  # the generation thread died (loading the model failed)
+                last = _last_line(self._log)
+                self.stop()
+                raise GemmdriftError(f"mlx_lm.server failed to load {self.model_dir}: {last}")
+            if time.monotonic() > deadline:
+                last = _last_line(self._log)
+                self.stop()
+                raise GemmdriftError(f"mlx_lm.server did not answer within {self.start_timeout:.0f} s: {last}")
+            time.sleep(0.25)
+        return self
+
+    def stop(self) -> None:
+        """Terminate the process group (SIGTERM, then SIGKILL after 10 s). Safe to call twice."""
+        p = self.proc
+        if p is not None and p.poll() is None:
+            try:
+                os.killpg(p.pid, signal.SIGTERM)
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait(timeout=10)
+            except ProcessLookupError:
+                pass
+        if self._log is not None and p is not None and p.poll() is not None:
+            self._log.unlink(missing_ok=True)
+            self._log = None
+
+    def __enter__(self) -> "MlxLmServer":
+        try:
+            return self.start()
+        except BaseException:
+            self.stop()
+            raise
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def last_log_line(self) -> str:
+        return _last_line(self._log) if self._log else ""
+
+    # -------------------------------------------------------------- requests
+    def _health(self) -> int | None:
+        """/health status (200 ok, 503 the generation thread died), None when nothing answers."""
+        try:
+            with urllib.request.urlopen(self.url("/health"), timeout=2) as r:
+                return int(r.status)
+        except urllib.error.HTTPError as e:
+            return int(e.code)
+        except (urllib.error.URLError, OSError):
+            return None
+
+    def _check_alive(self) -> None:
+        if self.proc is None or self.proc.poll() is not None or self._health() == 503:
+            raise GemmdriftError(f"mlx_lm.server stopped serving: {self.last_log_line()}")
+    def url(self, path: str) -> str:
+        return f"http://127.0.0.1:{self.port}{path}"
+
+    def _post(self, path: str, body: dict[str, Any], timeout: float) -> dict[str, Any]:
+        """POST in a worker thread while this thread watches the server: a server whose generation
+        thread dies would otherwise leave the request waiting forever."""
+        box: dict[str, Any] = {}
+
+        def send():
+            req = urllib.request.Request(self.url(path), data=json.dumps(body).encode(),
+                                         headers={"Content-Type": "application/json"}, method="POST")
+            try:
+                with urllib.request.urlopen(req, timeout=timeout) as r:
+                    box["out"] = json.loads(r.read())
+            except urllib.error.HTTPError as e:
+                detail = e.read().decode(errors="replace").strip().splitlines()
+                box["err"] = f"mlx_lm.server answered {e.code} on {path}: {detail[-1] if detail else e.reason}"
+            except (urllib.error.URLError, OSError, ValueError) as e:
+                box["err"] = f"mlx_lm.server request failed ({e}); server log: {self.last_log_line()}"
+
+        worker = threading.Thread(target=send, daemon=True)
+        worker.start()
+        deadline = time.monotonic() + timeout
+        while worker.is_alive():
+            worker.join(timeout=2.0)
+            if worker.is_alive():
+                self._check_alive()
+                if time.monotonic() > deadline:
+                    raise GemmdriftError(f"mlx_lm.server did not answer {path} within {timeout:.0f} s")
+        if "err" in box:
+            raise GemmdriftError(box["err"])
+        return box["out"]
+
+    def complete(self, prompt: str | list[dict], n: int, timeout: float = 3600.0) -> Reply:
+        """A greedy completion of ``n`` tokens: ``/v1/completions`` for a text, chat for messages."""
+        body = {"max_tokens": int(n), "temperature": 0.0, "logprobs": True, "stream": False}
+        if isinstance(prompt, str):
+            path, body["prompt"] = "/v1/completions", prompt
+        else:
+            path, body["messages"] = "/v1/chat/completions", prompt
+        t0 = time.perf_counter()
+        out = self._post(path, body, timeout)
+        seconds = time.perf_counter() - t0
+        choice = out["choices"][0]
+        content = (choice.get("logprobs") or {}).get("content") or []
+        tokens = [int(c["id"]) for c in content if "id" in c]
+        text = choice.get("text") if "text" in choice else (choice.get("message") or {}).get("content", "")
+        usage = out.get("usage") or {}
+        details = usage.get("prompt_tokens_details") or {}
+        return Reply(tokens=tokens, text=text or "", prompt_tokens=int(usage.get("prompt_tokens", -1)),
+                     cached_tokens=details.get("cached_tokens"), seconds=seconds,
+                     finish_reason=choice.get("finish_reason"))
+
+    def complete_concurrently(self, prompts: Sequence[str | list[dict]], n: int) -> list[Reply]:
+        """All prompts sent at once (one thread each); replies in the order given."""
+        replies: list[Reply | BaseException | None] = [None] * len(prompts)
+        barrier = threading.Barrier(len(prompts))
+
+        def send(i):
+            try:
+                barrier.wait(timeout=30)
+                replies[i] = self.complete(prompts[i], n)
+            except BaseException as e:  # re-raised below, in the caller's thread
+                replies[i] = e
+
+        threads = [threading.Thread(target=send, args=(i,), daemon=True) for i in range(len(prompts))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        for r in replies:
+            if isinstance(r, BaseException):
+                raise r
+        return replies  # type: ignore[return-value]
+
+
+# ------------------------------------------------------------------ drafts
+
+
+def requantized_draft(model_dir: str | os.PathLike, bits: int = 4, group_size: int = 64) -> Path:
+    """A re-quantized copy of ``model_dir`` made with mlx-lm's own ``convert``, cached beside it.
+
+    ``mlx_lm.convert(hf_path=DIR, mlx_path=OUT, quantize=True, q_bits=4,
+    q_group_size=64, dtype="bfloat16")`` (``mlx_lm/convert.py``); written to a
+    temporary name and renamed, so an interrupted conversion leaves nothing.
+    """
+    import shutil
+
+    from .files import cache_dir
+
+    src = Path(model_dir).resolve()
+    target = cache_dir() / "drafts" / f"{src.name}-q{bits}g{group_size}"
+    if (target / "config.json").exists():
+        return target
+    from mlx_lm.convert import convert
+
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(f".{target.name}.partial")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    convert(hf_path=str(src), mlx_path=str(tmp), quantize=True, q_bits=bits, q_group_size=group_size,
+            dtype="bfloat16")
+    for extra in ("tokenizer.model",):  # convert saves the transformers files; keep ours too
+        if (src / extra).exists() and not (tmp / extra).exists():
+            shutil.copy(src / extra, tmp / extra)
+    os.replace(tmp, target)
+    return target
+
+
+# ------------------------------------------------------------------ cases
+
+
+@dataclass
+class StreamPair:
+    """Two greedy server streams for one prompt, and their triage."""
+
+    case: str  # draft | concurrent | conversation
+    label_a: str
+    label_b: str
+    prompt: list[int]
+    tokens_a: list[int]
+    tokens_b: list[int]
+    schedule_a: str
+    schedule_b: str
+    seconds_a: float
+    seconds_b: float
+    first_divergence: int | None = None
+    triage: dict[str, Any] = field(default_factory=dict)
+    notes: dict[str, Any] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _prompt_ids(lm, prompt: str | list[dict], reply: Reply, what: str) -> list[int]:
+    """gemmdrift's ids for a prompt the server tokenized; the server's count must agree."""
+    if isinstance(prompt, str):
+        ids = list(lm.tokenizer.encode(prompt))
+    else:
+        out = lm.tokenizer._tok.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True)
+        ids = list(out["input_ids"] if hasattr(out, "keys") else out)  # transformers 5 may return a mapping
+    if reply.prompt_tokens != len(ids):
+        raise GemmdriftError(f"{what}: the server counted {reply.prompt_tokens} prompt tokens, gemmdrift's "
+                             f"tokenizer {len(ids)}: the checkpoint's tokenizer files disagree with gemmdrift")
+    return ids
+
+
+def run_cases(lm, model_dir: str | os.PathLike, prompt: str, n: int, *, cases: Sequence[str] = ("draft",
+              "concurrent", "conversation"), draft_dir: str | os.PathLike | None = None, num_draft: int = 2,
+              companions: Sequence[str] = (), follow_up: str = "\n\nContinue in one sentence:", triage: bool = True,
+              progress=None) -> list[StreamPair]:
+    """Run the server cases on one prompt; return one :class:`StreamPair` per case.
+
+    ``lm`` is gemmdrift's model on the same checkpoint in the server's dtype
+    (the triage teacher-forces with it); ``draft_dir`` None makes the default
+    re-quantized draft (only when the draft case runs).
+    """
+    from .diverge import first_divergence
+    from .diverge import triage as run_triage
+
+    say = progress or (lambda msg: None)
+    pairs: list[StreamPair] = []
+    chat = bool(getattr(getattr(lm.tokenizer, "_tok", None), "has_chat_template", False))
+    as_request = (lambda text: [{"role": "user", "content": text}]) if chat else (lambda text: text)
+    companions = list(companions)
+    need_plain = {"draft", "concurrent"} & set(cases)
+    if need_plain or "conversation" in cases:
+        say("starting mlx_lm.server (no draft, no prompt-cache reuse)")
+        with MlxLmServer(model_dir, prompt_cache_size=0, max_tokens=n) as srv:
+            alone = srv.complete(as_request(prompt), n)
+            ids = _prompt_ids(lm, as_request(prompt), alone, "prompt")
+            say(f"alone: {len(alone.tokens)} tokens in {alone.seconds:.1f} s")
+            if "concurrent" in cases:
+                if not companions:
+                    raise GemmdriftError("the concurrent case needs companion prompts")
+                replies = srv.complete_concurrently([as_request(prompt)] + [as_request(c) for c in companions], n)
+                say(f"among {len(replies)} concurrent requests: {replies[0].seconds:.1f} s")
+                pairs.append(StreamPair("concurrent", "alone", f"among {len(companions) + 1}", ids, alone.tokens,
+                                        replies[0].tokens, PLAIN_SCHEDULE, PLAIN_SCHEDULE, alone.seconds,
+                                        replies[0].seconds,
+                                        notes={"companion_prompt_tokens": [r.prompt_tokens for r in replies[1:]],
+                                               "batch": len(replies)}))
+            if "conversation" in cases:
+                turn2 = prompt + alone.text + follow_up
+                fresh = srv.complete(as_request(turn2), n)
+                ids2 = _prompt_ids(lm, as_request(turn2), fresh, "conversation turn 2")
+            plain_alone = alone
+        if "conversation" in cases:
+            say("starting mlx_lm.server (prompt-cache reuse)")
+            with MlxLmServer(model_dir, max_tokens=n) as srv:
+                first = srv.complete(as_request(prompt), n)
+                reused = srv.complete(as_request(turn2), n)
+                pairs.append(StreamPair("conversation", "fresh", "continued (cache reuse)", ids2, fresh.tokens,
+                                        reused.tokens, PLAIN_SCHEDULE, PLAIN_SCHEDULE, fresh.seconds, reused.seconds,
+                                        notes={"cached_tokens": reused.cached_tokens,
+                                               "turn1_equal": first.tokens == plain_alone.tokens}))
+        if "draft" in cases:
+            if draft_dir is None:
+                say("default draft: a 4-bit re-quantized copy of the target (mlx_lm.convert, made once and cached)")
+                draft_dir = requantized_draft(model_dir)
+            say(f"starting mlx_lm.server --draft-model {draft_dir} --num-draft-tokens {num_draft}")
+            with MlxLmServer(model_dir, draft_dir=draft_dir, num_draft=num_draft, prompt_cache_size=0,
+                             max_tokens=n) as srv:
+                spec = srv.complete(as_request(prompt), n)
+            pairs.append(StreamPair("draft", "no draft", f"draft, {num_draft} tokens", ids, plain_alone.tokens,
+                                    spec.tokens, PLAIN_SCHEDULE, f"prefill:{PREFILL_STEP},verify:{num_draft}",
+                                    plain_alone.seconds, spec.seconds, notes={"draft": str(draft_dir)}))
+    for p in pairs:
+        p.first_divergence = first_divergence(p.tokens_a, p.tokens_b)
+        if triage and p.tokens_a and p.tokens_b:
+            say(f"triage: {p.case}")
+            p.triage = run_triage(lm, p.prompt, p.tokens_a, p.tokens_b, p.schedule_a, p.schedule_b).as_dict()
+    return pairs
+
+
+# ------------------------------------------------------------------ the measurement
+
+
+def checkpoint_dir(source: str) -> Path:
+    """The mlx-lm directory the server loads for a ``--model`` value (the converted one for GGUF)."""
+    from . import gguf_gemma
+    from .models import resolve_source
+
+    kind, path = resolve_source(source)
+    if kind == "shape":
+        raise GemmdriftError("the server needs a real checkpoint: 'embedded', a Gemma 3 .gguf or an mlx-lm directory")
+    if kind in ("embedded", "gguf"):
+        return gguf_gemma.converted_dir(gguf_gemma.embedded_gguf() if kind == "embedded" else path)
+    return path
+
+
+def stored_dtype(model_dir: Path) -> str:
+    """The floating dtype the server computes in: that of the checkpoint's first floating tensor.
+
+    mlx-lm loads weights as stored (``mlx_lm/utils.py`` ``load_model``), so the
+    triage model must use the same dtype to teacher-force what the server computed.
+    """
+    names = {"F32": "float32", "BF16": "bfloat16", "F16": "float16"}
+    for f in sorted(Path(model_dir).glob("model*.safetensors")):
+        with open(f, "rb") as fh:
+            n = int.from_bytes(fh.read(8), "little")
+            header = json.loads(fh.read(n))
+        for name, t in header.items():
+            if name != "__metadata__" and t.get("dtype") in names and not name.endswith(("scales", "biases")):
+                return names[t["dtype"]]
+    raise GemmdriftError(f"no floating-point tensor in {model_dir}: cannot tell the server's dtype")
+
+
+def measure_server(source: str, prompt: str, n: int, *, cases: Sequence[str] = ("draft", "concurrent", "conversation"),
+                   draft: str | None = None, num_draft: int = 2, companions: Sequence[str] = (),
+                   follow_up: str = "\n\nContinue in one sentence:", triage: bool = True, progress=None):
+    """Greedy streams through the real ``mlx_lm.server``: a Result of kind ``server``.
+
+    Also runs mlx-lm's ``generate_step`` in this process on the same prompt
+    and dtype first (no server running), for two checks: the server's lone
+    stream must be that stream (same code, same dtype), and the server's
+    tokens/s against in-process generation.
+    """
+    from .diverge import generate_plain
+    from .envinfo import environment
+    from .models import describe, load_model
+    from .result import Result, env_labels, tidy
+
+    say = progress or (lambda msg: None)
+    if n <= 0:
+        raise GemmdriftError(f"the number of tokens must be positive, got {n}")
+    bad = sorted(set(cases) - {"draft", "concurrent", "conversation"})
+    if bad or not cases:
+        raise GemmdriftError(f"unknown server case(s) {', '.join(bad) or '(none)'}: use draft, concurrent, conversation")
+    if draft is not None and not Path(draft).expanduser().is_dir():
+        raise GemmdriftError(f"--draft {draft}: not an mlx-lm directory")
+    model_dir = checkpoint_dir(source)
+    dtype = stored_dtype(model_dir)
+    lm = load_model(str(model_dir), dtype=dtype)
+    if lm.tokenizer is None:
+        raise GemmdriftError(f"{model_dir} has no tokenizer: the server needs one")
+    say(f"{describe(lm.description)}; server dtype {dtype}")
+    ids = list(lm.tokenizer.encode(prompt))
+    generate_plain(lm.model, ids, 1, prefill_step=PREFILL_STEP)  # untimed: the lazy weights load on the first pass
+    ref = generate_plain(lm.model, ids, n, prefill_step=PREFILL_STEP)
+    say(f"in-process generate: {len(ref.tokens)} tokens in {ref.seconds:.1f} s")
+    pairs = run_cases(lm, model_dir, prompt, n, cases=cases, draft_dir=draft, num_draft=num_draft,
+                      companions=companions, follow_up=follow_up, triage=triage, progress=say)
+    env = environment()
+    rows, frame_rows = [], []
+    for p in pairs:
+        t = p.triage or {}
+        row = {"case": p.case, "a": p.label_a, "b": p.label_b, "prompt_tokens": len(p.prompt),
+               "tokens_a": len(p.tokens_a), "tokens_b": len(p.tokens_b),
+               "first_divergence": p.first_divergence, "verdict": t.get("verdict", ""),
+               "margin": t.get("margin"), "envelope": t.get("envelope"),
+               "seconds_a": p.seconds_a, "seconds_b": p.seconds_b}
+        rows.append(row)
+        for metric in ("first_divergence", "seconds_a", "seconds_b", "margin", "envelope"):
+            if row[metric] is not None:
+                frame_rows.append({"pair": f"{p.label_a} vs {p.label_b}", "mode": p.case, "metric": metric,
+                                   "value": float(row[metric])})
+        frame_rows.append({"pair": f"{p.label_a} vs {p.label_b}", "mode": p.case, "metric": "diverged",
+                           "value": float(p.first_divergence is not None)})
+    table = pd_frame(rows)
+    figures: dict[str, float] = {"server_divergences": float(sum(p.first_divergence is not None for p in pairs)),
+                                 "inprocess_tokens_per_s": len(ref.tokens) / ref.seconds}
+    for p in pairs:
+        figures[f"server_{p.case}_diverged"] = float(p.first_divergence is not None)
+        if p.first_divergence is not None:
+            figures[f"server_{p.case}_first_divergence"] = float(p.first_divergence)
+        if p.triage.get("verdict"):
+            figures[f"server_{p.case}_outside"] = float(p.triage["verdict"] == "OUTSIDE ENVELOPE")
+    lone = next((p for p in pairs if p.label_a in ("alone", "no draft")), None)
+    if lone is not None and lone.seconds_a > 0:
+        figures["server_tokens_per_s"] = len(lone.tokens_a) / lone.seconds_a
+        figures["server_matches_inprocess"] = float(lone.tokens_a == ref.tokens)
+    inputs = {"model": lm.info, "checkpoint": str(model_dir), "dtype": dtype, "prompt": prompt, "n": n,
+              "cases": list(cases), "draft": draft or "re-quantized copy (4-bit, group 64)", "num_draft": num_draft,
+              "companions": list(companions), "follow_up": follow_up}
+    details = {"pairs": [p.as_dict() for p in pairs], "inprocess": {"tokens": ref.tokens, "seconds": ref.seconds}}
+    return Result(kind="server", inputs=inputs, env=env,
+                  frame=tidy(frame_rows, model=lm.description.source, dtype=dtype, **env_labels(env)),
+                  figures=figures, tables={"server": table}, details=details)
+
+
+def pd_frame(rows):
+    import pandas as pd
+
+    return pd.DataFrame(rows)
+
+
+def stream_files(result) -> dict[str, dict[str, Any]]:
+    """``{file name: stream object}`` for every pair of a server or batch result (what `gemmdrift triage` reads)."""
+    out = {}
+    for p in result.details.get("pairs", []):
+        tag = p["case"] + ("" if "row" not in p.get("notes", {}) else f"_{p['notes']['row']}")
+        out[f"{tag}_a.json"] = {"prompt": p["prompt"], "tokens": p["tokens_a"], "label": p["label_a"],
+                                "schedule": p["schedule_a"]}
+        out[f"{tag}_b.json"] = {"prompt": p["prompt"], "tokens": p["tokens_b"], "label": p["label_b"],
+                                "schedule": p["schedule_b"]}
+    return out

@@ -349,6 +349,9 @@ def _fingerprint_part(d: Path, env: dict[str, Any]) -> tuple[list[Block], list[s
                                  f"Predicted kernel: {s['prediction_origin'] or 'none'}."),
                            ("table", [{k: (v[:120] if isinstance(v, str) else v) for k, v in r.items()}
                                       for r in s["runs"]])]
+    return blocks, reading
+
+
 def _state_part(d: Path, env: dict[str, Any]) -> tuple[list[Block], list[str]]:
     from .store import read_result
     from .summaries import _state_cells, state_summary

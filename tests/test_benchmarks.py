@@ -199,3 +199,19 @@ def test_the_manifest_check_catches_planted_changes():
 if __name__ == "__main__" and "--write-manifest" in sys.argv:
     MANIFEST.write_text(json.dumps(current_manifest(), indent=1) + "\n")
     print(f"wrote {MANIFEST}")
+
+
+def test_benchmark_sizes_are_pinned_in_common_not_read_from_the_suite(monkeypatch):
+    # Regression (issue 11): the benchmarks read gemmdrift.suite.SIZES, so retuning `gemmdrift run`'s
+    # sizes would have moved every tracked figure without any benchmark's version changing.
+    from dataclasses import replace
+
+    from gemmdrift import suite
+
+    monkeypatch.setattr(suite, "default_sizes", lambda: "cpu")
+    pinned = common.sizes()
+    assert (pinned.tokens, pinned.split, pinned.diverge_prompt, pinned.diverge_n) == (560, 500, 500, 32)
+    assert pinned.kernel_ts == (1, 2, 3, 4, 8, 16, 33) and pinned.kernel_layers == (0, 5)
+    retuned = dict(suite.SIZES, cpu=replace(suite.SIZES["cpu"], tokens=999))
+    monkeypatch.setattr(suite, "SIZES", retuned)
+    assert common.sizes() == pinned

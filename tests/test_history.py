@@ -229,3 +229,18 @@ def test_the_committed_reference_results_read_as_one_cpu_machine():
     rope = t[(t["benchmark"] == "bench_kernels.OpsDrift.track_bits_lost") & (t["params"] == "rope")]
     # mlx < 0.30 computed CPU RoPE angles in bf16 (mlx/fast.cpp): positions past 256 collide.
     assert all((v > 0) == (m == "0.29.4") for m, v in zip(rope["mlx"], rope["value"]))
+
+
+def test_gate_compares_tree_ids_for_equality_not_growth(tmp_path):
+    # Regression (issue 15): a summation tree's id is a hash; gate judged it by growth, so a new tree
+    # with a larger id failed as "drift grew" and one with a smaller id passed silently.
+    root = tmp_path / "r"
+    name = "bench_fingerprint.Fingerprint.track_tree_id_t1"
+    for commit, mlx, date, ids in (("aaaaaaaa", "0.31.2", 1, (5.0, 9.0)), ("bbbbbbbb", "0.32.4", 2, (7.0, 9.0))):
+        bench = {name: entry(list(ids), [["'matmul:bfloat16'", "'sum:float32'"]])}
+        write_result(root, "m1", commit, mlx, date, (0.5, 0.5), [0.0, 0.01], 0.66, extra=bench)
+    g = history.gate(history.read_results(root))
+    rows = g[g["benchmark"] == name].set_index("params")
+    assert not rows["regression"].any()
+    assert bool(rows.loc["matmul:bfloat16", "changed"]) and not bool(rows.loc["sum:float32", "changed"])
+    assert not g[g["benchmark"] != name]["changed"].any()

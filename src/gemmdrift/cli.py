@@ -468,9 +468,13 @@ def cmd_gate(args) -> int:
                f"PASS: no tracked figure of mlx {g['candidate'].iloc[0]} exceeds mlx {g['baseline'].iloc[0]} "
                f"by more than {args.threshold:.0%} ({len(g)} compared)")
     shown = bad if len(bad) else g.head(0)
-    _emit(args, {"pass": not len(bad), "compared": int(len(g)), "regressions": bad.to_dict(orient="records")},
+    changed = g[g["changed"]]
+    trees = (f"\nsummation trees changed (not a regression by itself; see `gemmdrift fingerprint`):\n"
+             + text_table(changed[["machine", "backend", "benchmark", "params", "old", "new"]]) if len(changed) else "")
+    _emit(args, {"pass": not len(bad), "compared": int(len(g)), "regressions": bad.to_dict(orient="records"),
+                 "trees_changed": changed.to_dict(orient="records")},
           (text_table(shown[["machine", "backend", "benchmark", "params", "old", "new", "ratio"]]) + "\n" if len(bad)
-           else "") + verdict)
+           else "") + verdict + trees)
     return 1 if len(bad) else 0
 
 

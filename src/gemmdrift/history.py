@@ -38,6 +38,9 @@ GATE_THRESHOLD = defaults.GATE_THRESHOLD  # relative growth of a drift figure th
 GATE_ABS_TOL = 1e-12  # growth from exactly zero by less than this is not a regression
 # Tracked figures where a larger value is better; every other drift figure is lower-is-better.
 HIGHER_IS_BETTER = ("track_first_divergence", "track_self_draft_acceptance")
+# Tracked figures that name something (a summation tree's id), not an amount: compared for equality.
+# A changed tree is reported (``changed``), not judged by growth: a larger hash is not "more drift".
+IDENTIFIERS = ("track_tree_id",)
 
 
 def encode_version(version: str) -> float:
@@ -231,7 +234,8 @@ def gate(df: pd.DataFrame, candidate: str | None = None, baseline: str | None = 
     Series of the emulated negative control (params with ``emulated:``) are not gated.
 
     Returns:
-        One row per compared series with ``old``, ``new``, ``ratio`` and ``regression``.
+        One row per compared series with ``old``, ``new``, ``ratio``, ``regression`` and ``changed``
+        (an identifier figure, such as a summation tree's id, that differs between the releases).
     """
     check_gate_versions(candidate, baseline)
     t = latest_per_version(tracked(df))
@@ -256,12 +260,16 @@ def gate(df: pd.DataFrame, candidate: str | None = None, baseline: str | None = 
     old = t[t["mlx"] == baseline].set_index(keys)["value"]
     new = t[t["mlx"] == candidate].set_index(keys)["value"]
     both = pd.concat({"old": old, "new": new}, axis=1).dropna().reset_index()
-    both["ratio"] = [n / o if o else (math.inf if n > 0 else 1.0) for o, n in zip(both["old"], both["new"])]
+    ident = both["benchmark"].map(lambda b: any(k in b for k in IDENTIFIERS))
+    both["ratio"] = [math.nan if i else n / o if o else (math.inf if n > 0 else 1.0)
+                     for o, n, i in zip(both["old"], both["new"], ident)]
     better_high = both["benchmark"].str.endswith(HIGHER_IS_BETTER)
     both["regression"] = [
+        False if i else
         (n < o * (1 - threshold) and o - n > GATE_ABS_TOL) if hi else (n > o * (1 + threshold) and n - o > GATE_ABS_TOL)
-        for o, n, hi in zip(both["old"], both["new"], better_high)
+        for o, n, hi, i in zip(both["old"], both["new"], better_high, ident)
     ]
+    both["changed"] = [bool(i and o != n) for o, n, i in zip(both["old"], both["new"], ident)]
     both.insert(0, "candidate", candidate)
     both.insert(1, "baseline", baseline)
     return both

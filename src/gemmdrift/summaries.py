@@ -220,8 +220,12 @@ TEXTS["kernels"] = lambda r: print_kernels(r.tables["kernels"])
 def triage_items(t: dict[str, Any], n: int | None = None) -> list[str]:
     """A triage record (:class:`gemmdrift.diverge.Triage` as a dict) in plain words, one item per finding."""
     items = []
+    lengths = t.get("lengths") or []
     if t.get("index") is None:
         items.append(f"the streams agree{f' over {n} generated tokens' if n else ''}")
+        if len(lengths) == 2 and lengths[0] != lengths[1]:
+            items.append(f"the streams have unequal lengths: A {lengths[0]}, B {lengths[1]} generated tokens; "
+                         f"the first {min(lengths)} are compared")
     else:
         items += [
             f"the streams part at generated token {t['index']} (the logits of position {t.get('position')}): "
@@ -229,7 +233,8 @@ def triage_items(t: dict[str, Any], n: int | None = None) -> list[str]:
             f"teacher-forced under `{t['schedule_a']}`: top-2 {t.get('top2_a')}, gap {fmt(t.get('gap_a'))}; under "
             f"`{t['schedule_b']}`: top-2 {t.get('top2_b')}, gap {fmt(t.get('gap_b'))}; Δgap {fmt(t.get('dgap'))}",
             f"the competing tokens {t.get('token_a')} and {t.get('token_b')} are {fmt(t.get('margin'))} logits apart",
-            f"hidden states first differ at tap {t.get('first_layer_differ')}; the schedules are "
+            (f"hidden states first differ at tap {t['first_layer_differ']}" if t.get("first_layer_differ") is not None
+             else "hidden states are identical at every tap at that position") + "; the schedules are "
             f"{'' if t.get('bit_identical') else 'not '}bit-identical on the shared prefix; the divergence alone: "
             f"{t.get('divergence_verdict')}",
         ]

@@ -12,6 +12,8 @@ A figure that was not measured returns NaN, so asv records it as skipped.
 
 import math
 
+from . import common
+
 BATCH_N = 16
 BATCH_SIZES = (1, 2, 4, 8)
 BATCH_LONG_SIZES = (2,)
@@ -27,10 +29,10 @@ class Batch:
     timeout = 7200
 
     def setup_cache(self):
+        if not common.long_benchmarks():
+            return None
         from gemmdrift.batch import measure_batch
         from gemmdrift.prompts import builtin_prompts, builtin_text
-
-        from . import common
 
         lm = common.model()
         tok = lm.tokenizer
@@ -46,6 +48,9 @@ class Batch:
         return f
 
     setup_cache.timeout = 7200
+
+    def setup(self, f, *params):
+        common.skip_unless_long(f, "Batch")
 
     def track_batch_envelope(self, f):
         """Largest |Δgap| between a batch row and the same prompt alone (short companions, any B)."""
@@ -87,6 +92,8 @@ class Server:
     timeout = 7200
 
     def setup_cache(self):
+        if not common.long_benchmarks():
+            return None
         from gemmdrift.prompts import builtin_prompts, builtin_text
         from gemmdrift.server import measure_server
 
@@ -95,6 +102,9 @@ class Server:
         return dict(r.figures)
 
     setup_cache.timeout = 7200
+
+    def setup(self, f, *params):
+        common.skip_unless_long(f, "Server")
 
     def track_server_divergences(self, f):
         """Stream pairs (draft, concurrent, conversation) that diverged through mlx_lm.server."""

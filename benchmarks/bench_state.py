@@ -63,6 +63,8 @@ class ExactRollbackDivergence:
     param_names = ["rollback"]
 
     def setup_cache(self):
+        if not common.long_benchmarks():
+            return None
         from gemmdrift import diverge
         from gemmdrift.prompts import builtin_prompts, builtin_text
 
@@ -78,6 +80,9 @@ class ExactRollbackDivergence:
         return out
 
     setup_cache.timeout = 14400
+
+    def setup(self, f, *params):
+        common.skip_unless_long(f, "ExactRollbackDivergence")
 
     def track_outside_envelope(self, f, rollback):
         """Prompts whose speculative stream is judged a state bug (OUTSIDE ENVELOPE); 0 expected with the

@@ -215,3 +215,28 @@ def test_benchmark_sizes_are_pinned_in_common_not_read_from_the_suite(monkeypatc
     retuned = dict(suite.SIZES, cpu=replace(suite.SIZES["cpu"], tokens=999))
     monkeypatch.setattr(suite, "SIZES", retuned)
     assert common.sizes() == pinned
+
+
+def test_long_benchmarks_are_skipped_on_the_cpu_unless_asked(monkeypatch):
+    # Regression: the prompt-set rollback comparison, the long server run and the batch sweep made one
+    # `asv run` take hours on the reference-BLAS CPU backend; there they are opt-in, and skipped (not 0).
+    from benchmarks import bench_batch, bench_state
+    from gemmdrift import suite
+
+    monkeypatch.delenv("GEMMDRIFT_BENCH_LONG", raising=False)
+    monkeypatch.setattr(suite, "default_sizes", lambda: "cpu")
+    assert not common.long_benchmarks()
+    for cls in (bench_state.ExactRollbackDivergence, bench_batch.Batch, bench_batch.Server):
+        bench = cls()
+        cache = bench.setup_cache()  # returns at once: nothing is measured
+        assert cache is None
+        with pytest.raises(NotImplementedError, match="long benchmark"):
+            bench.setup(cache, *[p[0] for p in getattr(cls, "params", [])])
+    monkeypatch.setattr(suite, "default_sizes", lambda: "gpu")
+    assert common.long_benchmarks()
+    monkeypatch.setenv("GEMMDRIFT_BENCH_LONG", "0")
+    assert not common.long_benchmarks()
+    monkeypatch.setenv("GEMMDRIFT_BENCH_LONG", "1")
+    monkeypatch.setattr(suite, "default_sizes", lambda: "cpu")
+    assert common.long_benchmarks()
+    bench_state.ExactRollbackDivergence().setup({"exact": {}}, "exact")  # a measured cache is not skipped

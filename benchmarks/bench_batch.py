@@ -30,7 +30,7 @@ class Batch:
 
     def setup_cache(self):
         if not common.long_benchmarks():
-            return None
+            return common.skipped_long()
         from gemmdrift.batch import measure_batch
         from gemmdrift.prompts import builtin_prompts, builtin_text
 
@@ -93,7 +93,7 @@ class Server:
 
     def setup_cache(self):
         if not common.long_benchmarks():
-            return None
+            return common.skipped_long()
         from gemmdrift.prompts import builtin_prompts, builtin_text
         from gemmdrift.server import measure_server
 

@@ -437,6 +437,7 @@ def test_exact_rollback_benchmark_summarises_both_rollbacks(monkeypatch):
 
     monkeypatch.setattr(dv, "rollback_comparison", fake)
     monkeypatch.setattr(bench_state.common, "model", lambda dtype="bfloat16": FakeLM())
+    monkeypatch.setenv("GEMMDRIFT_BENCH_LONG", "1")  # a long benchmark: opt-in on the CPU
     b = bench_state.ExactRollbackDivergence()
     f = b.setup_cache()
     assert calls["args"] == (10, 32, 2)

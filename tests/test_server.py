@@ -77,3 +77,14 @@ def test_server_stops_on_keyboard_interrupt(tmp_path, monkeypatch):
             started.append(srv.proc.pid)
             raise KeyboardInterrupt
     assert started and srv.proc.poll() is not None
+
+
+def test_last_line_skips_access_lines_and_warnings(tmp_path):
+    # Regression: a warning printed after the server's error ("...: UserWarning: ..." then "warnings.warn(")
+    # became the "last stderr line" of the one-line error, hiding the FileNotFoundError.
+    log = tmp_path / "server.log"
+    log.write_text("INFO loading\nFileNotFoundError: No such file: 'x/config.json'\n"
+                   '127.0.0.1 - - "GET /health HTTP/1.1" 200 -\n'
+                   "/usr/lib/python3/x.py:19: UserWarning: resource_tracker: leaked semaphore\n"
+                   "  warnings.warn(\n")
+    assert server._last_line(log) == "FileNotFoundError: No such file: 'x/config.json'"

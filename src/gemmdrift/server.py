@@ -78,6 +78,9 @@ def port_in_use(port: int) -> bool:
 
 
 _ACCESS = re.compile(r'"(GET|POST|PUT|DELETE|HEAD) \S+ HTTP/')
+# A Python warning is two lines, "file.py:12: SomeWarning: text" and the source line "warnings.warn(";
+# one printed after the error (at interpreter exit, say) must not hide it.
+_WARNING = re.compile(r"^\S+:\d+: \w*Warning: |^warnings\.warn\(")
 
 
 def _last_line(path: Path) -> str:
@@ -86,7 +89,7 @@ def _last_line(path: Path) -> str:
         lines = [ln.strip() for ln in path.read_text(errors="replace").splitlines() if ln.strip()]
     except OSError:
         return ""
-    lines = [ln for ln in lines if not _ACCESS.search(ln)] or lines
+    lines = [ln for ln in lines if not (_ACCESS.search(ln) or _WARNING.search(ln))] or lines
     return lines[-1] if lines else ""
 
 

@@ -306,6 +306,7 @@ def test_cli_state_on_a_tiny_directory(tmp_path):
     (["--k", "0"], "draft counts"),
     (["--caches", "MagicCache"], "unknown cache class"),
     (["--envelope", "-1"], "must be positive"),
+    (["--workers", "0"], "--workers must be at least 1"),
 ])
 def test_cli_state_bad_input_is_one_line_before_loading(args, needle):
     from test_cli import assert_user_error, gd
@@ -445,3 +446,30 @@ def test_exact_rollback_benchmark_summarises_both_rollbacks(monkeypatch):
     assert b.track_near_ties(f, "exact") == 1.0 and b.track_diverged(f, "mlx-lm") == 1.0
     for fn in (b.track_outside_envelope, b.track_near_ties, b.track_diverged):
         assert fn.unit == "prompts" and fn.version == "1"
+
+
+def test_sweep_in_two_processes_gives_the_same_table(tmp_path):
+    """The sweep split over two processes (rollback | the rest), each loading the model again, gives the
+    table one process gives, row for row; the record says how many processes ran it."""
+    from gemmdrift.models import load_model
+    from test_models import save_tiny
+
+    save_tiny(tmp_path / "m")
+    lm = load_model(str(tmp_path / "m"), dtype="float32")
+    kw = dict(operations=("rollback", "trim_prompt_cache", "save_load"), where=("below", "past"), ks=(1,),
+              caches=("KVCache", "RotatingKVCache"))
+    one = state.measure_state(lm, workers=1, **kw)
+    two = state.measure_state(lm, workers=2, **kw)
+    assert one.inputs["workers"] == 1 and two.inputs["workers"] == 2
+    a, b = _table(one), _table(two)
+    assert len(a) > 20 and a.equals(b)
+    assert set(a["operation"]) == {"rollback", "trim_prompt_cache", "save_load"}
+
+
+def test_workers_default_to_one_where_the_model_cannot_be_loaded_again():
+    lm = make_tiny()
+    assert lm.recipe is None
+    r = state.measure_state(lm, operations=("rollback", "save_load"), where=("below",), ks=(1,), ladder=False)
+    assert r.inputs["workers"] == 1
+    with pytest.raises(state.GemmdriftError, match="load again"):
+        state.measure_state(lm, operations=("rollback", "save_load"), where=("below",), ks=(1,), workers=2)

@@ -382,11 +382,14 @@ def cmd_state(args) -> int:
         raise GemmdriftError(f"--envelope must be positive, got {args.envelope}")
     if args.compute_limit is not None and args.compute_limit < 1:
         raise GemmdriftError(f"--compute-limit must be positive, got {args.compute_limit}")
+    if args.workers is not None and args.workers < 1:
+        raise GemmdriftError(f"--workers must be at least 1, got {args.workers}")
     out = store.check_out_dir(args.out)
     lm = _load(args)
     print(f"gemmdrift state: {describe(lm.description)}", file=sys.stderr)
     r = state.measure_state(lm, operations=ops, where=where, ks=ks, ladder=not args.no_ladder,
-                            envelope=args.envelope, compute_limit=args.compute_limit, caches=caches)
+                            envelope=args.envelope, compute_limit=args.compute_limit, caches=caches,
+                            workers=args.workers)
     written = store.write_result(r, out)
     _emit(args, summaries.summary(r), summaries.text(r) + f"\n\nwritten to {out}/ "
           f"({', '.join(sorted(p.name for p in written.values()))})")
@@ -701,6 +704,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--envelope", type=float, help="largest max|Δlogit| still called rounding (default: the ladder decides)")
     s.add_argument("--compute-limit", type=int,
                    help="really prefill at most this many tokens; longer prefixes repeat them (default: shortest prefix + 16)")
+    s.add_argument("--workers", type=int,
+                   help="processes sharing the sweep, each loading the model (default: 2 on a CPU with 2+ cores, "
+                        "else 1; the table is the same)")
     _add_output(s, "results/state")
     s.set_defaults(func=cmd_state)
 

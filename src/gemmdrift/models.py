@@ -303,6 +303,8 @@ class LoadedModel:
                 raise GemmdriftError("a loaded model needs its description")
             description = ModelDescription.from_dict(info)
         self.description = description
+        # How to load this model again (load_model's arguments; a worker process uses it), None when it cannot be.
+        self.recipe: dict[str, Any] | None = None
 
     @property
     def info(self) -> dict[str, Any]:
@@ -537,7 +539,9 @@ def load_model(
     info["hidden_size"] = text_config.get("hidden_size")
     info["sliding_window"] = text_config.get("sliding_window")
     info["max_positions"] = text_config.get("max_position_embeddings")
-    return LoadedModel(model=model, tokenizer=tokenizer, info=info)
+    lm = LoadedModel(model=model, tokenizer=tokenizer, info=info)
+    lm.recipe = {"source": source, "dtype": dtype, "quantize": quantize}
+    return lm
 
 
 def describe(info: "Mapping[str, Any] | ModelDescription") -> str:

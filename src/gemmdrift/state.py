@@ -603,7 +603,8 @@ def rollback_cases(lm, setup: Setup, prefix: Prefix, p: int, ks: Sequence[int] =
     Per k: feed ``[y, d1..dk]``, then for each r: ``trim_prompt_cache(cache, r)`` (what
     ``_rewind_cache`` calls; its return value is ignored there), continue with
     ``[c, x1, x2]``. Reference per n = k - r: ``[y, d1..dn]``, the same continuation.
-    The blocks shared between cases run once.
+    The blocks shared between cases run once: the block ``[y, d1..dk]`` the operation of k
+    trims is the same computation as the reference of n = k's first block, so both copy it.
     """
     from mlx_lm.models.cache import trim_prompt_cache
 
@@ -613,22 +614,26 @@ def rollback_cases(lm, setup: Setup, prefix: Prefix, p: int, ks: Sequence[int] =
     y, drafts = mat[0], mat[1:1 + kmax]
     base = setup.build(lm, prefix, p)
     conts = {n: _continuation(mat, n, vocab) for n in range(kmax + 1)}
+    # The block [y, d1..dn] fed to a fresh copy of the prefix state, once per n: the reference of n continues
+    # from a copy of it, and the operation of k (fed k drafts) trims a copy of it (the same computation).
+    fed = {}
+    for n in range(max(ks) + 1):
+        c = copy.deepcopy(base)
+        forward(lm.model, [y] + drafts[:n], c)
+        fed[n] = c
     refs = {}
     rows_h = []
     for n in range(max(ks) + 1):
-        ref = copy.deepcopy(base)
-        forward(lm.model, [y] + drafts[:n], ref)
+        ref = copy.deepcopy(fed[n])
         after_op = read_caches(ref)
         h = forward(lm.model, conts[n], ref, keep_last=True)
         refs[n] = (after_op, read_caches(ref), len(rows_h))
         rows_h.append(h)
     cases = []
     for k in ks:
-        opk = copy.deepcopy(base)
-        forward(lm.model, [y] + drafts[:k], opk)
         for r in range(k + 1):
             n = k - r
-            op = copy.deepcopy(opk)
+            op = copy.deepcopy(fed[k])
             trimmed = trim_prompt_cache(op, r)  # generate.py _rewind_cache: trim_prompt_cache(model_cache, k - n)
             after_op = read_caches(op)
             d = compare_readings(after_op, refs[n][0])
@@ -984,45 +989,15 @@ def _progress(msg: str) -> None:
     print(f"gemmdrift state: {msg}", file=sys.stderr, flush=True)
 
 
-def measure_state(lm, *, operations: Sequence[str] = tuple(OPERATIONS), where: Sequence[str] | None = None,
-                  ks: Sequence[int] | None = None, setups: Sequence[Setup] | None = None, ladder: bool = True,
-                  envelope: float | None = None, compute_limit: int | None = None,
-                  caches: Sequence[str] | None = None) -> Result:
-    """Check every cache operation of ``operations`` on the model's caches; one row per case.
-
-    Args:
-        lm: the loaded model (:func:`gemmdrift.models.load_model`).
-        operations: any of :data:`OPERATIONS`.
-        where: prefix lengths relative to the sliding window (:func:`prefix_lengths`). Default: all
-            four, except below and past for the QuantizedKVCache; given explicitly, for every cache.
-        ks: draft counts for the rollback (every r = 0..k is run). Default: 1..4, except
-            k = 2 alone for the QuantizedKVCache (its CPU attention is slow, and its cache
-            mechanics do not depend on the window); given explicitly, it applies to every cache.
-        setups: cache setups (default :func:`model_setups`; tests pass planted ones).
-        ladder: rerun cases that differ (with the same structure) at float32.
-        envelope: largest max|Δlogit| still called rounding (None: the ladder decides).
-        compute_limit: really compute at most this many prefix positions (default: the
-            shortest prefix + 16); longer prefixes repeat the computed keys and values.
-        caches: only these cache setups / classes (names as in the table).
-    """
-    from .envinfo import environment
-
-    unknown_ops = [o for o in operations if o not in OPERATIONS]
-    if unknown_ops:
-        raise GemmdriftError(f"unknown operation {unknown_ops[0]!r} (choose from {', '.join(OPERATIONS)})")
+def _sweep(lm, operations: Sequence[str], where: Sequence[str] | None, ks: Sequence[int] | None,
+           setups: Sequence[Setup] | None, ladder: bool, envelope: float | None, compute_limit: int | None,
+           caches: Sequence[str] | None) -> dict[str, Any]:
+    """The cases of ``operations`` (arguments as :func:`measure_state`, validated): the table's rows in order,
+    and what the prefix cost."""
     where_for = (lambda name: DEFAULT_WHERE.get(name, WHERE)) if where is None else (lambda name, w=tuple(where): w)
     where = tuple(WHERE) if where is None else tuple(where)
-    bad_where = [w for w in where if w not in WHERE]
-    if bad_where:
-        raise GemmdriftError(f"unknown prefix position {bad_where[0]!r} (choose from {', '.join(WHERE)})")
     ks_for = (lambda name: DEFAULT_KS.get(name, KS)) if ks is None else (lambda name, ks=tuple(ks): ks)
     ks = tuple(KS) if ks is None else tuple(ks)
-    if not ks or min(ks) < 1:
-        raise GemmdriftError("draft counts k must be positive")
-    if lm.description.synthetic and lm.description.kind == "shape":
-        raise GemmdriftError("gemmdrift state needs real weights or a small model (a shape: model is too big to run)")
-    t_start = time.perf_counter()
-    env = environment()
     window = _window(lm)
     lengths = {w: p for w, p in prefix_lengths(window, max(max(ks), max(KS))).items() if w in where}
     setups_given = setups
@@ -1204,13 +1179,6 @@ def measure_state(lm, *, operations: Sequence[str] = tuple(OPERATIONS), where: S
                         rerun=lambda run=run: run(_f32()))
         _progress("batch: done")
 
-    # Classes of a newer mlx-lm that this module does not know.
-    for name in cache_classes():
-        if name not in KNOWN_CLASSES:
-            for op in operations:
-                rows.append(_row(name, op, "", None, window, "", Verdict.NOT_CHECKED,
-                                 f"{name} is a cache class of mlx-lm {mlx_lm_version()} that gemmdrift does not know"))
-
     # The precision ladder for cases that differ with the same structure.
     if ladder_jobs:
         _progress(f"precision ladder: {len(ladder_jobs)} cases at float32")
@@ -1220,13 +1188,123 @@ def measure_state(lm, *, operations: Sequence[str] = tuple(OPERATIONS), where: S
                 v, why, shrink = judge(diff, f32, envelope=envelope)
                 rows[i].update(verdict=str(v), reason=why, shrink=shrink, f32_rel_l2=f32.rel_l2,
                                f32_max_abs_dlogit=f32.max_abs_dlogit)
+    return {"rows": rows, "lengths": lengths, "setups": {s.name: s.note for s in setups},
+            "computed_prefix": prefix.computed if prefix else 0, "prefix_seconds": prefix.seconds if prefix else 0.0}
+
+
+def measure_state(lm, *, operations: Sequence[str] = tuple(OPERATIONS), where: Sequence[str] | None = None,
+                  ks: Sequence[int] | None = None, setups: Sequence[Setup] | None = None, ladder: bool = True,
+                  envelope: float | None = None, compute_limit: int | None = None,
+                  caches: Sequence[str] | None = None, workers: int | None = None) -> Result:
+    """Check every cache operation of ``operations`` on the model's caches; one row per case.
+
+    Args:
+        lm: the loaded model (:func:`gemmdrift.models.load_model`).
+        operations: any of :data:`OPERATIONS`.
+        where: prefix lengths relative to the sliding window (:func:`prefix_lengths`). Default: all
+            four, except below and past for the QuantizedKVCache; given explicitly, for every cache.
+        ks: draft counts for the rollback (every r = 0..k is run). Default: 1..4, except
+            k = 2 alone for the QuantizedKVCache (its CPU attention is slow, and its cache
+            mechanics do not depend on the window); given explicitly, it applies to every cache.
+        setups: cache setups (default :func:`model_setups`; tests pass planted ones).
+        ladder: rerun cases that differ (with the same structure) at float32.
+        envelope: largest max|Δlogit| still called rounding (None: the ladder decides).
+        compute_limit: really compute at most this many prefix positions (default: the
+            shortest prefix + 16); longer prefixes repeat the computed keys and values.
+        caches: only these cache setups / classes (names as in the table).
+        workers: processes sharing the sweep (the rollback in one, the other operations in another),
+            each loading the model again. Default: 2 on a CPU device with at least 2 cores when the
+            sweep has model work on both sides and the model can be loaded again; else 1 (on a GPU the
+            processes would only queue on the one device). The table is the same either way.
+    """
+    from .envinfo import environment
+
+    unknown_ops = [o for o in operations if o not in OPERATIONS]
+    if unknown_ops:
+        raise GemmdriftError(f"unknown operation {unknown_ops[0]!r} (choose from {', '.join(OPERATIONS)})")
+    bad_where = [w for w in (where or ()) if w not in WHERE]
+    if bad_where:
+        raise GemmdriftError(f"unknown prefix position {bad_where[0]!r} (choose from {', '.join(WHERE)})")
+    if ks is not None and (not ks or min(ks) < 1):
+        raise GemmdriftError("draft counts k must be positive")
+    if lm.description.synthetic and lm.description.kind == "shape":
+        raise GemmdriftError("gemmdrift state needs real weights or a small model (a shape: model is too big to run)")
+    t_start = time.perf_counter()
+    env = environment()
+    args = dict(where=where, ks=ks, ladder=ladder, envelope=envelope, compute_limit=compute_limit, caches=caches)
+    groups = [tuple(o for o in g if o in operations) for g in WORKER_GROUPS]
+    groups = [g for g in groups if g]
+    n = _workers(lm, workers, groups, setups)
+    if n > 1:
+        _progress(f"{len(groups)} processes share the sweep: " + "; ".join(", ".join(g) for g in groups))
+        parts = _in_processes(lm, [dict(args, operations=g) for g in groups])
+    else:
+        parts = [_sweep(lm, operations, setups=setups, **args)]
+    rows = [row for part in parts for row in part["rows"]]
+    lengths = parts[0]["lengths"]
+    model_part = next((p for p in parts if p["computed_prefix"]), parts[0])
+    window = _window(lm)
+
+    # Classes of a newer mlx-lm that this module does not know.
+    for name in cache_classes():
+        if name not in KNOWN_CLASSES:
+            for op in operations:
+                rows.append(_row(name, op, "", None, window, "", Verdict.NOT_CHECKED,
+                                 f"{name} is a cache class of mlx-lm {mlx_lm_version()} that gemmdrift does not know"))
     seconds = time.perf_counter() - t_start
     table = pd.DataFrame(rows)
-    return _result(lm, env, table, {"operations": list(operations), "where": list(where), "prefixes": lengths,
-                                    "ks": list(ks), "ladder": ladder, "envelope": envelope,
-                                    "computed_prefix": prefix.computed if prefix else 0,
-                                    "prefix_seconds": prefix.seconds if prefix else 0.0,
-                                    "window": window, "setups": {s.name: s.note for s in setups}}, seconds)
+    return _result(lm, env, table, {"operations": list(operations), "where": list(where or WHERE),
+                                    "prefixes": lengths, "ks": list(ks or KS), "ladder": ladder, "envelope": envelope,
+                                    "computed_prefix": model_part["computed_prefix"],
+                                    "prefix_seconds": model_part["prefix_seconds"],
+                                    "window": window, "setups": {k: v for p in parts for k, v in p["setups"].items()},
+                                    "workers": n}, seconds)
+
+
+# The sweep's two halves when it runs in two processes (about equal time on the embedded Gemma).
+WORKER_GROUPS = (("rollback",), ("trim", "trim_prompt_cache", "save_load", "server_reuse", "batch"))
+_MODEL_OPERATIONS = ("rollback", "save_load", "server_reuse", "batch")
+
+
+def _workers(lm, workers: int | None, groups: list[tuple[str, ...]], setups) -> int:
+    """How many processes run the sweep (see :func:`measure_state`)."""
+    if workers is not None:
+        if workers < 1:
+            raise GemmdriftError(f"workers must be at least 1, got {workers}")
+        if workers > 1 and (setups is not None or getattr(lm, "recipe", None) is None):
+            raise GemmdriftError("a sweep in several processes needs a model it can load again and the default "
+                                 "cache setups")
+        return min(workers, len(groups))
+    import mlx.core as mx
+
+    on_cpu = mx.default_device() == mx.cpu
+    heavy = sum(1 for g in groups if any(o in _MODEL_OPERATIONS for o in g))
+    recipe = getattr(lm, "recipe", None)
+    if (setups is not None or recipe is None or recipe.get("dtype") != lm.description.dtype or not on_cpu
+            or (os.cpu_count() or 1) < 2):
+        return 1
+    return 2 if heavy >= 2 else 1
+
+
+def _worker(recipe: dict[str, Any], kwargs: dict[str, Any]) -> dict[str, Any]:
+    """One process's share of the sweep: load the model again (on the CPU) and run its operations."""
+    import mlx.core as mx
+
+    from .models import load_model
+
+    mx.set_default_device(mx.cpu)
+    lm = load_model(**recipe)
+    return _sweep(lm, kwargs.pop("operations"), setups=None, **kwargs)
+
+
+def _in_processes(lm, jobs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Run the jobs in fresh processes (spawned: mlx state is not fork-safe), results in job order."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(len(jobs), mp_context=multiprocessing.get_context("spawn")) as pool:
+        futures = [pool.submit(_worker, dict(lm.recipe), job) for job in jobs]
+        return [f.result() for f in futures]
 
 
 def _f32():

@@ -23,3 +23,16 @@ def track_backend():
 
 track_backend.unit = "0=cpu 1=metal 2=cuda"
 track_backend.version = "1"
+
+
+def track_mlx_lm_version():
+    """The mlx-lm really imported (the matrix pairs one mlx release with several mlx-lm releases)."""
+    from importlib.metadata import version
+
+    from gemmdrift.history import encode_version
+
+    return encode_version(version("mlx-lm"))
+
+
+track_mlx_lm_version.unit = "major*10000+minor*100+patch"
+track_mlx_lm_version.version = "1"

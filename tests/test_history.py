@@ -21,7 +21,7 @@ def entry(value, params=()):
     return [values, [list(p) for p in params], "v1", 0, 0.1] + [None] * 8
 
 
-def write_result(root, machine, commit, mlx, date, dlogit, layers, accept, pinned=None, extra=None):
+def write_result(root, machine, commit, mlx, date, dlogit, layers, accept, pinned=None, extra=None, lm="x"):
     d = root / machine
     d.mkdir(parents=True, exist_ok=True)
     (d / "machine.json").write_text(json.dumps({"machine": machine, "version": 1}))
@@ -34,11 +34,12 @@ def write_result(root, machine, commit, mlx, date, dlogit, layers, accept, pinne
         "bench_kernels.KernelDrift.track_bits_lost": entry([0.0, float("nan")], [["'model'"], ["1", "2"]]),
         **(extra or {}),
     }
-    doc = {"commit_hash": commit * 5, "env_name": f"env-{mlx}", "date": date,
+    env = f"env-{mlx}" + (f"-lm{lm}" if lm != "x" else "")
+    doc = {"commit_hash": commit * 5, "env_name": env, "date": date,
            "params": {"machine": machine}, "python": "3.11",
-           "requirements": {"mlx": pinned or mlx, "mlx-lm": "x"}, "env_vars": {},
+           "requirements": {"mlx": pinned or mlx, "mlx-lm": lm}, "env_vars": {},
            "result_columns": COLUMNS, "results": results, "durations": {}, "version": 2}
-    (d / f"{commit}-env-{mlx}.json").write_text(json.dumps(doc))
+    (d / f"{commit}-{env}.json").write_text(json.dumps(doc))
 
 
 @pytest.fixture
@@ -87,7 +88,7 @@ def test_layer_profiles_regroup_per_layer_series(results):
     profiles = history.layer_profiles(history.read_results(results))
     assert list(profiles) == [("m1", "cpu", "bench_stack.Layers.track_rel_l2", "verify2")]
     p = profiles[("m1", "cpu", "bench_stack.Layers.track_rel_l2", "verify2")]
-    assert sorted(zip(p["mlx"], p["tap_index"], p["value"])) == [
+    assert sorted(zip(p["release"], p["tap_index"], p["value"])) == [
         ("0.31.2", 0, 0.0), ("0.31.2", 1, 0.01), ("0.32.4", 0, 0.0), ("0.32.4", 1, 0.01)]
     from gemmdrift import plots
 
@@ -244,3 +245,51 @@ def test_gate_compares_tree_ids_for_equality_not_growth(tmp_path):
     assert not rows["regression"].any()
     assert bool(rows.loc["matmul:bfloat16", "changed"]) and not bool(rows.loc["sum:float32", "changed"])
     assert not g[g["benchmark"] != name]["changed"].any()
+
+
+# ----------------------------------------------------------------------------- the mlx-lm axis
+
+
+@pytest.fixture
+def lm_axis(tmp_path):
+    """mlx 0.31.2 with mlx-lm 0.31.3; mlx 0.32.4 with mlx-lm 0.31.3 and with 0.32.2 (the tracked mlx-lm
+    version of the last one wins over its pin)."""
+    root = tmp_path / "results"
+    write_result(root, "m1", "aaaaaaaa", "0.31.2", 1, (0.5, 0.25), [0.0, 0.01], 0.60, lm="0.31.3")
+    write_result(root, "m1", "aaaaaaaa", "0.32.4", 2, (0.5, 0.25), [0.0, 0.01], 0.60, lm="0.31.3")
+    write_result(root, "m1", "aaaaaaaa", "0.32.4", 3, (0.5, 0.90), [0.0, 0.01], 0.60, lm="0.32",
+                 extra={history.LM_VERSION_BENCH: entry(history.encode_version("0.32.2"))})
+    return root
+
+
+def test_one_mlx_with_several_mlx_lm_releases_gets_one_column_each(lm_axis):
+    df = history.read_results(lm_axis)
+    assert set(zip(df["mlx"], df["mlx_lm"], df["release"])) == {
+        ("0.31.2", "0.31.3", "0.31.2"), ("0.32.4", "0.31.3", "0.32.4+lm0.31.3"), ("0.32.4", "0.32.2", "0.32.4+lm0.32.2")}
+    wide = history.history_table(df)
+    assert [c for c in wide.columns if c[0].isdigit()] == ["0.31.2", "0.32.4+lm0.31.3", "0.32.4+lm0.32.2"]
+    row = wide[wide["series"] == "bench_stack.DecodeVsVerify.track_max_abs_dlogit[verify3]"].iloc[0]
+    assert (row["0.32.4+lm0.31.3"], row["0.32.4+lm0.32.2"]) == (0.25, 0.90)
+    assert history.LM_VERSION_BENCH not in set(history.tracked(df)["benchmark"])
+
+
+def test_gate_compares_two_mlx_lm_releases_of_one_mlx(lm_axis):
+    df = history.read_results(lm_axis)
+    g = history.gate(df, candidate="0.32.4+lm0.32.2", baseline="0.32.4+lm0.31.3")
+    bad = g[g["regression"]]
+    assert list(bad["params"]) == ["verify3"] and (bad["old"].iloc[0], bad["new"].iloc[0]) == (0.25, 0.90)
+    # Default: the newest release against the newest one of the mlx before it.
+    d = history.gate(df)
+    assert (d["candidate"].iloc[0], d["baseline"].iloc[0]) == ("0.32.4+lm0.32.2", "0.31.2")
+    # A bare mlx version names that mlx with the newest mlx-lm it ran with.
+    assert history.gate(df, candidate="0.32.4")["candidate"].iloc[0] == "0.32.4+lm0.32.2"
+    with pytest.raises(GemmdriftError, match="no results for 0.30.6"):
+        history.gate(df, candidate="0.30.6")
+    assert history.gate(df, candidate="0.32.4+lm0.31.3", baseline="0.31.2")["regression"].sum() == 0
+    with pytest.raises(GemmdriftError, match="same release"):
+        history.gate(df, candidate="0.32.4+lm0.31.3", baseline="0.32.4+lm0.31.3")
+
+
+def test_release_labels_sort_by_mlx_then_mlx_lm():
+    labels = ["0.32.4+lm0.32.2", "0.9.0", "0.32.4+lm0.31.3", "0.31.2"]
+    assert sorted(labels, key=history.release_key) == ["0.9.0", "0.31.2", "0.32.4+lm0.31.3", "0.32.4+lm0.32.2"]

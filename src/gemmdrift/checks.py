@@ -114,8 +114,9 @@ def check_length(info: Mapping[str, Any], n_tokens: int, what: str) -> None:
 
 def check_gate_versions(candidate: str | None, baseline: str | None) -> None:
     """Refuse to gate a release against itself: that comparison passes whatever the release does."""
-    def key(v: str) -> tuple:
-        return tuple(int(x) if x.isdigit() else 0 for x in str(v).split("."))
+    def key(v: str) -> tuple:  # a release label: MLX or MLX+lmMLXLM (gemmdrift.history)
+        mlx, _, lm = str(v).partition("+lm")
+        return tuple(tuple(int(x) if x.isdigit() else 0 for x in part.split(".")) for part in (mlx, lm))
 
     if candidate is not None and baseline is not None and key(candidate) == key(baseline):
         raise GemmdriftError(f"--candidate {candidate} and --baseline {baseline} are the same release: "

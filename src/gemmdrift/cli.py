@@ -358,6 +358,12 @@ def cmd_triage(args) -> int:
     return 0
 
 
+def _release(label: str) -> str:
+    """'0.32.4' -> 'mlx 0.32.4'; '0.32.4+lm0.31.3' -> 'mlx 0.32.4 with mlx-lm 0.31.3'."""
+    mlx, _, lm = str(label).partition("+lm")
+    return f"mlx {mlx}" + (f" with mlx-lm {lm}" if lm else "")
+
+
 def cmd_state(args) -> int:
     from . import state, store, summaries
     from .models import describe
@@ -466,9 +472,10 @@ def cmd_gate(args) -> int:
     bad = g[g["regression"]]
     if args.out:
         files.write_csv(Path(args.out) / "gate.csv", g)
-    verdict = (f"FAIL: {len(bad)} of {len(g)} tracked figures of mlx {g['candidate'].iloc[0]} exceed mlx "
-               f"{g['baseline'].iloc[0]} by more than {args.threshold:.0%}" if len(bad) else
-               f"PASS: no tracked figure of mlx {g['candidate'].iloc[0]} exceeds mlx {g['baseline'].iloc[0]} "
+    verdict = (f"FAIL: {len(bad)} of {len(g)} tracked figures of {_release(g['candidate'].iloc[0])} exceed "
+               f"{_release(g['baseline'].iloc[0])} by more than {args.threshold:.0%}" if len(bad) else
+               f"PASS: no tracked figure of {_release(g['candidate'].iloc[0])} exceeds "
+               f"{_release(g['baseline'].iloc[0])} "
                f"by more than {args.threshold:.0%} ({len(g)} compared)")
     shown = bad if len(bad) else g.head(0)
     changed = g[g["changed"]]
@@ -733,8 +740,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("gate", help="exit 1 if a tracked drift figure of an mlx release grew past the previous one")
     s.add_argument("--results", nargs="+", metavar="DIR", help=RESULTS_HELP)
-    s.add_argument("--candidate", help="mlx version to judge (default: the newest with results)")
-    s.add_argument("--baseline", help="mlx version to compare with (default: the release before the candidate)")
+    s.add_argument("--candidate", help="release to judge: an mlx version (with the newest mlx-lm it ran with), or "
+                                       "MLX+lmMLXLM, e.g. 0.32.4+lm0.31.3 (default: the newest)")
+    s.add_argument("--baseline", help="release to compare with, as --candidate (default: the newest release of the "
+                                      "mlx before the candidate's)")
     s.add_argument("--threshold", type=float, default=D.GATE_THRESHOLD,
                    help=f"allowed relative growth (default {D.GATE_THRESHOLD})")
     s.add_argument("--include", default="", help="only benchmarks whose name contains this text")

@@ -12,7 +12,15 @@ the fields of each entry of ``results``; parameterized benchmarks carry the
 parameter value lists (as repr strings) and a flat value list in
 ``itertools.product`` order. ``<results>/benchmarks.json`` holds units.
 The mlx version comes from the ``track_mlx_version`` benchmark, which reports
-what was really imported (the env's pins are only what was asked for).
+what was really imported (the env's pins are only what was asked for); the
+mlx-lm version likewise from ``track_mlx_lm_version`` (older results: the pin).
+
+A *release* is the pair (mlx, mlx-lm): the matrix can pair one mlx release with
+several mlx-lm releases, so that an mlx-lm change shows on its own. Its label
+(the ``release`` column, the history's columns, the gate's ``--candidate`` and
+``--baseline``) is the mlx version alone where the results hold one mlx-lm for
+that mlx, else ``MLX+lmMLXLM`` (``0.32.4+lm0.31.3``). On the command line a bare
+mlx version names that mlx with the newest mlx-lm it ran with.
 """
 
 from __future__ import annotations
@@ -32,6 +40,8 @@ from .checks import check_gate_versions
 from .errors import GemmdriftError
 
 VERSION_BENCH = "bench_env.track_mlx_version"
+LM_VERSION_BENCH = "bench_env.track_mlx_lm_version"
+LM_TAG = "+lm"  # in a release label: MLX+lmMLXLM
 BACKEND_BENCH = "bench_env.track_backend"
 BACKEND_CODES = {0: "cpu", 1: "metal", 2: "cuda"}  # track_backend's numbering
 GATE_THRESHOLD = defaults.GATE_THRESHOLD  # relative growth of a drift figure that fails the gate
@@ -57,6 +67,38 @@ def decode_version(code: float) -> str:
 
 def version_key(version: str) -> tuple:
     return tuple(int(p) if p.isdigit() else 0 for p in str(version).split("."))
+
+
+def release_label(mlx: str, mlx_lm: str | None, several: bool) -> str:
+    """The label of the release (mlx, mlx-lm): the mlx version, plus the mlx-lm one when ``several`` mlx-lm
+    releases ran with this mlx."""
+    return f"{mlx}{LM_TAG}{mlx_lm}" if (several and mlx_lm) else str(mlx)
+
+
+def release_key(label: str) -> tuple:
+    """Sort key of a release label: by mlx, then by mlx-lm."""
+    mlx, _, lm = str(label).partition(LM_TAG)
+    return (version_key(mlx), version_key(lm) if lm else ())
+
+
+def label_releases(df: pd.DataFrame) -> pd.DataFrame:
+    """Add the ``release`` column (see the module's docstring) to rows with ``mlx`` and ``mlx_lm``."""
+    df = df.copy()
+    several = df.groupby("mlx", dropna=True)["mlx_lm"].nunique(dropna=True)
+    df["release"] = [None if pd.isna(m) else release_label(m, None if pd.isna(lm) else lm, several.get(m, 0) > 1)
+                     for m, lm in zip(df["mlx"], df["mlx_lm"])]
+    return df
+
+
+def resolve_release(spec: str, releases: Sequence[str], flag: str) -> str:
+    """A release given on the command line: a label of the results, or an mlx version, which names that mlx
+    with the newest mlx-lm it ran with (the matrix's main line pairs each mlx with its own newest mlx-lm)."""
+    if spec in releases:
+        return spec
+    matching = sorted((r for r in releases if r.partition(LM_TAG)[0] == spec), key=release_key)
+    if matching:
+        return matching[-1]
+    raise GemmdriftError(f"{flag}: no results for {spec} (have {', '.join(sorted(releases, key=release_key))})")
 
 
 def _param_value(text: str) -> Any:
@@ -105,7 +147,7 @@ def read_results(results_dir: str | Path | Sequence[str | Path]) -> pd.DataFrame
             would be drawn as one machine.
 
     Columns: machine, env, commit, date, mlx, mlx_pinned, mlx_lm, backend,
-    benchmark, params, value, unit.
+    benchmark, params, value, unit, release.
     """
     if not isinstance(results_dir, (str, Path)):
         dirs = [Path(d).expanduser() for d in results_dir]
@@ -119,7 +161,7 @@ def read_results(results_dir: str | Path | Sequence[str | Path]) -> pd.DataFrame
                                          "machines would be drawn as one; rename one (asv machine --machine NAME)")
                 seen[m.name] = d
         frames = [read_results(d) for d in dict.fromkeys(d.resolve() for d in dirs)]
-        return pd.concat(frames, ignore_index=True)
+        return label_releases(pd.concat(frames, ignore_index=True))
     root = Path(results_dir).expanduser()
     if not root.is_dir():
         raise GemmdriftError(f"no asv results directory at {root} (run `asv run` first)")
@@ -151,7 +193,7 @@ def read_results(results_dir: str | Path | Sequence[str | Path]) -> pd.DataFrame
     df = pd.DataFrame(rows, columns=cols)
     if df.empty:
         raise GemmdriftError(f"no asv results under {root}")
-    return df
+    return label_releases(df)
 
 
 def _file_rows(path: Path, d: dict[str, Any], units: dict[str, Any]) -> list[dict[str, Any]]:
@@ -183,23 +225,28 @@ def _file_rows(path: Path, d: dict[str, Any], units: dict[str, Any]) -> list[dic
             })
     tracked = {r["benchmark"]: r["value"] for r in file_rows if not r["params"]}
     mlx = decode_version(tracked[VERSION_BENCH]) if tracked.get(VERSION_BENCH) is not None else None
+    lm = decode_version(tracked[LM_VERSION_BENCH]) if tracked.get(LM_VERSION_BENCH) is not None else None
     backend = BACKEND_CODES.get(int(tracked[BACKEND_BENCH])) if tracked.get(BACKEND_BENCH) is not None else None
     for r in file_rows:
         r["mlx"] = mlx or r["mlx_pinned"]
+        r["mlx_lm"] = lm or r["mlx_lm"]
         r["backend"] = backend or "unknown"
     return file_rows
 
 
 def tracked(df: pd.DataFrame) -> pd.DataFrame:
     """Only the drift figures (track_*), without the environment bookkeeping ones."""
-    t = df[df["benchmark"].str.contains(r"\.track_") & ~df["benchmark"].isin([VERSION_BENCH, BACKEND_BENCH])]
+    t = df[df["benchmark"].str.contains(r"\.track_")
+           & ~df["benchmark"].isin([VERSION_BENCH, LM_VERSION_BENCH, BACKEND_BENCH])]
     return t[t["value"].notna() & t["mlx"].notna()]
 
 
 def latest_per_version(df: pd.DataFrame) -> pd.DataFrame:
-    """For each machine/backend/benchmark/params/mlx, the most recent measurement."""
+    """For each machine/backend/benchmark/params/release (mlx, mlx-lm), the most recent measurement."""
+    if "release" not in df.columns:
+        df = label_releases(df)
     df = df.sort_values("date")
-    return df.groupby(["machine", "backend", "benchmark", "params", "mlx"], as_index=False, dropna=False).last()
+    return df.groupby(["machine", "backend", "benchmark", "params", "release"], as_index=False, dropna=False).last()
 
 
 def series_name(benchmark: str, params: str) -> str:
@@ -207,13 +254,14 @@ def series_name(benchmark: str, params: str) -> str:
 
 
 def history_table(df: pd.DataFrame) -> pd.DataFrame:
-    """Wide view: one row per tracked series and machine, one column per mlx version."""
+    """Wide view: one row per tracked series and machine, one column per release (mlx, or mlx+lm)."""
     t = latest_per_version(tracked(df))
     if t.empty:
         return t
     t = t.assign(series=[series_name(b, p) for b, p in zip(t["benchmark"], t["params"])])
-    wide = t.pivot_table(index=["machine", "backend", "series"], columns="mlx", values="value", aggfunc="first")
-    wide = wide[sorted(wide.columns, key=version_key)].reset_index()
+    wide = t.pivot_table(index=["machine", "backend", "series"], columns="release", values="value", aggfunc="first")
+    wide = wide[sorted(wide.columns, key=release_key)].reset_index()
+    wide.columns.name = None
     # Natural order: [model, 2] before [model, 16].
     natural = [tuple(int(p) if p.isdigit() else p for p in re.split(r"(\d+)", str(x))) for x in wide["series"]]
     order = sorted(range(len(wide)), key=lambda i: (wide["machine"].iloc[i], wide["backend"].iloc[i], natural[i]))
@@ -225,8 +273,11 @@ def gate(df: pd.DataFrame, candidate: str | None = None, baseline: str | None = 
     """Tracked drift figures of ``candidate`` that exceed ``baseline``'s by more than ``threshold``.
 
     Args:
-        candidate: mlx version to judge (default: the newest with results).
-        baseline: version to compare with (default: the release before ``candidate``).
+        candidate: release to judge: a release label, or an mlx version that names one (default: the
+            newest with results).
+        baseline: release to compare with (default: the newest release of the mlx before the
+            candidate's). To see an mlx-lm change alone, give two labels of one mlx
+            (``--candidate 0.32.4+lm0.32.2 --baseline 0.32.4+lm0.31.3``).
         threshold: allowed relative growth (0.10 = 10%); growth from exactly 0 fails
             as soon as it exceeds GATE_ABS_TOL. For HIGHER_IS_BETTER figures a
             drop by more than ``threshold`` fails instead.
@@ -244,21 +295,21 @@ def gate(df: pd.DataFrame, candidate: str | None = None, baseline: str | None = 
         t = t[t["benchmark"].str.contains(include, regex=False)]
     if t.empty:
         raise GemmdriftError("no tracked drift figures in the asv results")
-    versions = sorted(set(t["mlx"]), key=version_key)
-    candidate = candidate or versions[-1]
-    if candidate not in versions:
-        raise GemmdriftError(f"no results for mlx {candidate} (have {', '.join(versions)})")
+    releases = sorted(set(t["release"]), key=release_key)
+    candidate = resolve_release(candidate, releases, "--candidate") if candidate else releases[-1]
     if baseline is None:
-        older = [v for v in versions if version_key(v) < version_key(candidate)]
+        # The newest release of the mlx before the candidate's; with one mlx only, the release before.
+        older = [r for r in releases if release_key(r)[0] < release_key(candidate)[0]]
+        older = older or [r for r in releases if release_key(r) < release_key(candidate)]
         if not older:
-            raise GemmdriftError(f"no mlx release before {candidate} to compare with")
+            raise GemmdriftError(f"no release before {candidate} to compare with")
         baseline = older[-1]
-    elif baseline not in versions:
-        raise GemmdriftError(f"no results for mlx {baseline} (have {', '.join(versions)})")
+    else:
+        baseline = resolve_release(baseline, releases, "--baseline")
     check_gate_versions(candidate, baseline)
     keys = ["machine", "backend", "benchmark", "params"]
-    old = t[t["mlx"] == baseline].set_index(keys)["value"]
-    new = t[t["mlx"] == candidate].set_index(keys)["value"]
+    old = t[t["release"] == baseline].set_index(keys)["value"]
+    new = t[t["release"] == candidate].set_index(keys)["value"]
     both = pd.concat({"old": old, "new": new}, axis=1).dropna().reset_index()
     ident = both["benchmark"].map(lambda b: any(k in b for k in IDENTIFIERS))
     both["ratio"] = [math.nan if i else n / o if o else (math.inf if n > 0 else 1.0)
@@ -295,7 +346,7 @@ def layer_profiles(df: pd.DataFrame) -> dict[tuple[str, str, str, str], pd.DataF
         m = _TAP.match(tap)
         index = int(m.group(2)) if m.group(2) is not None else (10_000 if tap == "norm" else 10_001)
         key = (row.machine, row.backend, row.benchmark, ", ".join(p for p in parts if p != tap))
-        out.setdefault(key, []).append({"tap": tap, "tap_index": index, "mlx": row.mlx, "value": row.value,
+        out.setdefault(key, []).append({"tap": tap, "tap_index": index, "release": row.release, "value": row.value,
                                         "unit": row.unit})
     return {k: pd.DataFrame(v) for k, v in out.items()}
 
@@ -324,7 +375,7 @@ def history_result(df: pd.DataFrame, include: str = "", results: Sequence[str] =
         t = t[t["benchmark"].str.contains(include, regex=False)]
     if t.empty:
         raise GemmdriftError("no tracked figures match")
-    frame = tidy(t.rename(columns={"benchmark": "metric"})
+    frame = tidy(t.drop(columns=["mlx"]).rename(columns={"benchmark": "metric", "release": "mlx"})
                  .assign(pair=t["params"], model="embedded")[["backend", "mlx", "model", "pair", "metric", "value",
                                                               "machine"]])
     return Result(kind="history", inputs={"results": [str(r) for r in results], "include": include}, env={},

@@ -439,21 +439,23 @@ DRAW["divergence"] = lambda r: {"divergence.png": divergence(r.tables["divergenc
 
 
 def plot_history(df: pd.DataFrame, benchmark: str, params: str = ""):
-    """One tracked figure against the mlx version, one line per machine/backend."""
+    """One tracked figure against the release (mlx, or mlx+lm), one line per machine/backend."""
     plt = _plt()
 
-    from .history import series_name, version_key
+    from .history import label_releases, release_key, series_name
 
+    if "release" not in df.columns:
+        df = label_releases(df)
     s = df[(df["benchmark"] == benchmark) & (df["params"] == params)]
-    versions = sorted(set(s["mlx"]), key=version_key)
+    versions = sorted(set(s["release"]), key=release_key)
     x = {v: i for i, v in enumerate(versions)}
     fig, ax = plt.subplots(figsize=(8, 4))
     for (machine, backend), g in s.groupby(["machine", "backend"]):
-        g = g.sort_values("mlx", key=lambda c: c.map(version_key))
-        ax.plot([x[v] for v in g["mlx"]], g["value"], marker="o", label=f"{machine} ({backend})")
+        g = g.sort_values("release", key=lambda c: c.map(release_key))
+        ax.plot([x[v] for v in g["release"]], g["value"], marker="o", label=f"{machine} ({backend})")
     ax.set_xticks(range(len(versions)))
-    ax.set_xticklabels(versions)
-    ax.set_xlabel("mlx version")
+    ax.set_xticklabels(versions, fontsize=7 if len(versions) > 5 else None)
+    ax.set_xlabel("release: mlx version (+lm: the mlx-lm version, where one mlx ran with several)")
     unit = s["unit"].dropna().iloc[0] if s["unit"].notna().any() else ""
     ax.set_ylabel(unit or "value")
     ax.set_title(series_name(benchmark, params), fontsize=9)
@@ -463,8 +465,8 @@ def plot_history(df: pd.DataFrame, benchmark: str, params: str = ""):
 
 
 def plot_layer_profile(profile: pd.DataFrame, title: str):
-    """Drift at every layer, one line per mlx version (log scale; exact zeros on the floor as open markers)."""
-    from .history import version_key
+    """Drift at every layer, one line per release (log scale; exact zeros on the floor as open markers)."""
+    from .history import release_key
 
     plt = _plt()
     taps = profile.drop_duplicates("tap").sort_values("tap_index")
@@ -472,8 +474,8 @@ def plot_layer_profile(profile: pd.DataFrame, title: str):
     positive = profile["value"][profile["value"] > 0]
     floor = float(positive.min()) / 4 if len(positive) else 1e-8
     fig, ax = plt.subplots(figsize=(9, 4.2))
-    for version in sorted(set(profile["mlx"]), key=version_key):
-        s = profile[profile["mlx"] == version].sort_values("tap_index")
+    for version in sorted(set(profile["release"]), key=release_key):
+        s = profile[profile["release"] == version].sort_values("tap_index")
         xs, ys = np.array([x[t] for t in s["tap"]]), s["value"].to_numpy(float)
         line, = ax.plot(xs, np.where(ys > 0, ys, np.nan), marker="o", ms=3, label=f"mlx {version}")
         if (ys == 0).any():

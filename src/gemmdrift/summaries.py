@@ -322,8 +322,12 @@ TEXTS["divergence"] = divergence_text
 def history_summary(result: Result) -> dict[str, Any]:
     from .history import figure_names
 
+    from .history import label_releases, release_key
+
     t, wide = result.tables["history"], result.tables["history_wide"]
-    return {"series": int(len(wide)), "versions": sorted(set(t["mlx"])), "machines": sorted(set(t["machine"])),
+    if "release" not in t.columns:
+        t = label_releases(t)
+    return {"series": int(len(wide)), "versions": sorted(set(t["release"]), key=release_key), "machines": sorted(set(t["machine"])),
             "figures": list(figure_names(t)), "table": wide.to_dict(orient="records")}
 
 

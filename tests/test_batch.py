@@ -147,3 +147,75 @@ def test_ladder_calls_a_planted_mask_shift_semantic(tiny):
                        plant=batch.shift_row_mask, ladder_lm=make_tiny("float32"))
     assert rows and all(r.verdict == batch.OUTSIDE for r in rows)
     assert all(r.ladder == "semantic" and r.ladder_envelope > 0.05 for r in rows), [(r.ladder, r.ladder_envelope) for r in rows]
+
+
+# ----------------------------------------------------------------------------- per-layer drift through the batch
+
+
+def test_layer_drift_known_answer():
+    """rel L2, max |Δ| and the fraction of differing elements per tap, against numpy by hand."""
+    a = np.zeros((3, 2, 4), np.float32)
+    a[:] = [[1, 2, 2, 0], [0, 0, 3, 4]]
+    b = a.copy()
+    b[1, 0, 0] = 1.5  # layer 1: one element of 8 off by 0.5
+    b[2] *= 2  # the norm tap: everything doubled, rel L2 exactly 1
+    rows = batch.layer_drift(a, b, "float32")
+    assert [r["tap"] for r in rows] == ["layer 0", "layer 1", "norm"]
+    assert rows[0]["rel_l2"] == 0 and rows[0]["frac_differ"] == 0
+    assert rows[1]["rel_l2"] == pytest.approx(0.5 / np.sqrt(9 + 25)) and rows[1]["max_abs"] == 0.5
+    assert rows[1]["frac_differ"] == pytest.approx(1 / 8)
+    assert rows[2]["rel_l2"] == pytest.approx(1.0) and rows[2]["positions"] == 2
+
+
+@pytest.mark.parametrize("B,j,step", [(1, 0, 2048), (4, 0, 2048), (4, 3, 2048), (4, 3, 4)])
+def test_the_followed_row_is_the_row_and_matches_alone_at_every_layer(tiny, B, j, step):
+    """The taps follow row j through mlx-lm's generation batch. With a prefill step of 4 the 6-token target
+    starts decoding alone, and the long companions join the generation batch later behind it, so the row's
+    index moves from its prompt position 3 to 0 (followed by uid). Its final-norm states through the LM head
+    give exactly the row's own log-probs (so it is this row, not a companion), and on this row-invariant
+    CPU backend every layer is bit-identical to the same stream alone."""
+    import mlx.core as mx
+
+    from gemmdrift import state
+
+    n = 8
+    prompts = batch.layout(TARGET, LONG, B, j)
+    run = batch.generate_batch(tiny.model, prompts, n, keep=[j], follow=j, prefill_step=step)
+    assert run.hidden.shape == (tiny.n_layers + 1, n, 64)
+    assert len(run.followed_rows) == n and (run.followed_rows[0] == 0 if step == 4 else set(run.followed_rows) == {j})
+    logits = mx.array(state.head(tiny.model, [mx.array(run.hidden[-1])[None].astype(mx.bfloat16)]))
+    logits = logits.astype(mx.bfloat16)  # exact: the head's bf16 output, read back as float32
+    lp = np.asarray((logits - mx.logsumexp(logits, axis=-1, keepdims=True)).astype(mx.float32))  # as mlx-lm does
+    assert [int(i) for i in lp.argmax(-1)] == run.tokens[j]
+    assert np.array_equal(lp, run.logprobs[j])
+    alone = batch.generate_alone(tiny.model, TARGET, n, prefill_step=step)
+    ref = batch.alone_layers(tiny, TARGET, alone.tokens[0], n, prefill_step=step)
+    rows = batch.layer_drift(ref.hidden, run.hidden, ref.dtype)
+    assert len(rows) == tiny.n_layers + 1 and all(r["frac_differ"] == 0 for r in rows), rows
+
+
+def test_a_planted_mask_shift_shows_from_the_first_layer(tiny):
+    n = 6
+    prompts = batch.layout(TARGET, SHORT, 4, 3)
+    run = batch.generate_batch(tiny.model, prompts, n, keep=[3], follow=3, plant=lambda c: batch.shift_row_mask(c, 3))
+    alone = batch.generate_alone(tiny.model, TARGET, n)
+    ref = batch.alone_layers(tiny, TARGET, alone.tokens[0], n)
+    c = batch.compare_row(alone, run, 3, None)
+    k = n if c["first_divergence"] is None else c["first_divergence"] + 1
+    rows = batch.layer_drift(ref.hidden[:, :k], run.hidden[:, :k], ref.dtype)
+    assert rows[0]["frac_differ"] > 0 and rows[-1]["rel_l2"] > 1e-3, rows[:2]
+
+
+def test_measure_batch_with_layers_tables_figure_and_text(tiny, tmp_path):
+    from gemmdrift import plots, store, summaries
+
+    r = batch.measure_batch(tiny, {"t": TARGET}, {"short": SHORT}, 5, batch_sizes=(1, 2), reference=False,
+                            layers=True)
+    lt = r.tables["batch_layers"]
+    assert len(lt) == 2 * 2 * (tiny.n_layers + 1) - (tiny.n_layers + 1)  # B=1: one row; B=2: rows 0 and 1
+    assert (lt["frac_differ"] == 0).all() and r.figures["batch_layer_norm_rel_l2"] == 0.0
+    assert "batch_layers.png" in plots.DRAW["batch"](r)
+    assert "first layer that differs: none" in summaries.text(r)
+    store.write_result(r, tmp_path / "b")
+    back = store.read_result(tmp_path / "b")
+    assert len(back.tables["batch_layers"]) == len(lt)

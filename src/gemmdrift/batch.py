@@ -36,9 +36,16 @@ schedule", not "a bug" by itself. With ``ladder_lm`` (``gemmdrift batch
 --ladder``) each such row is rerun at float32: rounding shrinks by orders of
 magnitude, a padding or state bug keeps its size.
 
-Per-layer drift is NOT measured here: the taps (:mod:`gemmdrift.taps`) follow
-single sequences through their own caches and cannot yet follow a row through
-the padded batch. This module reads logits only.
+**Per-layer drift** (``layers=True``, ``gemmdrift batch --layers``): the
+taps' layer proxies (:mod:`gemmdrift.taps`) are installed while mlx-lm's
+``GenerationBatch`` decodes, and at every decode step they keep the followed
+row of each layer's output (the row index comes from the generation batch's
+own uids, so it follows the sequence when others join or leave). The
+reference is the same stream alone, tapped by :func:`gemmdrift.taps.run_schedule`
+under ``prefill:2048,decode`` split where ``generate_step`` splits it (the
+prompt minus its last token, then T=1). Compared per layer at every generated
+position whose input both share (up to and including the first divergence);
+the prefill's effect enters through the cache.
 
 The batch-cache operations themselves (extend, filter, merge vs alone) are
 checked by the state-exactness work (issue 13); this module compares whole
@@ -47,6 +54,7 @@ generations.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Sequence
@@ -68,6 +76,8 @@ class Run:
     tokens: list[list[int]]
     logprobs: dict[int, np.ndarray]  # row -> (n, vocab) float32
     seconds: float
+    hidden: np.ndarray | None = None  # followed row: (layers + final norm, decode steps, hidden) float32
+    followed_rows: list[int] = field(default_factory=list)  # the followed sequence's row in each decode step
 
 
 def _np(a) -> np.ndarray:
@@ -103,14 +113,77 @@ def shift_row_mask(caches, row: int, by: int = 1) -> None:
         c.left_padding = lp + bump
 
 
+class _RowRecorder:
+    """What the taps' layer proxies hand their outputs to: keeps one row of every decode step (T=1)."""
+
+    reference = None  # never local mode
+
+    def __init__(self, n_taps: int) -> None:
+        self.row: int | None = None  # the followed sequence's row in the current step, None outside steps
+        self.steps: list[list] = [[] for _ in range(n_taps)]
+        self.rows: list[int] = []  # its row at every step (it moves when others join or leave)
+
+    def capture(self, tap: int, h) -> None:
+        if self.row is not None and h.ndim == 3 and h.shape[1] == 1:
+            self.steps[tap].append(h[self.row, 0])
+
+    def hidden(self) -> np.ndarray:
+        from .taps import to_numpy
+
+        n = min(len(s) for s in self.steps)
+        return np.stack([np.stack([to_numpy(x) for x in s[:n]]) if n else np.zeros((0, 0), np.float32)
+                         for s in self.steps])
+
+
+@contextlib.contextmanager
+def _following(model, rec: _RowRecorder, uid: int):
+    """Layer proxies on ``model`` (and its final norm) and the followed row set at every decode step of
+    mlx-lm's ``GenerationBatch._step`` (by the sequence's uid); everything restored afterwards."""
+    import mlx.core as mx
+
+    from .taps import _LayerProxy, find_final_norm, swapped
+
+    try:
+        from mlx_lm.generate import GenerationBatch as cls
+    except ImportError:
+        cls = None
+    if cls is None or not hasattr(cls, "_step"):
+        raise GemmdriftError("following a row through the batch needs mlx-lm's GenerationBatch (mlx-lm 0.32 or "
+                             "newer); run without --layers")
+    step = cls._step
+
+    def followed_step(self):
+        rec.row = self.uids.index(uid) if uid in self.uids else None
+        if rec.row is not None:
+            rec.rows.append(rec.row)
+        try:
+            out = step(self)
+            mx.eval([s[-1] for s in rec.steps if s] if rec.row is not None else [])
+            return out
+        finally:
+            rec.row = None
+
+    owner, norm = find_final_norm(model)
+    slots = [(model.layers, i, _LayerProxy(layer, i, rec)) for i, layer in enumerate(list(model.layers))]
+    slots.append((owner, norm, _LayerProxy(owner[norm], len(model.layers), rec)))
+    with swapped(slots):
+        cls._step = followed_step
+        try:
+            yield
+        finally:
+            cls._step = step
+
+
 def generate_batch(model, prompts: Sequence[Sequence[int]], n: int, *, keep: Sequence[int] = (),
-                   prefill_step: int = 2048, plant: Callable[[list], None] | None = None) -> Run:
+                   prefill_step: int = 2048, plant: Callable[[list], None] | None = None,
+                   follow: int | None = None) -> Run:
     """mlx-lm's ``BatchGenerator`` over all prompts at once (greedy, no stop tokens, ``n`` tokens each).
 
     Args:
         keep: rows whose per-step log-probs are returned.
         plant: called once with the generation batch's caches after the first
             decode step is queued (tests plant bugs with it).
+        follow: a row whose every layer's output is kept at every decode step (``Run.hidden``).
     """
     from mlx_lm.generate import BatchGenerator
 
@@ -126,25 +199,38 @@ def generate_batch(model, prompts: Sequence[Sequence[int]], n: int, *, keep: Seq
                          completion_batch_size=max(32, B))
     toks: list[list[int]] = [[] for _ in range(B)]
     lps: dict[int, list[np.ndarray]] = {int(j): [] for j in keep}
+    rec = None
     try:
         uids = gen.insert([list(map(int, p)) for p in prompts], [n] * B)
         row_of = {u: i for i, u in enumerate(uids)}
         planted = plant is None
-        while any(len(t) < n for t in toks):
-            responses = gen.next_generated()
-            if not planted and len(gen._generation_batch) == B:
-                plant(gen._generation_batch.prompt_cache)
-                planted = True
-            if not responses and not gen._unprocessed_sequences and len(gen._generation_batch) == 0:
-                break
-            for r in responses:
-                i = row_of[r.uid]
-                toks[i].append(int(r.token))
-                if i in lps:
-                    lps[i].append(_np(r.logprobs.reshape(-1)))
+        stack = contextlib.ExitStack()
+        if follow is not None:
+            rec = _RowRecorder(len(model.layers) + 1)
+            stack.enter_context(_following(model, rec, uids[follow]))
+        with stack:
+            _drain(gen, toks, lps, row_of, n, B, plant, planted)
     finally:
         gen.close()
-    return Run(toks, {j: np.stack(v) for j, v in lps.items()}, time.perf_counter() - t0)
+    return Run(toks, {j: np.stack(v) for j, v in lps.items()}, time.perf_counter() - t0,
+               hidden=rec.hidden()[:, :n] if rec is not None else None,
+               followed_rows=rec.rows[:n] if rec is not None else [])
+
+
+def _drain(gen, toks, lps, row_of, n, B, plant, planted) -> None:
+    """Collect the batch generator's responses until every row has ``n`` tokens."""
+    while any(len(t) < n for t in toks):
+        responses = gen.next_generated()
+        if not planted and len(gen._generation_batch) == B:
+            plant(gen._generation_batch.prompt_cache)
+            planted = True
+        if not responses and not gen._unprocessed_sequences and len(gen._generation_batch) == 0:
+            break
+        for r in responses:
+            i = row_of[r.uid]
+            toks[i].append(int(r.token))
+            if i in lps:
+                lps[i].append(_np(r.logprobs.reshape(-1)))
 
 
 @dataclass
@@ -171,6 +257,7 @@ class RowComparison:
     ladder_envelope: float | None = None  # envelope_batch of the same row rerun at float32
     ladder_shrink: float | None = None
     ladder: str = ""  # rounding | semantic | unclear (stack.ladder_verdict), for rows outside the envelope
+    layers: list[dict[str, Any]] = field(default_factory=list)  # per-layer drift (layers=True), see layer_drift
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -232,6 +319,37 @@ def reference_envelope(lm, prompt: Sequence[int], stream: Sequence[int]) -> floa
     return float(triage(lm, list(prompt), list(stream), list(stream), PLAIN, REFERENCE).envelope)
 
 
+def alone_layers(lm, target: Sequence[int], stream: Sequence[int], n: int, prefill_step: int = 2048):
+    """The target alone, tapped at every layer at the positions predicting generated tokens 0..n-1 (the blocks
+    ``generate_step`` runs: the prompt minus its last token in chunks, then T=1), teacher forced on ``stream``."""
+    from .taps import run_schedule
+
+    if len(target) < 2:
+        raise GemmdriftError("per-layer drift through the batch needs a prompt of at least 2 tokens")
+    L = len(target)
+    seq = [int(t) for t in target] + [int(t) for t in stream[: n - 1]]
+    return run_schedule(lm.model, seq, f"prefill:{prefill_step},decode", split=L - 1,
+                        positions=np.arange(L - 1, L - 1 + min(n, len(stream) + 1 if stream else 1)))
+
+
+def layer_drift(alone: np.ndarray, row: np.ndarray, dtype: str) -> list[dict[str, Any]]:
+    """Per tap (decoder layers, then the final norm): the row's hidden states against the alone run's at the
+    same positions, (taps, positions, hidden) each: rel L2, max |Δ|, fraction of elements not bit-identical."""
+    from .stack import tap_names
+
+    if alone.shape != row.shape:
+        raise GemmdriftError(f"per-layer drift: alone {alone.shape} vs row {row.shape}")
+    if alone.shape[1] == 0:
+        return []
+    names = tap_names(alone.shape[0] - 1)[:-1]  # layer 0..n-1, norm
+    out = []
+    for i, name in enumerate(names):
+        m = metrics.compare(alone[i], row[i], dtype)
+        out.append({"tap": name, "layer": i, "positions": int(alone.shape[1]), "rel_l2": m["rel_l2"],
+                    "max_abs": m["max_abs"], "frac_differ": m["frac_differ"], "max_ulp": m["max_ulp"]})
+    return out
+
+
 def layout(target: Sequence[int], companions: Sequence[Sequence[int]], B: int, row: int) -> list[list[int]]:
     """B prompts: the target at ``row``, the first B-1 companions around it."""
     if not 0 <= row < B:
@@ -245,7 +363,7 @@ def layout(target: Sequence[int], companions: Sequence[Sequence[int]], B: int, r
 def sweep(lm, target: Sequence[int], companion_sets: dict[str, Sequence[Sequence[int]]], n: int, *,
           batch_sizes: Sequence[int] = (1, 2, 4, 8), rows: str = "ends", prefill_step: int = 2048,
           reference: bool = True, plant: Callable | None = None, ladder_lm=None,
-          progress=None) -> list[RowComparison]:
+          progress=None, layers: bool = False) -> list[RowComparison]:
     """Row j of a batch of B vs the target alone, over B, row positions and companion sets.
 
     ``ladder_lm``: the same model at float32; every row outside the envelope is
@@ -258,6 +376,7 @@ def sweep(lm, target: Sequence[int], companion_sets: dict[str, Sequence[Sequence
             'long' (longer than the sliding window).
         rows: 'ends' (first and last row) or 'all'.
         plant: a bug planted into every batch (tests): ``plant(caches, row)``.
+        layers: follow the row through the batch at every layer (``RowComparison.layers``).
     """
     say = progress or (lambda msg: None)
     for B in batch_sizes:
@@ -271,6 +390,7 @@ def sweep(lm, target: Sequence[int], companion_sets: dict[str, Sequence[Sequence
     ref = reference_envelope(lm, target, alone.tokens[0]) if reference else None
     if ref is not None:
         say(f"reference envelope (single-sequence {PLAIN} vs {REFERENCE}): {ref:.4g}")
+    taps_alone = alone_layers(lm, target, alone.tokens[0], n, prefill_step) if layers else None
     alone_seconds: dict[tuple, float] = {}
 
     def seconds_alone(p) -> float:  # the B prompts one by one, for the cost ratio
@@ -288,8 +408,13 @@ def sweep(lm, target: Sequence[int], companion_sets: dict[str, Sequence[Sequence
             for j in positions:
                 prompts = layout(target, comps, B, j)
                 run = generate_batch(lm.model, prompts, n, keep=[j], prefill_step=prefill_step,
-                                     plant=None if plant is None else (lambda caches, j=j: plant(caches, j)))
+                                     plant=None if plant is None else (lambda caches, j=j: plant(caches, j)),
+                                     follow=j if layers else None)
                 c = compare_row(alone, run, j, ref)
+                if layers:  # the positions whose input both share: up to and including the first divergence
+                    d = c["first_divergence"]
+                    k = min(run.hidden.shape[1], taps_alone.hidden.shape[1], n if d is None else d + 1)
+                    c["layers"] = layer_drift(taps_alone.hidden[:, :k], run.hidden[:, :k], taps_alone.dtype)
                 one_by_one = sum(seconds_alone(p) for p in prompts)
                 lad = {}
                 if ladder_lm is not None and c["verdict"] == OUTSIDE:
@@ -320,12 +445,13 @@ def sweep(lm, target: Sequence[int], companion_sets: dict[str, Sequence[Sequence
 def measure_batch(lm, targets: dict[str, Sequence[int]], companion_sets: dict[str, Sequence[Sequence[int]]], n: int,
                   *, batch_sizes: Sequence[int] = (1, 2, 4, 8), rows: str = "ends", prefill_step: int = 2048,
                   reference: bool = True, plant: Callable | None = None, ladder_lm=None, progress=None,
-                  inputs=None):
+                  inputs=None, layers: bool = False):
     """:func:`sweep` for every target prompt: a Result of kind ``batch``.
 
     Args:
         targets: {label: prompt ids}; each is run alone and as a row of every batch.
         companion_sets: {label: companion prompt ids}.
+        layers: per-layer drift of every row (table ``batch_layers``, figure ``batch_layers.png``).
     """
     import pandas as pd
 
@@ -340,15 +466,18 @@ def measure_batch(lm, targets: dict[str, Sequence[int]], companion_sets: dict[st
             if len(comps) < max(batch_sizes) - 1:
                 raise GemmdriftError(f"companion set {label!r} has {len(comps)} prompts; a batch of "
                                      f"{max(batch_sizes)} needs {max(batch_sizes) - 1}")
-    rows_out, pairs = [], []
+    rows_out, pairs, layer_rows = [], [], []
     for tlabel, target in targets.items():
         say(f"target {tlabel!r} ({len(target)} tokens)")
         for c in sweep(lm, target, companion_sets, n, batch_sizes=batch_sizes, rows=rows, prefill_step=prefill_step,
-                       reference=reference, plant=plant, ladder_lm=ladder_lm, progress=say):
+                       reference=reference, plant=plant, ladder_lm=ladder_lm, progress=say, layers=layers):
             d = c.as_dict()
             rows_out.append({"target": tlabel, **{k: v for k, v in d.items() if k not in ("tokens_alone", "tokens_row",
-                                                                                         "companion_tokens", "reason")},
+                                                                                         "companion_tokens", "reason",
+                                                                                         "layers")},
                              "companion_tokens": " ".join(map(str, c.companion_tokens)), "reason": c.reason})
+            layer_rows += [{"target": tlabel, "companions": c.companions, "B": c.B, "row": c.row, **x}
+                           for x in c.layers]
             tag = f"{tlabel}_{c.companions}_B{c.B}_r{c.row}"
             pairs.append({"case": "batch", "label_a": "alone", "label_b": f"row {c.row} of {c.B} ({c.companions})",
                           "prompt": [int(t) for t in target], "tokens_a": c.tokens_alone, "tokens_b": c.tokens_row,
@@ -366,6 +495,11 @@ def measure_batch(lm, targets: dict[str, Sequence[int]], companion_sets: dict[st
         frame_rows.append({"pair": f"alone vs row {r['row']} of {r['B']}", "mode": r["companions"],
                            "metric": "diverged", "value": float(r["first_divergence"] is not None), "B": r["B"],
                            "row": r["row"], "target": r["target"]})
+    for r in layer_rows:
+        for metric in ("rel_l2", "max_abs", "frac_differ"):
+            frame_rows.append({"pair": f"alone vs row {r['row']} of {r['B']}", "mode": r["companions"],
+                               "tap": r["tap"], "layer": r["layer"], "metric": metric, "value": float(r[metric]),
+                               "B": r["B"], "row": r["row"], "target": r["target"]})
     env = environment()
     figures: dict[str, float] = {
         "batch_rows": float(len(table)),
@@ -383,13 +517,21 @@ def measure_batch(lm, targets: dict[str, Sequence[int]], companion_sets: dict[st
     for B, g in table.groupby("B"):
         figures[f"batch_envelope_b{int(B)}"] = float(g["envelope_batch"].max())
         figures[f"batch_flips_b{int(B)}"] = float(g["first_divergence"].notna().sum())
+    layer_table = pd.DataFrame(layer_rows)
+    if len(layer_table):
+        norm = layer_table[layer_table["tap"] == "norm"]
+        figures["batch_layer_norm_rel_l2"] = float(norm["rel_l2"].max())  # the last hidden state before the head
+        figures["batch_layers_differ"] = float((layer_table.groupby(["target", "companions", "B", "row"])["frac_differ"]
+                                                .apply(lambda f: (f > 0).sum())).max())
     big = table[table["B"] == table["B"].max()]
     if len(big) and big["seconds_batch"].sum() > 0 and table["B"].max() > 1:
         figures["batch_speedup"] = float(big["seconds_alone_all"].sum() / big["seconds_batch"].sum())
     return Result(kind="batch", inputs={"model": lm.info, "targets": {k: list(map(int, v)) for k, v in targets.items()},
                                         "companions": {k: [len(p) for p in v] for k, v in companion_sets.items()},
                                         "n": n, "batch_sizes": list(batch_sizes), "rows": rows,
-                                        "prefill_step": prefill_step, "planted": plant is not None, **(inputs or {})},
+                                        "prefill_step": prefill_step, "planted": plant is not None, "layers": layers,
+                                        **(inputs or {})},
                   env=env, frame=tidy(frame_rows, model=lm.description.source, dtype=lm.description.dtype,
                                       **env_labels(env)),
-                  figures=figures, tables={"batch": table}, details={"pairs": pairs})
+                  figures=figures, tables={"batch": table, **({"batch_layers": layer_table} if len(layer_table) else {})},
+                  details={"pairs": pairs})

@@ -574,7 +574,7 @@ def cmd_batch(args) -> int:
         ladder_lm = load_model(args.model, dtype="float32")
     r = measure_batch(lm, targets, comps, args.n, batch_sizes=sizes, rows=args.rows, ladder_lm=ladder_lm,
                       reference=not args.no_reference, progress=lambda m: print("  " + m, file=sys.stderr, flush=True),
-                      inputs={"long_tokens": long_tokens})
+                      inputs={"long_tokens": long_tokens}, layers=args.layers)
     out = Path(args.out)
     store.write_result(r, out)
     from .files import write_json
@@ -777,6 +777,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--no-reference", action="store_true", help="skip the single-sequence reference envelope")
     s.add_argument("--ladder", action="store_true",
                    help="rerun rows outside the envelope at float32: rounding shrinks, a padding/state bug does not")
+    s.add_argument("--layers", action="store_true",
+                   help="follow the row through the padded batch at every layer (per-layer drift vs alone)")
     _add_output(s, "results/batch")
     s.set_defaults(func=cmd_batch)
 

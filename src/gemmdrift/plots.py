@@ -674,7 +674,43 @@ def batch_figure(result):
 DRAW["state"] = lambda result: {"state_grid.png": state_grid(
     result.tables["state"], f"Cache state exactness, mlx-lm {result.details.get('mlx_lm')}: worst verdict "
                             "per cell (cases with it / cases)")}
-DRAW["batch"] = lambda result: {"batch.png": batch_figure(result)}
+def batch_layers_figure(table: pd.DataFrame, title: str = ""):
+    """Per-layer drift of the row (rel L2 against the same stream alone) at every tap, one line per batch size,
+    row position and companion set (log scale; bit-identical layers on the floor as open markers)."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(9, 4.2))
+    positive = table["rel_l2"][table["rel_l2"] > 0]
+    floor = float(positive.min()) / 4 if len(positive) else 1e-8
+    taps = table.drop_duplicates("layer").sort_values("layer")
+    for (target, comp, B, row), g in table.groupby(["target", "companions", "B", "row"], sort=True):
+        g = g.sort_values("layer")
+        xs, ys = g["layer"].to_numpy(), g["rel_l2"].to_numpy(float)
+        many = table["target"].nunique() > 1
+        label = (f"{target}, " if many else "") + f"{comp}, B={B}, row {row}"
+        line, = ax.plot(xs, np.where(ys > 0, ys, np.nan), marker="o", ms=3, label=label)
+        if (ys == 0).any():
+            ax.plot(xs[ys == 0], np.full(int((ys == 0).sum()), floor), "o", mfc="none", color=line.get_color())
+    ax.set_yscale("log")
+    ax.set_xticks(taps["layer"], [t.replace("layer ", "") for t in taps["tap"]], fontsize=7)
+    ax.set_xlabel("decoder layer (norm: the final norm's output)")
+    ax.set_ylabel("rel L2 of the row vs alone")
+    ax.set_title(title or "Per-layer drift of one row through the padded batch (open markers on the floor: "
+                          "bit-identical)", fontsize=9)
+    ax.grid(True, which="both", axis="y", alpha=0.3)
+    if table.groupby(["target", "companions", "B", "row"]).ngroups <= 16:
+        ax.legend(fontsize=6, ncol=2)
+    fig.tight_layout()
+    return fig
+
+
+def _draw_batch(result) -> dict:
+    out = {"batch.png": batch_figure(result)}
+    if "batch_layers" in result.tables and len(result.tables["batch_layers"]):
+        out["batch_layers.png"] = batch_layers_figure(result.tables["batch_layers"])
+    return out
+
+
+DRAW["batch"] = _draw_batch
 
 
 # ---- server

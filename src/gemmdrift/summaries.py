@@ -509,6 +509,17 @@ def batch_text(result: Result) -> str:
                      f"rounding, {int(f['batch_outside_semantic'])} semantic")
     if "batch_speedup" in f:
         lines.append(f"largest batch: {f['batch_speedup']:.2f}x the speed of the same streams one by one")
+    lt = result.tables.get("batch_layers")
+    if lt is not None and len(lt):
+        lines += ["", "per-layer drift of the row through the batch (rel L2 vs alone, over the positions whose "
+                      "input both share; the first layer that differs and the final norm):"]
+        for (target, comp, B, row), g in lt.groupby(["target", "companions", "B", "row"], sort=True):
+            g = g.sort_values("layer")
+            differ = g[g["frac_differ"] > 0]
+            first = differ["tap"].iloc[0] if len(differ) else "none"
+            norm = g[g["tap"] == "norm"]["rel_l2"]
+            lines.append(f"  {target} {comp} B={B} row {row}: {int(g['positions'].iloc[0])} positions, first layer "
+                         f"that differs: {first}, norm rel L2 {float(norm.iloc[0]) if len(norm) else float('nan'):.3g}")
     return "\n".join(lines)
 
 

@@ -21,7 +21,7 @@ RANKS = {
     "envinfo": 1,
     "result": 2, "gguf_gemma": 2,
     "models": 3,
-    "taps": 4,
+    "taps": 4, "workers": 4,
     # measurements: each returns a Result
     "kernels.capture": 5, "kernels.paths": 6, "kernels.table": 7, "kernels.ops": 8, "kernels.runs": 9,
     "kernels": 10, "stack": 5, "diverge": 5, "history": 5,

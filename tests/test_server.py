@@ -88,3 +88,36 @@ def test_last_line_skips_access_lines_and_warnings(tmp_path):
                    "/usr/lib/python3/x.py:19: UserWarning: resource_tracker: leaked semaphore\n"
                    "  warnings.warn(\n")
     assert server._last_line(log) == "FileNotFoundError: No such file: 'x/config.json'"
+
+
+@pytest.mark.slow
+def test_real_server_chat_completions_path(tmp_path):
+    """The chat path, run for real: the embedded checkpoint given a chat template (a copy whose other files
+    are links) is an mlx-lm checkpoint with a chat-capable tokenizer, so every request goes to
+    /v1/chat/completions. The server's lone stream must be in-process generate on the chat-templated ids
+    (the server's prompt count was checked against them), and the conversation's second turn (user /
+    assistant / user messages) must reuse the first turn's cached tokens."""
+    import json
+    import os
+
+    from gemmdrift.gguf_gemma import converted_dir, embedded_gguf
+
+    src = converted_dir(embedded_gguf())
+    ckpt = tmp_path / "chat"
+    ckpt.mkdir()
+    for f in src.iterdir():
+        if f.name not in ("tokenizer_config.json", "gemmdrift_source.json"):
+            os.symlink(f, ckpt / f.name)
+    conf = json.loads((src / "tokenizer_config.json").read_text())
+    conf["chat_template"] = ("{{ bos_token }}{% for m in messages %}<start_of_turn>"
+                             "{{ 'model' if m['role'] == 'assistant' else m['role'] }}\n{{ m['content'] }}"
+                             "<end_of_turn>\n{% endfor %}{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}")
+    (ckpt / "tokenizer_config.json").write_text(json.dumps(conf))
+    r = server.measure_server(str(ckpt), "The capital of France is", 3, cases=("concurrent", "conversation"),
+                              companions=["Once upon a time"], triage=False)
+    assert r.inputs["endpoint"] == "/v1/chat/completions"
+    assert r.figure("server_matches_inprocess") == 1.0
+    conc, conv = r.details["pairs"]
+    assert conc["prompt"][0] == 2 and conc["prompt"][1] == 105  # BOS, then <start_of_turn> from the template
+    assert conv["case"] == "conversation" and conv["notes"]["turn1_equal"]
+    assert conv["notes"]["cached_tokens"] > len(conc["prompt"]) - 2  # the first turn came from the cache

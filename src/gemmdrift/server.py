@@ -353,13 +353,38 @@ class StreamPair:
         return asdict(self)
 
 
+def uses_chat(lm) -> bool:
+    """Whether requests go to ``/v1/chat/completions``: the checkpoint's tokenizer has a chat template."""
+    return bool(getattr(getattr(lm.tokenizer, "_tok", None), "has_chat_template", False))
+
+
+def as_request(lm, text: str) -> str | list[dict]:
+    """What is sent for a prompt text: the text (``/v1/completions``), or one user message (chat)."""
+    return [{"role": "user", "content": text}] if uses_chat(lm) else text
+
+
+def second_turn(lm, prompt: str, reply: str, follow_up: str) -> str | list[dict]:
+    """The conversation's second request: the first prompt, the server's reply and a follow-up, as one text
+    (completions) or as user / assistant / user messages (chat), so that the first request's tokens and the
+    reply are a prefix the server's prompt cache can reuse."""
+    if not uses_chat(lm):
+        return prompt + reply + follow_up
+    return [{"role": "user", "content": prompt}, {"role": "assistant", "content": reply},
+            {"role": "user", "content": follow_up.strip()}]
+
+
+def request_ids(lm, request: str | list[dict]) -> list[int]:
+    """The token ids the server computes for a request: the text encoded, or the chat template applied with
+    the generation prompt (as mlx_lm.server does)."""
+    if isinstance(request, str):
+        return [int(t) for t in lm.tokenizer.encode(request)]
+    out = lm.tokenizer._tok.apply_chat_template(request, add_generation_prompt=True, tokenize=True)
+    return [int(t) for t in (out["input_ids"] if hasattr(out, "keys") else out)]  # transformers 5: a mapping
+
+
 def _prompt_ids(lm, prompt: str | list[dict], reply: Reply, what: str) -> list[int]:
     """gemmdrift's ids for a prompt the server tokenized; the server's count must agree."""
-    if isinstance(prompt, str):
-        ids = list(lm.tokenizer.encode(prompt))
-    else:
-        out = lm.tokenizer._tok.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True)
-        ids = list(out["input_ids"] if hasattr(out, "keys") else out)  # transformers 5 may return a mapping
+    ids = request_ids(lm, prompt)
     if reply.prompt_tokens != len(ids):
         raise GemmdriftError(f"{what}: the server counted {reply.prompt_tokens} prompt tokens, gemmdrift's "
                              f"tokenizer {len(ids)}: the checkpoint's tokenizer files disagree with gemmdrift")
@@ -381,20 +406,18 @@ def run_cases(lm, model_dir: str | os.PathLike, prompt: str, n: int, *, cases: S
 
     say = progress or (lambda msg: None)
     pairs: list[StreamPair] = []
-    chat = bool(getattr(getattr(lm.tokenizer, "_tok", None), "has_chat_template", False))
-    as_request = (lambda text: [{"role": "user", "content": text}]) if chat else (lambda text: text)
     companions = list(companions)
     need_plain = {"draft", "concurrent"} & set(cases)
     if need_plain or "conversation" in cases:
         say("starting mlx_lm.server (no draft, no prompt-cache reuse)")
         with MlxLmServer(model_dir, prompt_cache_size=0, max_tokens=n) as srv:
-            alone = srv.complete(as_request(prompt), n)
-            ids = _prompt_ids(lm, as_request(prompt), alone, "prompt")
+            alone = srv.complete(as_request(lm, prompt), n)
+            ids = _prompt_ids(lm, as_request(lm, prompt), alone, "prompt")
             say(f"alone: {len(alone.tokens)} tokens in {alone.seconds:.1f} s")
             if "concurrent" in cases:
                 if not companions:
                     raise GemmdriftError("the concurrent case needs companion prompts")
-                replies = srv.complete_concurrently([as_request(prompt)] + [as_request(c) for c in companions], n)
+                replies = srv.complete_concurrently([as_request(lm, t) for t in [prompt, *companions]], n)
                 say(f"among {len(replies)} concurrent requests: {replies[0].seconds:.1f} s")
                 pairs.append(StreamPair("concurrent", "alone", f"among {len(companions) + 1}", ids, alone.tokens,
                                         replies[0].tokens, PLAIN_SCHEDULE, PLAIN_SCHEDULE, alone.seconds,
@@ -402,15 +425,15 @@ def run_cases(lm, model_dir: str | os.PathLike, prompt: str, n: int, *, cases: S
                                         notes={"companion_prompt_tokens": [r.prompt_tokens for r in replies[1:]],
                                                "batch": len(replies)}))
             if "conversation" in cases:
-                turn2 = prompt + alone.text + follow_up
-                fresh = srv.complete(as_request(turn2), n)
-                ids2 = _prompt_ids(lm, as_request(turn2), fresh, "conversation turn 2")
+                turn2 = second_turn(lm, prompt, alone.text, follow_up)
+                fresh = srv.complete(turn2, n)
+                ids2 = _prompt_ids(lm, turn2, fresh, "conversation turn 2")
             plain_alone = alone
         if "conversation" in cases:
             say("starting mlx_lm.server (prompt-cache reuse)")
             with MlxLmServer(model_dir, max_tokens=n) as srv:
-                first = srv.complete(as_request(prompt), n)
-                reused = srv.complete(as_request(turn2), n)
+                first = srv.complete(as_request(lm, prompt), n)
+                reused = srv.complete(turn2, n)
                 pairs.append(StreamPair("conversation", "fresh", "continued (cache reuse)", ids2, fresh.tokens,
                                         reused.tokens, PLAIN_SCHEDULE, PLAIN_SCHEDULE, fresh.seconds, reused.seconds,
                                         notes={"cached_tokens": reused.cached_tokens,
@@ -422,7 +445,7 @@ def run_cases(lm, model_dir: str | os.PathLike, prompt: str, n: int, *, cases: S
             say(f"starting mlx_lm.server --draft-model {draft_dir} --num-draft-tokens {num_draft}")
             with MlxLmServer(model_dir, draft_dir=draft_dir, num_draft=num_draft, prompt_cache_size=0,
                              max_tokens=n) as srv:
-                spec = srv.complete(as_request(prompt), n)
+                spec = srv.complete(as_request(lm, prompt), n)
             pairs.append(StreamPair("draft", "no draft", f"draft, {num_draft} tokens", ids, plain_alone.tokens,
                                     spec.tokens, PLAIN_SCHEDULE, f"prefill:{PREFILL_STEP},verify:{num_draft}",
                                     plain_alone.seconds, spec.seconds, notes={"draft": str(draft_dir)}))
@@ -496,7 +519,7 @@ def measure_server(source: str, prompt: str, n: int, *, cases: Sequence[str] = (
     if lm.tokenizer is None:
         raise GemmdriftError(f"{model_dir} has no tokenizer: the server needs one")
     say(f"{describe(lm.description)}; server dtype {dtype}")
-    ids = list(lm.tokenizer.encode(prompt))
+    ids = request_ids(lm, as_request(lm, prompt))  # what the server will compute: chat template where there is one
     generate_plain(lm.model, ids, 1, prefill_step=PREFILL_STEP)  # untimed: the lazy weights load on the first pass
     ref = generate_plain(lm.model, ids, n, prefill_step=PREFILL_STEP)
     say(f"in-process generate: {len(ref.tokens)} tokens in {ref.seconds:.1f} s")
@@ -532,6 +555,7 @@ def measure_server(source: str, prompt: str, n: int, *, cases: Sequence[str] = (
         figures["server_tokens_per_s"] = len(lone.tokens_a) / lone.seconds_a
         figures["server_matches_inprocess"] = float(lone.tokens_a == ref.tokens)
     inputs = {"model": lm.info, "checkpoint": str(model_dir), "dtype": dtype, "prompt": prompt, "n": n,
+              "endpoint": "/v1/chat/completions" if uses_chat(lm) else "/v1/completions",
               "cases": list(cases), "draft": draft or "re-quantized copy (4-bit, group 64)", "num_draft": num_draft,
               "companions": list(companions), "follow_up": follow_up}
     details = {"pairs": [p.as_dict() for p in pairs], "inprocess": {"tokens": ref.tokens, "seconds": ref.seconds}}

@@ -1236,8 +1236,10 @@ def measure_state(lm, *, operations: Sequence[str] = tuple(OPERATIONS), where: S
     groups = [g for g in groups if g]
     n = _workers(lm, workers, groups, setups)
     if n > 1:
+        from .workers import run_jobs
+
         _progress(f"{len(groups)} processes share the sweep: " + "; ".join(", ".join(g) for g in groups))
-        parts = _in_processes(lm, [dict(args, operations=g) for g in groups])
+        parts = run_jobs(lm, _sweep_job, [dict(args, operations=g) for g in groups], n)
     else:
         parts = [_sweep(lm, operations, setups=setups, **args)]
     rows = [row for part in parts for row in part["rows"]]
@@ -1267,44 +1269,19 @@ _MODEL_OPERATIONS = ("rollback", "save_load", "server_reuse", "batch")
 
 
 def _workers(lm, workers: int | None, groups: list[tuple[str, ...]], setups) -> int:
-    """How many processes run the sweep (see :func:`measure_state`)."""
-    if workers is not None:
-        if workers < 1:
-            raise GemmdriftError(f"workers must be at least 1, got {workers}")
-        if workers > 1 and (setups is not None or getattr(lm, "recipe", None) is None):
-            raise GemmdriftError("a sweep in several processes needs a model it can load again and the default "
-                                 "cache setups")
-        return min(workers, len(groups))
-    import mlx.core as mx
+    """How many processes run the sweep (see :func:`measure_state`): only the model's own cache setups can be
+    rebuilt in another process, and a half without model work is not worth a model load."""
+    from .workers import check_workers
 
-    on_cpu = mx.default_device() == mx.cpu
-    heavy = sum(1 for g in groups if any(o in _MODEL_OPERATIONS for o in g))
-    recipe = getattr(lm, "recipe", None)
-    if (setups is not None or recipe is None or recipe.get("dtype") != lm.description.dtype or not on_cpu
-            or (os.cpu_count() or 1) < 2):
+    if workers is None and (setups is not None or sum(any(o in _MODEL_OPERATIONS for o in g) for g in groups) < 2):
         return 1
-    return 2 if heavy >= 2 else 1
+    if workers is not None and workers > 1 and setups is not None:
+        raise GemmdriftError("a sweep in several processes needs the default cache setups (they are rebuilt there)")
+    return check_workers(lm, workers, len(groups))
 
 
-def _worker(recipe: dict[str, Any], kwargs: dict[str, Any]) -> dict[str, Any]:
-    """One process's share of the sweep: load the model again (on the CPU) and run its operations."""
-    import mlx.core as mx
-
-    from .models import load_model
-
-    mx.set_default_device(mx.cpu)
-    lm = load_model(**recipe)
+def _sweep_job(lm, **kwargs) -> dict[str, Any]:
     return _sweep(lm, kwargs.pop("operations"), setups=None, **kwargs)
-
-
-def _in_processes(lm, jobs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Run the jobs in fresh processes (spawned: mlx state is not fork-safe), results in job order."""
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
-
-    with ProcessPoolExecutor(len(jobs), mp_context=multiprocessing.get_context("spawn")) as pool:
-        futures = [pool.submit(_worker, dict(lm.recipe), job) for job in jobs]
-        return [f.result() for f in futures]
 
 
 def _f32():

@@ -1,0 +1,84 @@
+"""Independent parts of one measurement in several processes, each with its own copy of the model.
+
+mlx's CPU backend computes the small blocks these measurements feed (a few rows at a
+time) on one core, so on a multi-core CPU independent parts (the two rungs of the
+precision ladder, the two halves of the cache-state sweep) finish sooner side by side.
+Each worker is a fresh spawned process (mlx state is not fork-safe) that loads the
+model again from the recipe :func:`gemmdrift.models.load_model` left on it, and
+runs module-level functions ``fn(lm, **job)``; results come back pickled, in job
+order. The numbers are the same as in one process: every part computes exactly what
+it would have computed there (tests compare the tables).
+
+On a GPU the workers would only queue on the one device, so the default there is one
+process, as it is for models that cannot be loaded again (built in memory by tests).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Callable, Sequence
+
+from .errors import GemmdriftError
+
+_LM = None  # this worker's model
+
+
+def can_reload(lm) -> bool:
+    recipe = getattr(lm, "recipe", None)
+    return recipe is not None and recipe.get("dtype") == lm.description.dtype
+
+
+def default_workers(lm, parts: int) -> int:
+    """2 on a CPU device with at least 2 cores, for a model that can be loaded again and more than one part;
+    else 1."""
+    import mlx.core as mx
+
+    if parts < 2 or not can_reload(lm) or mx.default_device() != mx.cpu or (os.cpu_count() or 1) < 2:
+        return 1
+    return 2
+
+
+def check_workers(lm, workers: int | None, parts: int) -> int:
+    """``workers`` as given (None: :func:`default_workers`), validated, at most ``parts``."""
+    if workers is None:
+        return default_workers(lm, parts)
+    if workers < 1:
+        raise GemmdriftError(f"workers must be at least 1, got {workers}")
+    if workers > 1 and not can_reload(lm):
+        raise GemmdriftError("a measurement in several processes needs a model it can load again "
+                             "(one loaded by gemmdrift.models.load_model)")
+    return max(1, min(workers, parts))
+
+
+def _init(recipe: dict[str, Any], tf32_off: bool) -> None:
+    global _LM
+    import mlx.core as mx
+
+    from . import envinfo
+    from .models import load_model
+
+    if tf32_off:
+        envinfo.force_true_float32()  # inherited MLX_ENABLE_TF32=0; records that this process forced it
+    mx.set_default_device(mx.cpu)
+    _LM = load_model(**recipe)
+
+
+def _call(fn: Callable[..., Any], job: dict[str, Any]) -> Any:
+    return fn(_LM, **job)
+
+
+def run_jobs(lm, fn: Callable[..., Any], jobs: Sequence[dict[str, Any]], workers: int) -> list[Any]:
+    """``[fn(lm, **job) for job in jobs]``, in ``workers`` processes when more than one (``fn`` must be a
+    module-level function; its results must pickle)."""
+    if workers <= 1 or len(jobs) <= 1:
+        return [fn(lm, **job) for job in jobs]
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    from . import envinfo
+
+    tf32_off = bool(envinfo.TF32_FORCED_OFF) or os.environ.get(envinfo.TF32_VAR) == "0"
+    with ProcessPoolExecutor(min(workers, len(jobs)), mp_context=multiprocessing.get_context("spawn"),
+                             initializer=_init, initargs=(dict(lm.recipe), tf32_off)) as pool:
+        futures = [pool.submit(_call, fn, dict(job)) for job in jobs]
+        return [f.result() for f in futures]

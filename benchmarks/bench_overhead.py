@@ -14,7 +14,7 @@ class TapOverhead:
     param_names = ["schedule"]
     timeout = 1200
     number = 1
-    repeat = 3
+    repeat = 1  # one decode run is ~10 s on the CPU (more on a loaded one): one sample is a stable figure
     warmup_time = 0
     rounds = 1  # asv's default is 2: every case twice, each in a new process that loads the model
 

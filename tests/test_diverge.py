@@ -237,3 +237,22 @@ def test_a_corrupt_prompt_checkpoint_is_discarded_and_resume_keys_name_the_dtype
     monkeypatch.setattr(dv, "diverge", lambda *a, **k: calls.append(1) or real(*a, **k))
     dv.divergence_stats(other, prompts, 8, checkpoint=tmp_path, k=2)
     assert calls == [1] and len(list(tmp_path.glob("prompt-*.json"))) == 2
+
+
+@pytest.mark.parametrize("rollback", ["mlx-lm", "exact"])
+def test_the_two_streams_in_two_processes_are_the_same_streams(tmp_path, rollback):
+    """diverge() runs the plain and the speculative stream side by side in two processes (gemmdrift.workers);
+    each is the computation one process does: the same tokens, the same divergence and triage."""
+    from gemmdrift.diverge import diverge
+    from gemmdrift.models import load_model
+    from test_models import save_tiny
+
+    save_tiny(tmp_path / "m")
+    lm = load_model(str(tmp_path / "m"), dtype="bfloat16")
+    prompt = [int(t) for t in np.random.default_rng(3).integers(5, 97, 14)]  # past the tiny window of 8
+    one = diverge(lm, prompt, 12, k=2, prefill_b=4, rollback=rollback, workers=1)
+    two = diverge(lm, prompt, 12, k=2, prefill_b=4, rollback=rollback, workers=2)
+    for key in ("stream_a", "stream_b"):
+        assert one[key]["tokens"] == two[key]["tokens"] and len(one[key]["tokens"]) == 12
+    assert one["first_divergence"] == two["first_divergence"]
+    assert one["triage"]["verdict"] == two["triage"]["verdict"]

@@ -352,3 +352,22 @@ def test_a_corrupt_stack_checkpoint_is_discarded_and_recomputed(tmp_path, capsys
     from gemmdrift.taps import load_taps
 
     load_taps(victim)  # rewritten whole
+
+
+def test_ladder_rungs_in_two_processes_give_the_same_result(tmp_path):
+    """The rungs of the ladder (bfloat16 and float32) side by side in two processes (gemmdrift.workers), each
+    loading the model again, give the tables one process gives; local drift and the float32 record too."""
+    from gemmdrift.models import load_model
+    from test_models import save_tiny
+
+    save_tiny(tmp_path / "m")
+    lm = load_model(str(tmp_path / "m"), dtype="bfloat16")
+    kw = dict(split=4, ladder=True, local=True)
+    one = measure_stack(lm, TOKENS[:24], ["prefill:4,decode", "prefill:4,verify:2"], workers=1, **kw)
+    two = measure_stack(lm, TOKENS[:24], ["prefill:4,decode", "prefill:4,verify:2"], workers=2, **kw)
+    for name in ("stack", "envelope", "ladder"):
+        a, b = one.tables[name], two.tables[name]
+        assert len(a) and a.equals(b), name
+    assert set(one.tables["stack"]["dtype"]) == {"bfloat16", "float32"}
+    assert one.figures == two.figures
+    assert one.inputs["ladder_float32"] == two.inputs["ladder_float32"]

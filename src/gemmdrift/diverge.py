@@ -324,7 +324,7 @@ def triage(lm, prompt: Sequence[int], stream_a: Sequence[int], stream_b: Sequenc
 def diverge(lm, prompt: Sequence[int], n: int, *, k: int = defaults.DIVERGE_K, draft=None,
             prefill_a: int = defaults.PREFILL_PLAIN, prefill_b: int = defaults.PREFILL_SPECULATIVE,
             plain_vs: str = "speculative", do_triage: bool = True, envelope: float | None = None,
-            rollback: str = "mlx-lm") -> dict[str, Any]:
+            rollback: str = "mlx-lm", workers: int | None = None) -> dict[str, Any]:
     """Greedy generation of ``n`` tokens under two schedules, first divergence, and its triage.
 
     Args:
@@ -332,18 +332,23 @@ def diverge(lm, prompt: Sequence[int], n: int, *, k: int = defaults.DIVERGE_K, d
             or 'prefill' (plain generate with prefill_a vs plain generate with prefill_b).
         rollback: 'mlx-lm' (speculative_generate_step itself) or 'exact' (the same loop with an
             exact cache rollback, :func:`generate_speculative_exact`).
+        workers: processes for the two streams (:mod:`gemmdrift.workers`; default 2 on a multi-core CPU when
+            the draft is the target itself). Each stream is the same computation either way.
     """
     if rollback not in ("mlx-lm", "exact"):
         raise GemmdriftError(f"unknown rollback {rollback!r} (mlx-lm or exact)")
     if plain_vs not in ("speculative", "prefill"):
         raise GemmdriftError(f"unknown comparison {plain_vs!r} (speculative or prefill)")
-    a = generate_plain(lm.model, prompt, n, prefill_step=prefill_a)
+    from .workers import check_workers, run_jobs
+
+    prompt = [int(t) for t in prompt]
+    jobs = [dict(kind="plain", prompt=prompt, n=n, prefill=prefill_a),
+            dict(kind=plain_vs, prompt=prompt, n=n, prefill=prefill_b, k=k, rollback=rollback)]
+    if draft is None:
+        a, b = run_jobs(lm, _stream_job, jobs, check_workers(lm, workers, 2))
+    else:  # a separate draft model lives in this process only
+        a, b = _stream_job(lm, **jobs[0]), _stream_job(lm, **jobs[1], draft=draft)
     print(f"  plain       {a.schedule:28s} {n} tokens  {a.seconds:6.1f} s", file=sys.stderr, flush=True)
-    if plain_vs == "speculative":
-        speculative = generate_speculative_exact if rollback == "exact" else generate_speculative
-        b = speculative(lm.model, prompt, n, k=k, draft=draft, prefill_step=prefill_b)
-    else:
-        b = generate_plain(lm.model, prompt, n, prefill_step=prefill_b)
     print(f"  {b.label:11s} {b.schedule:28s} {n} tokens  {b.seconds:6.1f} s", file=sys.stderr, flush=True)
     d = first_divergence(a.tokens, b.tokens)
     out: dict[str, Any] = {
@@ -360,6 +365,15 @@ def diverge(lm, prompt: Sequence[int], n: int, *, k: int = defaults.DIVERGE_K, d
     return out
 
 
+
+
+def _stream_job(lm, *, kind: str, prompt: list[int], n: int, prefill: int, k: int = 0, rollback: str = "mlx-lm",
+                draft=None):
+    """One greedy stream of :func:`diverge` (module level: the two streams may run in two processes)."""
+    if kind == "plain" or kind == "prefill":
+        return generate_plain(lm.model, prompt, n, prefill_step=prefill)
+    speculative = generate_speculative_exact if rollback == "exact" else generate_speculative
+    return speculative(lm.model, prompt, n, k=k, draft=draft, prefill_step=prefill)
 
 
 def divergence_stats(lm, prompts: Sequence[Sequence[int]], n: int, *, checkpoint=None, labels=None,

@@ -194,6 +194,73 @@ def pair_verdict(ladder: pd.DataFrame, pair: str) -> Verdict:
     return Verdict.NO_DRIFT
 
 
+def _rung_runs(lm, *, dtype: str, tokens: list[int], schedules: list[str], split, positions, logit_positions,
+               local: bool, share_prefix: bool, checkpoint: str | None, keep: bool) -> dict[str, Any]:
+    """Every run of one rung of :func:`measure_stack` (the model's dtype, or float32 for the ladder) and their
+    comparisons; the model is back in its dtype afterwards. A module-level function: the rungs may run in
+    separate processes (:mod:`gemmdrift.workers`)."""
+    import mlx.core as mx
+
+    from .models import _cast
+
+    parsed = [parse_schedule(x) for x in schedules]
+    n = len(tokens)
+    base = lm.description.dtype
+    kinds = list(lm.description.layer_types)
+    ref_text = parsed[0].text
+    rows: list[dict] = []
+    per_pos: list[pd.DataFrame] = []
+    env_rows: list[dict] = []
+    kept: dict[tuple[str, str, str], Taps] = {}
+    rung = None
+    keep_taps = kept if keep else None
+    checkpoint = Path(checkpoint) if checkpoint is not None else None
+    try:
+        if dtype != lm.description.dtype:
+            # Same weights, higher precision: bf16/fp16 values upcast exactly.
+            _cast(lm.model, dtype)
+            rung = _measure_rung()
+        print(f"gemmdrift stack: {dtype}, {n} tokens, reference {ref_text}", file=sys.stderr, flush=True)
+        # Blocks every schedule shares before the first compared position run once.
+        limit = int(min(positions[0], logit_positions[0] if logit_positions.size else positions[0]))
+        prefix = common_prefix(lm.model, tokens, [s.text for s in parsed], split, limit) if share_prefix else None
+        if prefix is not None:
+            print(f"  shared prefix: {prefix.length} tokens in {len(prefix.blocks)} passes  {prefix.seconds:7.1f} s",
+                  file=sys.stderr, flush=True)
+        ckpt = Path(checkpoint) if checkpoint is not None else None
+        ref_positions = np.arange(prefix.length if prefix else 0, n) if (local and dtype == base) else positions
+        ref = _run(lm.model, tokens, ref_text, split=split, positions=ref_positions,
+                   logit_positions=logit_positions, prefix=prefix, checkpoint=ckpt,
+                   key=_run_key(lm, tokens, ref_text, "reference", dtype, split, ref_positions, logit_positions))
+        if keep_taps is not None:
+            kept[(ref_text, "accumulated", dtype)] = ref
+        for sched in parsed[1:]:
+            modes = ["accumulated"] + (["local"] if local and dtype == base else [])
+            for mode in modes:
+                other = _run(lm.model, tokens, sched.text, split=split, positions=positions,
+                             logit_positions=logit_positions, reference=ref if mode == "local" else None,
+                             prefix=prefix, checkpoint=ckpt,
+                             key=_run_key(lm, tokens, sched.text, mode, dtype, split, positions, logit_positions))
+                if keep_taps is not None:
+                    kept[(sched.text, mode, dtype)] = other
+                labels = {"pair": f"{ref_text} vs {sched.text}", "reference": ref_text, "schedule": sched.text,
+                          "mode": mode, "dtype": dtype}
+                r, pp, env = compare_taps(ref, other, kinds, labels)
+                rows += r
+                if pp is not None:
+                    per_pos.append(pp)
+                if env is not None:
+                    env_rows.append({**labels, **{k: v for k, v in env.items() if k != "flip_gaps"},
+                                     "flip_gaps": env["flip_gaps"]})
+                del other
+        del ref, prefix
+        mx.clear_cache()
+    finally:
+        if dtype != base:
+            _cast(lm.model, base)  # bf16/fp16 values survived the f32 detour exactly
+    return {"rows": rows, "per_pos": per_pos, "env_rows": env_rows, "kept": kept, "rung": rung}
+
+
 def measure_stack(
     lm,
     tokens: Sequence[int],
@@ -209,6 +276,7 @@ def measure_stack(
     checkpoint: str | Path | None = None,
     env: dict[str, Any] | None = None,
     record: dict[str, Any] | None = None,
+    workers: int | None = None,
 ) -> Result:
     """Compare every schedule with the first one over the same tokens.
 
@@ -229,16 +297,15 @@ def measure_stack(
             repeated call loads them instead of running again (resume).
         env: the environment record (default: :func:`gemmdrift.envinfo.environment`).
         record: more inputs to record (e.g. the prompt's label).
+        workers: processes for the rungs of the ladder (the model's dtype and float32 run side by side, each
+            in its own process; :mod:`gemmdrift.workers`). Default: 2 on a multi-core CPU with the ladder on.
 
     Returns:
         A ``stack`` :class:`Result`: tables ``stack`` (pair x mode x dtype x tap x metric),
         ``positions`` (per logit position), ``envelope`` (per pair, dtype and mode) and ``ladder``
         (with ``ladder=True``); tracked figures as in :func:`stack_figures`.
     """
-    import mlx.core as mx
-
     from .envinfo import environment
-    from .models import _cast
 
     if len(schedules) < 2:
         raise GemmdriftError("give at least two schedules: a reference and one to compare")
@@ -264,58 +331,20 @@ def measure_stack(
     base = lm.description.dtype
     if ladder and base == "float32":
         raise GemmdriftError("the precision ladder needs a base dtype below float32 (bfloat16 or float16)")
-    kinds = list(lm.description.layer_types)
     ref_text = parsed[0].text
-    rows: list[dict] = []
-    per_pos: list[pd.DataFrame] = []
-    env_rows: list[dict] = []
-    kept: dict[tuple[str, str, str], Taps] = {}
     dtypes = [base] + (["float32"] if ladder else [])
-    rung = None
-    try:
-        for dtype in dtypes:
-            if dtype != lm.description.dtype:
-                # Same weights, higher precision: bf16/fp16 values upcast exactly.
-                _cast(lm.model, dtype)
-                rung = _measure_rung()
-            print(f"gemmdrift stack: {dtype}, {n} tokens, reference {ref_text}", file=sys.stderr, flush=True)
-            # Blocks every schedule shares before the first compared position run once.
-            limit = int(min(positions[0], logit_positions[0] if logit_positions.size else positions[0]))
-            prefix = common_prefix(lm.model, tokens, [s.text for s in parsed], split, limit) if share_prefix else None
-            if prefix is not None:
-                print(f"  shared prefix: {prefix.length} tokens in {len(prefix.blocks)} passes  {prefix.seconds:7.1f} s",
-                      file=sys.stderr, flush=True)
-            ckpt = Path(checkpoint) if checkpoint is not None else None
-            ref_positions = np.arange(prefix.length if prefix else 0, n) if (local and dtype == base) else positions
-            ref = _run(lm.model, tokens, ref_text, split=split, positions=ref_positions,
-                       logit_positions=logit_positions, prefix=prefix, checkpoint=ckpt,
-                       key=_run_key(lm, tokens, ref_text, "reference", dtype, split, ref_positions, logit_positions))
-            if keep_taps is not None:
-                kept[(ref_text, "accumulated", dtype)] = ref
-            for sched in parsed[1:]:
-                modes = ["accumulated"] + (["local"] if local and dtype == base else [])
-                for mode in modes:
-                    other = _run(lm.model, tokens, sched.text, split=split, positions=positions,
-                                 logit_positions=logit_positions, reference=ref if mode == "local" else None,
-                                 prefix=prefix, checkpoint=ckpt,
-                                 key=_run_key(lm, tokens, sched.text, mode, dtype, split, positions, logit_positions))
-                    if keep_taps is not None:
-                        kept[(sched.text, mode, dtype)] = other
-                    labels = {"pair": f"{ref_text} vs {sched.text}", "reference": ref_text, "schedule": sched.text,
-                              "mode": mode, "dtype": dtype}
-                    r, pp, env = compare_taps(ref, other, kinds, labels)
-                    rows += r
-                    if pp is not None:
-                        per_pos.append(pp)
-                    if env is not None:
-                        env_rows.append({**labels, **{k: v for k, v in env.items() if k != "flip_gaps"},
-                                         "flip_gaps": env["flip_gaps"]})
-                    del other
-            del ref, prefix
-            mx.clear_cache()
-    finally:
-        if ladder:
-            _cast(lm.model, base)  # bf16/fp16 values survived the f32 detour exactly
+    from .workers import check_workers, run_jobs
+
+    jobs = [dict(dtype=d, tokens=[int(t) for t in tokens], schedules=[p.text for p in parsed], split=split,
+                 positions=positions, logit_positions=logit_positions, local=local, share_prefix=share_prefix,
+                 checkpoint=str(checkpoint) if checkpoint is not None else None, keep=keep_taps is not None)
+            for d in dtypes]
+    parts = run_jobs(lm, _rung_runs, jobs, check_workers(lm, workers, len(jobs)))
+    rows = [r for p in parts for r in p["rows"]]
+    per_pos = [x for p in parts for x in p["per_pos"]]
+    env_rows = [x for p in parts for x in p["env_rows"]]
+    kept = {k: v for p in parts for k, v in p["kept"].items()}
+    rung = next((p["rung"] for p in parts if p["rung"] is not None), None)
     table = pd.DataFrame(rows)
     ladder_df = ladder_table(table, base, true_float32=rung["true_float32"]) if ladder else None
     inputs = {

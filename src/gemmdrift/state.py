@@ -855,7 +855,6 @@ def batch_vs_alone(lm, seq: Sequence[int], other: Sequence[int], *, op: str, ste
     and ``other[:-1]`` (copied, not changed; their dtype must match the model's), instead of
     prefilling here. Returns ``{"diff": Diff, "steps", "members_after"}``.
     """
-    import mlx.core as mx
     from mlx_lm.models import cache as C
 
     if op not in ("extend", "filter"):

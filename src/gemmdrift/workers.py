@@ -61,6 +61,7 @@ def _init(recipe: dict[str, Any], tf32_off: bool) -> None:
         envinfo.force_true_float32()  # inherited MLX_ENABLE_TF32=0; records that this process forced it
     mx.set_default_device(mx.cpu)
     _LM = load_model(**recipe)
+    mx.eval(_LM.model.parameters())  # the lazy weights load here, not inside the first timed part
 
 
 def _call(fn: Callable[..., Any], job: dict[str, Any]) -> Any:

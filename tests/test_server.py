@@ -109,6 +109,9 @@ def test_real_server_chat_completions_path(tmp_path):
         if f.name not in ("tokenizer_config.json", "gemmdrift_source.json"):
             os.symlink(f, ckpt / f.name)
     conf = json.loads((src / "tokenizer_config.json").read_text())
+    # A chat checkpoint parses the template's control tokens (the converted base checkpoint splits them, so
+    # that a prompt text is encoded as gemmdrift's SentencePiece tokenizer encodes it).
+    conf["split_special_tokens"] = False
     conf["chat_template"] = ("{{ bos_token }}{% for m in messages %}<start_of_turn>"
                              "{{ 'model' if m['role'] == 'assistant' else m['role'] }}\n{{ m['content'] }}"
                              "<end_of_turn>\n{% endfor %}{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}")

@@ -219,3 +219,5 @@ def test_measure_batch_with_layers_tables_figure_and_text(tiny, tmp_path):
     store.write_result(r, tmp_path / "b")
     back = store.read_result(tmp_path / "b")
     assert len(back.tables["batch_layers"]) == len(lt)
+    streams = sorted(p.name for p in (tmp_path / "b" / "streams").glob("*.json"))  # for `gemmdrift triage`
+    assert len(streams) == 2 * len(r.tables["batch"]) and streams[0].endswith("_a.json")

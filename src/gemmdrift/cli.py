@@ -479,7 +479,7 @@ def cmd_gate(args) -> int:
                f"by more than {args.threshold:.0%} ({len(g)} compared)")
     shown = bad if len(bad) else g.head(0)
     changed = g[g["changed"]]
-    trees = (f"\nsummation trees changed (not a regression by itself; see `gemmdrift fingerprint`):\n"
+    trees = ("\nsummation trees changed (not a regression by itself; see `gemmdrift fingerprint`):\n"
              + text_table(changed[["machine", "backend", "benchmark", "params", "old", "new"]]) if len(changed) else "")
     _emit(args, {"pass": not len(bad), "compared": int(len(g)), "regressions": bad.to_dict(orient="records"),
                  "trees_changed": changed.to_dict(orient="records")},
@@ -534,9 +534,8 @@ def _batch_companions(lm, names, exclude: str, long_tokens: int, count: int) -> 
 
 
 def cmd_batch(args) -> int:
-    from . import store, summaries
+    from . import store
     from .batch import measure_batch
-    from .files import to_json
     from .models import describe
     from .prompts import builtin_prompts
 
@@ -575,23 +574,24 @@ def cmd_batch(args) -> int:
     r = measure_batch(lm, targets, comps, args.n, batch_sizes=sizes, rows=args.rows, ladder_lm=ladder_lm,
                       reference=not args.no_reference, progress=lambda m: print("  " + m, file=sys.stderr, flush=True),
                       inputs={"long_tokens": long_tokens}, layers=args.layers)
-    out = Path(args.out)
-    store.write_result(r, out)
-    from .files import write_json
-    from .server import stream_files
+    return _write_streams_and_print(args, r)
 
-    for name, obj in stream_files(r).items():
-        write_json(out / "streams" / name, obj)
-    text = summaries.text(r) + f"\nwritten to {out}/ (streams/*.json feed `gemmdrift triage`)"
+
+def _write_streams_and_print(args, r) -> int:
+    """Write a batch or server Result (its streams/*.json included) and print its summary."""
+    from . import store, summaries
+    from .files import to_json
+
+    store.write_result(r, args.out)
+    text = summaries.text(r) + f"\nwritten to {args.out}/ (streams/*.json feed `gemmdrift triage`)"
     print(to_json(summaries.summary(r)) if args.json else text)
     return 0
 
 
 def cmd_server(args) -> int:
-    from . import store, summaries
-    from .files import to_json, write_json
+    from . import store
     from .prompts import builtin_prompts, builtin_text
-    from .server import measure_server, port_in_use, stream_files
+    from .server import measure_server
 
     cases = [c.strip() for c in args.cases.split(",") if c.strip()]
     if not cases or set(cases) - {"draft", "concurrent", "conversation"}:
@@ -616,13 +616,7 @@ def cmd_server(args) -> int:
     r = measure_server(args.model, prompt, args.n, cases=cases, draft=args.draft, num_draft=args.num_draft,
                        companions=companions, triage=not args.no_triage,
                        progress=lambda m: print("  " + m, file=sys.stderr, flush=True))
-    out = Path(args.out)
-    store.write_result(r, out)
-    for name, obj in stream_files(r).items():
-        write_json(out / "streams" / name, obj)
-    text = summaries.text(r) + f"\nwritten to {out}/ (streams/*.json feed `gemmdrift triage`)"
-    print(to_json(summaries.summary(r)) if args.json else text)
-    return 0
+    return _write_streams_and_print(args, r)
 
 
 def build_parser() -> argparse.ArgumentParser:

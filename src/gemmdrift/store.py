@@ -7,7 +7,8 @@ A Result directory holds::
     figures.json   the tracked figures {name: value}
     details.json   JSON-able extras (when there are any)
     <table>.csv    the kind's own tables (stack.csv, positions.csv, ...)
-    <doc>.json     the kind's own documents (DOCUMENTS[kind]: diverge.json, stream_a.json, triage.json, ...)
+    <doc>.json     the kind's own documents (DOCUMENTS[kind]: diverge.json, stream_a.json, triage.json,
+                   streams/*.json, ...)
     summary.json   gemmdrift.summaries.summary(result)
     *.png          gemmdrift.plots.draw(result)
     result.json    {"format", "kind", "files"}: written last, it marks the directory complete
@@ -144,3 +145,15 @@ DOCUMENTS["diverge"] = _diverge_documents
 # ---- triage: triage.json
 
 DOCUMENTS["triage"] = lambda r: {"triage.json": {"env": dict(r.env), "triage": dict(r.details["triage"])}}
+
+
+# ---- batch and server: streams/<case>_a.json / _b.json for every compared pair (inputs of `gemmdrift triage`)
+
+
+def _stream_documents(result: Result) -> dict[str, Any]:
+    from .server import stream_files
+
+    return {f"streams/{name}": obj for name, obj in stream_files(result).items()}
+
+
+DOCUMENTS["batch"] = DOCUMENTS["server"] = _stream_documents

@@ -558,6 +558,23 @@ def measure_divergence_stats(lm, prompts: Sequence[Sequence[int]], n: int, *, re
 # ---------------------------------------------------------------- exact rollback (gemmdrift state, item 2)
 
 
+def _rewind(model, cache: list, snapshot: list, fed: Sequence[int], keep: int) -> tuple[list, int]:
+    """Keep the first ``keep`` of the ``fed`` tokens a cache took: mlx-lm's trim where it can trim, else the
+    snapshot taken before they were fed, fed the kept tokens again as one block. Returns the cache and
+    whether the snapshot was restored (0 or 1)."""
+    import mlx.core as mx
+    from mlx_lm.models.cache import can_trim_prompt_cache, trim_prompt_cache
+
+    if keep >= len(fed):
+        return cache, 0
+    if can_trim_prompt_cache(cache):
+        trim_prompt_cache(cache, len(fed) - keep)
+        return cache, 0
+    model(mx.array(fed[:keep], dtype=mx.uint32)[None], cache=snapshot)
+    mx.eval([c.state for c in snapshot])
+    return snapshot, 1
+
+
 def speculative_exact_step(prompt: Sequence[int], model, draft_model, *, num_draft_tokens: int = 2,
                            max_tokens: int = 256, prefill_step_size: int = 512):
     """Greedy speculative decoding with mlx-lm's loop, but with an exact cache rollback.
@@ -579,7 +596,7 @@ def speculative_exact_step(prompt: Sequence[int], model, draft_model, *, num_dra
     import copy
 
     import mlx.core as mx
-    from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache, trim_prompt_cache
+    from mlx_lm.models.cache import make_prompt_cache
 
     def step(m, cache, toks):
         logits = m(mx.array(list(toks), dtype=mx.uint32)[None], cache=cache)
@@ -635,26 +652,11 @@ def speculative_exact_step(prompt: Sequence[int], model, draft_model, *, num_dra
             yield target[n], False, restored
         if ntoks == max_tokens:
             break
-        # Target: keep y and the n accepted drafts.
-        keep = len(y) + n
-        if keep < len(block):
-            if can_trim_prompt_cache(model_cache):
-                trim_prompt_cache(model_cache, len(block) - keep)
-            else:
-                restored += 1
-                model_cache = snapshot
-                model(mx.array(block[:keep], dtype=mx.uint32)[None], cache=model_cache)
-                mx.eval([c.state for c in model_cache])
-        # Draft: it has processed draft_y and d1..d(k-1); keep draft_y and d1..dn.
-        keep_d = len(draft_y) + n
-        if keep_d < len(draft_fed):
-            if can_trim_prompt_cache(draft_cache):
-                trim_prompt_cache(draft_cache, len(draft_fed) - keep_d)
-            else:
-                restored += 1
-                draft_cache = draft_snapshot
-                draft_model(mx.array(draft_fed[:keep_d], dtype=mx.uint32)[None], cache=draft_cache)
-                mx.eval([c.state for c in draft_cache])
+        # Target: keep y and the n accepted drafts. Draft: it has processed draft_y and d1..d(k-1); keep
+        # draft_y and d1..dn.
+        model_cache, r_t = _rewind(model, model_cache, snapshot, block, len(y) + n)
+        draft_cache, r_d = _rewind(draft_model, draft_cache, draft_snapshot, draft_fed, len(draft_y) + n)
+        restored += r_t + r_d
         y = [target[n]]
         draft_y = ([drafts[-1]] if n == num_draft else []) + y
 

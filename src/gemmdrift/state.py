@@ -1026,25 +1026,29 @@ def _sweep(lm, operations: Sequence[str], where: Sequence[str] | None, ks: Seque
         if diff is not None and not refused and not diff.identical and diff.structure and ladder and rerun:
             ladder_jobs.append((len(rows) - 1, rerun, diff))
 
-    # a. speculative rollback
-    if "rollback" in operations:
+    def cells(op: str):
+        """(setup, where, prefix) of every case of ``op``; a 'not applicable' row for a setup the model lacks."""
         for s in setups:
             if s.make is None:
-                rows.append(_row(s.name, "rollback", "", None, window, "", Verdict.NOT_APPLICABLE, s.note))
+                rows.append(_row(s.name, op, "", None, window, "", Verdict.NOT_APPLICABLE, s.note))
                 continue
             for w, p in lengths.items():
-                if w not in where_for(s.name):
-                    continue
-                t0 = time.perf_counter()
-                for c in rollback_cases(lm, s, prefix, p, ks_for(s.name)):
-                    refused = c["r"] > 0 and c["trimmed"] < c["r"]
-                    v, why, _ = judge(c["diff"], refused=refused,
-                                      envelope=envelope)
-                    row = _row(s.name, "rollback", w, p, window, f"k={c['k']} r={c['r']}", v, why, c["diff"],
-                               k=c["k"], r=c["r"], trimmed=c["trimmed"], note=s.note)
-                    add(row, c["diff"], refused, (lambda s=s, p=p, c=c: _rollback_side(
-                        lm, s, prefix, p, c["mat"], c["k"], c["r"], dtype=_f32())[0]))
-                _progress(f"rollback {s.name} {w} (prefix {p}): {time.perf_counter() - t0:.1f} s")
+                if w in where_for(s.name):
+                    yield s, w, p
+
+    # a. speculative rollback
+    if "rollback" in operations:
+        for s, w, p in cells("rollback"):
+            t0 = time.perf_counter()
+            for c in rollback_cases(lm, s, prefix, p, ks_for(s.name)):
+                refused = c["r"] > 0 and c["trimmed"] < c["r"]
+                v, why, _ = judge(c["diff"], refused=refused,
+                                  envelope=envelope)
+                row = _row(s.name, "rollback", w, p, window, f"k={c['k']} r={c['r']}", v, why, c["diff"],
+                           k=c["k"], r=c["r"], trimmed=c["trimmed"], note=s.note)
+                add(row, c["diff"], refused, (lambda s=s, p=p, c=c: _rollback_side(
+                    lm, s, prefix, p, c["mat"], c["k"], c["r"], dtype=_f32())[0]))
+            _progress(f"rollback {s.name} {w} (prefix {p}): {time.perf_counter() - t0:.1f} s")
 
     # b. trim, directly and through trim_prompt_cache (no model: synthetic keys, window 16)
     if "trim" in operations or "trim_prompt_cache" in operations:
@@ -1090,23 +1094,17 @@ def _sweep(lm, operations: Sequence[str], where: Sequence[str] | None, ks: Seque
 
     # c. save / load round trip
     if "save_load" in operations:
-        for s in setups:
-            if s.make is None:
-                rows.append(_row(s.name, "save_load", "", None, window, "", Verdict.NOT_APPLICABLE, s.note))
-                continue
-            for w, p in lengths.items():
-                if w not in where_for(s.name):
+        for s, w, p in cells("save_load"):
+            for block in (1, CONTINUATION):
+                try:
+                    d, _ = save_load_case(lm, s, prefix, p, block)
+                except Exception as e:
+                    rows.append(_row(s.name, "save_load", w, p, window, f"continue T={block}", Verdict.STATE_BUG,
+                                     f"raised {type(e).__name__}: {e}", note=s.note))
                     continue
-                for block in (1, CONTINUATION):
-                    try:
-                        d, _ = save_load_case(lm, s, prefix, p, block)
-                    except Exception as e:
-                        rows.append(_row(s.name, "save_load", w, p, window, f"continue T={block}", Verdict.STATE_BUG,
-                                         f"raised {type(e).__name__}: {e}", note=s.note))
-                        continue
-                    v, why, _ = judge(d, envelope=envelope)
-                    add(_row(s.name, "save_load", w, p, window, f"continue T={block}", v, why, d, note=s.note), d,
-                        rerun=lambda s=s, p=p, block=block: save_load_case(lm, s, prefix, p, block, dtype=_f32())[0])
+                v, why, _ = judge(d, envelope=envelope)
+                add(_row(s.name, "save_load", w, p, window, f"continue T={block}", v, why, d, note=s.note), d,
+                    rerun=lambda s=s, p=p, block=block: save_load_case(lm, s, prefix, p, block, dtype=_f32())[0])
         _progress("save/load: done")
 
     # d. server prompt reuse

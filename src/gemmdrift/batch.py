@@ -329,7 +329,7 @@ def alone_layers(lm, target: Sequence[int], stream: Sequence[int], n: int, prefi
     L = len(target)
     seq = [int(t) for t in target] + [int(t) for t in stream[: n - 1]]
     return run_schedule(lm.model, seq, f"prefill:{prefill_step},decode", split=L - 1,
-                        positions=np.arange(L - 1, L - 1 + min(n, len(stream) + 1 if stream else 1)))
+                        positions=np.arange(L - 1, len(seq)))
 
 
 def layer_drift(alone: np.ndarray, row: np.ndarray, dtype: str) -> list[dict[str, Any]]:
@@ -533,5 +533,6 @@ def measure_batch(lm, targets: dict[str, Sequence[int]], companion_sets: dict[st
                                         **(inputs or {})},
                   env=env, frame=tidy(frame_rows, model=lm.description.source, dtype=lm.description.dtype,
                                       **env_labels(env)),
-                  figures=figures, tables={"batch": table, **({"batch_layers": layer_table} if len(layer_table) else {})},
+                  figures=figures,
+                  tables={"batch": table, **({"batch_layers": layer_table} if len(layer_table) else {})},
                   details={"pairs": pairs})

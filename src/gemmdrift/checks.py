@@ -112,11 +112,19 @@ def check_length(info: Mapping[str, Any], n_tokens: int, what: str) -> None:
         raise GemmdriftError(f"{what} has {n_tokens:,} tokens: more than the model's {limit:,} positions")
 
 
+LM_TAG = "+lm"  # in a release label: MLX+lmMLXLM (see gemmdrift.history)
+
+
+def split_release(label: str) -> tuple[str, str]:
+    """A release label's (mlx version, mlx-lm version); the mlx-lm one is '' for a bare mlx version."""
+    mlx, _, lm = str(label).partition(LM_TAG)
+    return mlx, lm
+
+
 def check_gate_versions(candidate: str | None, baseline: str | None) -> None:
     """Refuse to gate a release against itself: that comparison passes whatever the release does."""
-    def key(v: str) -> tuple:  # a release label: MLX or MLX+lmMLXLM (gemmdrift.history)
-        mlx, _, lm = str(v).partition("+lm")
-        return tuple(tuple(int(x) if x.isdigit() else 0 for x in part.split(".")) for part in (mlx, lm))
+    def key(v: str) -> tuple:
+        return tuple(tuple(int(x) if x.isdigit() else 0 for x in part.split(".")) for part in split_release(v))
 
     if candidate is not None and baseline is not None and key(candidate) == key(baseline):
         raise GemmdriftError(f"--candidate {candidate} and --baseline {baseline} are the same release: "

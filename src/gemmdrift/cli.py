@@ -360,7 +360,9 @@ def cmd_triage(args) -> int:
 
 def _release(label: str) -> str:
     """'0.32.4' -> 'mlx 0.32.4'; '0.32.4+lm0.31.3' -> 'mlx 0.32.4 with mlx-lm 0.31.3'."""
-    mlx, _, lm = str(label).partition("+lm")
+    from .checks import split_release
+
+    mlx, lm = split_release(label)
     return f"mlx {mlx}" + (f" with mlx-lm {lm}" if lm else "")
 
 
@@ -574,17 +576,7 @@ def cmd_batch(args) -> int:
     r = measure_batch(lm, targets, comps, args.n, batch_sizes=sizes, rows=args.rows, ladder_lm=ladder_lm,
                       reference=not args.no_reference, progress=lambda m: print("  " + m, file=sys.stderr, flush=True),
                       inputs={"long_tokens": long_tokens}, layers=args.layers)
-    return _write_streams_and_print(args, r)
-
-
-def _write_streams_and_print(args, r) -> int:
-    """Write a batch or server Result (its streams/*.json included) and print its summary."""
-    from . import store, summaries
-    from .files import to_json
-
-    store.write_result(r, args.out)
-    text = summaries.text(r) + f"\nwritten to {args.out}/ (streams/*.json feed `gemmdrift triage`)"
-    print(to_json(summaries.summary(r)) if args.json else text)
+    _write_and_print(args, r, args.out, note="(streams/*.json feed `gemmdrift triage`)")
     return 0
 
 
@@ -616,7 +608,8 @@ def cmd_server(args) -> int:
     r = measure_server(args.model, prompt, args.n, cases=cases, draft=args.draft, num_draft=args.num_draft,
                        companions=companions, triage=not args.no_triage,
                        progress=lambda m: print("  " + m, file=sys.stderr, flush=True))
-    return _write_streams_and_print(args, r)
+    _write_and_print(args, r, args.out, note="(streams/*.json feed `gemmdrift triage`)")
+    return 0
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -36,12 +36,11 @@ from typing import Any, Sequence
 import pandas as pd
 
 from . import defaults
-from .checks import check_gate_versions
+from .checks import LM_TAG, check_gate_versions, split_release
 from .errors import GemmdriftError
 
 VERSION_BENCH = "bench_env.track_mlx_version"
 LM_VERSION_BENCH = "bench_env.track_mlx_lm_version"
-LM_TAG = "+lm"  # in a release label: MLX+lmMLXLM
 BACKEND_BENCH = "bench_env.track_backend"
 BACKEND_CODES = {0: "cpu", 1: "metal", 2: "cuda"}  # track_backend's numbering
 GATE_THRESHOLD = defaults.GATE_THRESHOLD  # relative growth of a drift figure that fails the gate
@@ -77,7 +76,7 @@ def release_label(mlx: str, mlx_lm: str | None, several: bool) -> str:
 
 def release_key(label: str) -> tuple:
     """Sort key of a release label: by mlx, then by mlx-lm."""
-    mlx, _, lm = str(label).partition(LM_TAG)
+    mlx, lm = split_release(label)
     return (version_key(mlx), version_key(lm) if lm else ())
 
 
@@ -95,7 +94,7 @@ def resolve_release(spec: str, releases: Sequence[str], flag: str) -> str:
     with the newest mlx-lm it ran with (the matrix's main line pairs each mlx with its own newest mlx-lm)."""
     if spec in releases:
         return spec
-    matching = sorted((r for r in releases if r.partition(LM_TAG)[0] == spec), key=release_key)
+    matching = sorted((r for r in releases if split_release(r)[0] == spec), key=release_key)
     if matching:
         return matching[-1]
     raise GemmdriftError(f"{flag}: no results for {spec} (have {', '.join(sorted(releases, key=release_key))})")

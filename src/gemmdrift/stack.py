@@ -213,8 +213,7 @@ def _rung_runs(lm, *, dtype: str, tokens: list[int], schedules: list[str], split
     env_rows: list[dict] = []
     kept: dict[tuple[str, str, str], Taps] = {}
     rung = None
-    keep_taps = kept if keep else None
-    checkpoint = Path(checkpoint) if checkpoint is not None else None
+    ckpt = Path(checkpoint) if checkpoint is not None else None
     try:
         if dtype != lm.description.dtype:
             # Same weights, higher precision: bf16/fp16 values upcast exactly.
@@ -227,12 +226,11 @@ def _rung_runs(lm, *, dtype: str, tokens: list[int], schedules: list[str], split
         if prefix is not None:
             print(f"  shared prefix: {prefix.length} tokens in {len(prefix.blocks)} passes  {prefix.seconds:7.1f} s",
                   file=sys.stderr, flush=True)
-        ckpt = Path(checkpoint) if checkpoint is not None else None
         ref_positions = np.arange(prefix.length if prefix else 0, n) if (local and dtype == base) else positions
         ref = _run(lm.model, tokens, ref_text, split=split, positions=ref_positions,
                    logit_positions=logit_positions, prefix=prefix, checkpoint=ckpt,
                    key=_run_key(lm, tokens, ref_text, "reference", dtype, split, ref_positions, logit_positions))
-        if keep_taps is not None:
+        if keep:
             kept[(ref_text, "accumulated", dtype)] = ref
         for sched in parsed[1:]:
             modes = ["accumulated"] + (["local"] if local and dtype == base else [])
@@ -241,7 +239,7 @@ def _rung_runs(lm, *, dtype: str, tokens: list[int], schedules: list[str], split
                              logit_positions=logit_positions, reference=ref if mode == "local" else None,
                              prefix=prefix, checkpoint=ckpt,
                              key=_run_key(lm, tokens, sched.text, mode, dtype, split, positions, logit_positions))
-                if keep_taps is not None:
+                if keep:
                     kept[(sched.text, mode, dtype)] = other
                 labels = {"pair": f"{ref_text} vs {sched.text}", "reference": ref_text, "schedule": sched.text,
                           "mode": mode, "dtype": dtype}

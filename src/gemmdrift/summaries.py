@@ -327,7 +327,8 @@ def history_summary(result: Result) -> dict[str, Any]:
     t, wide = result.tables["history"], result.tables["history_wide"]
     if "release" not in t.columns:
         t = label_releases(t)
-    return {"series": int(len(wide)), "versions": sorted(set(t["release"]), key=release_key), "machines": sorted(set(t["machine"])),
+    return {"series": int(len(wide)), "versions": sorted(set(t["release"]), key=release_key),
+            "machines": sorted(set(t["machine"])),
             "figures": list(figure_names(t)), "table": wide.to_dict(orient="records")}
 
 

@@ -50,7 +50,7 @@ def check_workers(lm, workers: int | None, parts: int) -> int:
     return max(1, min(workers, parts))
 
 
-def _init(recipe: dict[str, Any], tf32_off: bool) -> None:
+def _init(recipe: dict[str, Any], tf32_off: bool, device: str) -> None:
     global _LM
     import mlx.core as mx
 
@@ -59,7 +59,7 @@ def _init(recipe: dict[str, Any], tf32_off: bool) -> None:
 
     if tf32_off:
         envinfo.force_true_float32()  # inherited MLX_ENABLE_TF32=0; records that this process forced it
-    mx.set_default_device(mx.cpu)
+    mx.set_default_device(mx.gpu if device == "gpu" else mx.cpu)  # the parent's device
     _LM = load_model(**recipe)
     mx.eval(_LM.model.parameters())  # the lazy weights load here, not inside the first timed part
 
@@ -76,10 +76,13 @@ def run_jobs(lm, fn: Callable[..., Any], jobs: Sequence[dict[str, Any]], workers
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
+    import mlx.core as mx
+
     from . import envinfo
 
     tf32_off = bool(envinfo.TF32_FORCED_OFF) or os.environ.get(envinfo.TF32_VAR) == "0"
+    device = "gpu" if mx.default_device() == mx.gpu else "cpu"
     with ProcessPoolExecutor(min(workers, len(jobs)), mp_context=multiprocessing.get_context("spawn"),
-                             initializer=_init, initargs=(dict(lm.recipe), tf32_off)) as pool:
+                             initializer=_init, initargs=(dict(lm.recipe), tf32_off, device)) as pool:
         futures = [pool.submit(_call, fn, dict(job)) for job in jobs]
         return [f.result() for f in futures]

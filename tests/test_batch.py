@@ -214,6 +214,13 @@ def test_measure_batch_with_layers_tables_figure_and_text(tiny, tmp_path):
     lt = r.tables["batch_layers"]
     assert len(lt) == 2 * 2 * (tiny.n_layers + 1) - (tiny.n_layers + 1)  # B=1: one row; B=2: rows 0 and 1
     assert (lt["frac_differ"] == 0).all() and r.figures["batch_layer_norm_rel_l2"] == 0.0
+    assert r.figures["batch_layers_differ"] == 0.0
+    bad = batch.measure_batch(tiny, {"t": TARGET}, {"short": SHORT}, 5, batch_sizes=(2,), rows="all",
+                              reference=False, layers=True, plant=batch.shift_row_mask)
+    blt = bad.tables["batch_layers"]
+    per_row = blt.groupby("row")["frac_differ"].apply(lambda f: int((f > 0).sum()))
+    assert bad.figures["batch_layers_differ"] == float(per_row.max()) == tiny.n_layers + 1  # every tap
+    assert bad.figures["batch_layer_norm_rel_l2"] == float(blt[blt["tap"] == "norm"]["rel_l2"].max()) > 1e-3
     assert "batch_layers.png" in plots.DRAW["batch"](r)
     assert "first layer that differs: none" in summaries.text(r)
     store.write_result(r, tmp_path / "b")

@@ -55,9 +55,10 @@ class KernelSpeed:
     params = (list(common.SPEED_PATHS), list(common.SPEED_TS))
     param_names = ["path", "T"]
     timeout = 600
-    # asv runs every case in its own process: the captured rows come from one shared setup_cache (a
-    # forward pass, once), so each case only loads the model. One round; 2-5 samples within 1 s each
-    # (bf16 at T=1 is ~1 ms, affine 4-bit at T=64 ~0.5 s on the reference-BLAS CPU).
+    # asv runs every case in its own process: the shared setup_cache (a forward pass, once) keeps the
+    # captured rows and the projection detached from the model (gemmdrift.kernels.detach), so a case
+    # neither loads the model nor imports mlx-lm (~2.5 s each); it rebuilds the same module. One round;
+    # 2-5 samples within 1 s each (bf16 at T=1 is ~1 ms, affine 4-bit at T=64 ~0.7 s on the reference-BLAS CPU).
     rounds = 1
     repeat = (2, 5, 1.0)
     warmup_time = 0.1
@@ -68,18 +69,17 @@ class KernelSpeed:
         lm = common.model()
         proj = kernels.projections(lm, layers=[common.SPEED_LAYER], names=[common.SPEED_PROJECTION])[0]
         projs, inputs = common.kernel_inputs()
-        return inputs.get(proj.key)
+        return inputs.get(proj.key), kernels.detach(lm, proj)
 
     setup_cache.timeout = 1800
 
-    def setup(self, rows, path, t):
+    def setup(self, cache, path, t):
         from gemmdrift import kernels
 
-        lm = common.model()
-        proj = kernels.projections(lm, layers=[common.SPEED_LAYER], names=[common.SPEED_PROJECTION])[0]
-        self.body = kernels.time_projection(lm, proj, path, t, rows=rows)
+        rows, operand = cache
+        self.body = kernels.time_projection(*kernels.attach(operand), path, t, rows=rows)
 
-    def time_projection(self, rows, path, t):
+    def time_projection(self, cache, path, t):
         self.body()
 
     # The series asv recorded before the shared setup_cache (its default version was this hash of the

@@ -116,11 +116,13 @@ def test_kernel_benchmarks(quick, monkeypatch):
     for (op,) in [(p,) for p in bench_kernels.OpsDrift.params[0]]:
         finite(ops.track_bits_lost(f, op))
     speed = bench_kernels.KernelSpeed()
-    rows = speed.setup_cache()
+    cache = speed.setup_cache()
+    rows, operand = cache
     assert rows.shape == (common.KERNEL_ROWS, 640)
+    assert (operand.layer, operand.name, operand.in_dims) == (common.SPEED_LAYER, common.SPEED_PROJECTION, 640)
     for path, t in (("model", 1), ("quant:affine-q4-g64", 2)):
-        speed.setup(rows, path, t)
-        assert speed.time_projection(rows, path, t) is None
+        speed.setup(cache, path, t)
+        assert speed.time_projection(cache, path, t) is None
 
 
 @pytest.mark.slow

@@ -256,3 +256,46 @@ def test_the_two_streams_in_two_processes_are_the_same_streams(tmp_path, rollbac
         assert one[key]["tokens"] == two[key]["tokens"] and len(one[key]["tokens"]) == 12
     assert one["first_divergence"] == two["first_divergence"]
     assert one["triage"]["verdict"] == two["triage"]["verdict"]
+
+
+@pytest.mark.parametrize("rollback", ["mlx-lm", "exact"])
+@pytest.mark.parametrize("length", [6, 14])
+def test_streams_from_the_shared_prompt_prefill_are_the_streams_mlx_lm_prefills_itself(rollback, length):
+    """Where both generators chunk the prompt alike, diverge() prefills it once and every stream (the
+    speculative one's target and draft caches, and the triage runs) starts from a copy: the same tokens as
+    mlx-lm's own prefill. The streams run past the tiny model's window of 8, where mlx-lm's rollback makes a
+    stream sensitive to its cache state (an aliased or doubled prefill changes it). A prompt past the window
+    leaves a cache mlx-lm's speculative generator would refuse: that stream prefills its own."""
+    from mlx_lm.models.cache import can_trim_prompt_cache
+
+    lm = make_tiny("bfloat16", seed=3)
+    prompt = [int(t) for t in np.random.default_rng(3).integers(5, 97, length)]
+    prefix = dv._prompt_prefix(lm, prompt, [dv.plain_schedule(2048), dv.speculative_schedule(512, 2)])
+    assert prefix is not None and prefix.length == length - 1
+    assert can_trim_prompt_cache(prefix.cache) == (length < 8)
+    for kind in ("plain", "speculative"):
+        job = dict(kind=kind, prompt=prompt, n=12, prefill=2048 if kind == "plain" else 512, k=2, rollback=rollback)
+        own, shared = dv._stream_job(lm, **job), dv._stream_job(lm, **job, prefix=prefix)
+        assert shared.tokens == own.tokens and len(own.tokens) == 12
+        assert shared.stats == own.stats
+    # Chunks that differ before the prompt's end: nothing shared.
+    assert dv._prompt_prefix(lm, prompt, [dv.plain_schedule(2048), dv.speculative_schedule(4, 2)]) is None
+
+
+def test_diverge_with_the_shared_prefill_equals_two_processes_that_prefill_their_own(tmp_path):
+    """The default (one process, one shared prefill) against two processes that each prefill: the same
+    streams, divergence and triage."""
+    from gemmdrift.models import load_model
+    from test_models import save_tiny
+
+    save_tiny(tmp_path / "m")
+    lm = load_model(str(tmp_path / "m"), dtype="bfloat16")
+    prompt = [int(t) for t in np.random.default_rng(3).integers(5, 97, 14)]
+    one = dv.diverge(lm, prompt, 12, k=2)
+    two = dv.diverge(lm, prompt, 12, k=2, workers=2)
+    assert one["shared_prefill"]["tokens"] == 13 and two["shared_prefill"] is None
+    for key in ("stream_a", "stream_b"):
+        assert one[key]["tokens"] == two[key]["tokens"]
+    assert one["first_divergence"] == two["first_divergence"]
+    for key in ("verdict", "envelope", "margin", "bit_identical", "stream_a_check", "stream_b_check"):
+        assert one["triage"].get(key) == two["triage"].get(key), key

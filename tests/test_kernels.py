@@ -487,3 +487,50 @@ def test_a_corrupt_kernels_checkpoint_is_discarded_and_recomputed(tiny, tmp_path
     cols = ["layer", "projection", "path", "T", "metric", "value"]
     assert again[cols].equals(first[cols])
     assert unit.is_file() and json.loads((tmp_path / "sweep.json").read_text())["ts"] == [1, 2, 3]
+
+
+def test_units_in_two_processes_are_the_units_of_one(tmp_path):
+    """sweep() runs its (projection, path) units in two processes (gemmdrift.workers), longest first: the same
+    table, in the same order, and every unit checkpointed by the process that measured it."""
+    from gemmdrift.models import load_model
+    from test_models import save_tiny
+
+    save_tiny(tmp_path / "m")
+    lm = load_model(str(tmp_path / "m"), dtype="bfloat16")
+    projs = kernels.projections(lm, layers=[0, lm.n_layers])
+    inputs = kernels.capture_inputs(lm, _tokens(), projs, max_rows=4, synthetic=False)
+    paths = ["model", "quant:affine-q4-g64", "emulated:splitk3"]
+    one = kernels.sweep(lm, inputs, projs, paths, ts=[1, 2, 3], workers=1)
+    two = kernels.sweep(lm, inputs, projs, paths, ts=[1, 2, 3], workers=2, checkpoint=tmp_path / "ck")
+    assert len(one) and one.equals(two)
+    assert len(list((tmp_path / "ck" / "units").glob("*.csv"))) == len(projs) * len(paths)
+    assert set(one["projection"]) == {p.name for p in projs}
+
+
+@pytest.mark.parametrize("stored", ["dense", "quantized"])
+def test_a_detached_projection_computes_what_the_model_s_does(tiny, stored):
+    """kernels.detach/attach carry one projection out of the model (pickled, for asv's time_ processes): the
+    rebuilt module gives bit for bit the outputs of the loaded one on every path, linears and a tied head."""
+    import pickle
+
+    import mlx.core as mx
+    import mlx.nn as nn
+
+    tiny.model.tie_word_embeddings = True
+    if stored == "quantized":
+        nn.quantize(tiny.model, group_size=32, bits=4)
+    projs = kernels.projections(tiny, layers=[0, tiny.n_layers], names=["up_proj", "lm_head"])
+    rows = np.random.default_rng(0).standard_normal((5, 64)).astype(np.float32)
+    for proj in projs:
+        lm2, proj2 = kernels.attach(pickle.loads(pickle.dumps(kernels.detach(tiny, proj))))
+        assert type(proj2.module) is type(proj.module) and (proj2.in_dims, proj2.out_dims) == (proj.in_dims, proj.out_dims)
+        x = mx.array(rows[:, :proj.in_dims] if proj.in_dims <= 64 else np.tile(rows, (1, 2)))[None].astype(mx.bfloat16)
+        for path in ("model", "dense:float32", "quant:affine-q8-g32", "emulated:splitk3"):
+            a = kernels.build_operator(tiny, proj, kernels.parse_path(path))
+            b = kernels.build_operator(lm2, proj2, kernels.parse_path(path))
+            for run in ("run", "run_block"):
+                ya, yb = getattr(a, run)(x.astype(getattr(mx, a.in_dtype))), getattr(b, run)(x.astype(getattr(mx, b.in_dtype)))
+                assert ya.dtype == yb.dtype and np.array_equal(np.array(ya.astype(mx.float32)),
+                                                               np.array(yb.astype(mx.float32))), (proj.name, path, run)
+    with pytest.raises(GemmdriftError, match="cannot detach"):
+        kernels.detach(tiny, kernels.Projection(0, "x", 1, 1, object(), None, None))

@@ -371,3 +371,31 @@ def test_ladder_rungs_in_two_processes_give_the_same_result(tmp_path):
     assert set(one.tables["stack"]["dtype"]) == {"bfloat16", "float32"}
     assert one.figures == two.figures
     assert one.inputs["ladder_float32"] == two.inputs["ladder_float32"]
+
+
+def test_runs_that_share_nothing_in_two_processes_give_the_same_result(tmp_path, capsys, monkeypatch):
+    """Without the ladder and local drift, schedules that share no leading block (prefill chunks of 24 vs 8)
+    run in two processes: the tables one process gives; their checkpoints resume in one process."""
+    from gemmdrift.models import load_model
+    from test_models import save_tiny
+
+    save_tiny(tmp_path / "m")
+    lm = load_model(str(tmp_path / "m"), dtype="bfloat16")
+    schedules, kw = ["prefill:24", "prefill:8"], dict(positions=np.arange(16, 24), local=False)
+    one = measure_stack(lm, TOKENS[:24], schedules, workers=1, **kw)
+    from gemmdrift import workers
+
+    calls, real = [], workers.run_jobs
+    monkeypatch.setattr(workers, "run_jobs", lambda lm, fn, jobs, n, **k: calls.append((fn.__name__, len(jobs), n))
+                        or real(lm, fn, jobs, n, **k))
+    two = measure_stack(lm, TOKENS[:24], schedules, workers=2, checkpoint=tmp_path / "ck", **kw)
+    assert calls[0] == ("_taps_job", 2, 2)
+    for name in ("stack", "envelope", "positions"):
+        a, b = one.tables[name], two.tables[name]
+        assert len(a) and a.equals(b), name
+    assert one.figures == two.figures
+    assert len(list((tmp_path / "ck").glob("*.npz"))) == 2
+    capsys.readouterr()
+    again = measure_stack(lm, TOKENS[:24], schedules, workers=1, checkpoint=tmp_path / "ck", **kw)
+    assert capsys.readouterr().err.count("done before (resumed)") == 2
+    assert again.tables["stack"].equals(one.tables["stack"])

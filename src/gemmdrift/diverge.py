@@ -34,7 +34,7 @@ from .errors import GemmdriftError
 from .result import Verdict
 from .prompts import read_stream  # noqa: F401  (read before the model loads; kept here for callers)
 from .schedules import parse_schedule
-from .taps import common_prefix, run_schedule
+from .taps import Prefix, common_prefix, copy_cache, run_schedule
 
 NEAR_TIE = Verdict.NEAR_TIE
 OUTSIDE = Verdict.OUTSIDE
@@ -200,7 +200,8 @@ def check_stream(logits: np.ndarray, stream: Sequence[int], envelope: float) -> 
 
 
 def triage(lm, prompt: Sequence[int], stream_a: Sequence[int], stream_b: Sequence[int], schedule_a: str,
-           schedule_b: str, *, envelope: float | None = None, envelope_positions: int = ENVELOPE_POSITIONS) -> Triage:
+           schedule_b: str, *, envelope: float | None = None, envelope_positions: int = ENVELOPE_POSITIONS,
+           prefix: Prefix | None = None) -> Triage:
     """Teacher-force both streams under their schedules and judge them.
 
     Both schedules are two-phase (prompt | continuation); the split sits at the
@@ -225,6 +226,8 @@ def triage(lm, prompt: Sequence[int], stream_a: Sequence[int], stream_b: Sequenc
         schedule_a, schedule_b: e.g. 'prefill:2048,decode' and 'prefill:512,verify:2'.
         envelope: a known envelope (max |Δgap|, logits); measured here when None.
         envelope_positions: at most this many positions before the divergence make the envelope.
+        prefix: the prompt's prefill computed earlier for these schedules (:func:`diverge` passes the one its
+            streams started from); used where its blocks are the ones both teacher-forced runs share.
     """
     from .checks import check_envelope, check_vocab
 
@@ -254,12 +257,13 @@ def triage(lm, prompt: Sequence[int], stream_a: Sequence[int], stream_b: Sequenc
     # Every generated position needs its logits (each stream is checked against
     # its own schedule), and the envelope needs `lo`.. : start at the earlier.
     first = min(lo, split)
+    # Blocks before `first` cover prompt tokens only, the same for both streams: run once.
+    shared = common_prefix(lm.model, prompt + stream_a[:-1], [x.text for x in scheds], split_arg, int(first),
+                           reuse=prefix)
     runs = []
     for sched, stream in zip(scheds, (stream_a, stream_b)):
         seq = prompt + stream[:-1]
         logit_positions = np.arange(first, split + len(stream))
-        # Blocks before `first` cover prompt tokens only, the same for both streams.
-        shared = common_prefix(lm.model, seq, [x.text for x in scheds], split_arg, int(first))
         runs.append(run_schedule(lm.model, seq, sched, split=split_arg, positions=[tap_at],
                                  logit_positions=logit_positions, prefix=shared))
     ra, rb = runs
@@ -332,8 +336,11 @@ def diverge(lm, prompt: Sequence[int], n: int, *, k: int = defaults.DIVERGE_K, d
             or 'prefill' (plain generate with prefill_a vs plain generate with prefill_b).
         rollback: 'mlx-lm' (speculative_generate_step itself) or 'exact' (the same loop with an
             exact cache rollback, :func:`generate_speculative_exact`).
-        workers: processes for the two streams (:mod:`gemmdrift.workers`; default 2 on a multi-core CPU when
-            the draft is the target itself). Each stream is the same computation either way.
+        workers: processes for the two streams (:mod:`gemmdrift.workers`). Default: one, when both streams
+            prefill the prompt in the same chunks and the draft is the target itself (the prefill is computed
+            once here, and every stream -- the speculative one's target and draft caches, and the triage's
+            teacher-forced runs -- starts from a copy of its cache, the state mlx-lm's own prefill would
+            leave), else 2 on a multi-core CPU. Each stream is the same computation either way.
     """
     if rollback not in ("mlx-lm", "exact"):
         raise GemmdriftError(f"unknown rollback {rollback!r} (mlx-lm or exact)")
@@ -342,9 +349,15 @@ def diverge(lm, prompt: Sequence[int], n: int, *, k: int = defaults.DIVERGE_K, d
     from .workers import check_workers, run_jobs
 
     prompt = [int(t) for t in prompt]
+    _check_prompt(prompt, n)
     jobs = [dict(kind="plain", prompt=prompt, n=n, prefill=prefill_a),
             dict(kind=plain_vs, prompt=prompt, n=n, prefill=prefill_b, k=k, rollback=rollback)]
-    if draft is None:
+    schedules = [plain_schedule(prefill_a), speculative_schedule(prefill_b, k) if plain_vs == "speculative"
+                 else plain_schedule(prefill_b)]
+    prefix = _prompt_prefix(lm, prompt, schedules) if draft is None and workers in (None, 1) else None
+    if prefix is not None:
+        a, b = _stream_job(lm, **jobs[0], prefix=prefix), _stream_job(lm, **jobs[1], prefix=prefix)
+    elif draft is None:
         a, b = run_jobs(lm, _stream_job, jobs, check_workers(lm, workers, 2))
     else:  # a separate draft model lives in this process only
         a, b = _stream_job(lm, **jobs[0]), _stream_job(lm, **jobs[1], draft=draft)
@@ -357,23 +370,57 @@ def diverge(lm, prompt: Sequence[int], n: int, *, k: int = defaults.DIVERGE_K, d
         "stream_a": {"label": a.label, "schedule": a.schedule, "tokens": a.tokens, "seconds": a.seconds},
         "stream_b": {"label": b.label, "schedule": b.schedule, "tokens": b.tokens, "seconds": b.seconds, **b.stats},
         "first_divergence": d,
+        # The prompt's prefill both streams started from (their seconds exclude it), or None: each its own.
+        "shared_prefill": None if prefix is None else {"tokens": prefix.length, "seconds": prefix.seconds},
         "text_a": _decode(lm.tokenizer, a.tokens),
         "text_b": _decode(lm.tokenizer, b.tokens),
     }
     if do_triage:  # even without a divergence: each stream is checked against its own schedule
-        out["triage"] = triage(lm, prompt, a.tokens, b.tokens, a.schedule, b.schedule, envelope=envelope).as_dict()
+        out["triage"] = triage(lm, prompt, a.tokens, b.tokens, a.schedule, b.schedule, envelope=envelope,
+                               prefix=prefix).as_dict()
     return out
 
 
 
 
+def _prompt_prefix(lm, prompt: list[int], schedules: Sequence[str]) -> Prefix | None:
+    """The caches after ``prompt[:-1]`` when every schedule prefills it in the same chunks, else None."""
+    if len(prompt) < 2:
+        return None
+    prefix = common_prefix(lm.model, prompt, schedules, len(prompt) - 1, len(prompt) - 1)
+    if prefix is None or prefix.length != len(prompt) - 1:
+        return None  # the chunks differ before the prompt's end: each stream prefills its own
+    print(f"  prompt prefill (shared) {prefix.length} tokens in {len(prefix.blocks)} passes  {prefix.seconds:6.1f} s",
+          file=sys.stderr, flush=True)
+    return prefix
+
+
 def _stream_job(lm, *, kind: str, prompt: list[int], n: int, prefill: int, k: int = 0, rollback: str = "mlx-lm",
-                draft=None):
-    """One greedy stream of :func:`diverge` (module level: the two streams may run in two processes)."""
+                draft=None, prefix: Prefix | None = None):
+    """One greedy stream of :func:`diverge` (module level: the two streams may run in two processes).
+
+    ``prefix``: the caches after ``prompt[:-1]``, prefilled in the chunks this stream's generator uses (the
+    target's own when it drafts for itself); the generator gets a copy and the last prompt token, and
+    prefills nothing -- mlx-lm's generate_step and speculative_generate_step prefill ``prompt[:-1]`` and
+    start from the last token, so the computation is the same."""
+    from mlx_lm.models.cache import can_trim_prompt_cache
+
+    cache = None
+    if prefix is not None and kind == "speculative" and rollback == "mlx-lm" and not can_trim_prompt_cache(prefix.cache):
+        # mlx-lm's speculative generator refuses a cache it cannot trim, but checks only before its own
+        # prefill (which may fill a sliding window): let it prefill, as it would.
+        prefix = None
+    if prefix is not None:
+        if draft is not None:
+            raise GemmdriftError("a shared prompt prefill needs the target as its own draft")
+        cache, prompt = copy_cache(prefix.cache), prompt[-1:]
     if kind == "plain" or kind == "prefill":
-        return generate_plain(lm.model, prompt, n, prefill_step=prefill)
-    speculative = generate_speculative_exact if rollback == "exact" else generate_speculative
-    return speculative(lm.model, prompt, n, k=k, draft=draft, prefill_step=prefill)
+        g = generate_plain(lm.model, prompt, n, prefill_step=prefill, prompt_cache=cache)
+    else:
+        speculative = generate_speculative_exact if rollback == "exact" else generate_speculative
+        g = speculative(lm.model, prompt, n, k=k, draft=draft, prefill_step=prefill,
+                        prompt_cache=None if cache is None else cache + copy_cache(prefix.cache))
+    return g
 
 
 def divergence_stats(lm, prompts: Sequence[Sequence[int]], n: int, *, checkpoint=None, labels=None,
@@ -576,7 +623,7 @@ def _rewind(model, cache: list, snapshot: list, fed: Sequence[int], keep: int) -
 
 
 def speculative_exact_step(prompt: Sequence[int], model, draft_model, *, num_draft_tokens: int = 2,
-                           max_tokens: int = 256, prefill_step_size: int = 512):
+                           max_tokens: int = 256, prefill_step_size: int = 512, prompt_cache=None):
     """Greedy speculative decoding with mlx-lm's loop, but with an exact cache rollback.
 
     The same draft-and-verify loop as ``speculative_generate_step`` in mlx-lm 0.32.2
@@ -590,6 +637,8 @@ def speculative_exact_step(prompt: Sequence[int], model, draft_model, *, num_dra
     list cannot be trimmed, the snapshot is restored and the accepted tokens are fed
     again as one block. Where mlx-lm's trim works, it is used unchanged, so both
     decoders do the same thing below the window.
+
+    ``prompt_cache``: target caches followed by draft caches, as mlx-lm takes them.
 
     Yields ``(token, from_draft, restored)``; ``restored`` counts snapshot restores so far.
     """
@@ -616,8 +665,10 @@ def speculative_exact_step(prompt: Sequence[int], model, draft_model, *, num_dra
         return y
 
     prompt = [int(t) for t in prompt]
-    model_cache = make_prompt_cache(model)
-    draft_cache = make_prompt_cache(draft_model)
+    if prompt_cache is None:
+        model_cache, draft_cache = make_prompt_cache(model), make_prompt_cache(draft_model)
+    else:
+        model_cache, draft_cache = prompt_cache[:len(model.layers)], prompt_cache[len(model.layers):]
     restored = 0
     draft_y = prefill(draft_model, draft_cache, prompt)
     y = prefill(model, model_cache, prompt)
@@ -662,7 +713,7 @@ def speculative_exact_step(prompt: Sequence[int], model, draft_model, *, num_dra
 
 
 def generate_speculative_exact(model, prompt: Sequence[int], n: int, k: int = 2, draft=None,
-                               prefill_step: int = 512) -> Generation:
+                               prefill_step: int = 512, prompt_cache=None) -> Generation:
     """Greedy tokens from :func:`speculative_exact_step` (mlx-lm's loop with an exact rollback)."""
     import time
 
@@ -673,7 +724,8 @@ def generate_speculative_exact(model, prompt: Sequence[int], n: int, k: int = 2,
     out, accepted, restored = [], 0, 0
     for tok, from_draft, restored in speculative_exact_step(prompt, model, draft if draft is not None else model,
                                                             num_draft_tokens=k, max_tokens=n,
-                                                            prefill_step_size=prefill_step):
+                                                            prefill_step_size=prefill_step,
+                                                            prompt_cache=prompt_cache):
         out.append(int(tok))
         accepted += bool(from_draft)
     stats = {"draft": "self" if draft is None else "separate", "k": k, "accepted_drafts": accepted,
@@ -709,10 +761,18 @@ def rollback_comparison(lm, prompts: Sequence[Sequence[int]], n: int, *, k: int 
             continue
         print(f"gemmdrift rollback comparison: prompt {i + 1}/{len(prompts)} ({len(prompt)} tokens)", file=sys.stderr,
               flush=True)
-        a = generate_plain(lm.model, prompt, n)
+        prompt = [int(t) for t in prompt]
+        _check_prompt(prompt, n)
+        plain, spec = plain_schedule(defaults.PREFILL_PLAIN), speculative_schedule(defaults.PREFILL_SPECULATIVE, k)
+        # One prefill for every stream that chunks the prompt alike (the target drafts for itself).
+        shared = _prompt_prefix(lm, prompt, [plain, spec])
+        own = shared or _prompt_prefix(lm, prompt, [spec])
+        a = _stream_job(lm, kind="plain", prompt=prompt, n=n, prefill=defaults.PREFILL_PLAIN, prefix=shared)
         out = []
-        for b in (generate_speculative(lm.model, prompt, n, k=k), generate_speculative_exact(lm.model, prompt, n, k=k)):
-            t = triage(lm, prompt, a.tokens, b.tokens, a.schedule, b.schedule).as_dict()
+        for rollback in ("mlx-lm", "exact"):
+            b = _stream_job(lm, kind="speculative", prompt=prompt, n=n, prefill=defaults.PREFILL_SPECULATIVE, k=k,
+                            rollback=rollback, prefix=own)
+            t = triage(lm, prompt, a.tokens, b.tokens, a.schedule, b.schedule, prefix=shared).as_dict()
             d = first_divergence(a.tokens, b.tokens)
             print(f"  {b.label:18s} first divergence {d}, {t['verdict']}, {b.seconds:.0f} s", file=sys.stderr,
                   flush=True)

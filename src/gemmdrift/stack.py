@@ -28,7 +28,7 @@ from .checks import check_positions
 from .errors import GemmdriftError
 from .result import Result, Verdict, env_labels, figure_name, tidy
 from .schedules import parse_schedule
-from .taps import Taps, common_prefix, load_taps, run_schedule, save_taps
+from .taps import Taps, common_prefix, load_taps, run_schedule, save_taps, shared_blocks
 
 # Ladder verdicts: rounding drift shrinks by ~u_low/u_high (2**16 from bf16 to
 # f32); a semantic difference keeps its size. Between the two: unclear.
@@ -194,11 +194,22 @@ def pair_verdict(ladder: pd.DataFrame, pair: str) -> Verdict:
     return Verdict.NO_DRIFT
 
 
+def _taps_job(lm, *, tokens: list[int], schedule: str, mode: str, split, positions, logit_positions,
+              checkpoint: str | None) -> Taps:
+    """One accumulated run at the model's dtype, as :func:`_rung_runs` would run it (the same checkpoint key);
+    module level: the runs of a rung that share nothing may run in separate processes."""
+    key = _run_key(lm, tokens, schedule, mode, lm.description.dtype, split, positions, logit_positions)
+    return _run(lm.model, tokens, schedule, split=split, positions=positions, logit_positions=logit_positions,
+                checkpoint=Path(checkpoint) if checkpoint is not None else None, key=key)
+
+
 def _rung_runs(lm, *, dtype: str, tokens: list[int], schedules: list[str], split, positions, logit_positions,
-               local: bool, share_prefix: bool, checkpoint: str | None, keep: bool) -> dict[str, Any]:
+               local: bool, share_prefix: bool, checkpoint: str | None, keep: bool,
+               runs: dict[str, Taps] | None = None) -> dict[str, Any]:
     """Every run of one rung of :func:`measure_stack` (the model's dtype, or float32 for the ladder) and their
     comparisons; the model is back in its dtype afterwards. A module-level function: the rungs may run in
-    separate processes (:mod:`gemmdrift.workers`)."""
+    separate processes (:mod:`gemmdrift.workers`). ``runs``: accumulated runs already made (by
+    :func:`_taps_job`), by schedule."""
     import mlx.core as mx
 
     from .models import _cast
@@ -227,18 +238,20 @@ def _rung_runs(lm, *, dtype: str, tokens: list[int], schedules: list[str], split
             print(f"  shared prefix: {prefix.length} tokens in {len(prefix.blocks)} passes  {prefix.seconds:7.1f} s",
                   file=sys.stderr, flush=True)
         ref_positions = np.arange(prefix.length if prefix else 0, n) if (local and dtype == base) else positions
-        ref = _run(lm.model, tokens, ref_text, split=split, positions=ref_positions,
-                   logit_positions=logit_positions, prefix=prefix, checkpoint=ckpt,
-                   key=_run_key(lm, tokens, ref_text, "reference", dtype, split, ref_positions, logit_positions))
+        runs = runs or {}
+        ref = runs.get(ref_text) or _run(
+            lm.model, tokens, ref_text, split=split, positions=ref_positions, logit_positions=logit_positions,
+            prefix=prefix, checkpoint=ckpt,
+            key=_run_key(lm, tokens, ref_text, "reference", dtype, split, ref_positions, logit_positions))
         if keep:
             kept[(ref_text, "accumulated", dtype)] = ref
         for sched in parsed[1:]:
             modes = ["accumulated"] + (["local"] if local and dtype == base else [])
             for mode in modes:
-                other = _run(lm.model, tokens, sched.text, split=split, positions=positions,
-                             logit_positions=logit_positions, reference=ref if mode == "local" else None,
-                             prefix=prefix, checkpoint=ckpt,
-                             key=_run_key(lm, tokens, sched.text, mode, dtype, split, positions, logit_positions))
+                other = (runs.get(sched.text) if mode == "accumulated" else None) or _run(
+                    lm.model, tokens, sched.text, split=split, positions=positions, logit_positions=logit_positions,
+                    reference=ref if mode == "local" else None, prefix=prefix, checkpoint=ckpt,
+                    key=_run_key(lm, tokens, sched.text, mode, dtype, split, positions, logit_positions))
                 if keep:
                     kept[(sched.text, mode, dtype)] = other
                 labels = {"pair": f"{ref_text} vs {sched.text}", "reference": ref_text, "schedule": sched.text,
@@ -296,7 +309,8 @@ def measure_stack(
         env: the environment record (default: :func:`gemmdrift.envinfo.environment`).
         record: more inputs to record (e.g. the prompt's label).
         workers: processes for the rungs of the ladder (the model's dtype and float32 run side by side, each
-            in its own process; :mod:`gemmdrift.workers`). Default: 2 on a multi-core CPU with the ladder on.
+            in its own process; :mod:`gemmdrift.workers`), or, without the ladder and local drift, for the runs
+            when the schedules share no leading block. Default: 2 on a multi-core CPU.
 
     Returns:
         A ``stack`` :class:`Result`: tables ``stack`` (pair x mode x dtype x tap x metric),
@@ -337,6 +351,16 @@ def measure_stack(
                  positions=positions, logit_positions=logit_positions, local=local, share_prefix=share_prefix,
                  checkpoint=str(checkpoint) if checkpoint is not None else None, keep=keep_taps is not None)
             for d in dtypes]
+    limit = int(min(positions[0], logit_positions[0] if logit_positions.size else positions[0]))
+    if len(jobs) == 1 and not local and not (share_prefix and shared_blocks(n, jobs[0]["schedules"], split, limit)):
+        # One rung of runs that share nothing and need nothing from each other: the runs are the parts.
+        n_workers = check_workers(lm, workers, len(parsed))
+        if n_workers > 1:
+            taps = run_jobs(lm, _taps_job, [dict(tokens=jobs[0]["tokens"], schedule=p.text, split=split,
+                                                 mode="reference" if i == 0 else "accumulated", positions=positions,
+                                                 logit_positions=logit_positions, checkpoint=jobs[0]["checkpoint"])
+                                            for i, p in enumerate(parsed)], n_workers)
+            jobs[0]["runs"] = {p.text: t for p, t in zip(parsed, taps)}
     parts = run_jobs(lm, _rung_runs, jobs, check_workers(lm, workers, len(jobs)))
     rows = [r for p in parts for r in p["rows"]]
     per_pos = [x for p in parts for x in p["per_pos"]]

@@ -308,23 +308,33 @@ class Prefix:
     seconds: float
 
 
-def common_prefix(model, tokens: Sequence[int], schedules: Sequence[Schedule | str], split: int | None,
-                  limit: int) -> Prefix | None:
-    """Run the blocks every schedule shares (from the start, up to ``limit`` tokens) once.
-
-    Returns None when the schedules share no leading block below ``limit``.
-    """
-    import mlx.core as mx
-    from mlx_lm.models.cache import make_prompt_cache
-
-    lists = [parse_schedule(s).blocks(len(tokens), split) for s in schedules]
+def shared_blocks(n: int, schedules: Sequence[Schedule | str], split: int | None, limit: int) -> list:
+    """The leading blocks every schedule feeds alike over ``n`` tokens, up to ``limit`` tokens."""
+    lists = [parse_schedule(s).blocks(n, split) for s in schedules]
     shared = []
     for group in zip(*lists):
         if len(set(group)) != 1 or group[0][1] > limit:
             break
         shared.append(group[0])
+    return shared
+
+
+def common_prefix(model, tokens: Sequence[int], schedules: Sequence[Schedule | str], split: int | None,
+                  limit: int, reuse: Prefix | None = None) -> Prefix | None:
+    """Run the blocks every schedule shares (from the start, up to ``limit`` tokens) once.
+
+    Returns None when the schedules share no leading block below ``limit``. ``reuse``: a prefix computed
+    earlier over the same leading tokens (the caller's word: tokens are not stored); returned as it is when
+    its blocks are exactly the shared ones, else the prefix is computed.
+    """
+    import mlx.core as mx
+    from mlx_lm.models.cache import make_prompt_cache
+
+    shared = shared_blocks(len(tokens), schedules, split, limit)
     if not shared:
         return None
+    if reuse is not None and reuse.blocks == shared:
+        return reuse
     cache = make_prompt_cache(model)
     token_array = mx.array(np.asarray(tokens, dtype=np.uint32))
     t0 = time.perf_counter()

@@ -28,14 +28,26 @@ def can_reload(lm) -> bool:
     return recipe is not None and recipe.get("dtype") == lm.description.dtype
 
 
+def _fits_twice(lm) -> bool:
+    """Room for two more copies of the model's weights (each worker loads its own) in half the memory."""
+    from mlx.utils import tree_flatten
+
+    try:
+        weights = sum(v.nbytes for _, v in tree_flatten(lm.model.parameters()))
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return False
+    return 3 * weights < memory / 2
+
+
 def default_workers(lm, parts: int) -> int:
-    """2 on a CPU device with at least 2 cores, for a model that can be loaded again and more than one part;
-    else 1."""
+    """2 on a CPU device with at least 2 cores, for a model that can be loaded again, whose two more copies
+    fit in memory, and more than one part; else 1."""
     import mlx.core as mx
 
     if parts < 2 or not can_reload(lm) or mx.default_device() != mx.cpu or (os.cpu_count() or 1) < 2:
         return 1
-    return 2
+    return 2 if _fits_twice(lm) else 1
 
 
 def check_workers(lm, workers: int | None, parts: int) -> int:
@@ -68,13 +80,20 @@ def _call(fn: Callable[..., Any], job: dict[str, Any]) -> Any:
     return fn(_LM, **job)
 
 
-def run_jobs(lm, fn: Callable[..., Any], jobs: Sequence[dict[str, Any]], workers: int) -> list[Any]:
+def run_jobs(lm, fn: Callable[..., Any], jobs: Sequence[dict[str, Any]], workers: int,
+             done: Callable[[int], None] | None = None) -> list[Any]:
     """``[fn(lm, **job) for job in jobs]``, in ``workers`` processes when more than one (``fn`` must be a
-    module-level function; its results must pickle)."""
+    module-level function; its results must pickle). Jobs start in the order given (put the longest first);
+    ``done(i)`` is called as job ``i`` finishes."""
     if workers <= 1 or len(jobs) <= 1:
-        return [fn(lm, **job) for job in jobs]
+        out = []
+        for i, job in enumerate(jobs):
+            out.append(fn(lm, **job))
+            if done is not None:
+                done(i)
+        return out
     import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
+    from concurrent.futures import ProcessPoolExecutor, as_completed
 
     import mlx.core as mx
 
@@ -85,4 +104,9 @@ def run_jobs(lm, fn: Callable[..., Any], jobs: Sequence[dict[str, Any]], workers
     with ProcessPoolExecutor(min(workers, len(jobs)), mp_context=multiprocessing.get_context("spawn"),
                              initializer=_init, initargs=(dict(lm.recipe), tf32_off, device)) as pool:
         futures = [pool.submit(_call, fn, dict(job)) for job in jobs]
+        if done is not None:
+            index = {f: i for i, f in enumerate(futures)}
+            for f in as_completed(futures):
+                f.result()  # a failed job raises here, before the others finish
+                done(index[f])
         return [f.result() for f in futures]

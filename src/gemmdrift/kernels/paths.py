@@ -290,4 +290,65 @@ def time_projection(lm, proj: Projection, path: str, t: int, rows: np.ndarray | 
 
     return body
 
-__all__ = ["EXACT_CHUNK_BYTES", "PathSpec", "parse_path", "dense_weights", "split_k", "build_operator", "time_projection"]
+
+@dataclass
+class Operand:
+    """One projection's module detached from its model: class, shape, quantization and stored arrays as
+    numpy (exact: bf16/fp16 values as float32, packed weights as integers). It pickles, so a process that
+    only times one projection (asv's time_ benchmarks, one process per case) rebuilds the same module
+    without loading the model or importing mlx-lm."""
+
+    layer: int
+    name: str
+    in_dims: int
+    out_dims: int
+    dtype: str  # the model's compute dtype
+    cls: str  # Linear | QuantizedLinear | Embedding | QuantizedEmbedding
+    quant: Quantization | None
+    arrays: dict[str, tuple[np.ndarray, str]]  # parameter name -> (values, mlx dtype name)
+
+
+def detach(lm, proj: Projection) -> Operand:
+    """The :class:`Operand` of ``proj`` as loaded (not for ``shape:`` models, whose modules are lazy)."""
+    import mlx.nn as nn
+    from mlx.utils import tree_flatten
+
+    mod = proj.module
+    classes = (nn.QuantizedLinear, nn.QuantizedEmbedding, nn.Linear, nn.Embedding)
+    if lm.description.kind == "shape" or not isinstance(mod, classes):
+        raise GemmdriftError(f"cannot detach layer {proj.layer} {proj.name} of {lm.description.source}")
+    arrays = {}
+    for name, v in tree_flatten(mod.parameters()):
+        kind = str(v.dtype).rsplit(".", 1)[-1]
+        arrays[name] = (to_numpy(v) if v.dtype in _float_dtypes() else np.array(v, copy=True), kind)
+    cls = next(c for c in classes if isinstance(mod, c)).__name__
+    return Operand(proj.layer, proj.name, proj.in_dims, proj.out_dims, lm.description.dtype, cls, _quant_of(mod),
+                   arrays)
+
+
+def _float_dtypes():
+    import mlx.core as mx
+
+    return (mx.bfloat16, mx.float16, mx.float32)
+
+
+def attach(op: Operand) -> tuple[Any, Projection]:
+    """A stand-in model and the :class:`Projection` of a rebuilt module, for :func:`time_projection`."""
+    import types
+
+    import mlx.core as mx
+    import mlx.nn as nn
+
+    q = {} if op.quant is None else _quant_kwargs(op.quant)
+    k, n = op.in_dims, op.out_dims
+    mod = {"Linear": lambda: nn.Linear(k, n, bias="bias" in op.arrays),
+           "QuantizedLinear": lambda: nn.QuantizedLinear(k, n, bias="bias" in op.arrays, **q),
+           "Embedding": lambda: nn.Embedding(n, k),
+           "QuantizedEmbedding": lambda: nn.QuantizedEmbedding(n, k, **q)}[op.cls]()
+    mod.load_weights([(name, mx.array(v).astype(getattr(mx, kind))) for name, (v, kind) in op.arrays.items()])
+    lm = types.SimpleNamespace(description=types.SimpleNamespace(dtype=op.dtype, kind="detached",
+                                                                 source="detached"))
+    return lm, Projection(op.layer, op.name, k, n, mod, None, None)
+
+__all__ = ["EXACT_CHUNK_BYTES", "PathSpec", "parse_path", "dense_weights", "split_k", "build_operator", "time_projection",
+           "Operand", "detach", "attach"]

@@ -162,7 +162,7 @@ def _open_checkpoint(checkpoint: Path, config: dict[str, Any]) -> None:
 def sweep(lm, inputs: Mapping[tuple[int, str], np.ndarray], projs: Sequence[Projection],
           paths: Sequence[str] = DEFAULT_PATHS, ts: Iterable[int] = DEFAULT_TS, *, max_t: int = DEFAULT_MAX_T,
           flop_budget: float = DEFAULT_FLOP_BUDGET, always_t: int = DEFAULT_ALWAYS_T,
-          checkpoint: str | Path | None = None) -> pd.DataFrame:
+          checkpoint: str | Path | None = None, workers: int | None = None) -> pd.DataFrame:
     """GEMV against GEMM for every projection and path, as a tidy table.
 
     Args:
@@ -178,14 +178,17 @@ def sweep(lm, inputs: Mapping[tuple[int, str], np.ndarray], projs: Sequence[Proj
         checkpoint: a directory where each finished (layer, projection, path)
             is saved; units found there are loaded instead of recomputed, so
             an interrupted sweep resumes.
+        workers: processes for the units (:mod:`gemmdrift.workers`; default 2 on a multi-core CPU). Every
+            unit computes the same in any process; the longest start first.
 
     Returns:
         :data:`TABLE_COLUMNS`: layer, projection, path, dtype, quant,
         emulated, synthetic, inputs ('captured', 'synthetic' or 'given'), K,
         N, key_length (NaN here), T, metric, value.
     """
-    import mlx.core as mx
     from tqdm.auto import tqdm
+
+    from ..workers import check_workers, run_jobs
 
     specs = [parse_path(p) for p in paths]
     ts = _check_ts(ts)
@@ -202,33 +205,54 @@ def sweep(lm, inputs: Mapping[tuple[int, str], np.ndarray], projs: Sequence[Proj
         _open_checkpoint(ckpt, {"model": lm.description.source, "dtype": lm.description.dtype,
                                 "quantization": lm.info["quantization"], "ts": ts, "max_t": max_t,
                                 "flop_budget": flop_budget, "always_t": always_t, "inputs": inputs_digest(inputs)})
-    frames: list[pd.DataFrame] = []
     units = [(p, s) for p in projs for s in specs]
-    bar = tqdm(units, desc="kernels", unit="unit", file=sys.stderr, disable=None, mininterval=1.0, leave=False)
+    frames: list[pd.DataFrame | None] = [None] * len(units)
+    jobs, where = [], []
+    for i, (proj, spec) in enumerate(units):
+        unit_file = _unit_file(ckpt, proj, spec) if ckpt is not None else None
+        if unit_file is not None and unit_file.exists():
+            frames[i] = _read_unit(unit_file)
+            if frames[i] is not None:
+                continue
+        rows = inputs[proj.key]
+        plan = plan_ts(ts, proj.flops_per_row, len(rows), flop_budget, max_t, always_t)
+        jobs.append(dict(layer=proj.layer, name=proj.name, path=spec.text, rows=rows, plan=plan, repeat_t1=1 in ts,
+                         synthetic=synthetic, kind=kind, unit_file=unit_file))
+        # Longest first (quantized matmuls are ~20x slower on the reference CPU), so two processes end together.
+        where.append((i, proj.flops_per_row * (len(rows) + sum(plan)) * (20 if spec.quant is not None else 1)))
+    order = sorted(range(len(jobs)), key=lambda j: -where[j][1])
+    bar = tqdm(total=len(jobs), desc="kernels", unit="unit", file=sys.stderr, disable=None, mininterval=1.0,
+               leave=False)
     try:
-        for proj, spec in bar:
-            bar.set_postfix_str(f"{proj.layer}:{proj.name} {spec.text}", refresh=False)
-            unit_file = _unit_file(ckpt, proj, spec) if ckpt is not None else None
-            if unit_file is not None and unit_file.exists():
-                saved = _read_unit(unit_file)
-                if saved is not None:
-                    frames.append(saved)
-                    continue
-            rows = inputs[proj.key]
-            plan = plan_ts(ts, proj.flops_per_row, len(rows), flop_budget, max_t, always_t)
-            op = build_operator(lm, proj, spec)
-            labels = _label(proj, spec, op, synthetic, kind)
-            measured = measure_unit(op, rows, plan, repeat_t1=1 in ts)
-            del op  # one projection's weights and quantized copies alive at a time
-            mx.clear_cache()
-            frame = pd.DataFrame([{**labels, "T": t, "metric": k, "value": float(v)}
-                                  for t, m in measured for k, v in m.items()])
-            if unit_file is not None:
-                files.write_csv(unit_file, frame)
-            frames.append(frame)
+        done = run_jobs(lm, _unit_job, [jobs[j] for j in order], check_workers(lm, workers, len(jobs)),
+                        done=lambda _: bar.update())
     finally:
         bar.close()
+    for j, frame in zip(order, done):
+        frames[where[j][0]] = frame
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=TABLE_COLUMNS)
+
+
+def _unit_job(lm, *, layer: int, name: str, path: str, rows: np.ndarray, plan: Sequence[int], repeat_t1: bool,
+              synthetic: bool, kind: str, unit_file: Path | None) -> pd.DataFrame:
+    """One (projection, path) unit of :func:`sweep`, saved to ``unit_file`` when given (module level: units
+    may run in other processes, each with its own model)."""
+    import mlx.core as mx
+
+    from .capture import projections
+
+    spec = parse_path(path)
+    proj = projections(lm, layers=[layer], names=[name])[0]
+    op = build_operator(lm, proj, spec)
+    labels = _label(proj, spec, op, synthetic, kind)
+    measured = measure_unit(op, rows, plan, repeat_t1=repeat_t1)
+    del op  # one projection's weights and quantized copies alive at a time
+    mx.clear_cache()
+    frame = pd.DataFrame([{**labels, "T": t, "metric": k, "value": float(v)}
+                          for t, m in measured for k, v in m.items()])
+    if unit_file is not None:
+        files.write_csv(unit_file, frame)
+    return frame
 
 
 def measure_kernels(lm, inputs: Mapping[tuple[int, str], np.ndarray], projs: Sequence[Projection],

@@ -10,6 +10,7 @@ import math
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -119,6 +120,8 @@ def test_kernel_benchmarks(quick, monkeypatch):
     cache = speed.setup_cache()
     rows, operand = cache
     assert rows.shape == (common.KERNEL_ROWS, 640)
+    projs, inputs = common.kernel_inputs()  # the rows the kernel probe captures with every projection
+    assert np.array_equal(rows, inputs[(common.SPEED_LAYER, common.SPEED_PROJECTION)])
     assert (operand.layer, operand.name, operand.in_dims) == (common.SPEED_LAYER, common.SPEED_PROJECTION, 640)
     for path, t in (("model", 1), ("quant:affine-q4-g64", 2)):
         speed.setup(cache, path, t)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from gemmdrift.errors import GemmdriftError
+
 from gemmdrift import fingerprint as fp
 from gemmdrift.cli import main
 
@@ -216,6 +218,20 @@ def test_measure_result_and_not_recoverable_paths():
     assert r.figure("matmul:float32.tree_id_t1") != r.figure("emulated:splitk2:float32.tree_id_t1")
     assert "softmax:float32.distinct_trees" not in r.figures
     assert r.details["small_trees"]["matmul:float32"]["K"] == 8
+
+
+def test_paths_in_two_processes_give_what_one_gives():
+    """measure() runs its paths in two processes by default on a multi-core CPU: the same tables, trees and
+    figures as one process."""
+    paths = ["matmul:float32", "emulated:splitk2:float32", "softmax:float32"]
+    one = fp.measure(paths, K=32, ts=[1, 2], N=8, draw_k=8, workers=1)
+    two = fp.measure(paths, K=32, ts=[1, 2], N=8, draw_k=8, workers=2)
+    cols = [c for c in one.tables["fingerprints"].columns if c != "seconds"]
+    assert one.tables["fingerprints"][cols].equals(two.tables["fingerprints"][cols])
+    assert one.tables["accumulator"].equals(two.tables["accumulator"])
+    assert one.figures == two.figures and one.details == two.details
+    with pytest.raises(GemmdriftError, match="workers must be at least 1"):
+        fp.measure(paths, K=32, ts=[1, 2], N=8, workers=0)
 
 
 # ---- bad input: one line, exit 2, before any computation

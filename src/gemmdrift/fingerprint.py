@@ -946,7 +946,7 @@ def _predict(spec: PathSpec, env: dict[str, Any], K: int, N: int, T: int) -> tup
 
 def measure(paths: Sequence[str], *, K: int = 1024, ts: Iterable[int] = (1, 2, 3, 4, 8, 16, 33), N: int = 64,
             window: int | None = None, draw_k: int = 16, env: dict[str, Any] | None = None,
-            progress: Callable[[str], None] | None = None):
+            progress: Callable[[str], None] | None = None, workers: int | None = None):
     """Fingerprints of every path at every T and row position; a Result of kind "fingerprint".
 
     Args:
@@ -956,6 +956,8 @@ def measure(paths: Sequence[str], *, K: int = 1024, ts: Iterable[int] = (1, 2, 3
         N: output columns per call (head dim for sdpa), fixed for a fingerprint.
         window: cap the units per probe (default: what the output dtype counts exactly).
         draw_k: also recover every path at this small K and T=1, for the tree plots (0: skip).
+        workers: processes for the paths (default 2 on a CPU device with 2 cores or more; each path is the
+            same computation in any process; in other processes ``progress`` lines go to stderr).
     """
     import pandas as pd
 
@@ -969,53 +971,18 @@ def measure(paths: Sequence[str], *, K: int = 1024, ts: Iterable[int] = (1, 2, 3
     for s in specs:
         check_path(s, K, N, window)
     env = dict(env or environment())
-    rows: list[dict[str, Any]] = []
-    trees: dict[str, str] = {}
-    accum: list[dict[str, Any]] = []
-    small: dict[str, Any] = {}
+    from .workers import run_tasks
+
+    n_workers = _fp_workers(workers, len(specs))
+    jobs = [dict(path=s.text, K=K, ts=ts, N=N, window=window, draw_k=draw_k, env=env,
+                 progress=progress is not None if n_workers > 1 else progress) for s in specs]
+    parts = run_tasks(_measure_path, jobs, n_workers)
+    rows: list[dict[str, Any]] = [r for p in parts for r in p["rows"]]
+    trees: dict[str, str] = {k: v for p in parts for k, v in p["trees"].items()}
+    accum: list[dict[str, Any]] = [a for p in parts for a in p["accum"]]
+    small: dict[str, Any] = {k: v for p in parts for k, v in p["small"].items()}
+    origin = next((p["origin"] for p in parts if p["origin"]), "")
     figures: dict[str, float] = {}
-    origin = ""
-    for s in specs:
-        if not s.recoverable:
-            rows.append({"path": s.text, "op": s.op, "dtype": s.dtype, "K": K, "N": N, "T": math.nan,
-                         "position": math.nan, "status": "not recoverable", "fingerprint": "", "tree_id": math.nan,
-                         "description": NOT_RECOVERABLE[s.op], "depth": math.nan, "probes": 0, "calls": 0,
-                         "seconds": 0.0, "predicted_kernel": ""})
-            continue
-        for T in (ts if s.op != "numpy" else [1]):
-            red = make_reducer(s, K, T, N, window)
-            if T == ts[0]:
-                acc = accumulator_check(red)
-                accum.append({"path": s.text, "T": T, **acc})
-            t0 = time.perf_counter()
-            recs, stats = recover(red, progress=progress)
-            secs = time.perf_counter() - t0
-            pred, o = _predict(s, env, K, N, T)
-            origin = origin or o
-            for pos, rec in enumerate(recs):
-                fp = fingerprint(rec.tree) if rec.ok else ""
-                if rec.ok and fp not in trees:
-                    trees[fp] = to_text(rec.tree)
-                    trees[fp + ":description"] = describe(rec.tree)
-                rows.append({"path": s.text, "op": s.op, "dtype": s.dtype, "K": K, "N": N, "T": T, "position": pos,
-                             "status": "recovered" if rec.ok else "not recovered", "fingerprint": fp,
-                             "tree_id": tree_id(fp) if rec.ok else math.nan,
-                             "description": trees[fp + ":description"] if rec.ok else rec.problem,
-                             "depth": depth(rec.tree) if rec.ok else math.nan, "probes": stats["probes"],
-                             "calls": stats["calls"], "seconds": secs, "predicted_kernel": pred})
-            if progress:
-                progress(f"{s.text} K={K} T={T}: {len({r['fingerprint'] for r in rows[-T:]})} tree(s), "
-                         f"{stats['probes']} probes in {stats['calls']} calls, {secs:.1f} s")
-        if draw_k:
-            k_small = max(draw_k, s.group_size) if s.op == "quant" else draw_k
-            try:
-                red = make_reducer(s, k_small, 1, N, window)
-                rec = recover(red)[0][0]
-                small[s.text] = {"K": k_small, "tree": to_text(rec.tree) if rec.ok else "",
-                                 "fingerprint": fingerprint(rec.tree) if rec.ok else "",
-                                 "description": describe(rec.tree) if rec.ok else rec.problem}
-            except GemmdriftError as e:
-                small[s.text] = {"K": k_small, "tree": "", "fingerprint": "", "description": str(e)}
     table = pd.DataFrame(rows)
     for s in specs:
         sub = table[(table["path"] == s.text) & (table["status"] == "recovered")]
@@ -1041,3 +1008,73 @@ def measure(paths: Sequence[str], *, K: int = 1024, ts: Iterable[int] = (1, 2, 3
                   tables={"fingerprints": table.drop(columns=[]),
                           "accumulator": pd.DataFrame(accum, columns=["path", "T", "units", "sum", "exact"])},
                   details=details)
+
+def _fp_workers(workers: int | None, parts: int) -> int:
+    """Processes for the paths of :func:`measure`: as given, else 2 on a CPU device with 2 cores or more."""
+    import os
+
+    import mlx.core as mx
+
+    if workers is not None:
+        if workers < 1:
+            raise GemmdriftError(f"workers must be at least 1, got {workers}")
+        return max(1, min(workers, parts))
+    return 2 if parts > 1 and mx.default_device() == mx.cpu and (os.cpu_count() or 1) >= 2 else 1
+
+
+def _stderr(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def _measure_path(*, path: str, K: int, ts: list[int], N: int, window: int | None, draw_k: int,
+                  env: dict[str, Any], progress) -> dict[str, Any]:
+    """Every T of one path for :func:`measure` (module level: paths may run in separate processes, where
+    ``progress=True`` prints to stderr)."""
+    progress = _stderr if progress is True else (progress or None)
+    s = parse_path(path)
+    rows: list[dict[str, Any]] = []
+    trees: dict[str, str] = {}
+    accum: list[dict[str, Any]] = []
+    small: dict[str, Any] = {}
+    origin = ""
+    if not s.recoverable:
+        rows.append({"path": s.text, "op": s.op, "dtype": s.dtype, "K": K, "N": N, "T": math.nan,
+                     "position": math.nan, "status": "not recoverable", "fingerprint": "", "tree_id": math.nan,
+                     "description": NOT_RECOVERABLE[s.op], "depth": math.nan, "probes": 0, "calls": 0,
+                     "seconds": 0.0, "predicted_kernel": ""})
+        return {"rows": rows, "trees": trees, "accum": accum, "small": small, "origin": origin}
+    for T in (ts if s.op != "numpy" else [1]):
+        red = make_reducer(s, K, T, N, window)
+        if T == ts[0]:
+            acc = accumulator_check(red)
+            accum.append({"path": s.text, "T": T, **acc})
+        t0 = time.perf_counter()
+        recs, stats = recover(red, progress=progress)
+        secs = time.perf_counter() - t0
+        pred, o = _predict(s, env, K, N, T)
+        origin = origin or o
+        for pos, rec in enumerate(recs):
+            fp = fingerprint(rec.tree) if rec.ok else ""
+            if rec.ok and fp not in trees:
+                trees[fp] = to_text(rec.tree)
+                trees[fp + ":description"] = describe(rec.tree)
+            rows.append({"path": s.text, "op": s.op, "dtype": s.dtype, "K": K, "N": N, "T": T, "position": pos,
+                         "status": "recovered" if rec.ok else "not recovered", "fingerprint": fp,
+                         "tree_id": tree_id(fp) if rec.ok else math.nan,
+                         "description": trees[fp + ":description"] if rec.ok else rec.problem,
+                         "depth": depth(rec.tree) if rec.ok else math.nan, "probes": stats["probes"],
+                         "calls": stats["calls"], "seconds": secs, "predicted_kernel": pred})
+        if progress:
+            progress(f"{s.text} K={K} T={T}: {len({r['fingerprint'] for r in rows[-T:]})} tree(s), "
+                     f"{stats['probes']} probes in {stats['calls']} calls, {secs:.1f} s")
+    if draw_k:
+        k_small = max(draw_k, s.group_size) if s.op == "quant" else draw_k
+        try:
+            red = make_reducer(s, k_small, 1, N, window)
+            rec = recover(red)[0][0]
+            small[s.text] = {"K": k_small, "tree": to_text(rec.tree) if rec.ok else "",
+                             "fingerprint": fingerprint(rec.tree) if rec.ok else "",
+                             "description": describe(rec.tree) if rec.ok else rec.problem}
+        except GemmdriftError as e:
+            small[s.text] = {"K": k_small, "tree": "", "fingerprint": "", "description": str(e)}
+    return {"rows": rows, "trees": trees, "accum": accum, "small": small, "origin": origin}

@@ -76,10 +76,6 @@ def _init(recipe: dict[str, Any], tf32_off: bool, device: str) -> None:
     mx.eval(_LM.model.parameters())  # the lazy weights load here, not inside the first timed part
 
 
-def _call(fn: Callable[..., Any], job: dict[str, Any]) -> Any:
-    return fn(_LM, **job)
-
-
 def run_jobs(lm, fn: Callable[..., Any], jobs: Sequence[dict[str, Any]], workers: int,
              done: Callable[[int], None] | None = None) -> list[Any]:
     """``[fn(lm, **job) for job in jobs]``, in ``workers`` processes when more than one (``fn`` must be a
@@ -92,18 +88,48 @@ def run_jobs(lm, fn: Callable[..., Any], jobs: Sequence[dict[str, Any]], workers
             if done is not None:
                 done(i)
         return out
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor, as_completed
-
     import mlx.core as mx
 
     from . import envinfo
 
     tf32_off = bool(envinfo.TF32_FORCED_OFF) or os.environ.get(envinfo.TF32_VAR) == "0"
     device = "gpu" if mx.default_device() == mx.gpu else "cpu"
-    with ProcessPoolExecutor(min(workers, len(jobs)), mp_context=multiprocessing.get_context("spawn"),
-                             initializer=_init, initargs=(dict(lm.recipe), tf32_off, device)) as pool:
-        futures = [pool.submit(_call, fn, dict(job)) for job in jobs]
+    return _pool([dict(fn=fn, job=dict(job)) for job in jobs], workers, _call_job, done, _init,
+                 (dict(lm.recipe), tf32_off, device))
+
+
+def run_tasks(fn: Callable[..., Any], jobs: Sequence[dict[str, Any]], workers: int) -> list[Any]:
+    """``[fn(**job) for job in jobs]`` for measurements without a model, in ``workers`` processes when more
+    than one, each on this process's device."""
+    if workers <= 1 or len(jobs) <= 1:
+        return [fn(**job) for job in jobs]
+    import mlx.core as mx
+
+    device = "gpu" if mx.default_device() == mx.gpu else "cpu"
+    return _pool([dict(fn=fn, job=dict(job)) for job in jobs], workers, _call_task, None, _device, (device,))
+
+
+def _device(device: str) -> None:
+    import mlx.core as mx
+
+    mx.set_default_device(mx.gpu if device == "gpu" else mx.cpu)
+
+
+def _call_job(fn: Callable[..., Any], job: dict[str, Any]) -> Any:
+    return fn(_LM, **job)
+
+
+def _call_task(fn: Callable[..., Any], job: dict[str, Any]) -> Any:
+    return fn(**job)
+
+
+def _pool(calls: list[dict[str, Any]], workers: int, call: Callable[..., Any], done, initializer, initargs):
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    with ProcessPoolExecutor(min(workers, len(calls)), mp_context=multiprocessing.get_context("spawn"),
+                             initializer=initializer, initargs=initargs) as pool:
+        futures = [pool.submit(call, c["fn"], c["job"]) for c in calls]
         if done is not None:
             index = {f: i for i, f in enumerate(futures)}
             for f in as_completed(futures):

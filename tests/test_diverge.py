@@ -282,20 +282,24 @@ def test_streams_from_the_shared_prompt_prefill_are_the_streams_mlx_lm_prefills_
     assert dv._prompt_prefix(lm, prompt, [dv.plain_schedule(2048), dv.speculative_schedule(4, 2)]) is None
 
 
-def test_diverge_with_the_shared_prefill_equals_two_processes_that_prefill_their_own(tmp_path):
-    """The default (one process, one shared prefill) against two processes that each prefill: the same
-    streams, divergence and triage."""
+def test_diverge_with_the_shared_prefill_in_one_or_two_processes_gives_mlx_lm_s_own_streams(tmp_path):
+    """One process (one shared prefill) against two (the prefilled caches pickled to the other process, which
+    generates the plain stream and runs its teacher-forced triage run): the same streams, divergence and
+    triage, and the streams are the ones mlx-lm's generators give when they prefill themselves."""
     from gemmdrift.models import load_model
     from test_models import save_tiny
 
     save_tiny(tmp_path / "m")
     lm = load_model(str(tmp_path / "m"), dtype="bfloat16")
-    prompt = [int(t) for t in np.random.default_rng(3).integers(5, 97, 14)]
-    one = dv.diverge(lm, prompt, 12, k=2)
+    prompt = [int(t) for t in np.random.default_rng(3).integers(5, 97, 7)]  # below the window of 8: trimmable
+    one = dv.diverge(lm, prompt, 12, k=2, workers=1)
     two = dv.diverge(lm, prompt, 12, k=2, workers=2)
-    assert one["shared_prefill"]["tokens"] == 13 and two["shared_prefill"] is None
+    assert one["shared_prefill"]["tokens"] == two["shared_prefill"]["tokens"] == 6
+    assert two["stream_a"]["tokens"] == dv.generate_plain(lm.model, prompt, 12).tokens
+    assert two["stream_b"]["tokens"] == dv.generate_speculative(lm.model, prompt, 12, k=2).tokens
     for key in ("stream_a", "stream_b"):
         assert one[key]["tokens"] == two[key]["tokens"]
     assert one["first_divergence"] == two["first_divergence"]
-    for key in ("verdict", "envelope", "margin", "bit_identical", "stream_a_check", "stream_b_check"):
+    for key in ("verdict", "envelope", "margin", "bit_identical", "stream_a_check", "stream_b_check",
+                "first_layer_differ", "gap_a", "dgap"):
         assert one["triage"].get(key) == two["triage"].get(key), key

@@ -23,6 +23,7 @@ divergence is not numeric at all.
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Sequence
@@ -34,7 +35,7 @@ from .errors import GemmdriftError
 from .result import Verdict
 from .prompts import read_stream  # noqa: F401  (read before the model loads; kept here for callers)
 from .schedules import parse_schedule
-from .taps import Prefix, common_prefix, copy_cache, run_schedule
+from .taps import Prefix, common_prefix, copy_cache, run_schedule, shared_blocks
 
 NEAR_TIE = Verdict.NEAR_TIE
 OUTSIDE = Verdict.OUTSIDE
@@ -201,7 +202,7 @@ def check_stream(logits: np.ndarray, stream: Sequence[int], envelope: float) -> 
 
 def triage(lm, prompt: Sequence[int], stream_a: Sequence[int], stream_b: Sequence[int], schedule_a: str,
            schedule_b: str, *, envelope: float | None = None, envelope_positions: int = ENVELOPE_POSITIONS,
-           prefix: Prefix | None = None) -> Triage:
+           prefix: Prefix | None = None, submit=None) -> Triage:
     """Teacher-force both streams under their schedules and judge them.
 
     Both schedules are two-phase (prompt | continuation); the split sits at the
@@ -228,6 +229,8 @@ def triage(lm, prompt: Sequence[int], stream_a: Sequence[int], stream_b: Sequenc
         envelope_positions: at most this many positions before the divergence make the envelope.
         prefix: the prompt's prefill computed earlier for these schedules (:func:`diverge` passes the one its
             streams started from); used where its blocks are the ones both teacher-forced runs share.
+        submit: a :func:`gemmdrift.workers.pool` submitter: stream A's teacher-forced run goes to another
+            process while this one runs stream B's (the same run in either).
     """
     from .checks import check_envelope, check_vocab
 
@@ -260,13 +263,15 @@ def triage(lm, prompt: Sequence[int], stream_a: Sequence[int], stream_b: Sequenc
     # Blocks before `first` cover prompt tokens only, the same for both streams: run once.
     shared = common_prefix(lm.model, prompt + stream_a[:-1], [x.text for x in scheds], split_arg, int(first),
                            reuse=prefix)
-    runs = []
-    for sched, stream in zip(scheds, (stream_a, stream_b)):
-        seq = prompt + stream[:-1]
-        logit_positions = np.arange(first, split + len(stream))
-        runs.append(run_schedule(lm.model, seq, sched, split=split_arg, positions=[tap_at],
-                                 logit_positions=logit_positions, prefix=shared))
-    ra, rb = runs
+    jobs = [dict(tokens=prompt + stream[:-1], schedule=sched.text, split=split_arg, positions=[tap_at],
+                 logit_positions=np.arange(first, split + len(stream)), prefix=shared)
+            for sched, stream in zip(scheds, (stream_a, stream_b))]
+    if submit is not None:
+        future = submit(_teacher_forced, **jobs[0])
+        rb = _teacher_forced(lm, **jobs[1])
+        ra = future.result()
+    else:
+        ra, rb = (_teacher_forced(lm, **job) for job in jobs)
     shared_pos = np.arange(lo, last_shared + 1)
     la, lb = ra.logits[ra.logit_rows(shared_pos)], rb.logits[rb.logit_rows(shared_pos)]
     drift = metrics.logit_drift(la, lb)
@@ -325,6 +330,12 @@ def triage(lm, prompt: Sequence[int], stream_a: Sequence[int], stream_b: Sequenc
     return out
 
 
+def _teacher_forced(lm, *, tokens, schedule: str, split, positions, logit_positions, prefix):
+    """One teacher-forced run of :func:`triage` (module level: it may run in another process)."""
+    return run_schedule(lm.model, tokens, schedule, split=split, positions=positions,
+                        logit_positions=logit_positions, prefix=prefix)
+
+
 def diverge(lm, prompt: Sequence[int], n: int, *, k: int = defaults.DIVERGE_K, draft=None,
             prefill_a: int = defaults.PREFILL_PLAIN, prefill_b: int = defaults.PREFILL_SPECULATIVE,
             plain_vs: str = "speculative", do_triage: bool = True, envelope: float | None = None,
@@ -336,17 +347,19 @@ def diverge(lm, prompt: Sequence[int], n: int, *, k: int = defaults.DIVERGE_K, d
             or 'prefill' (plain generate with prefill_a vs plain generate with prefill_b).
         rollback: 'mlx-lm' (speculative_generate_step itself) or 'exact' (the same loop with an
             exact cache rollback, :func:`generate_speculative_exact`).
-        workers: processes for the two streams (:mod:`gemmdrift.workers`). Default: one, when both streams
-            prefill the prompt in the same chunks and the draft is the target itself (the prefill is computed
-            once here, and every stream -- the speculative one's target and draft caches, and the triage's
-            teacher-forced runs -- starts from a copy of its cache, the state mlx-lm's own prefill would
-            leave), else 2 on a multi-core CPU. Each stream is the same computation either way.
+        workers: processes for the two streams and the triage's two teacher-forced runs
+            (:mod:`gemmdrift.workers`; default 2 on a multi-core CPU, one elsewhere). When both streams
+            prefill the prompt in the same chunks and the draft is the target itself, the prefill is computed
+            once here and every stream -- the speculative one's target and draft caches, and the triage's
+            teacher-forced runs -- starts from a copy of its cache (the state mlx-lm's own prefill would
+            leave; a copy sent to another process keeps its buffers). Each stream is the same computation
+            either way.
     """
     if rollback not in ("mlx-lm", "exact"):
         raise GemmdriftError(f"unknown rollback {rollback!r} (mlx-lm or exact)")
     if plain_vs not in ("speculative", "prefill"):
         raise GemmdriftError(f"unknown comparison {plain_vs!r} (speculative or prefill)")
-    from .workers import check_workers, run_jobs
+    from .workers import check_workers, pool, run_jobs
 
     prompt = [int(t) for t in prompt]
     _check_prompt(prompt, n)
@@ -354,13 +367,35 @@ def diverge(lm, prompt: Sequence[int], n: int, *, k: int = defaults.DIVERGE_K, d
             dict(kind=plain_vs, prompt=prompt, n=n, prefill=prefill_b, k=k, rollback=rollback)]
     schedules = [plain_schedule(prefill_a), speculative_schedule(prefill_b, k) if plain_vs == "speculative"
                  else plain_schedule(prefill_b)]
-    prefix = _prompt_prefix(lm, prompt, schedules) if draft is None and workers in (None, 1) else None
-    if prefix is not None:
-        a, b = _stream_job(lm, **jobs[0], prefix=prefix), _stream_job(lm, **jobs[1], prefix=prefix)
-    elif draft is None:
-        a, b = run_jobs(lm, _stream_job, jobs, check_workers(lm, workers, 2))
-    else:  # a separate draft model lives in this process only
-        a, b = _stream_job(lm, **jobs[0]), _stream_job(lm, **jobs[1], draft=draft)
+    n_workers = check_workers(lm, workers, 2) if draft is None else 1  # a separate draft lives here only
+    split = len(prompt) - 1
+    blocks = shared_blocks(len(prompt), schedules, split, split) if split >= 1 else []
+    shareable = draft is None and bool(blocks) and blocks[-1][1] == split
+    prefix = None
+    with contextlib.ExitStack() as stack:
+        # The other process starts (and loads the model) while this one prefills.
+        submit = stack.enter_context(pool(lm, 1)) if shareable and n_workers > 1 else None
+        if shareable:
+            prefix = _prompt_prefix(lm, prompt, schedules)
+            if submit is not None:
+                future = submit(_stream_job, **jobs[0], prefix=prefix)
+                b = _stream_job(lm, **jobs[1], prefix=prefix)
+                a = future.result()
+            else:
+                a, b = _stream_job(lm, **jobs[0], prefix=prefix), _stream_job(lm, **jobs[1], prefix=prefix)
+        elif draft is None:
+            a, b = run_jobs(lm, _stream_job, jobs, n_workers)
+        else:
+            a, b = _stream_job(lm, **jobs[0]), _stream_job(lm, **jobs[1], draft=draft)
+        out = _streams_record(lm, prompt, n, a, b, prefix)
+        if do_triage:  # even without a divergence: each stream is checked against its own schedule
+            out["triage"] = triage(lm, prompt, a.tokens, b.tokens, a.schedule, b.schedule, envelope=envelope,
+                                   prefix=prefix, submit=submit).as_dict()
+    return out
+
+
+def _streams_record(lm, prompt: list[int], n: int, a: Generation, b: Generation, prefix: Prefix | None):
+    """The record of :func:`diverge`'s two streams (before the triage)."""
     print(f"  plain       {a.schedule:28s} {n} tokens  {a.seconds:6.1f} s", file=sys.stderr, flush=True)
     print(f"  {b.label:11s} {b.schedule:28s} {n} tokens  {b.seconds:6.1f} s", file=sys.stderr, flush=True)
     d = first_divergence(a.tokens, b.tokens)
@@ -375,9 +410,6 @@ def diverge(lm, prompt: Sequence[int], n: int, *, k: int = defaults.DIVERGE_K, d
         "text_a": _decode(lm.tokenizer, a.tokens),
         "text_b": _decode(lm.tokenizer, b.tokens),
     }
-    if do_triage:  # even without a divergence: each stream is checked against its own schedule
-        out["triage"] = triage(lm, prompt, a.tokens, b.tokens, a.schedule, b.schedule, envelope=envelope,
-                               prefix=prefix).as_dict()
     return out
 
 

@@ -15,8 +15,9 @@ process, as it is for models that cannot be loaded again (built in memory by tes
 
 from __future__ import annotations
 
+import contextlib
 import os
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 from .errors import GemmdriftError
 
@@ -98,6 +99,20 @@ def run_jobs(lm, fn: Callable[..., Any], jobs: Sequence[dict[str, Any]], workers
                  (dict(lm.recipe), tf32_off, device))
 
 
+@contextlib.contextmanager
+def pool(lm, workers: int) -> Iterator[Callable[..., Any]]:
+    """Processes that keep their model between jobs, for a measurement in phases: yields
+    ``submit(fn, **job)``, which runs ``fn(lm, **job)`` in one of them and returns its future."""
+    import mlx.core as mx
+
+    from . import envinfo
+
+    tf32_off = bool(envinfo.TF32_FORCED_OFF) or os.environ.get(envinfo.TF32_VAR) == "0"
+    device = "gpu" if mx.default_device() == mx.gpu else "cpu"
+    with _executor(workers, _init, (dict(lm.recipe), tf32_off, device)) as ex:
+        yield lambda fn, **job: ex.submit(_call_job, fn, job)
+
+
 def run_tasks(fn: Callable[..., Any], jobs: Sequence[dict[str, Any]], workers: int) -> list[Any]:
     """``[fn(**job) for job in jobs]`` for measurements without a model, in ``workers`` processes when more
     than one, each on this process's device."""
@@ -123,12 +138,18 @@ def _call_task(fn: Callable[..., Any], job: dict[str, Any]) -> Any:
     return fn(**job)
 
 
-def _pool(calls: list[dict[str, Any]], workers: int, call: Callable[..., Any], done, initializer, initargs):
+def _executor(workers: int, initializer, initargs):
     import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor, as_completed
+    from concurrent.futures import ProcessPoolExecutor
 
-    with ProcessPoolExecutor(min(workers, len(calls)), mp_context=multiprocessing.get_context("spawn"),
-                             initializer=initializer, initargs=initargs) as pool:
+    return ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"), initializer=initializer,
+                               initargs=initargs)
+
+
+def _pool(calls: list[dict[str, Any]], workers: int, call: Callable[..., Any], done, initializer, initargs):
+    from concurrent.futures import as_completed
+
+    with _executor(min(workers, len(calls)), initializer, initargs) as pool:
         futures = [pool.submit(call, c["fn"], c["job"]) for c in calls]
         if done is not None:
             index = {f: i for i, f in enumerate(futures)}

@@ -2,15 +2,19 @@
 
 mlx's CPU backend computes the small blocks these measurements feed (a few rows at a
 time) on one core, so on a multi-core CPU independent parts (the two rungs of the
-precision ladder, the two halves of the cache-state sweep) finish sooner side by side.
-Each worker is a fresh spawned process (mlx state is not fork-safe) that loads the
+precision ladder, the two halves of the cache-state sweep, the kernel units, the runs of
+schedules that share nothing, the two sides of the divergence probe) finish sooner side by
+side -- not twice as fast on this 2-core machine: two processes slow each other (two
+prefills side by side took 61 s each against 38-40 s alone). Each worker is a fresh spawned process (mlx state is not fork-safe) that loads the
 model again from the recipe :func:`gemmdrift.models.load_model` left on it, and
 runs module-level functions ``fn(lm, **job)``; results come back pickled, in job
 order. The numbers are the same as in one process: every part computes exactly what
 it would have computed there (tests compare the tables).
 
 On a GPU the workers would only queue on the one device, so the default there is one
-process, as it is for models that cannot be loaded again (built in memory by tests).
+process, as it is for models that cannot be loaded again (built in memory by tests) and
+models whose two more copies would not fit in half the memory. :func:`run_tasks` is the
+same for measurements without a model (the fingerprints).
 """
 
 from __future__ import annotations
@@ -72,7 +76,7 @@ def _init(recipe: dict[str, Any], tf32_off: bool, device: str) -> None:
 
     if tf32_off:
         envinfo.force_true_float32()  # inherited MLX_ENABLE_TF32=0; records that this process forced it
-    mx.set_default_device(mx.gpu if device == "gpu" else mx.cpu)  # the parent's device
+    _set_device(device)  # the parent's device
     _LM = load_model(**recipe)
     mx.eval(_LM.model.parameters())  # the lazy weights load here, not inside the first timed part
 
@@ -89,27 +93,18 @@ def run_jobs(lm, fn: Callable[..., Any], jobs: Sequence[dict[str, Any]], workers
             if done is not None:
                 done(i)
         return out
-    import mlx.core as mx
-
-    from . import envinfo
-
-    tf32_off = bool(envinfo.TF32_FORCED_OFF) or os.environ.get(envinfo.TF32_VAR) == "0"
-    device = "gpu" if mx.default_device() == mx.gpu else "cpu"
-    return _pool([dict(fn=fn, job=dict(job)) for job in jobs], workers, _call_job, done, _init,
-                 (dict(lm.recipe), tf32_off, device))
+    with pool(lm, min(workers, len(jobs))) as submit:
+        return _collect([submit(fn, **job) for job in jobs], done)
 
 
 @contextlib.contextmanager
 def pool(lm, workers: int) -> Iterator[Callable[..., Any]]:
-    """Processes that keep their model between jobs, for a measurement in phases: yields
+    """Processes that keep their model between jobs (for a measurement in phases): yields
     ``submit(fn, **job)``, which runs ``fn(lm, **job)`` in one of them and returns its future."""
-    import mlx.core as mx
-
     from . import envinfo
 
     tf32_off = bool(envinfo.TF32_FORCED_OFF) or os.environ.get(envinfo.TF32_VAR) == "0"
-    device = "gpu" if mx.default_device() == mx.gpu else "cpu"
-    with _executor(workers, _init, (dict(lm.recipe), tf32_off, device)) as ex:
+    with _executor(workers, _init, (dict(lm.recipe), tf32_off, _device_name())) as ex:
         yield lambda fn, **job: ex.submit(_call_job, fn, job)
 
 
@@ -118,13 +113,17 @@ def run_tasks(fn: Callable[..., Any], jobs: Sequence[dict[str, Any]], workers: i
     than one, each on this process's device."""
     if workers <= 1 or len(jobs) <= 1:
         return [fn(**job) for job in jobs]
+    with _executor(min(workers, len(jobs)), _set_device, (_device_name(),)) as ex:
+        return _collect([ex.submit(_call_task, fn, job) for job in jobs], None)
+
+
+def _device_name() -> str:
     import mlx.core as mx
 
-    device = "gpu" if mx.default_device() == mx.gpu else "cpu"
-    return _pool([dict(fn=fn, job=dict(job)) for job in jobs], workers, _call_task, None, _device, (device,))
+    return "gpu" if mx.default_device() == mx.gpu else "cpu"
 
 
-def _device(device: str) -> None:
+def _set_device(device: str) -> None:
     import mlx.core as mx
 
     mx.set_default_device(mx.gpu if device == "gpu" else mx.cpu)
@@ -146,14 +145,13 @@ def _executor(workers: int, initializer, initargs):
                                initargs=initargs)
 
 
-def _pool(calls: list[dict[str, Any]], workers: int, call: Callable[..., Any], done, initializer, initargs):
+def _collect(futures: list, done: Callable[[int], None] | None) -> list[Any]:
+    """The futures' results in their order; ``done(i)`` as each finishes (a failed one raises at once)."""
     from concurrent.futures import as_completed
 
-    with _executor(min(workers, len(calls)), initializer, initargs) as pool:
-        futures = [pool.submit(call, c["fn"], c["job"]) for c in calls]
-        if done is not None:
-            index = {f: i for i, f in enumerate(futures)}
-            for f in as_completed(futures):
-                f.result()  # a failed job raises here, before the others finish
-                done(index[f])
-        return [f.result() for f in futures]
+    if done is not None:
+        index = {f: i for i, f in enumerate(futures)}
+        for f in as_completed(futures):
+            f.result()
+            done(index[f])
+    return [f.result() for f in futures]

@@ -130,7 +130,8 @@ def _write_and_print(args, result, out, note: str = "") -> None:
     from . import store, summaries
 
     written = store.write_result(result, out)
-    names = ", ".join(p.name for k, p in written.items() if k not in ("frame", "figures", "marker", "details"))
+    files = [p.name for k, p in written.items() if k not in ("frame", "figures", "marker", "details")]
+    names = ", ".join(files if len(files) <= 12 else files[:10] + [f"and {len(files) - 10} more"])
     _emit(args, summaries.summary(result), summaries.text(result) + f"\n\nwritten to {Path(out)}/ ({names})"
           + (f"\n{note}" if note else ""))
 

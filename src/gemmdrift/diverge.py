@@ -368,9 +368,7 @@ def diverge(lm, prompt: Sequence[int], n: int, *, k: int = defaults.DIVERGE_K, d
     schedules = [plain_schedule(prefill_a), speculative_schedule(prefill_b, k) if plain_vs == "speculative"
                  else plain_schedule(prefill_b)]
     n_workers = check_workers(lm, workers, 2) if draft is None else 1  # a separate draft lives here only
-    split = len(prompt) - 1
-    blocks = shared_blocks(len(prompt), schedules, split, split) if split >= 1 else []
-    shareable = draft is None and bool(blocks) and blocks[-1][1] == split
+    shareable = draft is None and _prefills_alike(prompt, schedules)
     prefix = None
     with contextlib.ExitStack() as stack:
         # The other process starts (and loads the model) while this one prefills.
@@ -415,13 +413,18 @@ def _streams_record(lm, prompt: list[int], n: int, a: Generation, b: Generation,
 
 
 
+def _prefills_alike(prompt: list[int], schedules: Sequence[str]) -> bool:
+    """Every schedule prefills ``prompt[:-1]`` in the same chunks (else each stream prefills its own)."""
+    split = len(prompt) - 1
+    blocks = shared_blocks(len(prompt), schedules, split, split) if split >= 1 else []
+    return bool(blocks) and blocks[-1][1] == split
+
+
 def _prompt_prefix(lm, prompt: list[int], schedules: Sequence[str]) -> Prefix | None:
     """The caches after ``prompt[:-1]`` when every schedule prefills it in the same chunks, else None."""
-    if len(prompt) < 2:
+    if not _prefills_alike(prompt, schedules):
         return None
     prefix = common_prefix(lm.model, prompt, schedules, len(prompt) - 1, len(prompt) - 1)
-    if prefix is None or prefix.length != len(prompt) - 1:
-        return None  # the chunks differ before the prompt's end: each stream prefills its own
     print(f"  prompt prefill (shared) {prefix.length} tokens in {len(prefix.blocks)} passes  {prefix.seconds:6.1f} s",
           file=sys.stderr, flush=True)
     return prefix
@@ -447,12 +450,10 @@ def _stream_job(lm, *, kind: str, prompt: list[int], n: int, prefill: int, k: in
             raise GemmdriftError("a shared prompt prefill needs the target as its own draft")
         cache, prompt = copy_cache(prefix.cache), prompt[-1:]
     if kind == "plain" or kind == "prefill":
-        g = generate_plain(lm.model, prompt, n, prefill_step=prefill, prompt_cache=cache)
-    else:
-        speculative = generate_speculative_exact if rollback == "exact" else generate_speculative
-        g = speculative(lm.model, prompt, n, k=k, draft=draft, prefill_step=prefill,
-                        prompt_cache=None if cache is None else cache + copy_cache(prefix.cache))
-    return g
+        return generate_plain(lm.model, prompt, n, prefill_step=prefill, prompt_cache=cache)
+    speculative = generate_speculative_exact if rollback == "exact" else generate_speculative
+    return speculative(lm.model, prompt, n, k=k, draft=draft, prefill_step=prefill,
+                       prompt_cache=None if cache is None else cache + copy_cache(prefix.cache))
 
 
 def divergence_stats(lm, prompts: Sequence[Sequence[int]], n: int, *, checkpoint=None, labels=None,

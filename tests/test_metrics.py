@@ -108,3 +108,53 @@ def test_bits_lost():
     assert [metrics.bits_lost(u) for u in (0, 1, 3, 255)] == [0.0, 1.0, 2.0, 8.0]
     with pytest.raises(ValueError):
         metrics.bits_lost(-1)
+
+
+def test_top2_is_the_first_two_of_a_stable_descending_sort():
+    # Ties (first index wins), +-inf, -0.0, rows whose runner-up is -inf, all -inf, and NaN (sorted last).
+    rows = np.array([[1.0, 3.0, 3.0, 2.0], [-np.inf, 5.0, -np.inf, -np.inf], [-np.inf] * 4,
+                     [0.0, -0.0, -1.0, 0.0], [np.inf, 1.0, np.inf, 0.0], [1.0, np.nan, 2.0, 2.0]], dtype=np.float32)
+    t1, t2 = metrics.top2(rows)
+    assert t1.tolist() == [1, 1, 0, 0, 0, 2] and t2.tolist() == [2, 0, 1, 1, 2, 3]
+    rng = np.random.default_rng(3)
+    for _ in range(200):
+        x = rng.integers(-2, 3, (rng.integers(1, 5), rng.integers(2, 9))).astype(np.float32)
+        m = rng.random(x.shape)
+        x[m < 0.2], x[m > 0.9] = -np.inf, np.inf
+        order = np.argsort(-x, axis=-1, kind="stable")
+        got = metrics.top2(x)
+        assert got[0].tolist() == order[:, 0].tolist() and got[1].tolist() == order[:, 1].tolist(), x
+
+
+def test_ordered_int_is_the_sign_magnitude_order():
+    bits = np.array([0, 1, 0x7FFF, 0x8000, 0x8001, 0xFFFF], dtype=np.uint16)
+    assert metrics.ordered_int(bits, 16).tolist() == [0, 1, 0x7FFF, 0, -1, -0x7FFF]
+    bits = np.array([0x80000000, 0x80000002, 0x7F800000], dtype=np.uint32)
+    assert metrics.ordered_int(bits, 32).tolist() == [0, -2, 0x7F800000]
+
+
+def test_compare_percentiles_are_numpy_percentiles_of_the_ulps():
+    a = np.arange(1, 1001, dtype=np.float32)
+    b = a.copy()
+    b[-20:] = np.nextafter(b[-20:], np.float32(np.inf))  # 20 elements one float32 ULP up
+    b[-1] = np.nextafter(b[-1], np.float32(np.inf))  # the last one two
+    ulps = np.r_[np.zeros(980), np.ones(19), 2.0]
+    m = metrics.compare(a, b, "float32")
+    assert (m["p50_ulp"], m["p99_ulp"], m["p99.9_ulp"]) == tuple(np.percentile(ulps, q) for q in (50, 99, 99.9))
+    assert m["p99.9_ulp"] == pytest.approx(1.001) and m["max_ulp"] == 2
+
+
+def test_importing_gemmdrift_turns_off_numpys_huge_page_advice_unless_the_user_chose():
+    import subprocess
+    import sys
+
+    # numpy imported first, then gemmdrift: the advice is off (the setter returns the previous state)
+    # and the variable set for spawned workers.
+    code = ("import numpy, gemmdrift, os; print(numpy._core.multiarray._set_madvise_hugepage(False), "
+            "os.environ['NUMPY_MADVISE_HUGEPAGE'])")
+    env = {k: v for k, v in __import__("os").environ.items() if k != "NUMPY_MADVISE_HUGEPAGE"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False", "0"]
+    out = subprocess.run([sys.executable, "-c", code], env={**env, "NUMPY_MADVISE_HUGEPAGE": "1"},
+                         capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["True", "1"]

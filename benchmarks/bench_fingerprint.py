@@ -9,6 +9,8 @@ nothing, so read it with `gemmdrift history`, not as a drift that grows).
 Inputs are pinned here; the measurement is gemmdrift.fingerprint.measure.
 """
 
+from . import common
+
 FP_PATHS = ("matmul:bfloat16", "matmul:float16", "matmul:float32", "quant:affine-q4-g64:bfloat16",
             "sum:float32", "sdpa:bfloat16", "emulated:splitk4:bfloat16")
 FP_K = 512
@@ -16,24 +18,18 @@ FP_TS = (1, 2, 3, 4, 8, 16, 33)
 FP_N = 64
 
 
-class Fingerprint:
-    """Summation trees of one output element, K=512, the probed row at every position of T rows."""
+class Fingerprint(common.Probes):
+    """Summation trees of one output element, K=512, the probed row at every position of T rows.
+    The setup (gemmdrift.fingerprint.measure with the inputs above) is shared with four other probes
+    (common.Probes)."""
 
     params = (list(FP_PATHS),)
     param_names = ["path"]
-    timeout = 7200
-
-    def setup_cache(self):
-        from gemmdrift import fingerprint
-
-        r = fingerprint.measure(list(FP_PATHS), K=FP_K, ts=FP_TS, N=FP_N, draw_k=0)
-        return dict(r.figures)
-
-    setup_cache.timeout = 7200
 
     @staticmethod
     def _get(figures, name):
-        return figures.get(name, float("nan"))  # not measured (e.g. not recovered): asv records it skipped
+        # not measured (e.g. not recovered): NaN, which asv records as skipped
+        return figures["fingerprint"].get(name, float("nan"))
 
     def track_distinct_trees(self, figures, path):
         """Distinct summation trees over the T sweep and every row position (1 = row-invariant)."""

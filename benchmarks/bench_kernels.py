@@ -9,17 +9,9 @@ the negative control: its figure must stay above 0 on every backend.
 from . import common
 
 
-class _Probe:
-    timeout = 7200
-
-    def setup_cache(self):
-        from gemmdrift import kernels
-
-        projs, inputs = common.kernel_inputs()
-        return dict(kernels.measure_kernels(common.model(), inputs, projs, common.KERNEL_PATHS,
-                                            common.KERNEL_TS).figures)
-
-    setup_cache.timeout = 7200
+class _Probe(common.Probes):
+    """The kernel probe (kernels.measure_kernels on common.kernel_inputs(), as suite.kernel_probe runs it);
+    its setup is shared with four other probes (common.Probes)."""
 
 
 class KernelDrift(_Probe):
@@ -30,20 +22,20 @@ class KernelDrift(_Probe):
 
     def track_bits_lost(self, f, path, t):
         """log2(1 + max ULP distance) between a row inside a T-row block and the same row alone."""
-        return common.figure(f, "bits_lost", path, t)
+        return common.figure(f["kernels"], "bits_lost", path, t)
 
     track_bits_lost.unit = "bits"
     track_bits_lost.version = "1"
 
     def track_rows_differ(self, f, path, t):
-        return common.figure(f, "rows_differ", path, t)
+        return common.figure(f["kernels"], "rows_differ", path, t)
 
     track_rows_differ.unit = "rows"
     track_rows_differ.version = "1"
 
     def track_err_rel_l2(self, f, path, t):
         """Error against a float64 reference from the same stored operands."""
-        return common.figure(f, "err_rel_l2", path, t)
+        return common.figure(f["kernels"], "err_rel_l2", path, t)
 
     track_err_rel_l2.unit = "relative L2"
     track_err_rel_l2.version = "1"
@@ -89,24 +81,16 @@ class KernelSpeed:
     time_projection.version = "7aa3704f5f281260077b390596927dafcaf58d15123c80637c4931adadde0d4f"
 
 
-class OpsDrift:
+class OpsDrift(common.Probes):
     """The other ops whose shape changes between decode and verification, at the model's geometry:
     a block of T queries against each query alone (attention, RMSNorm, RoPE at offsets, softmax)."""
 
-    timeout = 1800
     params = (["sdpa", "rms_norm", "rope", "softmax"],)
     param_names = ["op"]
 
-    def setup_cache(self):
-        from gemmdrift import kernels
-
-        return dict(kernels.measure_ops(common.model()).figures)
-
-    setup_cache.timeout = 1800
-
     def track_bits_lost(self, f, op):
         """log2(1 + max ULP distance) over query lengths 1..16 and key lengths around the kernel switches."""
-        return common.figure(f, "ops_bits_lost", op)
+        return common.figure(f["ops"], "ops_bits_lost", op)
 
     track_bits_lost.unit = "bits"
     track_bits_lost.version = "1"

@@ -28,17 +28,9 @@ class _Decode:
     setup_cache.timeout = 7200
 
 
-class _Prefill:
-    """suite.prefill_family, shared the same way."""
-
-    timeout = 7200
-
-    def setup_cache(self):
-        from gemmdrift import suite
-
-        return dict(suite.prefill_family(common.model(), common.sizes()).figures)
-
-    setup_cache.timeout = 7200
+class _Prefill(common.Probes):
+    """suite.prefill_family: its setup is shared with four other probes (common.Probes), whose idle core it
+    fills."""
 
 
 class DecodeVsVerify(_Decode):
@@ -104,19 +96,19 @@ class PrefillChunks(_Prefill):
     """The stream prefilled in one chunk (2048) against chunks of 512: the logit envelope."""
 
     def track_max_abs_dlogit(self, f):
-        return common.figure(f, "max_abs_dlogit", PREFILL_PAIR)
+        return common.figure(f["prefill"], "max_abs_dlogit", PREFILL_PAIR)
 
     track_max_abs_dlogit.unit = "logits"
     track_max_abs_dlogit.version = "1"
 
     def track_max_abs_dgap(self, f):
-        return common.figure(f, "max_abs_dgap", PREFILL_PAIR)
+        return common.figure(f["prefill"], "max_abs_dgap", PREFILL_PAIR)
 
     track_max_abs_dgap.unit = "logits"
     track_max_abs_dgap.version = "1"
 
     def track_flips(self, f):
-        return common.figure(f, "flips", PREFILL_PAIR)
+        return common.figure(f["prefill"], "flips", PREFILL_PAIR)
 
     track_flips.unit = "argmax flips"
     track_flips.version = "1"
@@ -129,7 +121,7 @@ class PrefillChunksLayers(_Prefill):
     param_names = ["tap"]
 
     def track_rel_l2(self, f, tap):
-        return common.figure(f, "rel_l2", PREFILL_PAIR, "accumulated", tap)
+        return common.figure(f["prefill"], "rel_l2", PREFILL_PAIR, "accumulated", tap)
 
     track_rel_l2.unit = "relative L2"
     track_rel_l2.version = "1"

@@ -96,3 +96,41 @@ def skip_unless_long(cache, name):
     if cache.get("skipped_long"):
         raise NotImplementedError(f"{name} is a long benchmark: skipped on this backend "
                                   "(GEMMDRIFT_BENCH_LONG=1 runs it)")
+
+
+class Probes:
+    """One setup_cache for the divergence probe, the prefill chunks, the kernel probe, the fingerprints and
+    the ops probe (bench_diverge.Divergence, bench_stack.PrefillChunks*, bench_kernels.KernelDrift and
+    OpsDrift, bench_fingerprint.Fingerprint inherit it; asv runs a setup_cache once per source location).
+
+    The five run whole, side by side, in two processes (gemmdrift.suite.side_by_side), longest first: on
+    its own the divergence probe keeps one core busy and the other idle for most of its time (prompt
+    prefill, speculative stream), the ops probe uses one core. Each part computes what it computes alone,
+    with the same pinned inputs. The cost: `asv run --bench` with any of these benchmarks computes all five
+    (about 3.5 minutes on a 2-core CPU). Returns ``{part: figures}``.
+    """
+
+    timeout = 7200
+
+    def setup_cache(self):
+        from dataclasses import replace
+
+        from gemmdrift import kernels, suite
+
+        from . import bench_fingerprint as fp
+
+        s = sizes()
+        # The kernel probe on kernel_inputs() (128 tokens, KERNEL_* above), as suite.kernel_probe runs it.
+        probe = replace(s, tokens=128, kernel_layers=KERNEL_LAYERS, kernel_ts=KERNEL_TS, kernel_paths=KERNEL_PATHS,
+                        kernel_rows=KERNEL_ROWS)
+        results = suite.side_by_side(model(), {
+            "diverge": (suite.divergence_probe, dict(sizes=s)),
+            "prefill": (suite.prefill_family, dict(sizes=s)),
+            "kernels": (suite.kernel_probe, dict(sizes=probe)),
+            "fingerprint": (suite.fingerprint_part, dict(paths=list(fp.FP_PATHS), K=fp.FP_K, ts=fp.FP_TS,
+                                                         N=fp.FP_N, draw_k=0)),
+            "ops": (kernels.measure_ops, {}),
+        })
+        return {name: dict(r.figures) for name, r in results.items()}
+
+    setup_cache.timeout = 7200

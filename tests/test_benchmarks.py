@@ -71,51 +71,86 @@ def test_env_benchmarks():
     assert finite(bench_env.track_backend()) == 0.0  # the CPU backend here
 
 
-@pytest.mark.slow
-def test_stack_and_divergence_benchmarks_return_finite_numbers(quick):
+def _all_tracks(cls, cache):
+    """Every track_ of a benchmark class at every parameter combination: {(name, combo): value}."""
     import itertools
 
-    caches = {}  # asv runs one setup_cache per base class; so does this test
-    for cls in (bench_stack.DecodeVsVerify, bench_stack.DecodeVsVerifyLayers, bench_stack.PrefillChunks,
-                bench_stack.PrefillChunksLayers, bench_diverge.Divergence):
-        bench = cls()
-        base = cls.__mro__[1] if cls.__mro__[1] is not object else cls
-        if base not in caches:
-            caches[base] = bench.setup_cache()
-        f = caches[base]
-        combos = list(itertools.product(*getattr(cls, "params", ())))
-        for _, name, fn in [t for t in tracked(sys.modules[cls.__module__]) if t[0] is cls]:
-            for combo in combos:
-                value = fn(bench, f, *combo)
-                if name == "track_logits_rel_l2_float32":
-                    # Regression (issue 12): without a ladder (quick sizes) this returned 0.0, a fake
-                    # "no drift at float32"; a figure that was not measured is NaN, which asv skips.
-                    assert math.isnan(value)
-                else:
-                    finite(value)
-    # Never-diverged is told apart from diverged-at-n.
-    d = caches[bench_diverge.Divergence]
-    div = bench_diverge.Divergence()
-    assert div.track_diverged(d) in (0.0, 1.0)
-    if div.track_diverged(d) == 0.0:
-        assert div.track_first_divergence(d) == common.sizes().diverge_n
-    # Below the sliding window (quick sizes) decode and verification agree bit for bit on this backend.
-    assert bench_stack.DecodeVsVerify().track_max_abs_dlogit(caches[bench_stack._Decode], "verify2") == 0.0
+    bench = cls()
+    combos = list(itertools.product(*getattr(cls, "params", ())))
+    return {(name, combo): fn(bench, cache, *combo)
+            for _, name, fn in [t for t in tracked(sys.modules[cls.__module__]) if t[0] is cls] for combo in combos}
+
+
+@pytest.fixture
+def small_fingerprints(monkeypatch):
+    from benchmarks import bench_fingerprint
+
+    monkeypatch.setattr(bench_fingerprint, "FP_PATHS", ("matmul:float32", "emulated:splitk4:float32"))
+    monkeypatch.setattr(bench_fingerprint, "FP_K", 32)
+    monkeypatch.setattr(bench_fingerprint, "FP_TS", (1, 2))
+    return bench_fingerprint
 
 
 @pytest.mark.slow
-def test_kernel_benchmarks(quick, monkeypatch):
-    probe = bench_kernels.KernelDrift()
-    f = probe.setup_cache()
-    for path in common.KERNEL_PATHS:
+def test_the_shared_probe_setup_serves_five_benchmarks_as_each_alone(quick, small_fingerprints, embedded):
+    """common.Probes computes the divergence probe, the prefill chunks, the kernel probe, the fingerprints and
+    the ops probe side by side in two processes; every figure is the one the part gives when run alone."""
+    from gemmdrift import fingerprint, kernels, suite
+
+    classes = (bench_diverge.Divergence, bench_stack.PrefillChunks, bench_stack.PrefillChunksLayers,
+               bench_kernels.KernelDrift, bench_kernels.OpsDrift, small_fingerprints.Fingerprint)
+    assert len({cls.setup_cache for cls in classes}) == 1  # one source location: asv runs it once
+    cache = common.Probes().setup_cache()
+    assert set(cache) == {"diverge", "prefill", "kernels", "fingerprint", "ops"}
+    for cls in (bench_diverge.Divergence, bench_stack.PrefillChunks, bench_stack.PrefillChunksLayers,
+                bench_kernels.OpsDrift):
+        for value in _all_tracks(cls, cache).values():
+            finite(value)
+    kd = bench_kernels.KernelDrift()
+    for path in common.KERNEL_PATHS:  # the smaller probe of the quick fixture
         for t in common.KERNEL_TS:
-            for fn in (probe.track_bits_lost, probe.track_rows_differ, probe.track_err_rel_l2):
-                finite(fn(f, path, t))
-    assert probe.track_bits_lost(f, "model", 2) == 0.0  # row-invariant CPU kernels
-    ops = bench_kernels.OpsDrift()
-    f = ops.setup_cache()
-    for (op,) in [(p,) for p in bench_kernels.OpsDrift.params[0]]:
-        finite(ops.track_bits_lost(f, op))
+            for fn in (kd.track_bits_lost, kd.track_rows_differ, kd.track_err_rel_l2):
+                finite(fn(cache, path, t))
+    fp = small_fingerprints.Fingerprint()
+    assert fp.track_distinct_trees(cache, "matmul:float32") == 1.0
+    assert fp.track_unrecovered(cache, "matmul:float32") == 0.0
+    assert math.isnan(fp.track_distinct_trees(cache, "sum:bfloat16"))  # not measured: skipped, never 0
+    # The same figures as each part alone, in this process (its own workers as it would start them).
+    sizes = common.sizes()
+    assert cache["diverge"] == dict(suite.divergence_probe(embedded, sizes).figures)
+    assert cache["prefill"] == dict(suite.prefill_family(embedded, sizes).figures)
+    projs, inputs = common.kernel_inputs()
+    assert cache["kernels"] == dict(kernels.measure_kernels(embedded, inputs, projs, common.KERNEL_PATHS,
+                                                            common.KERNEL_TS).figures)
+    assert cache["fingerprint"] == dict(fingerprint.measure(
+        list(small_fingerprints.FP_PATHS), K=small_fingerprints.FP_K, ts=small_fingerprints.FP_TS,
+        N=small_fingerprints.FP_N, draw_k=0).figures)
+    assert cache["ops"] == dict(kernels.measure_ops(embedded).figures)
+    # Never-diverged is told apart from diverged-at-n.
+    div = bench_diverge.Divergence()
+    assert div.track_diverged(cache) in (0.0, 1.0)
+    if div.track_diverged(cache) == 0.0:
+        assert div.track_first_divergence(cache) == common.sizes().diverge_n
+    assert kd.track_bits_lost(cache, "model", 2) == 0.0  # row-invariant CPU kernels
+
+
+@pytest.mark.slow
+def test_decode_benchmarks_return_finite_numbers(quick):
+    cache = bench_stack.DecodeVsVerify().setup_cache()
+    for cls in (bench_stack.DecodeVsVerify, bench_stack.DecodeVsVerifyLayers):
+        for (name, combo), value in _all_tracks(cls, cache).items():
+            if name == "track_logits_rel_l2_float32":
+                # Regression (issue 12): without a ladder (quick sizes) this returned 0.0, a fake
+                # "no drift at float32"; a figure that was not measured is NaN, which asv skips.
+                assert math.isnan(value)
+            else:
+                finite(value)
+    # Below the sliding window (quick sizes) decode and verification agree bit for bit on this backend.
+    assert bench_stack.DecodeVsVerify().track_max_abs_dlogit(cache, "verify2") == 0.0
+
+
+@pytest.mark.slow
+def test_kernel_speed_benchmark(quick):
     speed = bench_kernels.KernelSpeed()
     cache = speed.setup_cache()
     rows, operand = cache

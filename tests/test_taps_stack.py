@@ -399,3 +399,30 @@ def test_runs_that_share_nothing_in_two_processes_give_the_same_result(tmp_path,
     again = measure_stack(lm, TOKENS[:24], schedules, workers=1, checkpoint=tmp_path / "ck", **kw)
     assert capsys.readouterr().err.count("done before (resumed)") == 2
     assert again.tables["stack"].equals(one.tables["stack"])
+
+
+def _default_workers_here(lm, parts):
+    from gemmdrift import workers
+
+    return workers.default_workers(lm, parts)
+
+
+def test_side_by_side_runs_whole_parts_that_start_no_processes_of_their_own(tmp_path):
+    """suite.side_by_side: each part whole in a worker, which gives any measurement there one process
+    (no nested pools); the results come back by name, as the parts give them alone."""
+    from gemmdrift import suite, workers
+    from gemmdrift.models import load_model
+    from test_models import save_tiny
+
+    save_tiny(tmp_path / "m")
+    lm = load_model(str(tmp_path / "m"), dtype="bfloat16")
+    if workers.default_workers(lm, 2) < 2:
+        pytest.skip("one core: no worker processes")
+    kw = dict(positions=np.arange(16, 24), local=False)
+    out = suite.side_by_side(lm, {
+        "nested": (_default_workers_here, dict(parts=4)),
+        "stack": (measure_stack, dict(tokens=TOKENS[:24], schedules=["prefill:24", "prefill:8"], **kw)),
+    })
+    assert list(out) == ["nested", "stack"] and out["nested"] == 1
+    alone = measure_stack(lm, TOKENS[:24], ["prefill:24", "prefill:8"], workers=1, **kw)
+    assert out["stack"].figures == alone.figures and out["stack"].tables["stack"].equals(alone.tables["stack"])

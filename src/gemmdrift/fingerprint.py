@@ -1010,15 +1010,20 @@ def measure(paths: Sequence[str], *, K: int = 1024, ts: Iterable[int] = (1, 2, 3
                   details=details)
 
 def _fp_workers(workers: int | None, parts: int) -> int:
-    """Processes for the paths of :func:`measure`: as given, else 2 on a CPU device with 2 cores or more."""
+    """Processes for the paths of :func:`measure`: as given, else 2 on a CPU device with 2 cores or more (1 inside
+    a worker process)."""
     import os
 
     import mlx.core as mx
+
+    from .workers import in_worker
 
     if workers is not None:
         if workers < 1:
             raise GemmdriftError(f"workers must be at least 1, got {workers}")
         return max(1, min(workers, parts))
+    if in_worker():
+        return 1
     return 2 if parts > 1 and mx.default_device() == mx.cpu and (os.cpu_count() or 1) >= 2 else 1
 
 

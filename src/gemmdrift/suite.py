@@ -111,6 +111,35 @@ def divergence_probe(lm, sizes: Sizes, env: dict[str, Any] | None = None):
                            record={"prompt": "the built-in essay", "draft": "self"})
 
 
+def side_by_side(lm, parts: dict[str, tuple[Any, dict[str, Any]]], workers: int | None = None) -> dict[str, Any]:
+    """Whole measurements side by side: ``{name: fn(lm, **kwargs)}`` for ``parts = {name: (fn, kwargs)}``.
+
+    Each part runs whole in one of ``workers`` processes (:mod:`gemmdrift.workers`; default 2 on a
+    multi-core CPU, 1 on a GPU), in the order given -- put the longest first -- and starts no processes of
+    its own there, so it computes exactly what it computes alone. What this gains is the core a measurement
+    leaves idle on its own: the divergence probe prefills its prompt and runs its speculative stream on
+    one core while the other waits, the ops probe runs in one process. ``fn`` is a module-level function
+    (it is sent to the worker by name); its result must pickle.
+    """
+    from .workers import check_workers, run_jobs
+
+    names = list(parts)
+    out = run_jobs(lm, _whole, [dict(measure=parts[n][0], kwargs=parts[n][1]) for n in names],
+                   check_workers(lm, workers, len(names)))
+    return dict(zip(names, out))
+
+
+def _whole(lm, *, measure, kwargs: dict[str, Any]):
+    return measure(lm, **kwargs)
+
+
+def fingerprint_part(lm, **kwargs):
+    """:func:`gemmdrift.fingerprint.measure` as a part of :func:`side_by_side` (it needs no model)."""
+    from .fingerprint import measure
+
+    return measure(**kwargs)
+
+
 def _key(part: str, lm, sizes: Sizes) -> str:
     """What a finished part depends on: its sizes, the model, and the mlx/mlx-lm versions."""
     from .models import resume_key

@@ -45,12 +45,18 @@ def _fits_twice(lm) -> bool:
     return 3 * weights < memory / 2
 
 
+def in_worker() -> bool:
+    """True inside a worker process: a measurement run there as one part (:func:`gemmdrift.suite.side_by_side`)
+    does not start processes of its own."""
+    return _LM is not None
+
+
 def default_workers(lm, parts: int) -> int:
     """2 on a CPU device with at least 2 cores, for a model that can be loaded again, whose two more copies
-    fit in memory, and more than one part; else 1."""
+    fit in memory, and more than one part; else 1 (and 1 inside a worker)."""
     import mlx.core as mx
 
-    if parts < 2 or not can_reload(lm) or mx.default_device() != mx.cpu or (os.cpu_count() or 1) < 2:
+    if in_worker() or parts < 2 or not can_reload(lm) or mx.default_device() != mx.cpu or (os.cpu_count() or 1) < 2:
         return 1
     return 2 if _fits_twice(lm) else 1
 

@@ -1,7 +1,7 @@
 """Layer-stack drift and the logit envelope of the main schedule pairs (gemmdrift.suite).
 
-Each setup_cache returns the figures of the measurement's Result; each track_ looks up one named figure
-(gemmdrift.stack.stack_figures), NaN when it was not measured.
+The setup (common.Probes, shared with the other probes) returns the figures of each measurement's Result;
+each track_ looks up one named figure (gemmdrift.stack.stack_figures), NaN when it was not measured.
 """
 
 from . import common
@@ -14,23 +14,12 @@ PREFILL_PAIR = "prefill:2048 vs prefill:512"
 TAPS = [f"layer {i}" for i in range(18)] + ["norm", "logits"]
 
 
-class _Decode:
-    """One measurement (suite.decode_family) shared by the classes below: asv runs a
-    setup_cache once per source location, so subclasses do not repeat it."""
-
-    timeout = 7200
-
-    def setup_cache(self):
-        from gemmdrift import suite
-
-        return dict(suite.decode_family(common.model(), common.sizes()).figures)
-
-    setup_cache.timeout = 7200
+class _Decode(common.Probes):
+    """suite.decode_family: its setup is shared with the other probes (common.Probes)."""
 
 
 class _Prefill(common.Probes):
-    """suite.prefill_family: its setup is shared with four other probes (common.Probes), whose idle core it
-    fills."""
+    """suite.prefill_family: its setup is shared with the other probes (common.Probes)."""
 
 
 class DecodeVsVerify(_Decode):
@@ -40,25 +29,25 @@ class DecodeVsVerify(_Decode):
     param_names = ["pair"]
 
     def track_max_abs_dlogit(self, f, pair):
-        return common.figure(f, "max_abs_dlogit", PAIRS[pair])
+        return common.figure(f["decode"], "max_abs_dlogit", PAIRS[pair])
 
     track_max_abs_dlogit.unit = "logits"
     track_max_abs_dlogit.version = "1"
 
     def track_max_abs_dgap(self, f, pair):
-        return common.figure(f, "max_abs_dgap", PAIRS[pair])
+        return common.figure(f["decode"], "max_abs_dgap", PAIRS[pair])
 
     track_max_abs_dgap.unit = "logits"
     track_max_abs_dgap.version = "1"
 
     def track_p99_abs_dgap(self, f, pair):
-        return common.figure(f, "p99_abs_dgap", PAIRS[pair])
+        return common.figure(f["decode"], "p99_abs_dgap", PAIRS[pair])
 
     track_p99_abs_dgap.unit = "logits"
     track_p99_abs_dgap.version = "1"
 
     def track_flips(self, f, pair):
-        return common.figure(f, "flips", PAIRS[pair])
+        return common.figure(f["decode"], "flips", PAIRS[pair])
 
     track_flips.unit = "argmax flips"
     track_flips.version = "1"
@@ -66,7 +55,7 @@ class DecodeVsVerify(_Decode):
     def track_logits_rel_l2_float32(self, f, pair):
         """The same pair at float32 (precision ladder): rounding drift shrinks by orders of magnitude.
         NaN (skipped) when the sizes ran no ladder."""
-        return common.figure(f, "ladder_rel_l2_float32", PAIRS[pair], "logits")
+        return common.figure(f["decode"], "ladder_rel_l2_float32", PAIRS[pair], "logits")
 
     track_logits_rel_l2_float32.unit = "relative L2"
     track_logits_rel_l2_float32.version = "1"
@@ -79,14 +68,14 @@ class DecodeVsVerifyLayers(_Decode):
     param_names = ["pair", "mode", "tap"]
 
     def track_rel_l2(self, f, pair, mode, tap):
-        return common.figure(f, "rel_l2", PAIRS[pair], mode, tap)
+        return common.figure(f["decode"], "rel_l2", PAIRS[pair], mode, tap)
 
     track_rel_l2.unit = "relative L2"
     track_rel_l2.version = "1"
 
     def track_bits_p99(self, f, pair, mode, tap):
         """log2(1 + p99 ULP distance): 0 when bit-identical."""
-        return common.figure(f, "bits_p99", PAIRS[pair], mode, tap)
+        return common.figure(f["decode"], "bits_p99", PAIRS[pair], mode, tap)
 
     track_bits_p99.unit = "bits"
     track_bits_p99.version = "1"

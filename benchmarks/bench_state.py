@@ -21,31 +21,25 @@ STATE_CASES = (
 )
 
 
-class StateExactness:
-    timeout = 3600
+class StateExactness(common.Probes):
+    """The cache-state sweep (gemmdrift.state.measure_state with the inputs above); its setup is shared with
+    the other probes (common.Probes)."""
+
     params = [STATE_CASES]
     param_names = ["case"]
-
-    def setup_cache(self):
-        from gemmdrift import state
-
-        r = state.measure_state(common.model(), operations=STATE_OPERATIONS, where=STATE_WHERE, ks=STATE_KS)
-        return dict(r.figures)  # picklable: name -> value
-
-    setup_cache.timeout = 3600
 
     def track_non_exact(self, figures, case):
         """Cases of this cache class and operation that are not bit-identical to a cache that never did it
         (rounding or state bug); NaN where this mlx-lm has no such case."""
         cache, op = case.rsplit("/", 1)
-        return float(figures.get(f"non_exact.{cache}.{op}", float("nan")))
+        return float(figures["state"].get(f"non_exact.{cache}.{op}", float("nan")))
 
     track_non_exact.unit = "cases"
     track_non_exact.version = "1"
 
     def track_state_bugs(self, figures, case):
         """All STATE BUG cases of the sweep (the same number for every case parameter)."""
-        return float(figures.get("state_bugs", float("nan")))
+        return float(figures["state"].get("state_bugs", float("nan")))
 
     track_state_bugs.unit = "cases"
     track_state_bugs.version = "1"

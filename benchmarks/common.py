@@ -99,38 +99,58 @@ def skip_unless_long(cache, name):
 
 
 class Probes:
-    """One setup_cache for the divergence probe, the prefill chunks, the kernel probe, the fingerprints and
-    the ops probe (bench_diverge.Divergence, bench_stack.PrefillChunks*, bench_kernels.KernelDrift and
-    OpsDrift, bench_fingerprint.Fingerprint inherit it; asv runs a setup_cache once per source location).
+    """One setup_cache for the measurements of the decode/verify stack (bench_stack.DecodeVsVerify*), the
+    cache-state sweep (bench_state.StateExactness), the divergence probe (bench_diverge.Divergence), the
+    prefill chunks (bench_stack.PrefillChunks*), the kernel probe (bench_kernels.KernelDrift), the
+    fingerprints (bench_fingerprint.Fingerprint) and the ops probe (bench_kernels.OpsDrift): they inherit
+    it, and asv runs a setup_cache once per source location.
 
-    The five run whole, side by side, in two processes (gemmdrift.suite.side_by_side), longest first: on
-    its own the divergence probe keeps one core busy and the other idle for most of its time (prompt
-    prefill, speculative stream), the ops probe uses one core. Each part computes what it computes alone,
-    with the same pinned inputs. The cost: `asv run --bench` with any of these benchmarks computes all five
-    (about 3.5 minutes on a 2-core CPU). Returns ``{part: figures}``.
+    The seven run whole, side by side, each in a process of its own, two at a time on a multi-core CPU
+    (gemmdrift.suite.side_by_side), longest first. One at a time, each left a core idle for part of its
+    run (the divergence probe's prompt prefill and speculative stream, the ops probe, every measurement's
+    model loads); together the two cores stay busy. Each part computes what it computes alone, with the
+    same pinned inputs (tests compare). Returns ``{part: figures}``.
+
+    The cost: `asv run --bench` with any one of these benchmarks computes all seven (about 7 minutes on a
+    2-core CPU). GEMMDRIFT_BENCH_PARTS=diverge,kernels (a comma-separated subset of PROBE_PARTS) computes
+    only those; the others' benchmarks are then skipped (NaN), never 0.
     """
 
     timeout = 7200
 
     def setup_cache(self):
+        import os
         from dataclasses import replace
 
-        from gemmdrift import kernels, suite
+        from gemmdrift import kernels, state, suite
 
         from . import bench_fingerprint as fp
+        from . import bench_state as st
 
         s = sizes()
         # The kernel probe on kernel_inputs() (128 tokens, KERNEL_* above), as suite.kernel_probe runs it.
         probe = replace(s, tokens=128, kernel_layers=KERNEL_LAYERS, kernel_ts=KERNEL_TS, kernel_paths=KERNEL_PATHS,
                         kernel_rows=KERNEL_ROWS)
-        results = suite.side_by_side(model(), {
+        parts = {
+            "decode": (suite.decode_family, dict(sizes=s)),
+            "state": (state.measure_state, dict(operations=st.STATE_OPERATIONS, where=st.STATE_WHERE, ks=st.STATE_KS)),
             "diverge": (suite.divergence_probe, dict(sizes=s)),
             "prefill": (suite.prefill_family, dict(sizes=s)),
             "kernels": (suite.kernel_probe, dict(sizes=probe)),
             "fingerprint": (suite.fingerprint_part, dict(paths=list(fp.FP_PATHS), K=fp.FP_K, ts=fp.FP_TS,
                                                          N=fp.FP_N, draw_k=0)),
             "ops": (kernels.measure_ops, {}),
-        })
-        return {name: dict(r.figures) for name, r in results.items()}
+        }
+        assert tuple(parts) == PROBE_PARTS
+        only = [p.strip() for p in os.environ.get("GEMMDRIFT_BENCH_PARTS", "").split(",") if p.strip()]
+        unknown = [p for p in only if p not in parts]
+        if unknown:
+            raise ValueError(f"GEMMDRIFT_BENCH_PARTS: unknown part {unknown[0]!r} (choose from {', '.join(parts)})")
+        results = suite.side_by_side(model(), {k: v for k, v in parts.items() if not only or k in only})
+        return {name: dict(results[name].figures) if name in results else {} for name in parts}
 
     setup_cache.timeout = 7200
+
+
+# The parts of Probes, longest first (the order they start in).
+PROBE_PARTS = ("decode", "state", "diverge", "prefill", "kernels", "fingerprint", "ops")

@@ -91,32 +91,67 @@ def small_fingerprints(monkeypatch):
     return bench_fingerprint
 
 
-@pytest.mark.slow
-def test_the_shared_probe_setup_serves_five_benchmarks_as_each_alone(quick, small_fingerprints, embedded):
-    """common.Probes computes the divergence probe, the prefill chunks, the kernel probe, the fingerprints and
-    the ops probe side by side in two processes; every figure is the one the part gives when run alone."""
-    from gemmdrift import fingerprint, kernels, suite
+@pytest.fixture
+def small_state(monkeypatch):
+    from benchmarks import bench_state
 
-    classes = (bench_diverge.Divergence, bench_stack.PrefillChunks, bench_stack.PrefillChunksLayers,
+    monkeypatch.setattr(bench_state, "STATE_OPERATIONS", ("rollback", "trim_prompt_cache"))
+    monkeypatch.setattr(bench_state, "STATE_WHERE", ("below",))
+    monkeypatch.setattr(bench_state, "STATE_KS", (1,))
+    return bench_state
+
+
+@pytest.mark.slow
+def test_the_shared_probe_setup_serves_every_probe_as_each_alone(quick, small_fingerprints, small_state, embedded):
+    """common.Probes computes the decode/verify stack, the state sweep, the divergence probe, the prefill
+    chunks, the kernel probe, the fingerprints and the ops probe side by side, each in a process of its own;
+    every figure is the one the part gives when run alone."""
+    from gemmdrift import fingerprint, kernels, state, suite
+
+    classes = (bench_stack.DecodeVsVerify, bench_stack.DecodeVsVerifyLayers, small_state.StateExactness,
+               bench_diverge.Divergence, bench_stack.PrefillChunks, bench_stack.PrefillChunksLayers,
                bench_kernels.KernelDrift, bench_kernels.OpsDrift, small_fingerprints.Fingerprint)
     assert len({cls.setup_cache for cls in classes}) == 1  # one source location: asv runs it once
     cache = common.Probes().setup_cache()
-    assert set(cache) == {"diverge", "prefill", "kernels", "fingerprint", "ops"}
-    for cls in (bench_diverge.Divergence, bench_stack.PrefillChunks, bench_stack.PrefillChunksLayers,
+    assert tuple(cache) == common.PROBE_PARTS
+    for cls in (bench_stack.PrefillChunks, bench_stack.PrefillChunksLayers, bench_diverge.Divergence,
                 bench_kernels.OpsDrift):
         for value in _all_tracks(cls, cache).values():
             finite(value)
+    for (name, combo), value in {**_all_tracks(bench_stack.DecodeVsVerify, cache),
+                                 **_all_tracks(bench_stack.DecodeVsVerifyLayers, cache)}.items():
+        if name == "track_logits_rel_l2_float32":
+            # Regression (issue 12): without a ladder (quick sizes) this returned 0.0, a fake
+            # "no drift at float32"; a figure that was not measured is NaN, which asv skips.
+            assert math.isnan(value)
+        else:
+            finite(value)
+    # Below the sliding window (quick sizes) decode and verification agree bit for bit on this backend.
+    assert bench_stack.DecodeVsVerify().track_max_abs_dlogit(cache, "verify2") == 0.0
+    st = small_state.StateExactness()
+    assert st.track_non_exact(cache, "KVCache/rollback") == 0.0
+    assert math.isnan(st.track_non_exact(cache, "QuantizedKVCache/save_load"))  # not measured: NaN, never 0
     kd = bench_kernels.KernelDrift()
     for path in common.KERNEL_PATHS:  # the smaller probe of the quick fixture
         for t in common.KERNEL_TS:
             for fn in (kd.track_bits_lost, kd.track_rows_differ, kd.track_err_rel_l2):
                 finite(fn(cache, path, t))
+    assert kd.track_bits_lost(cache, "model", 2) == 0.0  # row-invariant CPU kernels
     fp = small_fingerprints.Fingerprint()
     assert fp.track_distinct_trees(cache, "matmul:float32") == 1.0
     assert fp.track_unrecovered(cache, "matmul:float32") == 0.0
-    assert math.isnan(fp.track_distinct_trees(cache, "sum:bfloat16"))  # not measured: skipped, never 0
-    # The same figures as each part alone, in this process (its own workers as it would start them).
+    assert math.isnan(fp.track_distinct_trees(cache, "sum:bfloat16"))
+    div = bench_diverge.Divergence()  # never-diverged is told apart from diverged-at-n
+    assert div.track_diverged(cache) in (0.0, 1.0)
+    if div.track_diverged(cache) == 0.0:
+        assert div.track_first_divergence(cache) == common.sizes().diverge_n
+    # The same figures as each part alone, in this process (with the workers it would start itself).
     sizes = common.sizes()
+    assert cache["decode"] == dict(suite.decode_family(embedded, sizes).figures)
+    alone = dict(state.measure_state(embedded, operations=small_state.STATE_OPERATIONS, where=small_state.STATE_WHERE,
+                                     ks=small_state.STATE_KS).figures)
+    assert cache["state"].pop("seconds") > 0 and alone.pop("seconds") > 0  # the sweep's wall time
+    assert cache["state"] == alone
     assert cache["diverge"] == dict(suite.divergence_probe(embedded, sizes).figures)
     assert cache["prefill"] == dict(suite.prefill_family(embedded, sizes).figures)
     projs, inputs = common.kernel_inputs()
@@ -126,27 +161,12 @@ def test_the_shared_probe_setup_serves_five_benchmarks_as_each_alone(quick, smal
         list(small_fingerprints.FP_PATHS), K=small_fingerprints.FP_K, ts=small_fingerprints.FP_TS,
         N=small_fingerprints.FP_N, draw_k=0).figures)
     assert cache["ops"] == dict(kernels.measure_ops(embedded).figures)
-    # Never-diverged is told apart from diverged-at-n.
-    div = bench_diverge.Divergence()
-    assert div.track_diverged(cache) in (0.0, 1.0)
-    if div.track_diverged(cache) == 0.0:
-        assert div.track_first_divergence(cache) == common.sizes().diverge_n
-    assert kd.track_bits_lost(cache, "model", 2) == 0.0  # row-invariant CPU kernels
 
 
-@pytest.mark.slow
-def test_decode_benchmarks_return_finite_numbers(quick):
-    cache = bench_stack.DecodeVsVerify().setup_cache()
-    for cls in (bench_stack.DecodeVsVerify, bench_stack.DecodeVsVerifyLayers):
-        for (name, combo), value in _all_tracks(cls, cache).items():
-            if name == "track_logits_rel_l2_float32":
-                # Regression (issue 12): without a ladder (quick sizes) this returned 0.0, a fake
-                # "no drift at float32"; a figure that was not measured is NaN, which asv skips.
-                assert math.isnan(value)
-            else:
-                finite(value)
-    # Below the sliding window (quick sizes) decode and verification agree bit for bit on this backend.
-    assert bench_stack.DecodeVsVerify().track_max_abs_dlogit(cache, "verify2") == 0.0
+def test_the_shared_setup_refuses_an_unknown_part(monkeypatch):
+    monkeypatch.setenv("GEMMDRIFT_BENCH_PARTS", "kernels,stack")
+    with pytest.raises(ValueError, match="unknown part 'stack'"):
+        common.Probes().setup_cache()
 
 
 @pytest.mark.slow

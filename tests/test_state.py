@@ -366,8 +366,11 @@ def test_state_benchmark_tracks_counts_and_nan_for_missing_cases(monkeypatch):
     monkeypatch.setattr(bench_state, "STATE_OPERATIONS", ("rollback", "trim_prompt_cache"))
     monkeypatch.setattr(bench_state, "STATE_WHERE", ("below", "past"))
     monkeypatch.setattr(bench_state, "STATE_KS", (1,))
+    # The shared setup (common.Probes) computes only the state sweep when asked to.
+    monkeypatch.setenv("GEMMDRIFT_BENCH_PARTS", "state")
     b = bench_state.StateExactness()
     f = b.setup_cache()
+    assert set(f) == set(common.PROBE_PARTS) and f["decode"] == {} and f["state"]
     for fn in (b.track_non_exact, b.track_state_bugs):
         assert fn.unit and fn.version == "1"
     assert b.track_non_exact(f, "KVCache/rollback") == 0.0

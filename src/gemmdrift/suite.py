@@ -114,18 +114,19 @@ def divergence_probe(lm, sizes: Sizes, env: dict[str, Any] | None = None):
 def side_by_side(lm, parts: dict[str, tuple[Any, dict[str, Any]]], workers: int | None = None) -> dict[str, Any]:
     """Whole measurements side by side: ``{name: fn(lm, **kwargs)}`` for ``parts = {name: (fn, kwargs)}``.
 
-    Each part runs whole in one of ``workers`` processes (:mod:`gemmdrift.workers`; default 2 on a
-    multi-core CPU, 1 on a GPU), in the order given -- put the longest first -- and starts no processes of
-    its own there, so it computes exactly what it computes alone. What this gains is the core a measurement
-    leaves idle on its own: the divergence probe prefills its prompt and runs its speculative stream on
-    one core while the other waits, the ops probe runs in one process. ``fn`` is a module-level function
-    (it is sent to the worker by name); its result must pickle.
+    Each part runs whole in a process started for it (:func:`gemmdrift.workers.run_jobs` with ``fresh``),
+    ``workers`` at a time (default 2 on a multi-core CPU, 1 on a GPU), in the order given -- put the longest
+    first -- and starts no processes of its own there: it computes exactly what it computes alone. What
+    this gains is the cores the measurements leave idle one after another: the divergence probe prefills
+    its prompt and runs its speculative stream on one core while the other waits, the ops probe runs in one
+    process, each measurement's processes load the model before they work. ``fn`` is a module-level
+    function (it is sent to the worker by name); its result must pickle.
     """
     from .workers import check_workers, run_jobs
 
     names = list(parts)
     out = run_jobs(lm, _whole, [dict(measure=parts[n][0], kwargs=parts[n][1]) for n in names],
-                   check_workers(lm, workers, len(names)))
+                   check_workers(lm, workers, len(names)), fresh=True)
     return dict(zip(names, out))
 
 
@@ -138,7 +139,6 @@ def fingerprint_part(lm, **kwargs):
     from .fingerprint import measure
 
     return measure(**kwargs)
-
 
 def _key(part: str, lm, sizes: Sizes) -> str:
     """What a finished part depends on: its sizes, the model, and the mlx/mlx-lm versions."""

@@ -88,10 +88,17 @@ def _init(recipe: dict[str, Any], tf32_off: bool, device: str) -> None:
 
 
 def run_jobs(lm, fn: Callable[..., Any], jobs: Sequence[dict[str, Any]], workers: int,
-             done: Callable[[int], None] | None = None) -> list[Any]:
+             done: Callable[[int], None] | None = None, fresh: bool = False) -> list[Any]:
     """``[fn(lm, **job) for job in jobs]``, in ``workers`` processes when more than one (``fn`` must be a
     module-level function; its results must pickle). Jobs start in the order given (put the longest first);
-    ``done(i)`` is called as job ``i`` finishes."""
+    ``done(i)`` is called as job ``i`` finishes.
+
+    ``fresh``: every job in a process started for it alone, even with one worker (where the model can be
+    loaded again): nothing a job leaves in its process -- mlx's once-read switches such as MLX_ENABLE_TF32,
+    its memory cache -- reaches the next one.
+    """
+    if fresh and jobs and can_reload(lm):
+        return _run_fresh(lm, fn, jobs, max(1, min(workers, len(jobs))), done)
     if workers <= 1 or len(jobs) <= 1:
         out = []
         for i, job in enumerate(jobs):
@@ -103,14 +110,32 @@ def run_jobs(lm, fn: Callable[..., Any], jobs: Sequence[dict[str, Any]], workers
         return _collect([submit(fn, **job) for job in jobs], done)
 
 
+def _run_fresh(lm, fn, jobs, workers: int, done) -> list[Any]:
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    with ctx.Pool(workers, initializer=_init, initargs=_init_args(lm), maxtasksperchild=1) as p:
+        handles = [p.apply_async(_call_job, (fn, job)) for job in jobs]
+        out = []
+        for i, h in enumerate(handles):
+            out.append(h.get())
+            if done is not None:
+                done(i)
+        return out
+
+
+def _init_args(lm) -> tuple:
+    from . import envinfo
+
+    tf32_off = bool(envinfo.TF32_FORCED_OFF) or os.environ.get(envinfo.TF32_VAR) == "0"
+    return dict(lm.recipe), tf32_off, _device_name()
+
+
 @contextlib.contextmanager
 def pool(lm, workers: int) -> Iterator[Callable[..., Any]]:
     """Processes that keep their model between jobs (for a measurement in phases): yields
     ``submit(fn, **job)``, which runs ``fn(lm, **job)`` in one of them and returns its future."""
-    from . import envinfo
-
-    tf32_off = bool(envinfo.TF32_FORCED_OFF) or os.environ.get(envinfo.TF32_VAR) == "0"
-    with _executor(workers, _init, (dict(lm.recipe), tf32_off, _device_name())) as ex:
+    with _executor(workers, _init, _init_args(lm)) as ex:
         yield lambda fn, **job: ex.submit(_call_job, fn, job)
 
 

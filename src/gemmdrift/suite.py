@@ -125,13 +125,17 @@ def side_by_side(lm, parts: dict[str, tuple[Any, dict[str, Any]]], workers: int 
     from .workers import check_workers, run_jobs
 
     names = list(parts)
-    out = run_jobs(lm, _whole, [dict(measure=parts[n][0], kwargs=parts[n][1]) for n in names],
-                   check_workers(lm, workers, len(names)), fresh=True)
+    n = check_workers(lm, workers, len(names))
+    print(f"gemmdrift: {len(names)} measurements, {n} at a time: {', '.join(names)}", file=sys.stderr, flush=True)
+    out = run_jobs(lm, _whole, [dict(name=k, measure=parts[k][0], kwargs=parts[k][1]) for k in names], n, fresh=True)
     return dict(zip(names, out))
 
 
-def _whole(lm, *, measure, kwargs: dict[str, Any]):
-    return measure(lm, **kwargs)
+def _whole(lm, *, name: str, measure, kwargs: dict[str, Any]):
+    t0 = time.perf_counter()
+    result = measure(lm, **kwargs)
+    print(f"gemmdrift: {name} done in {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
+    return result
 
 
 def fingerprint_part(lm, **kwargs):

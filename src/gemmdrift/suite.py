@@ -144,6 +144,7 @@ def fingerprint_part(lm, **kwargs):
 
     return measure(**kwargs)
 
+
 def _key(part: str, lm, sizes: Sizes) -> str:
     """What a finished part depends on: its sizes, the model, and the mlx/mlx-lm versions."""
     from .models import resume_key

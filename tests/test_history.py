@@ -225,9 +225,9 @@ def test_the_committed_reference_results_read_as_one_cpu_machine():
     assert set(df["machine"]) == {"reference-linux-cpu"} and set(df["backend"]) == {"cpu"}
     assert (df["mlx"] == df["mlx_pinned"]).all()  # what ran is what the matrix pinned
     assert set(df["mlx"]) == {"0.29.4", "0.30.6", "0.31.2", "0.32.4"}  # the four-release CPU matrix
-    # ... and the mlx-lm axis: mlx 0.32.4 with mlx-lm 0.31.3 beside its own 0.32.2
-    assert set(history.label_releases(df)["release"]) == {"0.29.4", "0.30.6", "0.31.2", "0.32.4+lm0.31.3",
-                                                          "0.32.4+lm0.32.2"}
+    # ... and the mlx-lm axis: mlx 0.32.4 with mlx-lm 0.30.2 and 0.31.3 beside its own 0.32.2
+    assert set(history.label_releases(df)["release"]) == {"0.29.4", "0.30.6", "0.31.2", "0.32.4+lm0.30.2",
+                                                          "0.32.4+lm0.31.3", "0.32.4+lm0.32.2"}
     t = history.tracked(df)
     assert len(t) > 200 * df["mlx"].nunique() and t["value"].notna().all()
     rope = t[(t["benchmark"] == "bench_kernels.OpsDrift.track_bits_lost") & (t["params"] == "rope")]

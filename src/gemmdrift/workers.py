@@ -3,9 +3,10 @@
 mlx's CPU backend computes the small blocks these measurements feed (a few rows at a
 time) on one core, so on a multi-core CPU independent parts (the two rungs of the
 precision ladder, the two halves of the cache-state sweep, the kernel units, the runs of
-schedules that share nothing, the two sides of the divergence probe) finish sooner side by
-side -- not twice as fast on this 2-core machine: two processes slow each other (two
-prefills side by side took 61 s each against 38-40 s alone). Each worker is a fresh spawned process (mlx state is not fork-safe) that loads the
+schedules that share nothing, the two sides of the divergence probe, whole measurements in
+:func:`gemmdrift.suite.side_by_side`) finish sooner side by side -- not twice as fast on this
+2-core machine: two bf16 matmul loops side by side ran at 1.7x the speed of one. Each worker
+is a fresh spawned process (mlx state is not fork-safe) that loads the
 model again from the recipe :func:`gemmdrift.models.load_model` left on it, and
 runs module-level functions ``fn(lm, **job)``; results come back pickled, in job
 order. The numbers are the same as in one process: every part computes exactly what
@@ -111,6 +112,8 @@ def run_jobs(lm, fn: Callable[..., Any], jobs: Sequence[dict[str, Any]], workers
 
 
 def _run_fresh(lm, fn, jobs, workers: int, done) -> list[Any]:
+    # multiprocessing's Pool, not _executor: ProcessPoolExecutor's max_tasks_per_child needs Python 3.11.
+    # ``done(i)`` is called in job order here.
     import multiprocessing
 
     ctx = multiprocessing.get_context("spawn")

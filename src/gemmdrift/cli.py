@@ -8,10 +8,12 @@ flags) print one line and exit with status 2.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 from pathlib import Path
 
+from . import cachebench, plugins
 from . import defaults as D
 from .errors import GemmdriftError
 
@@ -168,6 +170,7 @@ def cmd_stack(args) -> int:
     check_positive(split=args.split)
     check_range_text(args.positions, "--positions")
     check_range_text(args.logit_positions, "--logit-positions")
+    impl, _ = cachebench.load_args(args)
 
     from .envinfo import environment
     from .models import describe
@@ -184,9 +187,12 @@ def cmd_stack(args) -> int:
     positions = parse_range(args.positions, n, "--positions")
     logit_positions = parse_range(args.logit_positions, n, "--logit-positions")
     print(f"gemmdrift stack: {describe(lm.description)}; {n} tokens ({label}); split {split}", file=sys.stderr)
-    result = measure_stack(lm, ids, args.schedules, split=split, positions=positions,
-                           logit_positions=logit_positions, local=not args.no_local, ladder=args.ladder,
-                           checkpoint=Path(args.out) / "checkpoint", env=environment(), record={"prompt": label})
+    factory = None if impl is None else plugins.checked_factory(impl, lm.model)
+    with cachebench.factory_installed(lm.model, factory):
+        result = measure_stack(lm, ids, args.schedules, split=split, positions=positions,
+                               logit_positions=logit_positions, local=not args.no_local, ladder=args.ladder,
+                               checkpoint=Path(args.out) / "checkpoint", env=environment(),
+                               record={"prompt": label, **cachebench.records(impl, None)})
     _write_and_print(args, result, args.out)
     return 0
 
@@ -282,6 +288,9 @@ def cmd_diverge(args) -> int:
         if value <= 0:
             raise GemmdriftError(f"{flag} must be positive, got {value}")
     _precheck(args)
+    if args.rollback not in ("mlx-lm", "exact") and ":" not in args.rollback:
+        raise GemmdriftError(f"--rollback {args.rollback!r}: mlx-lm, exact or module:function")
+    impl, rb = cachebench.load_args(args)  # before the model loads
     texts = None
     if args.prompts is not None:
         if any(x is not None for x in (args.prompt, args.prompt_file, args.prompt_ids)):
@@ -296,11 +305,17 @@ def cmd_diverge(args) -> int:
 
     lm = _load(args)
     draft = _load_draft(args)
+    if impl is not None:  # checked on the loaded models before any compute
+        plugins.make_caches(impl, lm.model)
+        plugins.make_caches(impl, draft if draft is not None else lm.model)
     opts = dict(k=args.k, draft=draft, prefill_a=args.prefill_a, prefill_b=args.prefill_b, plain_vs=args.compare,
                 envelope=args.envelope)
     if args.rollback != "mlx-lm":  # the default leaves resumable checkpoints of earlier runs valid
         opts["rollback"] = args.rollback
-    record = {**opts, "draft": args.draft or "self", "draft_quantize": args.draft_quantize, "rollback": args.rollback}
+    if impl is not None:
+        opts["cache_impl"] = impl.spec
+    record = {**opts, "draft": args.draft or "self", "draft_quantize": args.draft_quantize, "rollback": args.rollback,
+              **cachebench.records(impl, rb)}
     out = Path(args.out)
     env = environment()
     print(f"gemmdrift diverge: {describe(lm.description)}", file=sys.stderr)
@@ -393,12 +408,14 @@ def cmd_state(args) -> int:
         raise GemmdriftError(f"--compute-limit must be positive, got {args.compute_limit}")
     if args.workers is not None and args.workers < 1:
         raise GemmdriftError(f"--workers must be at least 1, got {args.workers}")
+    impl, _ = cachebench.load_args(args)  # a --cache-impl that cannot be imported fails before the model loads
     out = store.check_out_dir(args.out)
     lm = _load(args)
     print(f"gemmdrift state: {describe(lm.description)}", file=sys.stderr)
-    r = state.measure_state(lm, operations=ops, where=where, ks=ks, ladder=not args.no_ladder,
-                            envelope=args.envelope, compute_limit=args.compute_limit, caches=caches,
-                            workers=args.workers)
+    measure = state.measure_state if impl is None else functools.partial(cachebench.measure_state_impl, impl=impl)
+    r = measure(lm, operations=ops, where=where, ks=ks, ladder=not args.no_ladder,
+                envelope=args.envelope, compute_limit=args.compute_limit, caches=caches,
+                workers=args.workers)
     written = store.write_result(r, out)
     _emit(args, summaries.summary(r), summaries.text(r) + f"\n\nwritten to {out}/ "
           f"({', '.join(sorted(p.name for p in written.values()))})")
@@ -631,6 +648,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--logit-positions", help="positions whose logits are compared, A:B or none (default: --positions)")
     s.add_argument("--no-local", action="store_true", help="skip local drift (saves one run per schedule)")
     s.add_argument("--ladder", action="store_true", help="rerun at float32: rounding shrinks, semantic differences do not")
+    cachebench.add_arguments(s, rollback=False)
     _add_output(s, "results/stack")
     s.set_defaults(func=cmd_stack)
 
@@ -669,9 +687,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--context", help="prefix every prompt of --prompts with a built-in text (e.g. essay) to cross the sliding window")
     s.add_argument("--no-triage", action="store_true", help="only report the divergence")
     s.add_argument("--envelope", type=float, help="use this envelope (max |Δgap|, logits) instead of measuring it")
-    s.add_argument("--rollback", choices=["mlx-lm", "exact"], default="mlx-lm",
-                   help="speculative stream: mlx-lm's speculative_generate_step (default), or the same loop with an "
-                        "exact cache rollback (snapshots restored where trim_prompt_cache refuses)")
+    s.add_argument("--rollback", default="mlx-lm",
+                   help="speculative stream: mlx-lm's speculative_generate_step (default), 'exact' (the same loop with "
+                        "an exact cache rollback: snapshots restored where trim_prompt_cache refuses), or "
+                        "module:function replacing its rewind step, rollback(cache, num_tokens) -> int")
+    cachebench.add_arguments(s, rollback=False)
     _add_output(s, "results/diverge")
     s.set_defaults(func=cmd_diverge)
 
@@ -702,6 +722,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--workers", type=int,
                    help="processes sharing the sweep, each loading the model (default: 2 on a CPU with 2+ cores, "
                         "else 1; the table is the same)")
+    cachebench.add_arguments(s, rollback=False)
     _add_output(s, "results/state")
     s.set_defaults(func=cmd_state)
 
@@ -780,6 +801,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--num-draft", type=int, default=2, help="--num-draft-tokens (default 2)")
     s.add_argument("--companions", type=int, default=3, help="concurrent companion requests (default 3)")
     s.add_argument("--no-triage", action="store_true", help="only report the divergences")
+    cachebench.add_arguments(s, rollback=True)
     _add_output(s, "results/server")
     s.set_defaults(func=cmd_server)
     return p

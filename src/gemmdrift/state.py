@@ -170,7 +170,7 @@ def read_cache(c) -> dict[str, Any]:
         if c.offset.size != 1:
             raise GemmdriftError("read_cache reads one-sequence batch caches; extract() the sequence first")
         return read_cache(c.extract(0))
-    if isinstance(c, C.RotatingKVCache):
+    if isinstance(c, C.RotatingKVCache) or _rotating_like(c):
         if c.keys is None:
             return {"class": name, "offset": c.offset, "fields": (c.keep, c.max_size), "arrays": [], "short": False}
         n = min(c.offset, c.max_size - 1)
@@ -191,12 +191,27 @@ def read_cache(c) -> dict[str, Any]:
         arrays = [] if c.keys is None else [c.keys[..., :end, :], c.values[..., :end, :]]
         return {"class": name, "offset": c.offset, "fields": (c.chunk_size, c.start_position), "arrays": arrays,
                 "short": c.keys is not None and c.keys.shape[2] < end}
-    if type(c) is C.KVCache or (isinstance(c, C.KVCache) and name not in KNOWN_CLASSES):
+    if type(c) is C.KVCache or (isinstance(c, (C.KVCache, _Foreign)) and name not in KNOWN_CLASSES):
         # KVCache and subclasses (e.g. a planted one in the tests) are read as KVCache.
         arrays = [] if c.keys is None else [c.keys[..., : c.offset, :], c.values[..., : c.offset, :]]
         return {"class": name, "offset": c.offset, "fields": (), "arrays": arrays,
                 "short": c.keys is not None and c.keys.shape[2] < c.offset}
     raise KeyError(name)
+
+
+def _rotating_like(c) -> bool:
+    """A plug-in cache with RotatingKVCache's fields (read as one: temporal order, last max_size - 1 entries)."""
+    return all(hasattr(c, a) for a in ("keys", "values", "offset", "max_size", "keep", "_temporal_order"))
+
+
+class _ForeignMeta(type):
+    """isinstance(c, _Foreign) -- a plug-in cache with KVCache's fields (keys, values, offset): read as one."""
+
+    def __instancecheck__(cls, c):
+        return type(c).__name__ not in KNOWN_CLASSES and all(hasattr(c, a) for a in ("keys", "values", "offset"))
+
+
+_Foreign = _ForeignMeta("_Foreign", (), {})
 
 
 def read_caches(cache: Sequence[Any]) -> list[dict[str, Any]]:
@@ -473,6 +488,8 @@ class Setup:
     make: Callable[[Any], list] | None  # model -> fresh caches; None: not applicable
     note: str = ""
     post: Callable[[list], list] | None = None  # applied after the prefix is poured in (kv_bits path)
+    plugin: bool = False  # a --cache-impl under test: where it raises, the case is REFUSED
+    trim_makers: dict[str, Callable[[], Any]] | None = None  # its classes for the model-free trim cases
 
     def build(self, lm, prefix: Prefix, n: int, dtype=None) -> list:
         cache = self.make(lm.model)
@@ -634,7 +651,12 @@ def rollback_cases(lm, setup: Setup, prefix: Prefix, p: int, ks: Sequence[int] =
         for r in range(k + 1):
             n = k - r
             op = copy.deepcopy(fed[k])
-            trimmed = trim_prompt_cache(op, r)  # generate.py _rewind_cache: trim_prompt_cache(model_cache, k - n)
+            try:
+                trimmed = trim_prompt_cache(op, r)  # generate.py _rewind_cache: trim_prompt_cache(model_cache, k - n)
+            except Exception as e:  # a plug-in's trim that raises: this case is refused, the others still run
+                cases.append({"k": k, "r": r, "n": n, "trimmed": 0, "diff": None, "h": None, "mat": mat,
+                              "raised": f"trim_prompt_cache raised {type(e).__name__}: {str(e)[:120]}"})
+                continue
             after_op = read_caches(op)
             d = compare_readings(after_op, refs[n][0])
             try:
@@ -649,7 +671,7 @@ def rollback_cases(lm, setup: Setup, prefix: Prefix, p: int, ks: Sequence[int] =
             cases.append({"k": k, "r": r, "n": n, "trimmed": int(trimmed), "diff": d, "h": len(rows_h),
                           "h_ref": refs[n][2], "mat": mat})
             rows_h.append(h)
-    live = [c for c in cases if c["h"] is not None]
+    live = [c for c in cases if c["h"] is not None and c["diff"] is not None]
     for c, ld in zip(live, logit_diffs(lm.model, [(rows_h[c["h"]], rows_h[c["h_ref"]]) for c in live])):
         c["diff"] = merge_diffs(c["diff"], ld)
     return cases
@@ -984,6 +1006,11 @@ class _Float32:
         return False
 
 
+def _raised(s: Setup) -> Verdict:
+    """The verdict of a case that raised: a plug-in refused it; mlx-lm's own classes keep today's STATE BUG."""
+    return Verdict.REFUSED if s.plugin else Verdict.STATE_BUG
+
+
 def _progress(msg: str) -> None:
     print(f"gemmdrift state: {msg}", file=sys.stderr, flush=True)
 
@@ -1040,7 +1067,16 @@ def _sweep(lm, operations: Sequence[str], where: Sequence[str] | None, ks: Seque
     if "rollback" in operations:
         for s, w, p in cells("rollback"):
             t0 = time.perf_counter()
-            for c in rollback_cases(lm, s, prefix, p, ks_for(s.name)):
+            try:
+                found = rollback_cases(lm, s, prefix, p, ks_for(s.name))
+            except Exception as e:  # the cache could not even take the prefix or the block
+                found = [{"k": k, "r": r, "raised": f"raised {type(e).__name__}: {str(e)[:120]}"}
+                         for k in ks_for(s.name) for r in range(k + 1)]
+            for c in found:
+                if "raised" in c:
+                    rows.append(_row(s.name, "rollback", w, p, window, f"k={c['k']} r={c['r']}", _raised(s),
+                                     c["raised"], k=c["k"], r=c["r"], note=s.note))
+                    continue
                 refused = c["r"] > 0 and c["trimmed"] < c["r"]
                 v, why, _ = judge(c["diff"], refused=refused,
                                   envelope=envelope)
@@ -1055,9 +1091,14 @@ def _sweep(lm, operations: Sequence[str], where: Sequence[str] | None, ks: Seque
         syn_window = 16
         syn = prefix_lengths(syn_window, 2)
         facts = class_factories(syn_window)
-        wanted = [name for name in facts if caches is None or name.split("(")[0] in caches]
+        plug = {n: f for s in setups for n, f in (s.trim_makers or {}).items()}
+        if plug:  # a plug-in is judged on its own classes, at their own window
+            facts = plug
+        wanted = [name for name in facts if plug or caches is None or name.split("(")[0] in caches]
         for name in wanted:
             make = facts[name]
+            syn_window = getattr(make, "window", None) or 16
+            syn = prefix_lengths(syn_window, 2)
             for via in ("trim", "trim_prompt_cache"):
                 if via not in operations:
                     continue
@@ -1078,7 +1119,8 @@ def _sweep(lm, operations: Sequence[str], where: Sequence[str] | None, ks: Seque
                         try:
                             c = trim_case(make, p, 3, n, via, continuation=(m,))
                         except Exception as e:  # a class that cannot even run the case is reported, not fatal
-                            rows.append(_row(name, via, w, p, syn_window, params, Verdict.STATE_BUG,
+                            rows.append(_row(name, via, w, p, syn_window, params,
+                                             Verdict.REFUSED if name in plug else Verdict.STATE_BUG,
                                              f"raised {type(e).__name__}: {e}", note="model-free, synthetic keys"))
                             continue
                         refused = c["trimmed"] < n
@@ -1089,7 +1131,7 @@ def _sweep(lm, operations: Sequence[str], where: Sequence[str] | None, ks: Seque
                             why = f"trimmed {c['trimmed']} of {n}, yet the state matches"
                         why = (f"can_trim={c['can_trim']}, trimmed {c['trimmed']} of {n}; " + why)
                         rows.append(_row(name, via, w, p, syn_window, params, v, why, c["diff"],
-                                         trimmed=c["trimmed"], note="model-free, synthetic keys, window 16"))
+                                         trimmed=c["trimmed"], note=f"model-free, synthetic keys, window {syn_window}"))
         _progress("trim: done")
 
     # c. save / load round trip
@@ -1099,7 +1141,7 @@ def _sweep(lm, operations: Sequence[str], where: Sequence[str] | None, ks: Seque
                 try:
                     d, _ = save_load_case(lm, s, prefix, p, block)
                 except Exception as e:
-                    rows.append(_row(s.name, "save_load", w, p, window, f"continue T={block}", Verdict.STATE_BUG,
+                    rows.append(_row(s.name, "save_load", w, p, window, f"continue T={block}", _raised(s),
                                      f"raised {type(e).__name__}: {e}", note=s.note))
                     continue
                 v, why, _ = judge(d, envelope=envelope)
@@ -1127,7 +1169,7 @@ def _sweep(lm, operations: Sequence[str], where: Sequence[str] | None, ks: Seque
                     try:
                         r = server_case(lm, s, prefix, p, kind)
                     except Exception as e:
-                        rows.append(_row(s.name, "server_reuse", w, p, window, params, Verdict.STATE_BUG,
+                        rows.append(_row(s.name, "server_reuse", w, p, window, params, _raised(s),
                                          f"continuing from the fetched cache raised {type(e).__name__}: {str(e)[:120]}",
                                          note=s.note))
                         continue
@@ -1147,6 +1189,10 @@ def _sweep(lm, operations: Sequence[str], where: Sequence[str] | None, ks: Seque
     # e. batch caches
     if "batch" in operations:
         for s in setups:
+            if s.plugin:
+                rows.append(_row(s.name, "batch", "", None, window, "", Verdict.NOT_APPLICABLE,
+                                 "the batch case checks mlx-lm's Batch* classes (a plug-in's merge hands over to them)"))
+                continue
             if s.name not in ("KVCache", "RotatingKVCache"):
                 continue
             bname = "BatchKVCache" if s.name == "KVCache" else "BatchRotatingKVCache"
@@ -1192,7 +1238,8 @@ def _sweep(lm, operations: Sequence[str], where: Sequence[str] | None, ks: Seque
 def measure_state(lm, *, operations: Sequence[str] = tuple(OPERATIONS), where: Sequence[str] | None = None,
                   ks: Sequence[int] | None = None, setups: Sequence[Setup] | None = None, ladder: bool = True,
                   envelope: float | None = None, compute_limit: int | None = None,
-                  caches: Sequence[str] | None = None, workers: int | None = None) -> Result:
+                  caches: Sequence[str] | None = None, workers: int | None = None,
+                  implementations: dict[str, Any] | None = None) -> Result:
     """Check every cache operation of ``operations`` on the model's caches; one row per case.
 
     Args:
@@ -1209,6 +1256,7 @@ def measure_state(lm, *, operations: Sequence[str] = tuple(OPERATIONS), where: S
         compute_limit: really compute at most this many prefix positions (default: the
             shortest prefix + 16); longer prefixes repeat the computed keys and values.
         caches: only these cache setups / classes (names as in the table).
+        implementations: recorded in the Result's inputs (a --cache-impl's spec, file and sha256).
         workers: processes sharing the sweep (the rollback in one, the other operations in another),
             each loading the model again. Default: 2 on a CPU device with at least 2 cores when the
             sweep has model work on both sides and the model can be loaded again; else 1 (on a GPU the
@@ -1257,7 +1305,8 @@ def measure_state(lm, *, operations: Sequence[str] = tuple(OPERATIONS), where: S
                                     "computed_prefix": model_part["computed_prefix"],
                                     "prefix_seconds": model_part["prefix_seconds"],
                                     "window": window, "setups": {k: v for p in parts for k, v in p["setups"].items()},
-                                    "workers": n}, seconds)
+                                    "workers": n, **({"implementations": implementations} if implementations else {})},
+                   seconds)
 
 
 # The sweep's two halves when it runs in two processes (about equal time on the embedded Gemma).
@@ -1287,7 +1336,7 @@ def _f32():
     return mx.float32
 
 
-NON_EXACT = (str(Verdict.ROUNDING), str(Verdict.STATE_BUG))
+NON_EXACT = (str(Verdict.ROUNDING), str(Verdict.STATE_BUG), str(Verdict.REFUSED))
 
 
 def figure_name(cache: str, operation: str) -> str:

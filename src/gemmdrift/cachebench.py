@@ -1,0 +1,135 @@
+"""The test bench for cache fixes: point ``state``, ``diverge``, ``stack`` and ``server`` at someone else's cache.
+
+``--cache-impl module:factory`` (or ``path/to/file.py:factory``) and ``--rollback
+module:function`` are loaded and checked by :mod:`gemmdrift.plugins`; this module turns
+them into what each command runs:
+
+* ``state``: a :class:`gemmdrift.state.Setup` whose caches the factory makes (every
+  rollback, save/load and server-reuse case), plus the model-free trim cases on each
+  class the factory returns, at that class's own window (:func:`plugin_setup`);
+* ``stack``: the factory installed as the model's ``make_cache`` for the run
+  (:func:`factory_installed`), so every schedule's caches are the implementation's;
+* ``diverge``: the speculative stream's target and draft caches come from the factory,
+  and the rewind step is the rollback (:func:`gemmdrift.plugins.rollback_installed`);
+* ``server``: ``python -m gemmdrift.serve_launch`` installs both in the ``mlx_lm.server``
+  process (:mod:`gemmdrift.serve_launch`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+from typing import Any, Callable
+
+from .errors import GemmdriftError
+from .plugins import Impl, checked_factory, load_cache_impl, load_rollback, make_caches
+
+
+def add_arguments(s, *, rollback: bool) -> None:
+    """``--cache-impl`` (and ``--rollback`` where the command has none yet) on a subcommand's parser."""
+    s.add_argument("--cache-impl", metavar="MODULE:FACTORY",
+                   help="caches under test: factory(model) -> per-layer caches, as make_prompt_cache "
+                        "(module:attr or path/to/file.py:attr), e.g. gemmdrift.exact_cache:make_cache")
+    if rollback:
+        s.add_argument("--rollback", metavar="MODULE:FUNCTION",
+                       help="replaces the rewind step of speculative decoding: rollback(cache, num_tokens) -> int")
+
+
+def load_args(args) -> tuple[Impl | None, Impl | None]:
+    """The implementations a command's flags name, loaded and signature-checked (no model needed)."""
+    spec = getattr(args, "cache_impl", None)
+    roll = getattr(args, "rollback", None)
+    impl = load_cache_impl(spec) if spec else None
+    rb = load_rollback(roll) if (roll and ":" in roll) else None
+    return impl, rb
+
+
+def records(impl: Impl | None, rollback: Impl | None) -> dict[str, Any]:
+    """What ran, for a Result's inputs: spec, file and sha256 of each implementation."""
+    out = {}
+    if impl is not None:
+        out["cache_impl"] = impl.record()
+    if rollback is not None:
+        out["rollback_impl"] = rollback.record()
+    return out
+
+
+class _Template:
+    """A fresh copy of one cache the factory made (the model-free trim cases), with that cache's window."""
+
+    def __init__(self, cache):
+        self._cache = cache
+        self.window = getattr(cache, "max_size", None)
+
+    def __call__(self):
+        return copy.deepcopy(self._cache)
+
+
+def plugin_setup(impl: Impl, lm) -> Any:
+    """The :class:`gemmdrift.state.Setup` of an implementation, checked on the loaded model (no compute)."""
+    from .state import Setup
+
+    caches = make_caches(impl, lm.model)
+    makers: dict[str, Callable[[], Any]] = {}
+    for c in caches:
+        makers.setdefault(type(c).__name__, _Template(c))
+    classes = ", ".join(f"{n}" + (f" (window {m.window})" if m.window else "") for n, m in makers.items())
+    return Setup(impl.spec, checked_factory(impl, lm.model), f"{impl.spec} (sha256 {impl.sha256[:12]}): {classes}",
+                 plugin=True, trim_makers=makers)
+
+
+def measure_state_impl(lm, impl: Impl, **kwargs):
+    """``gemmdrift state`` on an implementation: the same grid, verdicts and Result as for mlx-lm's classes."""
+    from .state import measure_state
+
+    if kwargs.get("workers") not in (None, 1):
+        raise GemmdriftError("--cache-impl runs the sweep in one process (--workers 1)")
+    kwargs.pop("workers", None)
+    kwargs.pop("caches", None)
+    return measure_state(lm, setups=[plugin_setup(impl, lm)], workers=1, implementations=records(impl, None),
+                         **kwargs)
+
+
+@contextlib.contextmanager
+def factory_installed(model, factory: Callable[[Any], list] | None):
+    """``make_prompt_cache(model)`` returns ``factory(model)`` inside the block (it defers to ``model.make_cache``).
+
+    A factory that itself calls ``make_prompt_cache(model)`` (to start from the model's own
+    caches) gets the model's own caches: the hook steps aside while the factory runs.
+    """
+    if factory is None:
+        yield
+        return
+    own = model.__dict__.get("make_cache") if hasattr(model, "__dict__") else None
+    inside = [False]
+
+    def original():
+        if own is not None:
+            return own()
+        cls_make = getattr(type(model), "make_cache", None)
+        if cls_make is not None:
+            return cls_make(model)
+        from mlx_lm.models.cache import KVCache
+
+        return [KVCache() for _ in model.layers]
+
+    def hook():
+        if inside[0]:
+            return original()
+        inside[0] = True
+        try:
+            return list(factory(model))
+        finally:
+            inside[0] = False
+
+    model.make_cache = hook
+    try:
+        yield
+    finally:
+        if own is not None:
+            model.make_cache = own
+        else:
+            try:
+                del model.make_cache
+            except (AttributeError, KeyError):
+                model.__dict__.pop("make_cache", None)

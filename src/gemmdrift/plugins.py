@@ -193,7 +193,7 @@ def rollback_installed(rollback: Callable[[list, int], int] | None):
     if rollback is None:
         yield
         return
-    from mlx_lm import generate as G
+    G = importlib.import_module("mlx_lm.generate")  # the module: `mlx_lm.generate` the attribute is a function
 
     old = G.trim_prompt_cache
     G.trim_prompt_cache = rollback

@@ -1,0 +1,228 @@
+"""The cache test bench (issue 24): plug-in caches and rollbacks judged by the state grid, and the overlay cache.
+
+Tiny gemma3_text of conftest (sliding window 8); every test takes seconds.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import make_tiny
+from gemmdrift import cachebench, plugins
+from gemmdrift.errors import GemmdriftError
+
+PLUGINS = str(Path(__file__).resolve().parent / "cache_plugins.py")
+
+
+def _grid(spec, **kw):
+    lm = make_tiny()
+    r = cachebench.measure_state_impl(lm, plugins.load_cache_impl(spec), **kw)
+    return r, r.tables["state"]
+
+
+# ----------------------------------------------------------------------------- known answers
+
+
+def test_mlx_lm_rotating_cache_as_a_plug_in_is_a_state_bug_exactly_where_r_ge_1_past_the_window():
+    r, t = _grid(f"{PLUGINS}:mlx_lm_own", operations=("rollback",), ladder=False)
+    assert len(t) == 4 * 14
+    bug = t["verdict"] == "STATE BUG"
+    assert (bug == ((t["where"] != "below") & (t["r"] >= 1))).all(), t[["where", "params", "verdict"]]
+    assert (t[~bug]["verdict"] == "EXACT").all()
+    assert t[bug]["reason"].str.startswith("refused (trimmed nothing)").all()
+    # Recorded: the spec, its file and the sha256 of its source.
+    rec = r.inputs["implementations"]["cache_impl"]
+    import hashlib
+
+    assert rec["spec"].endswith(":mlx_lm_own") and rec["sha256"] == hashlib.sha256(Path(PLUGINS).read_bytes()).hexdigest()
+
+
+def test_a_do_nothing_trim_is_a_state_bug_where_drafts_are_rejected_and_the_overlay_is_exact_on_the_same_cells():
+    _, bad = _grid(f"{PLUGINS}:trim_nothing", operations=("rollback",), ladder=False)
+    _, good = _grid("gemmdrift.exact_cache:make_cache", operations=("rollback",), ladder=False)
+    assert list(bad["params"]) == list(good["params"]) and list(bad["where"]) == list(good["where"])
+    assert ((bad["verdict"] == "STATE BUG") == (bad["r"] >= 1)).all()
+    assert (bad[bad["r"] >= 1]["reason"].str.contains("offset")).all()
+    assert set(good["verdict"]) == {"EXACT"}, good[good["verdict"] != "EXACT"][["where", "params", "reason"]]
+
+
+def test_the_overlay_is_exact_on_the_whole_grid_and_model_free_trims():
+    r, t = _grid("gemmdrift.exact_cache:make_cache")
+    judged = t[t["verdict"] != "not applicable"]
+    assert set(judged["verdict"]) == {"EXACT"}, judged[judged["verdict"] != "EXACT"][["operation", "where", "reason"]]
+    ops = set(judged["operation"])
+    assert ops == {"rollback", "trim", "trim_prompt_cache", "save_load", "server_reuse"}
+    trims = judged[judged["cache"] == "OverlayRotatingKVCache"]
+    assert len(trims) == 2 * 4 * 4 and set(trims["where"]) == {"below", "at", "past", "far"}
+    # The same model-free cases catch mlx-lm's ring past the window (T=1 continuations and refusals).
+    _, own = _grid(f"{PLUGINS}:mlx_lm_own", operations=("trim",))
+    ring = own[own["cache"] == "RotatingKVCache"]
+    assert (ring[ring["where"] == "below"]["verdict"] == "EXACT").all()
+    assert (ring[ring["where"] != "below"]["verdict"] == "STATE BUG").any()
+    assert r.figure("state_bugs") == 0.0
+
+
+def test_a_trim_that_raises_is_refused_per_case_not_a_traceback():
+    r, t = _grid(f"{PLUGINS}:trim_raises", operations=("rollback", "trim"), where=("below", "past"), ks=(1,),
+                 ladder=False)
+    rb = t[t["operation"] == "rollback"]
+    assert len(rb) == 2 * 2 and set(rb["verdict"]) == {"refused"}
+    assert rb["reason"].str.contains("RuntimeError: this cache cannot trim").all()
+    tr = t[(t["operation"] == "trim") & (t["cache"] == "TrimRaises")]
+    assert len(tr) and set(tr["verdict"]) == {"refused"}
+    assert r.figure("non_exact.TrimRaises.trim") == float(len(tr))
+
+
+# ----------------------------------------------------------------------------- bad input
+
+
+@pytest.mark.parametrize("attr,needle", [
+    ("too_few", "returned 3 caches for 4 layers"),
+    ("not_caches", "is not a cache: it has no update_and_fetch"),
+    ("factory_raises", "raised ValueError: no caches today"),
+])
+def test_a_bad_factory_is_one_line_on_the_loaded_model(attr, needle):
+    lm = make_tiny()
+    impl = plugins.load_cache_impl(f"{PLUGINS}:{attr}")
+    with pytest.raises(GemmdriftError, match=needle):
+        plugins.make_caches(impl, lm.model)
+
+
+@pytest.mark.parametrize("flag,spec,needle", [
+    ("--cache-impl", "no_such_module_here:f", "cannot import module"),
+    ("--cache-impl", f"{PLUGINS}:absent", "has no attribute 'absent'"),
+    ("--cache-impl", f"{PLUGINS}:two_args", "wrong signature"),
+    ("--cache-impl", "/no/such/file.py:f", "no such file"),
+    ("--cache-impl", "justaname", "expected module:attribute"),
+    ("--rollback", f"{PLUGINS}:rollback_three", "wrong signature"),
+    ("--rollback", "gemmdrift.exact_cache:make_cache", "wrong signature"),
+])
+def test_a_bad_spec_is_one_line_before_the_model_loads(flag, spec, needle):
+    from test_cli import assert_user_error, gd
+
+    cmd = "state" if flag == "--cache-impl" else "diverge"
+    assert_user_error(gd(cmd, "--model", "/no/such/model", flag, spec), needle)
+
+
+def test_cli_refuses_a_factory_that_returns_non_caches_before_compute(tmp_path):
+    from test_cli import assert_user_error, gd
+    from test_models import save_tiny
+
+    save_tiny(tmp_path / "m")
+    r = gd("state", "--model", str(tmp_path / "m"), "--cache-impl", f"{PLUGINS}:not_caches", "--out",
+           str(tmp_path / "o"))
+    assert_user_error(r, "is not a cache")
+    assert not (tmp_path / "o" / "meta.json").exists()
+
+
+def test_cli_state_with_the_overlay_writes_exact_rows_and_records_it(tmp_path):
+    from test_cli import gd
+    from test_models import save_tiny
+
+    save_tiny(tmp_path / "m")
+    r = gd("state", "--model", str(tmp_path / "m"), "--cache-impl", "gemmdrift.exact_cache:make_cache", "--ops",
+           "rollback", "--where", "past", "--k", "2", "--out", str(tmp_path / "o"), "--json")
+    assert r.returncode == 0, r.stderr
+    s = json.loads(r.stdout)
+    assert s["cases"] == 3 and not s["state_bugs"]
+    meta = json.loads((tmp_path / "o" / "meta.json").read_text()) if (tmp_path / "o" / "meta.json").exists() else None
+    text = json.dumps(meta) if meta else "".join(p.read_text() for p in (tmp_path / "o").glob("*.json"))
+    assert "gemmdrift.exact_cache:make_cache" in text and "sha256" in text
+
+
+# ----------------------------------------------------------------------------- the overlay itself
+
+
+def _feed(model, cache, tokens, blocks):
+    import mlx.core as mx
+
+    out, at = [], 0
+    for b in blocks:
+        logits = model(mx.array(tokens[at:at + b], dtype=mx.uint32)[None], cache=cache)
+        out.append(np.array(logits[0].astype(mx.float32)))
+        at += b
+    return np.concatenate(out)
+
+
+def test_the_overlay_computes_what_mlx_lm_computes_without_rollbacks():
+    """Blocks of 3 past the window: mlx-lm's concatenating view, bit for bit. T=1: the same keys in temporal
+    order instead of ring order (attention sums in another order), so equal to rounding."""
+    from mlx_lm.models.cache import make_prompt_cache
+
+    from gemmdrift.exact_cache import make_cache
+
+    lm = make_tiny("float32", seed=2)
+    toks = list(range(5, 5 + 40))
+    a = _feed(lm.model, make_prompt_cache(lm.model), toks, [4] + [3] * 12)
+    b = _feed(lm.model, make_cache(lm.model), toks, [4] + [3] * 12)
+    assert np.array_equal(a, b)
+    a1 = _feed(lm.model, make_prompt_cache(lm.model), toks, [4] + [1] * 36)
+    b1 = _feed(lm.model, make_cache(lm.model), toks, [4] + [1] * 36)
+    assert np.allclose(a1, b1, atol=1e-4, rtol=1e-4) and np.argmax(a1, -1).tolist() == np.argmax(b1, -1).tolist()
+
+
+def test_the_overlay_keeps_at_most_reserve_rows_apart_and_refuses_deeper_trims_past_the_window():
+    import mlx.core as mx
+
+    from gemmdrift.exact_cache import OverlayRotatingKVCache
+
+    c = OverlayRotatingKVCache(8, reserve=4)
+    for i in range(20):
+        x = mx.full((1, 1, 1, 2), float(i))
+        k, v = c.update_and_fetch(x, x)
+        assert k.shape[2] == min(i + 1, 8)  # the window: min(offset, max_size - 1) + the new row
+        assert np.array(k[0, 0, :, 0]).tolist() == list(range(max(0, i - 7), i + 1))  # temporal order
+    assert c.offset == 20 and c._overlay_len() == 4
+    assert c.trim(3) == 3 and c.offset == 17
+    assert c.trim(3) == 1 and c.offset == 16  # one overlay row left; the ring is full: no deeper trim
+    x = mx.full((1, 1, 1, 2), 99.0)
+    k, _ = c.update_and_fetch(x, x)
+    assert np.array(k[0, 0, :, 0]).tolist() == list(range(9, 16)) + [99]
+
+
+def test_speculative_decoding_past_the_window_with_the_overlay_is_plain_greedy():
+    """mlx-lm's own speculative_generate_step, a draft that is mostly rejected, window 8: with mlx-lm's
+    caches the stream leaves the envelope; with the overlay's, it is plain greedy (or parts at a near-tie)."""
+    from gemmdrift import diverge as dv
+    from gemmdrift.exact_cache import make_cache
+
+    lm = make_tiny("float32", seed=3)
+    draft = make_tiny("float32", seed=7).model
+    prompt = list(range(10, 22))
+    a = dv.generate_plain(lm.model, prompt, 24)
+    c = dv.generate_speculative(lm.model, prompt, 24, k=2, draft=draft,
+                                prompt_cache=make_cache(lm.model) + make_cache(draft))
+    tc = dv.triage(lm, prompt, a.tokens, c.tokens, a.schedule, c.schedule)
+    assert c.stats["acceptance"] < 0.9  # rollbacks really happened
+    assert tc.verdict in ("IDENTICAL", dv.NEAR_TIE) and tc.stream_b_check["first_outside"] is None
+
+
+def test_diverge_with_a_plug_in_cache_and_rollback_records_both():
+    from gemmdrift import diverge as dv
+
+    lm = make_tiny("float32", seed=3)
+    prompt = list(range(10, 22))
+    out = dv.diverge(lm, prompt, 12, k=2, cache_impl="gemmdrift.exact_cache:make_cache",
+                     rollback="gemmdrift.exact_cache:rollback", workers=1)
+    assert out["triage"]["verdict"] in ("IDENTICAL", "NEAR-TIE")
+    # A rollback that drops nothing: mlx-lm's loop goes on from caches holding rejected drafts.
+    bad = dv.diverge(lm, prompt, 12, k=2, draft=make_tiny("float32", seed=7).model,
+                     rollback=f"{PLUGINS}:rollback_none", workers=1)
+    assert bad["triage"]["verdict"] == "OUTSIDE ENVELOPE"
+
+
+def test_factory_installed_gives_every_make_prompt_cache_the_implementation():
+    from mlx_lm.models.cache import RotatingKVCache, make_prompt_cache
+
+    from gemmdrift.exact_cache import OverlayRotatingKVCache, make_cache
+
+    lm = make_tiny()
+    with cachebench.factory_installed(lm.model, make_cache):
+        inside = make_prompt_cache(lm.model)
+    after = make_prompt_cache(lm.model)
+    assert any(type(c) is OverlayRotatingKVCache for c in inside)
+    assert any(type(c) is RotatingKVCache for c in after) and not any(type(c) is OverlayRotatingKVCache for c in after)

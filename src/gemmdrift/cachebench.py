@@ -21,6 +21,8 @@ import contextlib
 import copy
 from typing import Any, Callable
 
+import numpy as np
+
 from .errors import GemmdriftError
 from .plugins import Impl, checked_factory, load_cache_impl, load_rollback, make_caches
 
@@ -78,6 +80,9 @@ def plugin_setup(impl: Impl, lm) -> Any:
                  plugin=True, trim_makers=makers)
 
 
+DEFAULT_OPERATIONS = ("rollback", "trim", "trim_prompt_cache", "draft_trim", "save_load", "server_reuse", "batch")
+
+
 def measure_state_impl(lm, impl: Impl, **kwargs):
     """``gemmdrift state`` on an implementation: the same grid, verdicts and Result as for mlx-lm's classes."""
     from .state import measure_state
@@ -86,6 +91,10 @@ def measure_state_impl(lm, impl: Impl, **kwargs):
         raise GemmdriftError("--cache-impl runs the sweep in one process (--workers 1)")
     kwargs.pop("workers", None)
     kwargs.pop("caches", None)
+    ops = tuple(kwargs.pop("operations", DEFAULT_OPERATIONS))
+    if "trim" in ops and "draft_trim" not in ops:  # a plug-in is judged on the draft's rewind too
+        ops += ("draft_trim",)
+    kwargs["operations"] = ops
     return measure_state(lm, setups=[plugin_setup(impl, lm)], workers=1, implementations=records(impl, None),
                          **kwargs)
 
@@ -133,3 +142,74 @@ def factory_installed(model, factory: Callable[[Any], list] | None):
                 del model.make_cache
             except (AttributeError, KeyError):
                 model.__dict__.pop("make_cache", None)
+
+
+# --------------------------------------------------------------------------- cost against mlx-lm's own cache
+
+
+def cache_bytes(cache: list) -> int:
+    """Bytes the caches hold now (``nbytes`` of every layer; an overlay counts its apart rows too)."""
+    return int(sum(int(getattr(c, "nbytes", 0) or 0) for c in cache))
+
+
+def decode_cost(lm, prompt, n: int, factories: dict[str, Callable[[Any], list]], *, repeats: int = 3,
+                warmup: int = 1, prefill_step: int = 512) -> "Any":
+    """Greedy decode speed and cache memory of each factory's caches, measured side by side in one run.
+
+    Each factory's caches are prefilled once with ``prompt[:-1]`` (untimed); every run starts from a
+    deep copy of that state and decodes ``n`` tokens with mlx-lm's ``generate_step`` (T=1, the path
+    every generator takes), timed end to end. The factories alternate within each round (the first
+    one first in even rounds, last in odd ones) so drift in the machine's load hits them alike;
+    ``warmup`` rounds are run and dropped. Peak cache bytes are sampled after every decoded token.
+
+    Returns a DataFrame, one row per factory: ``tokens_per_s`` (median over ``repeats`` rounds),
+    ``ratio`` (median over rounds of this factory's tokens/s over the first factory's in the same
+    round), ``peak_cache_bytes`` and ``extra_bytes_per_layer`` (against the first factory), and
+    ``tokens_equal`` (its greedy tokens are the first factory's).
+    """
+    import time
+
+    import mlx.core as mx
+    import pandas as pd
+    from mlx_lm.generate import generate_step
+
+    if repeats < 1 or n < 1:
+        raise GemmdriftError("decode_cost needs repeats >= 1 and n >= 1")
+    names = list(factories)
+    prompt = [int(t) for t in prompt]
+    start = {}
+    for name in names:
+        cache = factories[name](lm.model)
+        y = prompt[:-1]
+        for s in range(0, len(y), prefill_step):
+            lm.model(mx.array(y[s:s + prefill_step], dtype=mx.uint32)[None], cache=cache)
+            mx.eval([c.state for c in cache])
+        start[name] = cache
+    speeds = {name: [] for name in names}
+    peaks = {name: 0 for name in names}
+    tokens = {}
+    for rnd in range(warmup + repeats):
+        order = names if rnd % 2 == 0 else names[::-1]
+        for name in order:
+            cache = copy.deepcopy(start[name])
+            out = []
+            t0 = time.perf_counter()
+            for tok, _ in generate_step(mx.array(prompt[-1:], dtype=mx.uint32), lm.model, max_tokens=n,
+                                        prompt_cache=cache):
+                out.append(int(tok))
+                peaks[name] = max(peaks[name], cache_bytes(cache))
+            dt = time.perf_counter() - t0
+            if rnd >= warmup:
+                speeds[name].append(len(out) / dt)
+            tokens[name] = out
+    base = names[0]
+    layers = len(lm.model.layers)
+    rows = []
+    for name in names:
+        ratios = [a / b for a, b in zip(speeds[name], speeds[base])]
+        rows.append({"cache": name, "tokens_per_s": float(np.median(speeds[name])),
+                     "ratio": float(np.median(ratios)), "runs": len(speeds[name]),
+                     "speeds": ",".join(f"{s:.3f}" for s in speeds[name]),
+                     "peak_cache_bytes": peaks[name], "extra_bytes_per_layer": (peaks[name] - peaks[base]) / layers,
+                     "tokens_equal": tokens[name] == tokens[base], "prompt_tokens": len(prompt), "n": n})
+    return pd.DataFrame(rows)

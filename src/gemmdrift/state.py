@@ -90,7 +90,10 @@ OPERATIONS = {
     "save_load": "cache.save_prompt_cache + cache.load_prompt_cache",
     "server_reuse": "cache.LRUPromptCache.fetch_nearest_cache (PromptTrie.search, trim_prompt_cache)",
     "batch": "cache.<class>.merge + extend/filter + extract",
+    # Not in the default sweep (the tracked counts stay comparable); run with --ops or --cache-impl.
+    "draft_trim": "generate.speculative_generate_step/_rewind_cache -> trim_prompt_cache(draft_cache) after T=1 drafts",
 }
+DEFAULT_OPERATIONS = tuple(o for o in OPERATIONS if o != "draft_trim")
 
 # Cache classes of mlx_lm.models.cache this module knows how to read in temporal order.
 KNOWN_CLASSES = ("KVCache", "RotatingKVCache", "QuantizedKVCache", "ConcatenateKVCache", "ChunkedKVCache",
@@ -725,13 +728,14 @@ def _feed_direct(c, k, v) -> None:
 
 
 def trim_case(make: Callable[[], Any], p: int, block: int, n: int, via: str, *, kv=None,
-              continuation: Sequence[int] = (CONTINUATION, 1)) -> dict[str, Any]:
+              continuation: Sequence[int] = (CONTINUATION, 1), single: bool = False) -> dict[str, Any]:
     """Trim a cache directly: fill ``p`` positions, feed a block of ``block``, trim ``n``, continue.
 
     Reference: the same fill, a block of ``block - n``, the same continuation blocks.
     No model: the keys and values are seeded random numbers, so any difference is a
     state difference (data movement cannot round). ``via`` is 'trim' (the method)
-    or 'trim_prompt_cache' (mlx-lm's list function on ``[cache]``).
+    or 'trim_prompt_cache' (mlx-lm's list function on ``[cache]``). ``single``: the block is fed one
+    token at a time (the draft model's T=1 drafting before its rewind).
     """
     from mlx_lm.models.cache import can_trim_prompt_cache, trim_prompt_cache
 
@@ -744,8 +748,8 @@ def trim_case(make: Callable[[], Any], p: int, block: int, n: int, via: str, *, 
             for s in range(0, p, PREFILL_STEP):
                 _feed_direct(c, k[..., s:min(s + PREFILL_STEP, p), :], v[..., s:min(s + PREFILL_STEP, p), :])
         fed = block if trimmed_side else block - n
-        if fed:
-            _feed_direct(c, k[..., p:p + fed, :], v[..., p:p + fed, :])
+        for s0, s1 in ([(p + j, p + j + 1) for j in range(fed)] if single else [(p, p + fed)] if fed else []):
+            _feed_direct(c, k[..., s0:s1, :], v[..., s0:s1, :])
         info = {}
         if trimmed_side:
             info["can_trim"] = bool(can_trim_prompt_cache([c]))
@@ -1087,7 +1091,7 @@ def _sweep(lm, operations: Sequence[str], where: Sequence[str] | None, ks: Seque
             _progress(f"rollback {s.name} {w} (prefix {p}): {time.perf_counter() - t0:.1f} s")
 
     # b. trim, directly and through trim_prompt_cache (no model: synthetic keys, window 16)
-    if "trim" in operations or "trim_prompt_cache" in operations:
+    if any(o in operations for o in ("trim", "trim_prompt_cache", "draft_trim")):
         syn_window = 16
         syn = prefix_lengths(syn_window, 2)
         facts = class_factories(syn_window)
@@ -1099,7 +1103,7 @@ def _sweep(lm, operations: Sequence[str], where: Sequence[str] | None, ks: Seque
             make = facts[name]
             syn_window = getattr(make, "window", None) or 16
             syn = prefix_lengths(syn_window, 2)
-            for via in ("trim", "trim_prompt_cache"):
+            for via in ("trim", "trim_prompt_cache", "draft_trim"):
                 if via not in operations:
                     continue
                 if make == "absent":
@@ -1114,10 +1118,16 @@ def _sweep(lm, operations: Sequence[str], where: Sequence[str] | None, ks: Seque
                 for w, p in syn.items():
                     if w not in where:
                         continue
-                    for n, m in ((1, CONTINUATION), (2, CONTINUATION), (1, 1), (2, 1)):
-                        params = f"block=3 trim={n} then T={m}"
+                    # draft_trim: k = 3 drafting steps of one token, the draft's rewind of k - n - 1, then T=1
+                    # (a rejection) or T=2 (all accepted: the last draft and the correction).
+                    shapes = (((1, CONTINUATION), (2, CONTINUATION), (1, 1), (2, 1)) if via != "draft_trim"
+                              else ((1, 1), (2, 1), (1, 2), (2, 2)))
+                    for n, m in shapes:
+                        params = (f"block=3 trim={n} then T={m}" if via != "draft_trim"
+                                  else f"3 x T=1 trim={n} then T={m}")
                         try:
-                            c = trim_case(make, p, 3, n, via, continuation=(m,))
+                            c = trim_case(make, p, 3, n, "trim_prompt_cache" if via == "draft_trim" else via,
+                                          continuation=(m,), single=via == "draft_trim")
                         except Exception as e:  # a class that cannot even run the case is reported, not fatal
                             rows.append(_row(name, via, w, p, syn_window, params,
                                              Verdict.REFUSED if name in plug else Verdict.STATE_BUG,
@@ -1235,7 +1245,7 @@ def _sweep(lm, operations: Sequence[str], where: Sequence[str] | None, ks: Seque
             "computed_prefix": prefix.computed if prefix else 0, "prefix_seconds": prefix.seconds if prefix else 0.0}
 
 
-def measure_state(lm, *, operations: Sequence[str] = tuple(OPERATIONS), where: Sequence[str] | None = None,
+def measure_state(lm, *, operations: Sequence[str] = DEFAULT_OPERATIONS, where: Sequence[str] | None = None,
                   ks: Sequence[int] | None = None, setups: Sequence[Setup] | None = None, ladder: bool = True,
                   envelope: float | None = None, compute_limit: int | None = None,
                   caches: Sequence[str] | None = None, workers: int | None = None,
@@ -1310,7 +1320,7 @@ def measure_state(lm, *, operations: Sequence[str] = tuple(OPERATIONS), where: S
 
 
 # The sweep's two halves when it runs in two processes (about equal time on the embedded Gemma).
-WORKER_GROUPS = (("rollback",), ("trim", "trim_prompt_cache", "save_load", "server_reuse", "batch"))
+WORKER_GROUPS = (("rollback",), ("trim", "trim_prompt_cache", "draft_trim", "save_load", "server_reuse", "batch"))
 _MODEL_OPERATIONS = ("rollback", "save_load", "server_reuse", "batch")
 
 

@@ -226,3 +226,67 @@ def test_factory_installed_gives_every_make_prompt_cache_the_implementation():
     after = make_prompt_cache(lm.model)
     assert any(type(c) is OverlayRotatingKVCache for c in inside)
     assert any(type(c) is RotatingKVCache for c in after) and not any(type(c) is OverlayRotatingKVCache for c in after)
+
+
+# ----------------------------------------------------------------------------- the server side
+
+
+def test_self_draft_is_the_targets_first_layers_with_its_norm_and_head(tmp_path, monkeypatch):
+    import mlx.core as mx
+    from mlx_lm.models.cache import KVCache
+
+    from gemmdrift import models
+    from gemmdrift.draft_self import parse_self, self_draft
+    from test_models import save_tiny
+
+    monkeypatch.setenv("GEMMDRIFT_CACHE", str(tmp_path / "cache"))
+    ref = save_tiny(tmp_path / "m")
+    d = self_draft(tmp_path / "m", 2)
+    assert self_draft(tmp_path / "m", 2) == d  # cached
+    lm = models.load_model(str(d), dtype="float32")
+    assert lm.n_layers == 2
+    x = mx.array([[3, 1, 4, 1, 5]])
+    ref.model.model.layers = ref.model.model.layers[:2]  # the target, cut by hand
+    want = np.array(ref.model(x, cache=[KVCache(), KVCache()]))
+    assert np.array_equal(np.array(lm.model(x)), want)
+    assert parse_self("self:3") == 3 and parse_self("/a/dir") is None
+    for bad in ("self:0", "self:x"):
+        with pytest.raises(GemmdriftError, match="self:N"):
+            parse_self(bad)
+    with pytest.raises(GemmdriftError, match="has 4 layers"):
+        self_draft(tmp_path / "m", 4)
+
+
+def test_the_launcher_installs_both_in_the_server_process_and_refuses_bad_specs():
+    import importlib
+    import subprocess
+    import sys
+
+    from gemmdrift import serve_launch
+    from gemmdrift.server import MlxLmServer
+
+    server, gen = importlib.import_module("mlx_lm.server"), importlib.import_module("mlx_lm.generate")
+    old = server.make_prompt_cache, gen.trim_prompt_cache
+    try:
+        serve_launch.install("gemmdrift.exact_cache:make_cache", "gemmdrift.exact_cache:rollback")
+        from gemmdrift.exact_cache import OverlayRotatingKVCache, rollback
+
+        lm = make_tiny()
+        assert any(type(c) is OverlayRotatingKVCache for c in server.make_prompt_cache(lm.model))
+        assert gen.trim_prompt_cache is rollback
+    finally:
+        server.make_prompt_cache, gen.trim_prompt_cache = old
+    r = subprocess.run([sys.executable, "-m", "gemmdrift.serve_launch", "--cache-impl", "nope_mod:f", "--",
+                        "--model", "/no/such"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "cannot import module 'nope_mod'" in r.stderr and "Traceback" not in r.stderr
+    cmd = MlxLmServer("/m", plugins={"cache_impl": "a:b", "rollback": None}, port=1).command()
+    assert cmd[1:5] == ["-m", "gemmdrift.serve_launch", "--cache-impl=a:b", "--"] and "--model" in cmd
+
+
+def test_cli_server_refuses_bad_plug_ins_and_drafts_before_any_server_starts(tmp_path):
+    from test_cli import assert_user_error, gd
+
+    assert_user_error(gd("server", "--cache-impl", "nope_mod:f", "--out", str(tmp_path / "o")), "cannot import")
+    assert_user_error(gd("server", "--rollback", f"{PLUGINS}:rollback_three", "--out", str(tmp_path / "o")),
+                      "wrong signature")
+    assert_user_error(gd("server", "--draft", "self:zero", "--out", str(tmp_path / "o")), "self:N")

@@ -610,8 +610,11 @@ def cmd_server(args) -> int:
         raise GemmdriftError("--n, --num-draft and --companions must be positive")
     if args.model.startswith("shape:"):
         raise GemmdriftError("the server needs a real checkpoint: 'embedded', a Gemma 3 .gguf or an mlx-lm directory")
-    if args.draft is not None and not Path(args.draft).expanduser().is_dir():
-        raise GemmdriftError(f"--draft {args.draft}: not an mlx-lm directory")
+    from .draft_self import parse_self
+
+    if args.draft is not None and parse_self(args.draft) is None and not Path(args.draft).expanduser().is_dir():
+        raise GemmdriftError(f"--draft {args.draft}: not an mlx-lm directory (or self:N, the target's first N layers)")
+    impl, rb = cachebench.load_args(args)  # before any server starts
     if args.prompt is not None and args.prompt_file is not None:
         raise GemmdriftError("give only one of --prompt and --prompt-file")
     if args.prompt_file is not None:
@@ -625,7 +628,9 @@ def cmd_server(args) -> int:
     companions = (builtin_prompts() * args.companions)[: args.companions]
     r = measure_server(args.model, prompt, args.n, cases=cases, draft=args.draft, num_draft=args.num_draft,
                        companions=companions, triage=not args.no_triage,
-                       progress=lambda m: print("  " + m, file=sys.stderr, flush=True))
+                       progress=lambda m: print("  " + m, file=sys.stderr, flush=True),
+                       plugins={"cache_impl": args.cache_impl, "rollback": args.rollback},
+                       records=cachebench.records(impl, rb))
     _write_and_print(args, r, args.out, note="(streams/*.json feed `gemmdrift triage`)")
     return 0
 
@@ -797,7 +802,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--prompt-file", help="file with the prompt text")
     s.add_argument("--n", type=int, default=64, help="tokens per request (default 64)")
     s.add_argument("--cases", default="draft,concurrent,conversation", help="which comparisons (default all three)")
-    s.add_argument("--draft", help="--draft-model directory (default: a 4-bit re-quantized copy of the target, cached)")
+    s.add_argument("--draft", help="--draft-model directory, or self:N (the target's first N layers: a test instrument "
+                                   "that disagrees often; default: a 4-bit re-quantized copy of the target, cached)")
     s.add_argument("--num-draft", type=int, default=2, help="--num-draft-tokens (default 2)")
     s.add_argument("--companions", type=int, default=3, help="concurrent companion requests (default 3)")
     s.add_argument("--no-triage", action="store_true", help="only report the divergences")

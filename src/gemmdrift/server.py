@@ -119,7 +119,7 @@ class MlxLmServer:
 
     def __init__(self, model_dir: str | os.PathLike, *, draft_dir: str | os.PathLike | None = None,
                  num_draft: int = 2, prompt_cache_size: int | None = None, port: int | None = None,
-                 start_timeout: float = 180.0, max_tokens: int = 512):
+                 start_timeout: float = 180.0, max_tokens: int = 512, plugins: dict[str, str] | None = None):
         self.model_dir = Path(model_dir)
         self.draft_dir = Path(draft_dir) if draft_dir else None
         self.num_draft = int(num_draft)
@@ -130,10 +130,15 @@ class MlxLmServer:
         self.proc: subprocess.Popen | None = None
         self._log: Path | None = None
         self.chat = False
+        # {"cache_impl": spec, "rollback": spec}: installed in the server process by gemmdrift.serve_launch.
+        self.plugins = {k: v for k, v in (plugins or {}).items() if v}
 
     # ------------------------------------------------------------ lifecycle
     def command(self) -> list[str]:
-        cmd = [sys.executable, "-m", "mlx_lm.server", "--model", str(self.model_dir), "--host", "127.0.0.1",
+        launch = ["-m", "mlx_lm.server"] if not self.plugins else (
+            ["-m", "gemmdrift.serve_launch"] + [f"--{k.replace('_', '-')}={v}" for k, v in sorted(self.plugins.items())]
+            + ["--"])
+        cmd = [sys.executable, *launch, "--model", str(self.model_dir), "--host", "127.0.0.1",
                "--port", str(self.port), "--temp", "0", "--max-tokens", str(self.max_tokens),
                "--prefill-step-size", str(PREFILL_STEP), "--log-level", "WARNING"]
         if self.draft_dir is not None:
@@ -394,12 +399,13 @@ def _prompt_ids(lm, prompt: str | list[dict], reply: Reply, what: str) -> list[i
 def run_cases(lm, model_dir: str | os.PathLike, prompt: str, n: int, *, cases: Sequence[str] = ("draft",
               "concurrent", "conversation"), draft_dir: str | os.PathLike | None = None, num_draft: int = 2,
               companions: Sequence[str] = (), follow_up: str = "\n\nContinue in one sentence:", triage: bool = True,
-              progress=None) -> list[StreamPair]:
+              progress=None, plugins: dict[str, str] | None = None) -> list[StreamPair]:
     """Run the server cases on one prompt; return one :class:`StreamPair` per case.
 
     ``lm`` is gemmdrift's model on the same checkpoint in the server's dtype
     (the triage teacher-forces with it); ``draft_dir`` None makes the default
-    re-quantized draft (only when the draft case runs).
+    re-quantized draft (only when the draft case runs). ``plugins``: ``{"cache_impl", "rollback"}``
+    specs installed in the draft case's server (the one under test; the reference servers keep mlx-lm's).
     """
     from .diverge import first_divergence
     from .diverge import triage as run_triage
@@ -444,11 +450,12 @@ def run_cases(lm, model_dir: str | os.PathLike, prompt: str, n: int, *, cases: S
                 draft_dir = requantized_draft(model_dir)
             say(f"starting mlx_lm.server --draft-model {draft_dir} --num-draft-tokens {num_draft}")
             with MlxLmServer(model_dir, draft_dir=draft_dir, num_draft=num_draft, prompt_cache_size=0,
-                             max_tokens=n) as srv:
+                             max_tokens=n, plugins=plugins) as srv:
                 spec = srv.complete(as_request(lm, prompt), n)
             pairs.append(StreamPair("draft", "no draft", f"draft, {num_draft} tokens", ids, plain_alone.tokens,
                                     spec.tokens, PLAIN_SCHEDULE, f"prefill:{PREFILL_STEP},verify:{num_draft}",
-                                    plain_alone.seconds, spec.seconds, notes={"draft": str(draft_dir)}))
+                                    plain_alone.seconds, spec.seconds,
+                                    notes={"draft": str(draft_dir), **{k: v for k, v in (plugins or {}).items() if v}}))
     for p in pairs:
         p.first_divergence = first_divergence(p.tokens_a, p.tokens_b)
         if triage and p.tokens_a and p.tokens_b:
@@ -492,7 +499,8 @@ def stored_dtype(model_dir: Path) -> str:
 
 def measure_server(source: str, prompt: str, n: int, *, cases: Sequence[str] = ("draft", "concurrent", "conversation"),
                    draft: str | None = None, num_draft: int = 2, companions: Sequence[str] = (),
-                   follow_up: str = "\n\nContinue in one sentence:", triage: bool = True, progress=None):
+                   follow_up: str = "\n\nContinue in one sentence:", triage: bool = True, progress=None,
+                   plugins: dict[str, str] | None = None, records: dict[str, Any] | None = None):
     """Greedy streams through the real ``mlx_lm.server``: a Result of kind ``server``.
 
     Also runs mlx-lm's ``generate_step`` in this process on the same prompt
@@ -511,9 +519,14 @@ def measure_server(source: str, prompt: str, n: int, *, cases: Sequence[str] = (
     bad = sorted(set(cases) - {"draft", "concurrent", "conversation"})
     if bad or not cases:
         raise GemmdriftError(f"unknown server case(s) {', '.join(bad) or '(none)'}: use draft, concurrent, conversation")
-    if draft is not None and not Path(draft).expanduser().is_dir():
+    from .draft_self import parse_self, self_draft
+
+    self_layers = parse_self(draft) if draft is not None else None
+    if draft is not None and self_layers is None and not Path(draft).expanduser().is_dir():
         raise GemmdriftError(f"--draft {draft}: not an mlx-lm directory")
     model_dir = checkpoint_dir(source)
+    if self_layers is not None:  # the target's first layers (a test instrument), written once and cached
+        draft_label, draft = draft, str(self_draft(model_dir, self_layers))
     dtype = stored_dtype(model_dir)
     lm = load_model(str(model_dir), dtype=dtype)
     if lm.tokenizer is None:
@@ -524,7 +537,7 @@ def measure_server(source: str, prompt: str, n: int, *, cases: Sequence[str] = (
     ref = generate_plain(lm.model, ids, n, prefill_step=PREFILL_STEP)
     say(f"in-process generate: {len(ref.tokens)} tokens in {ref.seconds:.1f} s")
     pairs = run_cases(lm, model_dir, prompt, n, cases=cases, draft_dir=draft, num_draft=num_draft,
-                      companions=companions, follow_up=follow_up, triage=triage, progress=say)
+                      companions=companions, follow_up=follow_up, triage=triage, progress=say, plugins=plugins)
     env = environment()
     rows, frame_rows = [], []
     for p in pairs:
@@ -556,8 +569,10 @@ def measure_server(source: str, prompt: str, n: int, *, cases: Sequence[str] = (
         figures["server_matches_inprocess"] = float(lone.tokens_a == ref.tokens)
     inputs = {"model": lm.info, "checkpoint": str(model_dir), "dtype": dtype, "prompt": prompt, "n": n,
               "endpoint": "/v1/chat/completions" if uses_chat(lm) else "/v1/completions",
-              "cases": list(cases), "draft": draft or "re-quantized copy (4-bit, group 64)", "num_draft": num_draft,
-              "companions": list(companions), "follow_up": follow_up}
+              "cases": list(cases), "num_draft": num_draft,
+              "draft": (f"{draft_label} ({draft})" if self_layers is not None else draft)
+              or "re-quantized copy (4-bit, group 64)",
+              "companions": list(companions), "follow_up": follow_up, **(records or {})}
     details = {"pairs": [p.as_dict() for p in pairs], "inprocess": {"tokens": ref.tokens, "seconds": ref.seconds}}
     return Result(kind="server", inputs=inputs, env=env,
                   frame=tidy(frame_rows, model=lm.description.source, dtype=dtype, **env_labels(env)),

@@ -55,15 +55,33 @@ def test_the_overlay_is_exact_on_the_whole_grid_and_model_free_trims():
     judged = t[t["verdict"] != "not applicable"]
     assert set(judged["verdict"]) == {"EXACT"}, judged[judged["verdict"] != "EXACT"][["operation", "where", "reason"]]
     ops = set(judged["operation"])
-    assert ops == {"rollback", "trim", "trim_prompt_cache", "save_load", "server_reuse"}
+    assert ops == {"rollback", "trim", "trim_prompt_cache", "draft_trim", "save_load", "server_reuse"}
     trims = judged[judged["cache"] == "OverlayRotatingKVCache"]
-    assert len(trims) == 2 * 4 * 4 and set(trims["where"]) == {"below", "at", "past", "far"}
+    assert len(trims) == 3 * 4 * 4 and set(trims["where"]) == {"below", "at", "past", "far"}
     # The same model-free cases catch mlx-lm's ring past the window (T=1 continuations and refusals).
     _, own = _grid(f"{PLUGINS}:mlx_lm_own", operations=("trim",))
     ring = own[own["cache"] == "RotatingKVCache"]
     assert (ring[ring["where"] == "below"]["verdict"] == "EXACT").all()
     assert (ring[ring["where"] != "below"]["verdict"] == "STATE BUG").any()
     assert r.figure("state_bugs") == 0.0
+
+
+def test_the_drafts_rewind_after_t1_drafting_tells_the_designs_apart():
+    """draft_trim: 3 drafting steps of one token, then the draft's rewind. mlx-lm's ring refuses past the window;
+    unroll-and-cut (mlx-swift-lm #584, rebuilt) keeps too few rows when it cuts 2 after T=1 writes; the overlay
+    is exact."""
+    def verdicts(spec):
+        _, t = _grid(spec, operations=("draft_trim",), where=("below", "past"))
+        t = t[t["cache"] != "KVCache"]
+        return {(w, p): v for w, p, v in zip(t["where"], t["params"], t["verdict"])}
+
+    own, cut, ours = (verdicts(s) for s in (f"{PLUGINS}:mlx_lm_own", "gemmdrift.cache_designs:unroll_cut",
+                                             "gemmdrift.exact_cache:make_cache"))
+    assert set(ours.values()) == {"EXACT"} and len(ours) == 8
+    assert {v for (w, _), v in own.items() if w == "past"} == {"STATE BUG"}
+    assert {v for (w, _), v in own.items() if w == "below"} == {"EXACT"}
+    assert cut[("past", "3 x T=1 trim=2 then T=2")] == "STATE BUG" and cut[("past", "3 x T=1 trim=1 then T=2")] == "EXACT"
+    assert cut[("past", "3 x T=1 trim=1 then T=1")] == "refused"  # its next ring write raises
 
 
 def test_a_trim_that_raises_is_refused_per_case_not_a_traceback():

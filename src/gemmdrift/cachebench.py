@@ -213,3 +213,46 @@ def decode_cost(lm, prompt, n: int, factories: dict[str, Callable[[Any], list]],
                      "peak_cache_bytes": peaks[name], "extra_bytes_per_layer": (peaks[name] - peaks[base]) / layers,
                      "tokens_equal": tokens[name] == tokens[base], "prompt_tokens": len(prompt), "n": n})
     return pd.DataFrame(rows)
+
+
+# --------------------------------------------------------------------------- the commands' few lines (cli.py)
+
+
+def precheck(args) -> tuple[Impl | None, Impl | None]:
+    """A command's ``--cache-impl`` / ``--rollback`` (and ``server --draft self:N``), checked before any model loads."""
+    roll = getattr(args, "rollback", None)
+    if roll is not None and getattr(args, "command", "") == "diverge" and roll not in ("mlx-lm", "exact") \
+            and ":" not in roll:
+        raise GemmdriftError(f"--rollback {roll!r}: mlx-lm, exact or module:function")
+    if getattr(args, "command", "") == "server" and getattr(args, "draft", None) is not None:
+        from pathlib import Path
+
+        from .draft_self import parse_self
+
+        if parse_self(args.draft) is None and not Path(args.draft).expanduser().is_dir():
+            raise GemmdriftError(f"--draft {args.draft}: not an mlx-lm directory (or self:N, the target's first N "
+                                 "layers)")
+    return load_args(args)
+
+
+def state_measure(impl: Impl | None):
+    """The function ``gemmdrift state`` runs: mlx-lm's classes, or the implementation's."""
+    from . import state
+
+    return state.measure_state if impl is None else (lambda lm, **kw: measure_state_impl(lm, impl, **kw))
+
+
+@contextlib.contextmanager
+def stack_caches(impl: Impl | None, lm):
+    """``gemmdrift stack`` with the implementation's caches in every schedule; yields what to record."""
+    with factory_installed(lm.model, None if impl is None else checked_factory(impl, lm.model)):
+        yield records(impl, None)
+
+
+def diverge_options(impl: Impl | None, rb: Impl | None, lm, draft, opts: dict, record: dict) -> None:
+    """Check the factory on the loaded target and draft (no compute); add the specs and records to a run's options."""
+    if impl is not None:
+        make_caches(impl, lm.model)
+        make_caches(impl, draft if draft is not None else lm.model)
+        opts["cache_impl"] = impl.spec
+    record.update(opts, **records(impl, rb))

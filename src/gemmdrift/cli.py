@@ -8,12 +8,11 @@ flags) print one line and exit with status 2.
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import sys
 from pathlib import Path
 
-from . import cachebench, plugins
+from . import cachebench
 from . import defaults as D
 from .errors import GemmdriftError
 
@@ -170,7 +169,7 @@ def cmd_stack(args) -> int:
     check_positive(split=args.split)
     check_range_text(args.positions, "--positions")
     check_range_text(args.logit_positions, "--logit-positions")
-    impl, _ = cachebench.load_args(args)
+    impl, _ = cachebench.precheck(args)
 
     from .envinfo import environment
     from .models import describe
@@ -187,12 +186,11 @@ def cmd_stack(args) -> int:
     positions = parse_range(args.positions, n, "--positions")
     logit_positions = parse_range(args.logit_positions, n, "--logit-positions")
     print(f"gemmdrift stack: {describe(lm.description)}; {n} tokens ({label}); split {split}", file=sys.stderr)
-    factory = None if impl is None else plugins.checked_factory(impl, lm.model)
-    with cachebench.factory_installed(lm.model, factory):
+    with cachebench.stack_caches(impl, lm) as impl_record:
         result = measure_stack(lm, ids, args.schedules, split=split, positions=positions,
                                logit_positions=logit_positions, local=not args.no_local, ladder=args.ladder,
                                checkpoint=Path(args.out) / "checkpoint", env=environment(),
-                               record={"prompt": label, **cachebench.records(impl, None)})
+                               record={"prompt": label, **impl_record})
     _write_and_print(args, result, args.out)
     return 0
 
@@ -288,9 +286,7 @@ def cmd_diverge(args) -> int:
         if value <= 0:
             raise GemmdriftError(f"{flag} must be positive, got {value}")
     _precheck(args)
-    if args.rollback not in ("mlx-lm", "exact") and ":" not in args.rollback:
-        raise GemmdriftError(f"--rollback {args.rollback!r}: mlx-lm, exact or module:function")
-    impl, rb = cachebench.load_args(args)  # before the model loads
+    impl, rb = cachebench.precheck(args)
     texts = None
     if args.prompts is not None:
         if any(x is not None for x in (args.prompt, args.prompt_file, args.prompt_ids)):
@@ -305,17 +301,12 @@ def cmd_diverge(args) -> int:
 
     lm = _load(args)
     draft = _load_draft(args)
-    if impl is not None:  # checked on the loaded models before any compute
-        plugins.make_caches(impl, lm.model)
-        plugins.make_caches(impl, draft if draft is not None else lm.model)
     opts = dict(k=args.k, draft=draft, prefill_a=args.prefill_a, prefill_b=args.prefill_b, plain_vs=args.compare,
                 envelope=args.envelope)
     if args.rollback != "mlx-lm":  # the default leaves resumable checkpoints of earlier runs valid
         opts["rollback"] = args.rollback
-    if impl is not None:
-        opts["cache_impl"] = impl.spec
-    record = {**opts, "draft": args.draft or "self", "draft_quantize": args.draft_quantize, "rollback": args.rollback,
-              **cachebench.records(impl, rb)}
+    record = {**opts, "draft": args.draft or "self", "draft_quantize": args.draft_quantize, "rollback": args.rollback}
+    cachebench.diverge_options(impl, rb, lm, draft, opts, record)
     out = Path(args.out)
     env = environment()
     print(f"gemmdrift diverge: {describe(lm.description)}", file=sys.stderr)
@@ -408,14 +399,13 @@ def cmd_state(args) -> int:
         raise GemmdriftError(f"--compute-limit must be positive, got {args.compute_limit}")
     if args.workers is not None and args.workers < 1:
         raise GemmdriftError(f"--workers must be at least 1, got {args.workers}")
-    impl, _ = cachebench.load_args(args)  # a --cache-impl that cannot be imported fails before the model loads
+    impl, _ = cachebench.precheck(args)
     out = store.check_out_dir(args.out)
     lm = _load(args)
     print(f"gemmdrift state: {describe(lm.description)}", file=sys.stderr)
-    measure = state.measure_state if impl is None else functools.partial(cachebench.measure_state_impl, impl=impl)
-    r = measure(lm, operations=ops, where=where, ks=ks, ladder=not args.no_ladder,
-                envelope=args.envelope, compute_limit=args.compute_limit, caches=caches,
-                workers=args.workers)
+    r = cachebench.state_measure(impl)(lm, operations=ops, where=where, ks=ks, ladder=not args.no_ladder,
+                            envelope=args.envelope, compute_limit=args.compute_limit, caches=caches,
+                            workers=args.workers)
     written = store.write_result(r, out)
     _emit(args, summaries.summary(r), summaries.text(r) + f"\n\nwritten to {out}/ "
           f"({', '.join(sorted(p.name for p in written.values()))})")
@@ -610,11 +600,7 @@ def cmd_server(args) -> int:
         raise GemmdriftError("--n, --num-draft and --companions must be positive")
     if args.model.startswith("shape:"):
         raise GemmdriftError("the server needs a real checkpoint: 'embedded', a Gemma 3 .gguf or an mlx-lm directory")
-    from .draft_self import parse_self
-
-    if args.draft is not None and parse_self(args.draft) is None and not Path(args.draft).expanduser().is_dir():
-        raise GemmdriftError(f"--draft {args.draft}: not an mlx-lm directory (or self:N, the target's first N layers)")
-    impl, rb = cachebench.load_args(args)  # before any server starts
+    impl, rb = cachebench.precheck(args)
     if args.prompt is not None and args.prompt_file is not None:
         raise GemmdriftError("give only one of --prompt and --prompt-file")
     if args.prompt_file is not None:
@@ -629,8 +615,7 @@ def cmd_server(args) -> int:
     r = measure_server(args.model, prompt, args.n, cases=cases, draft=args.draft, num_draft=args.num_draft,
                        companions=companions, triage=not args.no_triage,
                        progress=lambda m: print("  " + m, file=sys.stderr, flush=True),
-                       plugins={"cache_impl": args.cache_impl, "rollback": args.rollback},
-                       records=cachebench.records(impl, rb))
+                       plugins={"cache_impl": args.cache_impl, "rollback": args.rollback}, records=cachebench.records(impl, rb))
     _write_and_print(args, r, args.out, note="(streams/*.json feed `gemmdrift triage`)")
     return 0
 
@@ -692,10 +677,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--context", help="prefix every prompt of --prompts with a built-in text (e.g. essay) to cross the sliding window")
     s.add_argument("--no-triage", action="store_true", help="only report the divergence")
     s.add_argument("--envelope", type=float, help="use this envelope (max |Δgap|, logits) instead of measuring it")
-    s.add_argument("--rollback", default="mlx-lm",
-                   help="speculative stream: mlx-lm's speculative_generate_step (default), 'exact' (the same loop with "
-                        "an exact cache rollback: snapshots restored where trim_prompt_cache refuses), or "
-                        "module:function replacing its rewind step, rollback(cache, num_tokens) -> int")
+    s.add_argument("--rollback", default="mlx-lm", help="speculative stream: mlx-lm's speculative_generate_step "
+                   "(default), exact (snapshots restored where trim_prompt_cache refuses) or module:function (its rewind)")
     cachebench.add_arguments(s, rollback=False)
     _add_output(s, "results/diverge")
     s.set_defaults(func=cmd_diverge)
@@ -802,8 +785,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--prompt-file", help="file with the prompt text")
     s.add_argument("--n", type=int, default=64, help="tokens per request (default 64)")
     s.add_argument("--cases", default="draft,concurrent,conversation", help="which comparisons (default all three)")
-    s.add_argument("--draft", help="--draft-model directory, or self:N (the target's first N layers: a test instrument "
-                                   "that disagrees often; default: a 4-bit re-quantized copy of the target, cached)")
+    s.add_argument("--draft", help="--draft-model directory or self:N, the target's first N layers (default: a 4-bit "
+                                   "re-quantized copy of the target, cached)")
     s.add_argument("--num-draft", type=int, default=2, help="--num-draft-tokens (default 2)")
     s.add_argument("--companions", type=int, default=3, help="concurrent companion requests (default 3)")
     s.add_argument("--no-triage", action="store_true", help="only report the divergences")

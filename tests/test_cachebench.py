@@ -308,3 +308,20 @@ def test_cli_server_refuses_bad_plug_ins_and_drafts_before_any_server_starts(tmp
     assert_user_error(gd("server", "--rollback", f"{PLUGINS}:rollback_three", "--out", str(tmp_path / "o")),
                       "wrong signature")
     assert_user_error(gd("server", "--draft", "self:zero", "--out", str(tmp_path / "o")), "self:N")
+
+
+def test_cli_stack_runs_every_schedule_on_the_plug_in_and_records_it(tmp_path):
+    from test_cli import assert_user_error, gd
+    from test_models import save_tiny
+
+    save_tiny(tmp_path / "m")
+    (tmp_path / "ids.txt").write_text(" ".join(str(i) for i in range(10, 30)))
+    base = ["stack", "--model", str(tmp_path / "m"), "--prompt-ids", str(tmp_path / "ids.txt"), "--split", "12",
+            "--schedules", "prefill:4,decode", "prefill:4,verify:2", "--no-local"]
+    assert_user_error(gd(*base, "--cache-impl", f"{PLUGINS}:too_few", "--out", str(tmp_path / "bad")),
+                      "returned 3 caches for 4 layers")
+    r = gd(*base, "--cache-impl", "gemmdrift.exact_cache:make_cache", "--out", str(tmp_path / "o"), "--json")
+    assert r.returncode == 0, r.stderr
+    meta = json.loads((tmp_path / "o" / "meta.json").read_text())
+    assert meta["inputs"]["cache_impl"]["spec"] == "gemmdrift.exact_cache:make_cache"
+    assert len(meta["inputs"]["cache_impl"]["sha256"]) == 64

@@ -325,3 +325,26 @@ def test_cli_stack_runs_every_schedule_on_the_plug_in_and_records_it(tmp_path):
     meta = json.loads((tmp_path / "o" / "meta.json").read_text())
     assert meta["inputs"]["cache_impl"]["spec"] == "gemmdrift.exact_cache:make_cache"
     assert len(meta["inputs"]["cache_impl"]["sha256"]) == 64
+
+
+def test_the_candidates_benchmark_counts_each_designs_grid(monkeypatch):
+    import sys
+
+    root = Path(__file__).resolve().parent.parent
+    if str(root) not in sys.path:
+        sys.path.insert(0, str(root))
+    from benchmarks import bench_caches, common
+
+    monkeypatch.setattr(common, "model", lambda dtype="bfloat16": make_tiny())
+    monkeypatch.setattr(bench_caches, "GRID", dict(operations=("rollback", "draft_trim"), where=("below", "past"),
+                                                   ks=(1,)))
+    b = bench_caches.CacheCandidates()
+    f = b.setup_cache()
+    # rollback past the window: mlx-lm refuses r=1 (1 case); the draft's rewind past the window: 4 cases.
+    assert b.track_non_exact(f, "mlx-lm") == 5.0 and b.track_state_bugs(f, "mlx-lm") == 5.0
+    assert b.track_non_exact(f, "overlay") == 0.0
+    assert b.track_non_exact(f, "unroll-cut") == 3.0 and b.track_state_bugs(f, "unroll-cut") == 1.0  # + 2 refused: the draft's rewind
+    monkeypatch.setenv("GEMMDRIFT_BENCH_LONG", "0")
+    with pytest.raises(NotImplementedError):
+        c = bench_caches.CacheDecodeCost()
+        c.setup(c.setup_cache(), "overlay")

@@ -348,3 +348,36 @@ def test_the_candidates_benchmark_counts_each_designs_grid(monkeypatch):
     with pytest.raises(NotImplementedError):
         c = bench_caches.CacheDecodeCost()
         c.setup(c.setup_cache(), "overlay")
+
+
+@pytest.mark.parametrize("keep", [0, 2])
+def test_the_overlays_reused_view_is_what_the_ring_and_overlay_give(keep):
+    """Random updates (T=1..4) and trims (0..3): each view from the reused last view equals the view rebuilt
+    from the ring and the overlay alone, bit for bit, and both equal a numpy model of the window."""
+    import mlx.core as mx
+
+    from gemmdrift.exact_cache import OverlayRotatingKVCache
+
+    rng = np.random.default_rng(keep)
+    fast, slow = OverlayRotatingKVCache(8, keep=keep, reserve=4), OverlayRotatingKVCache(8, keep=keep, reserve=4)
+    rows: list[float] = []  # the logical sequence of kept rows
+    nxt = 0.0
+    for _ in range(80):
+        if rows and rng.random() < 0.4:
+            n = int(rng.integers(1, 4))
+            a, b = fast.trim(n), slow.trim(n)
+            assert a == b
+            del rows[len(rows) - a:]
+            continue
+        t = int(rng.integers(1, 5))
+        x = mx.array(np.arange(nxt, nxt + t, dtype=np.float32)).reshape(1, 1, t, 1)
+        nxt += t
+        slow._tail = None  # rebuilt from the ring and the overlay every time
+        kf, _ = fast.update_and_fetch(x, x)
+        ks, _ = slow.update_and_fetch(x, x)
+        past = list(rows) if len(rows) <= 7 else rows[:keep] + rows[len(rows) - (7 - keep):]
+        rows += list(np.arange(nxt - t, nxt))
+        want = past + rows[len(rows) - t:]
+        assert np.array_equal(np.array(kf), np.array(ks))
+        assert np.array(kf[0, 0, :, 0]).tolist() == want
+        assert fast.offset == slow.offset == len(rows)

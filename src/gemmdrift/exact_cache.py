@@ -61,6 +61,7 @@ class OverlayRotatingKVCache(RotatingKVCache):
     _k = None
     _v = None
     _off = 0
+    _tail = None  # (keys, values) of the last view: the newest logical rows, reused by the next update
 
     def __init__(self, max_size, keep=0, reserve: int = RESERVE):
         super().__init__(max_size, keep)
@@ -120,7 +121,9 @@ class OverlayRotatingKVCache(RotatingKVCache):
     def update_and_fetch(self, keys, values):
         # What attention sees: ring (temporal) + overlay, cut to the last max_size - 1 rows (keeping `keep`),
         # then the new rows -- mlx-lm's concatenating view, computed without writing the new rows anywhere.
-        past_k, past_v = self._logical()
+        # The last view holds the newest rows in temporal order (data movement only, so bit for bit what the
+        # ring + overlay hold): reusing it costs one concatenation per update instead of three.
+        past_k, past_v = self._tail if self._tail is not None else self._logical()
         if past_k is None:
             view_k, view_v = keys, values
         else:
@@ -131,6 +134,7 @@ class OverlayRotatingKVCache(RotatingKVCache):
         self._ok = keys if self._ok is None else mx.concatenate([self._ok, keys], axis=2)
         self._ov = values if self._ov is None else mx.concatenate([self._ov, values], axis=2)
         self._commit(self._overlay_len() - self.reserve)
+        self._tail = (view_k, view_v)
         return view_k, view_v
 
     def _logical(self):
@@ -161,6 +165,17 @@ class OverlayRotatingKVCache(RotatingKVCache):
 
     def trim(self, n):
         n = max(0, min(int(n), self.offset))
+        done = self._trim_rows(n)
+        if self._tail is not None:
+            # The last view stays valid cut by the trimmed rows while it still holds every row a view needs.
+            rows = self._tail[0].shape[2] - done
+            if done and rows >= min(self.offset, self.max_size - 1):
+                self._tail = (self._tail[0][..., :rows, :], self._tail[1][..., :rows, :])
+            elif done:
+                self._tail = None
+        return done
+
+    def _trim_rows(self, n):
         from_overlay = min(n, self._overlay_len())
         if from_overlay:
             keep = self._overlay_len() - from_overlay
@@ -204,7 +219,7 @@ class OverlayRotatingKVCache(RotatingKVCache):
 
     @state.setter
     def state(self, v):
-        self._ok = self._ov = None
+        self._ok = self._ov = self._tail = None
         self._k, self._v, off, self.keep, self.max_size, self._idx = v[:6]
         self._off = int(off)
         if len(v) > 6 and v[6] is not None:

@@ -273,6 +273,8 @@ def test_self_draft_is_the_targets_first_layers_with_its_norm_and_head(tmp_path,
             parse_self(bad)
     with pytest.raises(GemmdriftError, match="has 4 layers"):
         self_draft(tmp_path / "m", 4)
+    with pytest.raises(GemmdriftError, match="at least one full-attention layer"):  # tiny: every 2nd is global
+        self_draft(tmp_path / "m", 1)
 
 
 def test_the_launcher_installs_both_in_the_server_process_and_refuses_bad_specs():

@@ -1,5 +1,8 @@
 """``--draft self:N``: the target truncated to its first N decoder layers, as an mlx-lm directory.
 
+For Gemma 3 (a full-attention layer every 6) N is at least 6: mlx-lm's gemma3_text takes its global mask
+from the cache of layer 5.
+
 A **test instrument, not a real draft model**: the first N layers, the target's final norm and
 its tied embedding as the LM head, nothing retrained. It is cheap on this CPU (N/L of the
 target's layer compute) and disagrees with the target often, so speculative decoding rejects
@@ -47,6 +50,10 @@ def self_draft(model_dir: str | os.PathLike, n_layers: int) -> Path:
     total = int(config.get("num_hidden_layers", 0))
     if not 1 <= n_layers < total:
         raise GemmdriftError(f"--draft self:{n_layers}: the target has {total} layers (choose 1..{total - 1})")
+    pattern = int(config.get("sliding_window_pattern") or 1)
+    if n_layers < pattern:  # gemma3_text reads its global mask from cache[pattern - 1]: one global layer at least
+        raise GemmdriftError(f"--draft self:{n_layers}: this architecture needs at least one full-attention layer, "
+                             f"the first is layer {pattern - 1} (choose {pattern}..{total - 1})")
     target = cache_dir() / "drafts" / f"{src.name}-self{n_layers}"
     if (target / "config.json").exists():
         return target

@@ -25,9 +25,11 @@ def install(cache_impl: str | None, rollback: str | None) -> None:
     if cache_impl:
         impl = load_cache_impl(cache_impl)
         server.make_prompt_cache = lambda model, max_kv_size=None: make_caches(impl, model)
+        print(f"gemmdrift serve_launch: caches from {impl.spec} (sha256 {impl.sha256})", file=sys.stderr, flush=True)
     if rollback:
         rb = load_rollback(rollback)
         importlib.import_module("mlx_lm.generate").trim_prompt_cache = rb.obj
+        print(f"gemmdrift serve_launch: rollback {rb.spec} (sha256 {rb.sha256})", file=sys.stderr, flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -383,3 +383,30 @@ def test_the_overlays_reused_view_is_what_the_ring_and_overlay_give(keep):
         assert np.array_equal(np.array(kf), np.array(ks))
         assert np.array(kf[0, 0, :, 0]).tolist() == want
         assert fast.offset == slow.offset == len(rows)
+
+
+def test_the_cost_measurements_see_a_planted_slow_cache():
+    import time as _time
+
+    from mlx_lm.models.cache import RotatingKVCache, make_prompt_cache
+
+    class Slow(RotatingKVCache):
+        def update_and_fetch(self, k, v):
+            _time.sleep(0.002)  # 2 ms per update: far above the ring's own cost
+            return super().update_and_fetch(k, v)
+
+    u = cachebench.update_cost({"ring": lambda: RotatingKVCache(8), "slow": lambda: Slow(8)}, window_rows=12,
+                               steps=8, dim=8, repeats=3)
+    ring, slow = u.set_index("cache").loc["ring"], u.set_index("cache").loc["slow"]
+    assert slow["seconds_per_update"] >= 0.002 > ring["seconds_per_update"] and slow["ratio"] > 1.5
+    lm = make_tiny()
+
+    def slow_caches(model):
+        return [Slow(c.max_size, c.keep) if type(c) is RotatingKVCache else c for c in make_prompt_cache(model)]
+
+    d = cachebench.decode_cost(lm, list(range(3, 20)), 6, {"own": make_prompt_cache, "slow": slow_caches,
+                                                           "same": make_prompt_cache}, repeats=3)
+    d = d.set_index("cache")
+    assert d.loc["slow", "ratio"] < 0.9 and d.loc["own", "ratio"] == 1.0
+    assert bool(d.loc["same", "tokens_equal"]) and d.loc["same", "extra_bytes_per_layer"] == 0.0
+    assert d.loc["own", "peak_cache_bytes"] > 0 and d.loc["slow", "tokens_equal"]

@@ -256,3 +256,43 @@ def diverge_options(impl: Impl | None, rb: Impl | None, lm, draft, opts: dict, r
         make_caches(impl, draft if draft is not None else lm.model)
         opts["cache_impl"] = impl.spec
     record.update(opts, **records(impl, rb))
+
+
+def update_cost(makers: dict[str, Callable[[], Any]], *, window_rows: int, steps: int = 64, heads: int = 1,
+                dim: int = 256, repeats: int = 5, dtype: str = "bfloat16") -> "Any":
+    """Seconds per T=1 ``update_and_fetch`` (evaluated) of one layer's cache past the window, side by side.
+
+    No model: each cache is filled with ``window_rows`` rows of seeded keys and values (mlx-lm's
+    prefill chunks of 512), then ``steps`` single-row updates are timed, each evaluated as attention
+    would consume its output. Rounds alternate the order of the makers; the median per maker over
+    ``repeats`` rounds is reported, with its ratio to the first maker's in the same round. This is
+    the cache's own cost per layer and token, what a decode step adds to the model's compute.
+    """
+    import time
+
+    import mlx.core as mx
+    import pandas as pd
+
+    mx.random.seed(0)
+    dt = getattr(mx, dtype)
+    fill = mx.random.normal((1, heads, window_rows + steps, dim)).astype(dt)
+    mx.eval(fill)
+    names = list(makers)
+    per = {n: [] for n in names}
+    for rnd in range(repeats + 1):  # round 0 warms up
+        for name in (names if rnd % 2 == 0 else names[::-1]):
+            c = makers[name]()
+            for s in range(0, window_rows, 512):
+                c.update_and_fetch(fill[..., s:min(s + 512, window_rows), :], fill[..., s:min(s + 512, window_rows), :])
+            mx.eval([a for a in c.state if isinstance(a, mx.array)])
+            t0 = time.perf_counter()
+            for i in range(steps):
+                row = fill[..., window_rows + i:window_rows + i + 1, :]
+                k, v = c.update_and_fetch(row, row)
+                mx.eval(k, v)
+            if rnd:
+                per[name].append((time.perf_counter() - t0) / steps)
+    base = names[0]
+    return pd.DataFrame([{"cache": n, "seconds_per_update": float(np.median(per[n])),
+                          "ratio": float(np.median([a / b for a, b in zip(per[n], per[base])])), "rounds": repeats}
+                         for n in names])

@@ -410,3 +410,20 @@ def test_the_cost_measurements_see_a_planted_slow_cache():
     assert d.loc["slow", "ratio"] < 0.9 and d.loc["own", "ratio"] == 1.0
     assert bool(d.loc["same", "tokens_equal"]) and d.loc["same", "extra_bytes_per_layer"] == 0.0
     assert d.loc["own", "peak_cache_bytes"] > 0 and d.loc["slow", "tokens_equal"]
+
+
+def test_cli_state_and_report_on_a_refusing_implementation(tmp_path):
+    from test_cli import gd
+    from test_models import save_tiny
+
+    from gemmdrift.report import build_report
+
+    save_tiny(tmp_path / "m")
+    r = gd("state", "--model", str(tmp_path / "m"), "--cache-impl", f"{PLUGINS}:trim_raises", "--ops", "rollback,trim",
+           "--where", "past", "--k", "1", "--out", str(tmp_path / "o"), "--json")
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    s = json.loads(r.stdout)
+    assert s["verdicts"]["refused"] == 2 + 4 + 4  # rollback k=1 r=0,1; TrimRaises: 4 trims, 4 draft trims
+    assert any(row.get("past", "").startswith("refused") for row in s["grid"])
+    page = build_report(tmp_path / "o")["markdown"].read_text()
+    assert "refused" in page and "RuntimeError: this cache cannot trim" in page

@@ -32,7 +32,7 @@ def parse_self(spec: str) -> int | None:
         return None
     text = spec[5:]
     if not text.isdigit() or int(text) < 1:
-        raise GemmdriftError(f"--draft {spec}: expected self:N with N a positive number of layers (e.g. self:3)")
+        raise GemmdriftError(f"--draft {spec}: expected self:N with N a positive number of layers (e.g. self:6)")
     return int(text)
 
 

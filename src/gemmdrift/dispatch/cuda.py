@@ -78,6 +78,14 @@ def sdpa(chip: Chip, q_len: int, k_len: int, head_dim: int, n_heads: int, n_kv_h
     fixed-size cache (assumed when k_len >= 256, as mlx-lm's KVCache grows in
     steps of 256); else sdpa_vector for head dims 64/96/128 and q_len < 4.
     """
+    c = _sdpa(chip, q_len, k_len, head_dim, n_heads, n_kv_heads, v_head_dim, causal)
+    if version < (0, 32, 2):
+        return Choice(c.kernel, c.params, c.source, "; ".join(filter(None, (c.note, "CUDA sdpa rule read at 846d176 only"))))
+    return c
+
+
+def _sdpa(chip: Chip, q_len: int, k_len: int, head_dim: int, n_heads: int, n_kv_heads: int, v_head_dim: int | None,
+          causal: bool) -> Choice:
     dv = head_dim if v_head_dim is None else v_head_dim
     p = {"head_dim": head_dim, "v_head_dim": dv, "gqa": max(1, n_heads // max(1, n_kv_heads)), "k_len": k_len}
     dims_ok = head_dim % 8 == 0 and head_dim <= 128 and dv % 8 == 0 and dv <= 128

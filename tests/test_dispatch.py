@@ -1,7 +1,7 @@
 """Dispatch per chip: the chip of an environment record, and `gemmdrift dispatch` against the mlx source.
 
 The expected kernels below were worked out by hand from the conditions in the
-mlx source (ml-explore/mlx, tags v0.31.2 = 68cf2fddd8de, v0.32.0 = 7a1d4f5c12ac,
+mlx source (ml-explore/mlx, tags v0.31.1 (CUDA only), v0.31.2 = 68cf2fddd8de, v0.32.0 = 7a1d4f5c12ac,
 v0.32.1 = 3a6219917e45, v0.30.5 = adcbb91a9e23):
 mlx/backend/metal/matmul.cpp (Matmul::eval_gpu, gemv_wide_config,
 steel_matmul_axpby, steel_gemm_splitk_axpby), mlx/backend/metal/quantized.cpp
@@ -112,6 +112,7 @@ EXPECTED = {
     ("sm80", "0.32.1", Q4_640_2048): runs((1, 7, "cuda_qmv"), (8, 33, "cuda_qmm")),
     ("sm90", "0.32.1", Q4_640_2048): runs((1, 7, "cuda_qmv"), (8, 33, "cuda_qmm")),
     ("sm90", "0.30.5", Q4_640_2048): runs((1, 33, "unsupported")),  # "QMM NYI" for affine before v0.31.1
+    ("sm80", "0.31.1", Q4_640_2048): runs((1, 33, "cuda_qmv")),  # v0.31.1: only qmm_sm90 or qmv, any M
 }
 
 

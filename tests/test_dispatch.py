@@ -146,6 +146,11 @@ def test_dispatch_parameters_match_worked_examples(capsys):
     # qmm_splitk at K=640, N=2048: split 5 (partition 128) up to 32 rows, 2 at 33.
     recs = {r["T"]: r["params"] for r in _dispatch_json(capsys, "M1", "0.32.1", *Q4_640_2048, ts="14,33")}
     assert [(recs[t]["split_k"], recs[t]["partition_size"]) for t in (14, 33)] == [(5, 128), (2, 320)]
+    # sdpa_vector_2pass on 's': 64 blocks, 128 once gqa * q_len > 4 with more than 1024 keys (Gemma 3: gqa 4),
+    # so decode (T=1) and a 2-token verify split the keys differently.
+    recs = {r["T"]: r["params"] for r in _dispatch_json(capsys, "M3 Max", "0.32.1", "sdpa",
+                                                       ("--head-dim", "256", "--kv-len", "2048"), ts="1,2")}
+    assert [recs[t]["blocks"] for t in (1, 2)] == [64, 128]
 
 
 EXPECTED_CHIPS = {  # record -> (name, backend, gen, size, nax)

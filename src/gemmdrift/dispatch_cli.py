@@ -35,7 +35,8 @@ def add_parser(sub) -> None:
     s.add_argument("--dtype", default="bfloat16", choices=DTYPES, help="default bfloat16")
     s.add_argument("--K", type=int, help="inner dimension (matmul, quantized_matmul)")
     s.add_argument("--N", type=int, help="output columns: rows of W (matmul, quantized_matmul)")
-    s.add_argument("--ts", default="1-33", help="row counts T (query length for sdpa), e.g. 1-33 or 1,2,16 (default 1-33)")
+    s.add_argument("--ts", default="1-33",
+                   help="row counts T (query length for sdpa), e.g. 1-33 or 1,2,16 (default 1-33)")
     s.add_argument("--mlx", help="mlx release whose source decides (default: the installed mlx)")
     g = s.add_argument_group("quantized_matmul")
     g.add_argument("--bits", type=int, help="bits per weight (default mlx's for the mode: affine 4)")
@@ -140,5 +141,6 @@ def cmd_dispatch(args) -> int:
         r["note"] = "; ".join(n for n in r["note"].split("; ") if n and n not in common)
         params = " ".join(f"{k}={v}" for k, v in r["params"].items()
                           if k not in ("bits", "group_size", "mode", "head_dim", "v_head_dim", "k_len"))
-        print(f"T={r['T']:>4}  {r['kernel']:<22} {params:<48} {r['source']}" + (f"  [{r['note']}]" if r["note"] else ""))
+        note = f"  [{r['note']}]" if r["note"] else ""
+        print(f"T={r['T']:>4}  {r['kernel']:<22} {params:<48} {r['source']}{note}")
     return 0

@@ -24,7 +24,8 @@ def macos_version() -> str | None:
 
 
 def backend_wheels() -> dict[str, dict[str, str | None]]:
-    """Every installed mlx backend wheel: ``{"mlx-metal": {"version": "0.32.4", "tag": "cp311-cp311-macosx_26_0_arm64"}}``.
+    """Every installed mlx backend wheel, e.g.
+    ``{"mlx-metal": {"version": "0.32.4", "tag": "cp311-cp311-macosx_26_0_arm64"}}``.
 
     All of them, because mlx-cpu and an mlx-cuda wheel can share one
     environment (both own mlx/lib/libmlx.so: the last installed wins).

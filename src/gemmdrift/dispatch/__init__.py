@@ -162,7 +162,8 @@ def label(choice: Choice) -> str:
         return "sdpa_full_nax (head-dim split)"
     if k == "cuda_qmm":
         return f"qmm_{p['variant']}"
-    return {"steel_gemm": "steel GEMM", "steel_gemm_nax": "steel NAX GEMM", "steel_gemm_splitk_nax": "steel NAX split-K",
+    return {"steel_gemm": "steel GEMM", "steel_gemm_nax": "steel NAX GEMM",
+            "steel_gemm_splitk_nax": "steel NAX split-K",
             "sdpa_unfused": "unfused (matmul, softmax, matmul)", "sdpa_full_nax": "sdpa_full_nax",
             "cuda_gemv": "gemv", "cublaslt": "cuBLASLt (heuristic algorithm)", "cuda_qmv": "qmv",
             "cuda_fp_qmv": "fp_qmv", "cudnn_sdpa": "cuDNN SDPA", "cuda_sdpa_vector": "sdpa_vector",
@@ -201,13 +202,15 @@ def _lookup(backend: str, op: str) -> str:
 def _shape_args(op: str, T: int, shape: dict[str, Any]) -> dict[str, Any]:
     try:
         if op == "sdpa":
-            return {"T": T, "K": int(shape["k_len"]), "N": int(shape["head_dim"]), "dtype": shape.get("dtype", "bfloat16"),
+            return {"T": T, "K": int(shape["k_len"]), "N": int(shape["head_dim"]),
+                    "dtype": shape.get("dtype", "bfloat16"),
                     "n_heads": shape["n_heads"], "n_kv_heads": shape["n_kv_heads"],
                     **{k: shape[k] for k in ("v_head_dim", "causal", "tf32") if k in shape}}
         out = {"T": T, "K": int(shape["K"]), "N": int(shape["N"]), "dtype": shape.get("dtype", "bfloat16"),
                **({"tf32": shape["tf32"]} if "tf32" in shape else {})}
         if op == "quantized_matmul":
-            out.update(mode=shape.get("mode", "affine"), bits=shape.get("bits", 4), group_size=shape.get("group_size", 64))
+            out.update(mode=shape.get("mode", "affine"), bits=shape.get("bits", 4),
+                       group_size=shape.get("group_size", 64))
         return out
     except KeyError as e:
         raise GemmdriftError(f"dispatch for {op} needs the shape parameter {e.args[0]}") from None

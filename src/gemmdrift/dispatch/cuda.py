@@ -88,7 +88,8 @@ def sdpa(chip: Chip, q_len: int, k_len: int, head_dim: int, n_heads: int, n_kv_h
     """
     c = _sdpa(chip, q_len, k_len, head_dim, n_heads, n_kv_heads, v_head_dim, causal)
     if version < (0, 32, 2):
-        return Choice(c.kernel, c.params, c.source, "; ".join(filter(None, (c.note, "CUDA sdpa rule read at 846d176 only"))))
+        note = "; ".join(filter(None, (c.note, "CUDA sdpa rule read at 846d176 only")))
+        return Choice(c.kernel, c.params, c.source, note)
     return c
 
 

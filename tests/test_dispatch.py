@@ -264,3 +264,17 @@ def test_environment_record_helpers():
     assert metal_generation("applegpu_g15g") == "M3 (base/Pro)" and metal_generation("applegpu_g14d") == "M2 (Ultra)"
     wheels = platforminfo.backend_wheels()  # this machine: the mlx-cpu wheel, with its tag
     assert all(set(w) == {"version", "tag"} for w in wheels.values())
+
+
+def test_device_record_asks_device_info_for_the_device_in_use(monkeypatch):
+    # mlx 0.30.4-0.31.1 bind device_info's default argument at import: the record must pass the device.
+    import mlx.core as mx
+
+    from gemmdrift import envinfo
+
+    real, calls = mx.device_info, []
+    monkeypatch.setattr(mx, "device_info", lambda *a, **k: calls.append(a) or real(*a, **k))  # a spy on the real call
+    rec = envinfo.device_record()
+    assert calls == [(mx.default_device(),)]
+    # memory from the backend's own key (None on the CPU, which reports none)
+    assert rec["memory_bytes"] == platforminfo.device_memory(dict(real(mx.default_device())), rec["backend"])

@@ -60,10 +60,10 @@ def _splitk_nax(M: int, N: int, K: int, version: Version) -> dict[str, int]:
 
 
 def _gemm_nax(chip: Chip, M: int, N: int, K: int, version: Version) -> dict[str, int]:
-    # steel_matmul_regular_axpby_nax: 128/128/512/4/4; from v0.31.2 's', 'c', 'd' take bm 64, wm 2 and bk 64
+    # steel_matmul_regular_axpby_nax: 128/128/512/4/4; from v0.31.1 's', 'c', 'd' take bm 64, wm 2 and bk 64
     # (K >= 8192 and K > M + N) or 256.
     t = {"bm": 128, "bn": 128, "bk": 512, "wm": 4, "wn": 4}
-    if version >= (0, 31, 2) and chip.size in ("s", "c", "d"):
+    if version >= (0, 31, 1) and chip.size in ("s", "c", "d"):
         t.update(bm=64, wm=2, bk=64 if K >= 8192 and K > M + N else 256)
     return t
 

@@ -278,3 +278,12 @@ def test_device_record_asks_device_info_for_the_device_in_use(monkeypatch):
     assert calls == [(mx.default_device(),)]
     # memory from the backend's own key (None on the CPU, which reports none)
     assert rec["memory_bytes"] == platforminfo.device_memory(dict(real(mx.default_device())), rec["backend"])
+
+
+def test_choices_compare_and_hash_by_value():
+    m1 = chip_named("M1")
+    kw = dict(op="matmul", K=2048, N=1024, dtype="bfloat16", mlx_version="0.32.1")
+    same = {choose(m1, T=t, **kw) for t in range(2, 33)}  # one split-K configuration (P=4) for T = 2..32
+    assert len(same) == 1 and choose(m1, T=33, **kw) not in same
+    with pytest.raises(TypeError):
+        next(iter(same)).params["partitions"] = 2  # read-only

@@ -118,7 +118,10 @@ def records(args) -> tuple[list[dict[str, Any]], str]:
             shape.update(bits=args.bits, group_size=args.group_size, mode=args.mode)
         what = f"{args.op} {args.dtype} K={args.K} N={args.N}"
         if args.op == "quantized_matmul":
-            what += f" {args.mode} bits={args.bits or 'default'} group_size={args.group_size or 'default'}"
+            from .dispatch import QUANT_DEFAULTS
+
+            bits, group = QUANT_DEFAULTS.get(args.mode, (None, None))
+            what += f" {args.mode} bits={args.bits or bits} group_size={args.group_size or group}"
     out = []
     for t in ts:
         c = choose(chip, args.op, T=t, dtype=args.dtype, mlx_version=version, tf32=not args.no_tf32, **shape)

@@ -51,6 +51,7 @@ from .metal import qmv_batch_limit
 CPU_NOTE = _cpu.ROW_INVARIANT + (" (Linux x86_64): mlx/backend/cpu/gemms/simd_gemm.h walks K in the same order "
                                  "for every row, fp32 uses cblas_sgemm, mlx/backend/cpu/quantized.cpp loops rows "
                                  "one by one")
+DTYPES = ("bfloat16", "float16", "float32")
 # mlx's quantization defaults per mode (quantization_params_from_mode in mlx/ops.cpp): (bits, group size).
 QUANT_DEFAULTS = {"affine": (4, 64), "nvfp4": (4, 16), "mxfp4": (4, 32), "mxfp8": (8, 32)}
 
@@ -96,6 +97,8 @@ def choose(chip: Chip, op: str, *, T: int, K: int, N: int, dtype: str, mlx_versi
         raise GemmdriftError(f"unknown op {op!r} (known: {', '.join(OPS)})")
     if chip.backend not in BACKENDS:
         raise GemmdriftError(f"unknown backend {chip.backend!r} (known: {', '.join(BACKENDS)})")
+    if dtype not in DTYPES:
+        raise GemmdriftError(f"unknown dtype {dtype!r} (known: {', '.join(DTYPES)})")
     if T < 1 or K < 1 or N < 1:
         raise GemmdriftError(f"T, K and N must be positive, got T={T}, K={K}, N={N}")
     version = _version(mlx_version)
@@ -306,7 +309,7 @@ def cuda_sdpa_kernel(q_len: int, k_len: int, head_dim: int, n_heads: int, n_kv_h
 
 __all__ = ["Chip", "Choice", "Threshold", "CHIPS", "DEFAULT_CHIP", "SIZE_LABEL", "CPU_LINUX_X86", "CPU_OTHER",
            "CPU_NOTE", "BACKENDS", "OPS", "MIRROR_REVISION", "MIRROR_VERSION", "VERIFIED_FROM", "TAGS_READ",
-           "QUANT_DEFAULTS", "chip_from_env", "chip_named", "describe_chip", "choose", "label", "kernel_for",
+           "QUANT_DEFAULTS", "DTYPES", "chip_from_env", "chip_named", "describe_chip", "choose", "label", "kernel_for",
            "thresholds", "resolve_chip", "parse_version", "qmv_batch_limit", "metal_matmul_kernel",
            "metal_qmm_kernel", "metal_sdpa_kernel", "cuda_matmul_kernel", "cuda_qmm_kernel", "cuda_sdpa_kernel",
            "METAL_MATMUL", "METAL_QUANTIZED", "METAL_SDPA", "METAL_DEVICE", "CUDA_MATMUL", "CUDA_GEMV",

@@ -32,7 +32,8 @@ RANKS = {
     "legacy": 13,
     "store": 14,
     "report": 15,
-    "suite": 16, "dispatch_cli": 16,
+    "suite": 16,
+    "dispatch_cli": 16,
     "cli": 17, "__main__": 18, "": 19,  # "" is the package itself (gemmdrift/__init__.py)
 }
 

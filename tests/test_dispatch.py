@@ -287,3 +287,27 @@ def test_choices_compare_and_hash_by_value():
     assert len(same) == 1 and choose(m1, T=33, **kw) not in same
     with pytest.raises(TypeError):
         next(iter(same)).params["partitions"] = 2  # read-only
+
+
+def test_dispatch_from_a_recorded_environment(tmp_path, capsys):
+    # A results directory (meta.json with "env") and a bare record both name the chip and the mlx release.
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "meta.json").write_text(json.dumps({"format": 1, "kind": "kernels", "env": RECORDS["M5"],
+                                                            "inputs": {}}))
+    (tmp_path / "m1.json").write_text(json.dumps(RECORDS["M1"]))  # mlx 0.31.2 recorded
+    recs = _dispatch_json_env(capsys, str(tmp_path / "run"), *DENSE_640_2048)
+    assert {r["T"]: r["kernel"] for r in recs} == EXPECTED[("M5", "0.32.1", DENSE_640_2048)]
+    assert recs[0]["chip"] == "M5" and recs[0]["mlx"] == "0.32.1"
+    recs = _dispatch_json_env(capsys, str(tmp_path / "m1.json"), *Q4_640_2048)
+    assert {r["T"]: r["kernel"] for r in recs} == EXPECTED[("M1", "0.31.2", Q4_640_2048)]
+    (tmp_path / "odd.json").write_text(json.dumps(RECORDS["unknown Metal architecture"]))
+    for path, words in ((tmp_path / "odd.json", "is not one the dispatch rules can read"),
+                        (tmp_path / "missing", "no such file"), (tmp_path, "no such file")):
+        assert cli.main(["dispatch", "--env", str(path), "--K", "640", "--N", "2048"]) == 2
+        err = capsys.readouterr().err.strip()
+        assert words in err and len(err.splitlines()) == 1
+
+
+def _dispatch_json_env(capsys, path: str, op: str, flags) -> list[dict]:
+    assert cli.main(["dispatch", "--env", path, "--op", op, *flags, "--ts", "1-33", "--json"]) == 0
+    return json.loads(capsys.readouterr().out)

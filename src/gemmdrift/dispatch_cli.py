@@ -4,6 +4,7 @@ Pure lookup (:func:`gemmdrift.dispatch.choose`): no mlx import, no model, so
 it answers for any chip from any machine. Example::
 
     gemmdrift dispatch --chip M3 --op matmul --dtype bfloat16 --K 640 --N 2048 --ts 1-33 --mlx 0.31.2
+    gemmdrift dispatch --env results/kernels --K 640 --N 2048     # the chip and mlx of that run's record
 
 Shapes: ``matmul`` is ``x (T, K) @ W.T`` with W (N, K) (nn.Linear, no bias);
 ``quantized_matmul`` the same with W quantized (``--bits``, ``--group-size``,
@@ -29,8 +30,11 @@ def add_parser(sub) -> None:
     from .dispatch import CHIPS, OPS
 
     s = sub.add_parser("dispatch", help="which kernel mlx dispatches per T on a chip (read from the mlx source)")
-    s.add_argument("--chip", required=True,
-                   help=f"{', '.join(CHIPS)}, or an architecture such as applegpu_g15s or sm_86")
+    who = s.add_mutually_exclusive_group(required=True)
+    who.add_argument("--chip", help=f"{', '.join(CHIPS)}, or an architecture such as applegpu_g15s or sm_86")
+    who.add_argument("--env", metavar="PATH",
+                     help="the chip (and mlx release) of a recorded environment: a results directory, its "
+                          "meta.json, or the output of `gemmdrift env --json`")
     s.add_argument("--op", default="matmul", choices=OPS, help="default matmul")
     s.add_argument("--dtype", default="bfloat16", choices=DTYPES, help="default bfloat16")
     s.add_argument("--K", type=int, help="inner dimension (matmul, quantized_matmul)")
@@ -85,17 +89,45 @@ def parse_ts(text: str) -> list[int]:
     return out
 
 
+def chip_of_record(path: str):
+    """(Chip, mlx version or None) of the environment recorded at ``path`` (see ``--env``); one-line errors."""
+    from pathlib import Path
+
+    from .dispatch import chip_from_env
+    from .files import read_object
+
+    p = Path(path)
+    if p.is_dir():
+        p = p / "meta.json"
+    if not p.is_file():
+        raise GemmdriftError(f"--env {path}: no such file (give a results directory, its meta.json, or a file "
+                             "written by `gemmdrift env --json`)")
+    obj = read_object(p)
+    env = obj.get("env") if isinstance(obj.get("env"), dict) and "backend" not in obj else obj
+    if "backend" not in env:
+        raise GemmdriftError(f"--env {p}: no environment record in it (no 'backend')")
+    chip = chip_from_env(env)
+    if chip is None:
+        raise GemmdriftError(f"--env {p}: {env.get('backend')} architecture {env.get('architecture')!r} is not one "
+                             "the dispatch rules can read: no prediction")
+    return chip, env.get("mlx")
+
+
 def records(args) -> tuple[list[dict[str, Any]], str]:
     """One record per T (T, kernel, label, params, source, note, chip, mlx), and a header line."""
     from dataclasses import replace
 
     from .dispatch import chip_named, choose, describe_chip, label, parse_version
 
-    chip = chip_named(args.chip)
+    recorded_mlx = None
+    if args.env:
+        chip, recorded_mlx = chip_of_record(args.env)
+    else:
+        chip = chip_named(args.chip)
     if args.no_nax:
         chip = replace(chip, nax=False, note="NAX off (--no-nax)")
     ts = parse_ts(args.ts)
-    version = args.mlx or installed_mlx()
+    version = args.mlx or recorded_mlx or installed_mlx()
     parse_version(version)
     shape: dict[str, Any]
     if args.op == "sdpa":

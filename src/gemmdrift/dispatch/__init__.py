@@ -115,7 +115,7 @@ def choose(chip: Chip, op: str, *, T: int, K: int, N: int, dtype: str, mlx_versi
     if version > MIRROR_VERSION:
         return Choice(choice.kernel, choice.params, choice.source,
                       _join(choice.note, f"mlx {'.'.join(map(str, version))} is newer than the source read "
-                                         f"({MIRROR_REVISION}): its rules"))
+                                         f"({MIRROR_REVISION}): the rules read there are used"))
     return choice
 
 

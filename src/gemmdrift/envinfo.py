@@ -136,6 +136,7 @@ def select_device(name: str | None) -> None:
         return
     if name == "cpu":
         mx.set_default_device(mx.cpu)
+        _warn_generation_stream()
         return
     if name != "gpu":
         from .errors import GemmdriftError
@@ -147,6 +148,27 @@ def select_device(name: str | None) -> None:
 
         raise GemmdriftError("no GPU backend in this mlx (neither Metal nor CUDA is available): use --device cpu")
     mx.set_default_device(mx.gpu)
+    _warn_generation_stream()
+
+
+def generation_stream_warning(stream_device, device) -> str | None:
+    """The warning for mlx-lm's generation stream on ``stream_device`` while gemmdrift computes on ``device``."""
+    if stream_device is None or stream_device == device:
+        return None
+    return (f"mlx_lm.generate was imported before the device was selected: its generation stream runs on "
+            f"{stream_device}, not {device} (generate_step, speculative decoding and BatchGenerator stay there); "
+            "select the device before importing mlx_lm")
+
+
+def _warn_generation_stream() -> None:
+    # mlx-lm creates its stream at import (mx.new_stream / new_thread_local_stream(mx.default_device())).
+    import mlx.core as mx
+
+    gen = sys.modules.get("mlx_lm.generate")
+    stream = getattr(gen, "generation_stream", None)
+    msg = generation_stream_warning(getattr(stream, "device", None), mx.default_device())
+    if msg:
+        print(f"gemmdrift: warning: {msg}", file=sys.stderr, flush=True)
 
 
 def environment() -> dict[str, Any]:

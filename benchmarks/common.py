@@ -65,7 +65,9 @@ BENCH_SIZES = {
                 kernel_ts=(1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 24, 32, 33, 64, 128, 512),
                 kernel_paths=("model", "dense:float16", "dense:float32", "quant:affine-q4-g64",
                               "quant:affine-q8-g64", "emulated:splitk4"),
-                kernel_rows=64, diverge_prompt=1000, diverge_n=128),
+                kernel_rows=64, diverge_prompt=1000, diverge_n=128,
+                # The GPU kernel probe's FLOP budget (the CPU's default 2e9 cut the LM head at T=4).
+                flop_budget=1e12),
 }
 
 

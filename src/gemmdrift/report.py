@@ -174,6 +174,11 @@ def _kernels_part(d: Path, env: dict[str, Any]) -> tuple[list[Block], list[str]]
     if ops and all(op["max_ulp"] == 0 for op in ops):
         reading.append(f"Ops {', '.join(dict.fromkeys(op['op'] for op in ops))}: bit-identical rows at every query "
                        "length probed.")
+    from .kernels import describe_skipped
+
+    skipped = describe_skipped(_result(d).tables.get("skipped"))
+    if skipped:
+        blocks.append(("p", skipped))  # a sweep cut by its budget says where
     return blocks, reading
 
 

@@ -156,3 +156,10 @@ class Probes:
 
 # The parts of Probes, longest first (the order they start in).
 PROBE_PARTS = ("decode", "state", "diverge", "prefill", "kernels", "fingerprint", "ops")
+
+
+def on_gpu() -> bool:
+    """True when the benchmarks run on Metal or CUDA (the 'gpu' sizes): GPU timings warm up before they time."""
+    from gemmdrift import suite
+
+    return suite.default_sizes() == "gpu"

@@ -81,3 +81,50 @@ def test_a_budget_cut_sweep_says_what_it_left_out(tiny, tmp_path):
     from gemmdrift.report import build_report
 
     assert "Not measured (over the FLOP budget" in build_report(tmp_path)["markdown"].read_text()
+
+
+# ------------------------------------------------------------------ GPU timings warm up
+
+
+def test_tap_overhead_warms_up_on_a_gpu_only(monkeypatch, tiny):
+    from benchmarks import bench_overhead, common
+    from gemmdrift import taps
+
+    calls = []
+    monkeypatch.setattr(common, "model", lambda: tiny)
+    monkeypatch.setattr(suite, "stream", lambda lm, n: list(range(1, n + 1)))
+    monkeypatch.setattr(taps, "run_plain", lambda *a, **k: calls.append("plain"))
+    monkeypatch.setattr(taps, "run_schedule", lambda *a, **k: calls.append("tapped"))
+    bench = bench_overhead.TapOverhead()
+    monkeypatch.setattr(common, "on_gpu", lambda: False)
+    bench.setup(bench_overhead.SCHEDULES[0])
+    assert calls == []  # the CPU series is timed as it always was
+    monkeypatch.setattr(common, "on_gpu", lambda: True)
+    bench.setup(bench_overhead.SCHEDULES[0])
+    assert calls == ["plain", "tapped"]  # one untimed run of each body before the timed one
+    bench.time_tapped(bench_overhead.SCHEDULES[0])
+    assert calls[-1] == "tapped" and len(calls) == 3
+
+
+def test_the_batch_sweep_warms_every_batch_size_before_timing_it(monkeypatch, tiny):
+    from gemmdrift import batch
+
+    events = []
+    real_alone, real_batch = batch.generate_alone, batch.generate_batch
+
+    def alone(model, prompt, n, step):
+        events.append(("alone", n))
+        return real_alone(model, prompt, n, step)
+
+    def in_batch(model, prompts, n, **kw):
+        events.append(("batch", len(prompts), n))
+        return real_batch(model, prompts, n, **kw)
+
+    monkeypatch.setattr(batch, "generate_alone", alone)
+    monkeypatch.setattr(batch, "generate_batch", in_batch)
+    target, comps = [5, 6, 7, 8], [[9, 10, 11], [12, 13]]
+    batch.sweep(tiny, target, {"short": comps}, 3, batch_sizes=(1, 2), reference=False)
+    assert events[:2] == [("alone", 2), ("alone", 3)]  # two warm-up tokens (a decode step), then the timed run
+    timed = [e for e in events if e[0] == "batch"]
+    # Per B: one untimed 2-token batch, then the timed rows (first and last) with n=3.
+    assert timed == [("batch", 1, 2), ("batch", 1, 3), ("batch", 2, 2), ("batch", 2, 3), ("batch", 2, 3)]

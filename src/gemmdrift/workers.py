@@ -93,7 +93,7 @@ def _check_gpu_copies(lm, workers: int) -> None:
     check_copies(workers + 1, weights, budget, what, f"--workers {workers}")
 
 
-def _init(recipe: dict[str, Any], tf32_off: bool, device: str) -> None:
+def _init(recipe: dict[str, Any], tf32_off: bool, device: tuple[str, int]) -> None:
     global _LM
     import mlx.core as mx
 

@@ -18,9 +18,15 @@ MAKE = shutil.which("make")
 needs_make = pytest.mark.skipif(MAKE is None, reason="no make on PATH")
 
 
+def _clean_env() -> dict[str, str]:
+    """This environment without what an outer `make BACKEND=... test` exports (command-line variables, MAKEFLAGS)."""
+    return {k: v for k, v in os.environ.items()
+            if k not in ("PYTHON", "PYTHONS", "BACKEND", "VENV", "MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
+
+
 def _make(args, path_dir, tmp_path):
     """`make -n ...` with only ``path_dir`` (planted interpreters) and the system tools on PATH."""
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHON", "BACKEND", "VENV", "MAKEFLAGS", "MFLAGS")}
+    env = _clean_env()
     env["PATH"] = f"{path_dir}:/usr/bin:/bin"
     return subprocess.run([MAKE, "-C", str(ROOT), *args, f"VENV={tmp_path / 'venv'}"], env=env,
                           capture_output=True, text=True, timeout=60)
@@ -102,7 +108,7 @@ def test_the_macos_check_wants_14(monkeypatch, platform_, mac, ok):
 def test_each_backend_has_its_venv_extra_and_asv_config(backend, venv_extra, config):
     if sys.platform != "linux":
         pytest.skip("the backend extras are Linux's")
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHON", "BACKEND", "VENV", "MAKEFLAGS")}
+    env = _clean_env()
     args = [MAKE, "-C", str(ROOT), "-n", "-B", "bench"] + ([f"BACKEND={backend}"] if backend else [])
     out = subprocess.run(args, env=env, capture_output=True, text=True, timeout=60).stdout
     venv = ".venv" if venv_extra == "cpu" else f".venv-{venv_extra}"
@@ -112,8 +118,8 @@ def test_each_backend_has_its_venv_extra_and_asv_config(backend, venv_extra, con
 
 @needs_make
 def test_an_unknown_backend_is_refused_in_one_line():
-    r = subprocess.run([MAKE, "-C", str(ROOT), "-n", "test", "BACKEND=rocm"], capture_output=True, text=True,
-                       timeout=60)
+    r = subprocess.run([MAKE, "-C", str(ROOT), "-n", "test", "BACKEND=rocm"], env=_clean_env(), capture_output=True,
+                       text=True, timeout=60)
     assert r.returncode != 0 and "BACKEND=rocm is not a backend" in r.stderr
 
 

@@ -20,6 +20,7 @@ RANKS = {
     "errors": 0, "defaults": 0, "files": 1, "text": 1, "metrics": 1, "schedules": 1, "dispatch": 4, "checks": 1, "prompts": 2,
     "envinfo": 1,
     "platforminfo": 0, "dispatch.base": 1, "dispatch.chips": 2, "dispatch.metal": 2, "dispatch.cuda": 2, "dispatch.cpu": 3,
+    "backends": 0, "memory": 1,
     "result": 2, "gguf_gemma": 2,
     "models": 3,
     "taps": 4, "workers": 4,

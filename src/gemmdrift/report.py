@@ -174,6 +174,11 @@ def _kernels_part(d: Path, env: dict[str, Any]) -> tuple[list[Block], list[str]]
     if ops and all(op["max_ulp"] == 0 for op in ops):
         reading.append(f"Ops {', '.join(dict.fromkeys(op['op'] for op in ops))}: bit-identical rows at every query "
                        "length probed.")
+    from .kernels import describe_skipped
+
+    skipped = describe_skipped(_result(d).tables.get("skipped"))
+    if skipped:
+        blocks.append(("p", skipped))  # a sweep cut by its budget says where
     return blocks, reading
 
 
@@ -526,15 +531,36 @@ CHROMIUM_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic
                   "--hide-scrollbars")
 
 
-def screenshot(html: str | Path, png: str | Path, width: int = 1200, height: int = 9000) -> Path:
-    """Render a report page in headless Chromium (Debian's ``chromium``) and save a PNG of it."""
+# Where macOS keeps the browsers (they are app bundles, not on PATH).
+MAC_BROWSERS = ("/Applications/Google Chrome.app/Contents/MacOS/Google Chrome",
+                "/Applications/Chromium.app/Contents/MacOS/Chromium")
+
+
+def find_chromium(which=None, home: str | Path | None = None, exists=None) -> str | None:
+    """A Chromium-family browser: on PATH (``chromium``, ``chromium-browser``, ``google-chrome``), then the macOS app
+    bundles in /Applications and ~/Applications. ``which``/``exists`` are for tests (shutil.which, os.path.isfile)."""
+    import os
     import shutil
+
+    which = which or shutil.which
+    exists = exists or (lambda p: os.path.isfile(p) and os.access(p, os.X_OK))
+    found = next((which(n) for n in ("chromium", "chromium-browser", "google-chrome") if which(n)), None)
+    if found:
+        return found
+    home = Path(home) if home is not None else Path.home()
+    bundles = [*MAC_BROWSERS, *(str(home / p.lstrip("/")) for p in MAC_BROWSERS)]
+    return next((p for p in bundles if exists(p)), None)
+
+
+def screenshot(html: str | Path, png: str | Path, width: int = 1200, height: int = 9000) -> Path:
+    """Render a report page in headless Chromium (Debian's ``chromium``; Chrome or Chromium on macOS) and save a PNG."""
     import subprocess
     import tempfile
 
-    exe = next((shutil.which(n) for n in ("chromium", "chromium-browser", "google-chrome") if shutil.which(n)), None)
+    exe = find_chromium()
     if exe is None:
-        raise GemmdriftError("no Chromium found (on Debian: apt-get install chromium)")
+        raise GemmdriftError("no Chromium found (on Debian: apt-get install chromium; on macOS: install Google Chrome "
+                             "or Chromium in /Applications)")
     png = Path(png)
     with tempfile.TemporaryDirectory() as profile, files.atomic_path(png) as tmp:
         r = subprocess.run([exe, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", f"--screenshot={tmp}",

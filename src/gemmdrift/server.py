@@ -394,12 +394,13 @@ def _prompt_ids(lm, prompt: str | list[dict], reply: Reply, what: str) -> list[i
 def run_cases(lm, model_dir: str | os.PathLike, prompt: str, n: int, *, cases: Sequence[str] = ("draft",
               "concurrent", "conversation"), draft_dir: str | os.PathLike | None = None, num_draft: int = 2,
               companions: Sequence[str] = (), follow_up: str = "\n\nContinue in one sentence:", triage: bool = True,
-              progress=None) -> list[StreamPair]:
+              progress=None, reload=None) -> list[StreamPair]:
     """Run the server cases on one prompt; return one :class:`StreamPair` per case.
 
     ``lm`` is gemmdrift's model on the same checkpoint in the server's dtype
     (the triage teacher-forces with it); ``draft_dir`` None makes the default
-    re-quantized draft (only when the draft case runs).
+    re-quantized draft (only when the draft case runs). ``reload``: called once after the servers stopped,
+    before the triage, when ``lm``'s weights were freed while they ran (only its tokenizer is used until then).
     """
     from .diverge import first_divergence
     from .diverge import triage as run_triage
@@ -449,6 +450,8 @@ def run_cases(lm, model_dir: str | os.PathLike, prompt: str, n: int, *, cases: S
             pairs.append(StreamPair("draft", "no draft", f"draft, {num_draft} tokens", ids, plain_alone.tokens,
                                     spec.tokens, PLAIN_SCHEDULE, f"prefill:{PREFILL_STEP},verify:{num_draft}",
                                     plain_alone.seconds, spec.seconds, notes={"draft": str(draft_dir)}))
+    if reload is not None and triage and pairs:
+        reload()
     for p in pairs:
         p.first_divergence = first_divergence(p.tokens_a, p.tokens_b)
         if triage and p.tokens_a and p.tokens_b:
@@ -515,6 +518,7 @@ def measure_server(source: str, prompt: str, n: int, *, cases: Sequence[str] = (
         raise GemmdriftError(f"--draft {draft}: not an mlx-lm directory")
     model_dir = checkpoint_dir(source)
     dtype = stored_dtype(model_dir)
+    plan = _memory_plan(model_dir, dtype, draft if "draft" in cases else None, "draft" in cases)  # before any load
     lm = load_model(str(model_dir), dtype=dtype)
     if lm.tokenizer is None:
         raise GemmdriftError(f"{model_dir} has no tokenizer: the server needs one")
@@ -523,8 +527,13 @@ def measure_server(source: str, prompt: str, n: int, *, cases: Sequence[str] = (
     generate_plain(lm.model, ids, 1, prefill_step=PREFILL_STEP)  # untimed: the lazy weights load on the first pass
     ref = generate_plain(lm.model, ids, n, prefill_step=PREFILL_STEP)
     say(f"in-process generate: {len(ref.tokens)} tokens in {ref.seconds:.1f} s")
+    reload = None
+    if plan[0] == "free":
+        say(f"freeing gemmdrift's copy of the model while the servers run: two copies would not fit {plan[1]}; "
+            "it is loaded again for the triage")
+        reload = _free_weights(lm, lambda: load_model(str(model_dir), dtype=dtype).model)
     pairs = run_cases(lm, model_dir, prompt, n, cases=cases, draft_dir=draft, num_draft=num_draft,
-                      companions=companions, follow_up=follow_up, triage=triage, progress=say)
+                      companions=companions, follow_up=follow_up, triage=triage, progress=say, reload=reload)
     env = environment()
     rows, frame_rows = [], []
     for p in pairs:
@@ -562,6 +571,35 @@ def measure_server(source: str, prompt: str, n: int, *, cases: Sequence[str] = (
     return Result(kind="server", inputs=inputs, env=env,
                   frame=tidy(frame_rows, model=lm.description.source, dtype=dtype, **env_labels(env)),
                   figures=figures, tables={"server": table}, details=details)
+
+
+def _memory_plan(model_dir: Path, dtype: str, draft: str | None, with_draft: bool) -> tuple[str, str]:
+    """(:func:`gemmdrift.memory.server_plan`, the budget's name) from the checkpoints' sizes on disk."""
+    from . import memory
+
+    target = memory.checkpoint_bytes(model_dir)
+    bits = {"float32": 32, "bfloat16": 16, "float16": 16}[dtype]
+    draft_bytes = 0
+    if with_draft:  # the default draft is a 4-bit re-quantized copy, perhaps not made yet
+        draft_bytes = memory.checkpoint_bytes(draft) if draft else memory.quantized_bytes(target, bits)
+    budget, what = memory.device_budget()
+    return memory.server_plan(target, draft_bytes, budget, what), what
+
+
+def _free_weights(lm, load):
+    """Drop ``lm``'s weights (its tokenizer and description stay) and return the function that loads them again."""
+    import gc
+
+    import mlx.core as mx
+
+    lm.model = None
+    gc.collect()
+    mx.clear_cache()  # the freed buffers go back to the system, not to mlx's cache
+
+    def reload() -> None:
+        lm.model = load()
+
+    return reload
 
 
 def pd_frame(rows):

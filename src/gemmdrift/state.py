@@ -662,8 +662,9 @@ def _synthetic_kv(n: int, heads: int = 1, dim: int = 64, seed: int = 0):
     import mlx.core as mx
 
     mx.random.seed(seed)
-    k = mx.random.normal((1, heads, n, dim)).astype(mx.bfloat16)
-    v = mx.random.normal((1, heads, n, dim)).astype(mx.bfloat16)
+    # On the CPU stream: the same keys and values on every device (a GPU's erfinv may differ in the last bits).
+    k = mx.random.normal((1, heads, n, dim), stream=mx.cpu).astype(mx.bfloat16)
+    v = mx.random.normal((1, heads, n, dim), stream=mx.cpu).astype(mx.bfloat16)
     mx.eval(k, v)
     return k, v
 

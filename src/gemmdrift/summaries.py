@@ -209,8 +209,10 @@ def print_kernels(df: pd.DataFrame) -> str:
     return "\n".join(lines).lstrip("\n")
 
 
-SUMMARIES["kernels"] = lambda r: kernels_summary(r.tables["kernels"])
-TEXTS["kernels"] = lambda r: print_kernels(r.tables["kernels"])
+SUMMARIES["kernels"] = lambda r: {**kernels_summary(r.tables["kernels"]),
+                                   **({"skipped": r.tables["skipped"].to_dict("records")} if "skipped" in r.tables else {})}
+TEXTS["kernels"] = lambda r: "\n".join(filter(None, [print_kernels(r.tables["kernels"]),
+                                                     kernels.describe_skipped(r.tables.get("skipped"))]))
 
 
 

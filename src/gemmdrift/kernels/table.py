@@ -146,6 +146,42 @@ def ops_thresholds(df: pd.DataFrame, env: Mapping[str, Any],
     return ({"sdpa": sorted(marks)} if marks else {}), origin
 
 
+# ------------------------------------------------------------------ T values not measured
+
+SKIPPED_COLUMNS = ["layer", "projection", "path", "K", "N", "T"]
+
+
+def skipped_table(df: pd.DataFrame, ts) -> pd.DataFrame:
+    """The requested block sizes a projection and path did not measure (over the FLOP budget or max_t):
+    one row per (layer, projection, path, T); empty when every unit measured every T."""
+    df = normalize(df) if len(df) else df
+    proj = df[~is_op(df)] if len(df) else df
+    want = sorted({int(t) for t in ts})
+    rows = []
+    for (layer, name, path), s in proj.groupby(["layer", "projection", "path"], sort=False):
+        have = set(s["T"].astype(int))
+        rows += [{"layer": int(layer), "projection": name, "path": path, "K": int(s["K"].iloc[0]),
+                  "N": int(s["N"].iloc[0]), "T": t} for t in want if t not in have]
+    return pd.DataFrame(rows, columns=SKIPPED_COLUMNS)
+
+
+def describe_skipped(skipped: pd.DataFrame | None) -> str | None:
+    """One sentence naming the T values not measured per projection (and the paths, when not all of them)."""
+    if skipped is None or not len(skipped):
+        return None
+    paths = sorted(set(skipped["path"]))
+    parts = []
+    for name, s in skipped.groupby("projection", sort=False):
+        by_ts: dict[tuple[int, ...], set[str]] = {}
+        for path, g in s.groupby("path", sort=False):
+            by_ts.setdefault(tuple(sorted(set(g["T"].astype(int)))), set()).add(path)
+        for ts, ps in by_ts.items():
+            where = "" if ps == set(paths) else f" ({', '.join(sorted(ps))})"
+            parts.append(f"{name} T={','.join(map(str, ts))}{where}")
+    return ("Not measured (over the FLOP budget per projection and path, or above max T): " + "; ".join(parts)
+            + ".")
+
+
 # ------------------------------------------------------------------ the Result
 
 
@@ -186,7 +222,11 @@ def kernels_result(df: pd.DataFrame, inputs: Mapping[str, Any], env: Mapping[str
                  .assign(mode=df["path"].map(lambda p: "emulated" if str(p).startswith("emulated") else "real")
                          if len(df) else []),
                  **env_labels(env), model=model.get("source", "") if isinstance(model, dict) else str(model))
+    tables = {"kernels": df}
+    skipped = skipped_table(df, inputs["ts"]) if inputs.get("ts") else None
+    if skipped is not None and len(skipped):
+        tables["skipped"] = skipped  # the requested T values the FLOP budget or max T left out
     return Result(kind="kernels", inputs=dict(inputs), env=dict(env), frame=frame, figures=kernel_figures(df),
-                  tables={"kernels": df})
+                  tables=tables)
 
-__all__ = ["block_drift", "TABLE_COLUMNS", "OP_NAMES", "worst_over_t", "is_op", "normalize", "plot_thresholds", "ops_thresholds", "kernel_figures", "kernels_result"]
+__all__ = ["skipped_table", "describe_skipped", "SKIPPED_COLUMNS", "block_drift", "TABLE_COLUMNS", "OP_NAMES", "worst_over_t", "is_op", "normalize", "plot_thresholds", "ops_thresholds", "kernel_figures", "kernels_result"]

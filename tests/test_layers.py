@@ -21,7 +21,7 @@ RANKS = {
     "envinfo": 1,
     "result": 2, "gguf_gemma": 2,
     "models": 3,
-    "taps": 4, "workers": 4,
+    "taps": 4, "workers": 4, "checkpoint": 4,
     # measurements: each returns a Result
     "kernels.capture": 5, "kernels.paths": 6, "kernels.table": 7, "kernels.ops": 8, "kernels.runs": 9,
     "kernels": 10, "stack": 5, "diverge": 5, "history": 5,
@@ -30,7 +30,7 @@ RANKS = {
     "summaries": 12, "plots": 12,
     "legacy": 13,
     "store": 14,
-    "report": 15,
+    "report": 15, "interrupts": 15,
     "suite": 16,
     "cli": 17, "__main__": 18, "": 19,  # "" is the package itself (gemmdrift/__init__.py)
 }

@@ -16,7 +16,11 @@ from .errors import GemmdriftError
 
 
 def check_out_dir(out: str | Path) -> Path:
-    """Fail early (before any computation) when ``out`` cannot become a results directory."""
+    """Fail early (before any computation) when ``out`` cannot become a results directory.
+
+    The directory is made and a temporary file written in it and removed: ``os.access`` alone says
+    yes to root on /proc, a read-only mount or a full disk, and the work would be lost at the end.
+    """
     out = Path(out)
     probe = out
     while not probe.exists():
@@ -27,11 +31,76 @@ def check_out_dir(out: str | Path) -> Path:
         raise GemmdriftError(f"--out {out}: {probe} is a file, not a directory")
     if probe.exists() and not os.access(probe, os.W_OK | os.X_OK):
         raise GemmdriftError(f"--out {out}: {probe} is not writable")
+    import tempfile
+
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".gemmdrift-probe-", dir=out)
+        os.close(fd)
+        os.unlink(tmp)
+    except OSError as e:
+        raise GemmdriftError(f"--out {out}: cannot write there ({e.strerror or e})") from None
     return out
 
 
+def check_choices(text: str | None, flag: str, choices: Sequence[str]) -> list[str] | None:
+    """A comma-separated list of names from ``choices`` ('a,b'); an empty one ('', ',') is refused.
+
+    None (flag not given) stays None.
+    """
+    if text is None:
+        return None
+    names = [x.strip() for x in text.split(",") if x.strip()]
+    if not names:
+        raise GemmdriftError(f"{flag}: give at least one of {', '.join(choices)}")
+    return names
+
+
+# Requests one server case sends at once: a batch of at most 64, as `gemmdrift batch --batch-sizes` allows
+# (each request is a thread and a row of the server's batch; 100000 of them exhaust the threads).
+MAX_COMPANIONS = 63
+
+
+def check_companions(n: int) -> None:
+    if n < 1 or n > MAX_COMPANIONS:
+        raise GemmdriftError(f"--companions must be between 1 and {MAX_COMPANIONS} (with the prompt, a batch of at "
+                             f"most {MAX_COMPANIONS + 1} concurrent requests, as --batch-sizes allows), got {n}")
+
+
+# Fingerprint probes: a call holds K x max(N, T) values in float64, float32 and the compute dtype at once
+# (about 24 bytes each, and 9 more per probe term); 2**25 of them is about 1 GiB.
+MAX_PROBE_TERMS = 2 ** 25
+
+
+def check_probe_size(k: int, n: int, ts: Sequence[int], flag: str = "--k") -> None:
+    """Refuse a fingerprint whose probes would not fit in memory (before anything is allocated)."""
+    width = max([n, *ts])
+    if k * width > MAX_PROBE_TERMS:
+        gib = k * width * 33 / 2 ** 30
+        raise GemmdriftError(
+            f"{flag} {k:,} with --n {n:,} and T up to {max(ts):,}: a probe call holds K x max(N, T) = {k * width:,} "
+            f"values in float64, float32 and the compute dtype (about {gib:,.1f} GiB); at most {MAX_PROBE_TERMS:,} "
+            "(about 1 GiB): lower --k or --n")
+
+
+def check_draw_k(draw_k: int) -> None:
+    """--draw-k follows --k's rule (a reduction needs at least 2 terms); 0 skips the small-K draw."""
+    if draw_k < 0 or draw_k == 1:
+        raise GemmdriftError(f"--draw-k must be 0 (skip) or at least 2 (a reduction needs at least 2 terms), "
+                             f"got {draw_k}")
+
+
+def check_tokens(tokens: int | None) -> None:
+    """--tokens N (the first N tokens of the prompt): at least 2, checked whether or not a prompt is given."""
+    if tokens is not None and tokens < 2:
+        raise GemmdriftError(f"--tokens must be at least 2, got {tokens}")
+
+
 def check_envelope(value: float | None, flag: str = "--envelope") -> None:
-    """An envelope (max |Δgap|, logits) is a finite, non-negative number, or None (measure it)."""
+    """An envelope (max |Δgap|, logits) is a finite, non-negative number, or None (measure it).
+
+    The one rule of every command's --envelope (state, triage, diverge): 0 is allowed (only bit-identical
+    logits are inside), inf, nan and negative values are refused."""
     if value is None:
         return
     if not math.isfinite(value) or value < 0:

@@ -58,8 +58,11 @@ def _precheck(args) -> None:
     checks.check_out_dir(args.out)
     if hasattr(args, "prompt"):
         checks.check_prompt_args(args.prompt, args.prompt_file, args.prompt_ids)
-        if args.tokens is not None and args.tokens < 2:
-            raise GemmdriftError(f"--tokens must be at least 2, got {args.tokens}")
+        checks.check_tokens(args.tokens)
+        if args.prompt_ids is not None:  # syntax and emptiness now; the vocabulary once the model says it
+            from .prompts import read_token_ids
+
+            read_token_ids(args.prompt_ids)
     if getattr(args, "envelope", None) is not None:
         checks.check_envelope(args.envelope)
 
@@ -371,24 +374,25 @@ def cmd_state(args) -> int:
     from . import state, store, summaries
     from .models import describe
 
-    ops = [o.strip() for o in args.ops.split(",") if o.strip()]
+    from .checks import check_choices, check_envelope
+
+    ops = check_choices(args.ops, "--ops", state.OPERATIONS)
     for o in ops:
         if o not in state.OPERATIONS:
             raise GemmdriftError(f"--ops: unknown operation {o!r} (choose from {', '.join(state.OPERATIONS)})")
-    where = [w.strip() for w in args.where.split(",") if w.strip()] if args.where is not None else None
+    where = check_choices(args.where, "--where", state.WHERE)
     for w in where or []:
         if w not in state.WHERE:
             raise GemmdriftError(f"--where: unknown prefix position {w!r} (choose from {', '.join(state.WHERE)})")
     ks = parse_ints(args.k, "--k") if args.k is not None else None
     if ks is not None and (min(ks) < 1 or max(ks) > 8):
         raise GemmdriftError("--k: draft counts must be between 1 and 8")
-    caches = [c.strip() for c in args.caches.split(",")] if args.caches else None
+    caches = [c.strip() for c in args.caches.split(",")] if args.caches is not None else None
     known = set(state.KNOWN_CLASSES) | {"QuantizedKVCache"}
     for c in caches or []:
         if c not in known:
             raise GemmdriftError(f"--caches: unknown cache class {c!r} (known: {', '.join(sorted(known))})")
-    if args.envelope is not None and not args.envelope > 0:
-        raise GemmdriftError(f"--envelope must be positive, got {args.envelope}")
+    check_envelope(args.envelope)
     if args.compute_limit is not None and args.compute_limit < 1:
         raise GemmdriftError(f"--compute-limit must be positive, got {args.compute_limit}")
     if args.workers is not None and args.workers < 1:
@@ -398,7 +402,7 @@ def cmd_state(args) -> int:
     print(f"gemmdrift state: {describe(lm.description)}", file=sys.stderr)
     r = state.measure_state(lm, operations=ops, where=where, ks=ks, ladder=not args.no_ladder,
                             envelope=args.envelope, compute_limit=args.compute_limit, caches=caches,
-                            workers=args.workers)
+                            workers=args.workers, checkpoint=out)
     written = store.write_result(r, out)
     _emit(args, summaries.summary(r), summaries.text(r) + f"\n\nwritten to {out}/ "
           f"({', '.join(sorted(p.name for p in written.values()))})")
@@ -501,14 +505,18 @@ def cmd_fingerprint(args) -> int:
     ts = parse_ints(args.ts, "--ts") or [1]
     if min(ts) < 1:
         raise GemmdriftError(f"--ts: block sizes must be positive, got {min(ts)}")
-    if args.draw_k < 0:
-        raise GemmdriftError(f"--draw-k must be 0 or more, got {args.draw_k}")
+    from .checks import check_draw_k, check_probe_size
+
+    check_draw_k(args.draw_k)
+    check_probe_size(args.k, args.n, ts)  # memory, before exactness (encoding_for) and any allocation
+    if args.draw_k:
+        check_probe_size(args.draw_k, args.n, [1], "--draw-k")
     for text in paths:  # every input error before any computation
         fingerprint.check_path(fingerprint.parse_path(text), args.k, args.n, args.window)
     store.check_out_dir(args.out)
     select_device(args.device)
     result = fingerprint.measure(paths, K=args.k, ts=ts, N=args.n, window=args.window, draw_k=args.draw_k,
-                                 env=environment(), progress=lambda m: print(m, file=sys.stderr))
+                                 env=environment(), progress=lambda m: print(m, file=sys.stderr), checkpoint=args.out)
     store.write_result(result, args.out)
     _emit(args, summaries.summary(result), summaries.text(result) + f"\n\nwritten to {Path(args.out)}/")
     return 0
@@ -554,7 +562,7 @@ def cmd_batch(args) -> int:
         raise GemmdriftError("--long-tokens must be at least 2")
     if args.prompts is not None and args.prompts != "builtin":
         raise GemmdriftError("--prompts: only 'builtin' (each built-in prompt as the target in turn)")
-    store.check_out_dir(args.out)
+    _precheck(args)  # out, prompt sources, --tokens, token files: before the model loads
     lm = _load(args)
     if lm.tokenizer is None:
         raise GemmdriftError("gemmdrift batch builds its companion prompts from text: the model needs a tokenizer")
@@ -568,6 +576,10 @@ def cmd_batch(args) -> int:
         ids, label = _tokens(args, lm) if any(x is not None for x in (args.prompt, args.prompt_file, args.prompt_ids)) \
             else (lm.tokenizer.encode(builtin_prompts()[0]), "built-in prompt 0")
         targets, exclude = {"target": ids}, (args.prompt or builtin_prompts()[0])
+    from .checks import check_length
+
+    for tl, ids in targets.items():
+        check_length(lm.description, len(ids) + args.n, f"the prompt {tl!r} with --n {args.n}")
     comps = _batch_companions(lm, names, exclude, long_tokens, max(sizes) - 1)
     ladder_lm = None
     if args.ladder:
@@ -576,7 +588,8 @@ def cmd_batch(args) -> int:
         ladder_lm = load_model(args.model, dtype="float32")
     r = measure_batch(lm, targets, comps, args.n, batch_sizes=sizes, rows=args.rows, ladder_lm=ladder_lm,
                       reference=not args.no_reference, progress=lambda m: print("  " + m, file=sys.stderr, flush=True),
-                      inputs={"long_tokens": long_tokens}, layers=args.layers)
+                      inputs={"long_tokens": long_tokens}, layers=args.layers,
+                      checkpoint=args.out)
     _write_and_print(args, r, args.out, note="(streams/*.json feed `gemmdrift triage`)")
     return 0
 
@@ -589,8 +602,11 @@ def cmd_server(args) -> int:
     cases = [c.strip() for c in args.cases.split(",") if c.strip()]
     if not cases or set(cases) - {"draft", "concurrent", "conversation"}:
         raise GemmdriftError(f"--cases: draft, concurrent, conversation (got {args.cases!r})")
-    if args.n <= 0 or args.num_draft <= 0 or args.companions < 1:
-        raise GemmdriftError("--n, --num-draft and --companions must be positive")
+    if args.n <= 0 or args.num_draft <= 0:
+        raise GemmdriftError("--n and --num-draft must be positive")
+    from .checks import check_companions
+
+    check_companions(args.companions)
     if args.model.startswith("shape:"):
         raise GemmdriftError("the server needs a real checkpoint: 'embedded', a Gemma 3 .gguf or an mlx-lm directory")
     if args.draft is not None and not Path(args.draft).expanduser().is_dir():
@@ -604,11 +620,13 @@ def cmd_server(args) -> int:
             raise GemmdriftError(f"cannot read prompt file {args.prompt_file}: {e}") from None
     else:
         prompt = args.prompt if args.prompt is not None else builtin_text("essay")
+    if not prompt.strip():
+        raise GemmdriftError(f"{'--prompt-file ' + args.prompt_file if args.prompt_file else '--prompt'} is empty")
     store.check_out_dir(args.out)
     companions = (builtin_prompts() * args.companions)[: args.companions]
     r = measure_server(args.model, prompt, args.n, cases=cases, draft=args.draft, num_draft=args.num_draft,
                        companions=companions, triage=not args.no_triage,
-                       progress=lambda m: print("  " + m, file=sys.stderr, flush=True))
+                       progress=lambda m: print("  " + m, file=sys.stderr, flush=True), checkpoint=args.out)
     _write_and_print(args, r, args.out, note="(streams/*.json feed `gemmdrift triage`)")
     return 0
 
@@ -796,8 +814,10 @@ def main(argv: list[str] | None = None) -> int:
     except GemmdriftError as e:
         print(f"gemmdrift: error: {e}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("gemmdrift: interrupted (finished results are kept; rerun to resume)", file=sys.stderr)
+    except KeyboardInterrupt as e:
+        from .interrupts import on_interrupt
+
+        print(on_interrupt(args, e), file=sys.stderr)
         return 130
 
 

@@ -114,4 +114,5 @@ def test_the_cli_defaults_are_the_library_defaults():
     sig = inspect.signature(diverge.diverge).parameters
     assert (d.k, d.prefill_a, d.prefill_b) == (sig["k"].default, sig["prefill_a"].default, sig["prefill_b"].default)
     assert p.parse_args(["gate"]).threshold == history.GATE_THRESHOLD
-    assert p.parse_args(["triage", "--stream-a", "a", "--stream-b", "b"]).schedule_b == defaults.SCHEDULE_SPECULATIVE
+    # triage: the schedule written in the stream file, else defaults.SCHEDULE_SPECULATIVE (cmd_triage, issue 25)
+    assert p.parse_args(["triage", "--stream-a", "a", "--stream-b", "b"]).schedule_b is None

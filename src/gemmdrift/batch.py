@@ -63,12 +63,10 @@ import numpy as np
 
 from . import metrics
 from .errors import GemmdriftError
+from .prompts import BATCH_SCHEDULE  # a batch row's schedule in its stream file (`gemmdrift triage` reads it)
 
 PLAIN = "prefill:2048,decode"
 REFERENCE = "prefill:2048,verify:2"
-# A stream file's schedule for a batch row ("batch:B4,row3,prefill:2048,decode"): no single-sequence schedule
-# reproduces it, which `gemmdrift triage` says when it reads one (checks.BATCH_SCHEDULE).
-BATCH_SCHEDULE = "batch:"
 IDENTICAL, NEAR_TIE, OUTSIDE = "IDENTICAL", "NEAR-TIE", "OUTSIDE ENVELOPE"
 
 

@@ -18,8 +18,9 @@ from .errors import GemmdriftError
 def check_out_dir(out: str | Path) -> Path:
     """Fail early (before any computation) when ``out`` cannot become a results directory.
 
-    The directory is made and a temporary file written in it and removed: ``os.access`` alone says
-    yes to root on /proc, a read-only mount or a full disk, and the work would be lost at the end.
+    The directory is made and a temporary file written in it, then both removed again (a refusal that
+    follows leaves nothing behind): ``os.access`` alone says yes to root on /proc or a read-only mount,
+    and the work would be lost at the end.
     """
     out = Path(out)
     probe = out
@@ -33,6 +34,7 @@ def check_out_dir(out: str | Path) -> Path:
         raise GemmdriftError(f"--out {out}: {probe} is not writable")
     import tempfile
 
+    made = [p for p in [out, *out.parents] if not p.exists()]
     try:
         out.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=".gemmdrift-probe-", dir=out)
@@ -40,6 +42,12 @@ def check_out_dir(out: str | Path) -> Path:
         os.unlink(tmp)
     except OSError as e:
         raise GemmdriftError(f"--out {out}: cannot write there ({e.strerror or e})") from None
+    finally:
+        for p in made:  # deepest first; the command makes them again when it writes
+            try:
+                p.rmdir()
+            except OSError:
+                break
     return out
 
 
@@ -190,14 +198,25 @@ def split_release(label: str) -> tuple[str, str]:
     return mlx, lm
 
 
-def check_gate_versions(candidate: str | None, baseline: str | None) -> None:
-    """Refuse to gate a release against itself: that comparison passes whatever the release does."""
+def check_gate_versions(candidate: str | None, baseline: str | None) -> str | None:
+    """Refuse to gate a release against itself: that comparison passes whatever the release does. Returns a
+    warning (to print) when the baseline is newer than the candidate."""
     def key(v: str) -> tuple:
         return tuple(tuple(int(x) if x.isdigit() else 0 for x in part.split(".")) for part in split_release(v))
 
     if candidate is not None and baseline is not None and key(candidate) == key(baseline):
         raise GemmdriftError(f"--candidate {candidate} and --baseline {baseline} are the same release: "
                              "comparing a release with itself proves nothing")
+    if candidate is not None and baseline is not None and key(baseline) > key(candidate):
+        return (f"warning: --baseline {baseline} is newer than --candidate {candidate}: the gate then asks whether "
+                "the older release regressed from the newer one (swap them to gate the newer release)")
+    return None
+
+
+def check_threshold(value: float) -> None:
+    """gate --threshold: a finite non-negative fraction (inf would pass every growth but one from exactly 0)."""
+    if not (math.isfinite(value) and value >= 0):
+        raise GemmdriftError(f"--threshold must be a finite non-negative fraction (0.05 = 5%), got {value}")
 
 
 def check_vocab(ids: Sequence[int], vocab_size: int | None, source: str = "token ids") -> list[int]:

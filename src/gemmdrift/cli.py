@@ -133,7 +133,8 @@ def _write_and_print(args, result, out, note: str = "") -> None:
     from . import store, summaries
 
     written = store.write_result(result, out)
-    files = [p.name for k, p in written.items() if k not in ("frame", "figures", "marker", "details")]
+    files = [p.relative_to(out).as_posix() if p.is_relative_to(Path(out)) else p.name  # streams/x.json, not x.json
+             for k, p in written.items() if k not in ("frame", "figures", "marker", "details")]
     names = ", ".join(files if len(files) <= 12 else files[:10] + [f"and {len(files) - 10} more"])
     _emit(args, summaries.summary(result), summaries.text(result) + f"\n\nwritten to {Path(out)}/ ({names})"
           + (f"\n{note}" if note else ""))
@@ -330,16 +331,17 @@ def cmd_diverge(args) -> int:
 
 def cmd_triage(args) -> int:
     from .checks import check_length
-    from .prompts import read_stream
-    from .schedules import parse_schedule
+    from .prompts import read_stream, stream_schedule
 
     # The stream files, schedules and flags are read and checked before the model loads.
     pa, sa = read_stream(args.stream_a)
     pb, sb = read_stream(args.stream_b)
     if pa is not None and pb is not None and pa != pb:
         raise GemmdriftError("the two stream files have unequal prompts")
-    parse_schedule(args.schedule_a)
-    parse_schedule(args.schedule_b)
+    args.schedule_a, why_a = stream_schedule(args.schedule_a, args.stream_a, D.SCHEDULE_PLAIN, "--schedule-a")
+    args.schedule_b, why_b = stream_schedule(args.schedule_b, args.stream_b, D.SCHEDULE_SPECULATIVE, "--schedule-b")
+    print(f"gemmdrift triage: stream A under {args.schedule_a} ({why_a}); stream B under {args.schedule_b} "
+          f"({why_b})", file=sys.stderr)
     _precheck(args)
 
     from .diverge import measure_triage
@@ -463,11 +465,12 @@ def cmd_history(args) -> int:
 
 
 def cmd_gate(args) -> int:
-    from .checks import check_gate_versions, check_out_dir
+    from .checks import check_gate_versions, check_out_dir, check_threshold
 
-    if not args.threshold >= 0:
-        raise GemmdriftError(f"--threshold must be a non-negative fraction, got {args.threshold}")
-    check_gate_versions(args.candidate, args.baseline)
+    check_threshold(args.threshold)
+    warning = check_gate_versions(args.candidate, args.baseline)
+    if warning:
+        print(f"gemmdrift gate: {warning}", file=sys.stderr)
     if args.out:
         check_out_dir(args.out)
     from . import files
@@ -698,8 +701,10 @@ def build_parser() -> argparse.ArgumentParser:
     _add_prompt(s)
     s.add_argument("--stream-a", required=True, help="stream file (from `diverge`, or a JSON list / whitespace-separated ids)")
     s.add_argument("--stream-b", required=True, help="the other stream file")
-    s.add_argument("--schedule-a", default=D.SCHEDULE_PLAIN, help="how stream A was computed (default: mlx-lm generate)")
-    s.add_argument("--schedule-b", default=D.SCHEDULE_SPECULATIVE, help="how stream B was computed (default: speculative, K=2)")
+    s.add_argument("--schedule-a", help="how stream A was computed (default: the schedule its file names, else "
+                                        f"mlx-lm generate, {D.SCHEDULE_PLAIN})")
+    s.add_argument("--schedule-b", help="how stream B was computed (default: the schedule its file names, else "
+                                        f"speculative, {D.SCHEDULE_SPECULATIVE})")
     s.add_argument("--envelope", type=float, help="use this envelope instead of measuring it on the shared prefix")
     _add_output(s, "results/triage")
     s.set_defaults(func=cmd_triage)
@@ -732,7 +737,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=cmd_run)
 
     s = sub.add_parser("report", help="one page (HTML and markdown) from a results directory: tables, figures, reading")
-    s.add_argument("dir", help="a results directory: the output of run, stack, kernels, diverge, triage or history")
+    s.add_argument("dir", help="a results directory: the output of run, stack, kernels, diverge, triage, history, "
+                               "state, batch, server or fingerprint")
     s.add_argument("--screenshot", action="store_true",
                    help="also render the page in headless Chromium to report_page.png (checks that it displays)")
     s.add_argument("--json", action="store_true")

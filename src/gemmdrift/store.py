@@ -100,8 +100,16 @@ def _read_json(path: Path) -> Any:
 read_object = files.read_object
 
 
+# Text columns whose values can look like numbers: a tree digest such as '8041e123...' reads back as inf.
+TEXT_COLUMNS = {"fingerprints": ("fingerprint",)}
+
+
 def _read_csv(path: Path) -> pd.DataFrame:
     try:
+        text = TEXT_COLUMNS.get(path.stem, ())
+        if text:
+            head = pd.read_csv(path, nrows=0).columns
+            return pd.read_csv(path, converters={c: str for c in text if c in head})
         return pd.read_csv(path)
     except pd.errors.EmptyDataError:
         return pd.DataFrame()  # an empty table is written as an empty file

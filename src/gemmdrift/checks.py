@@ -51,17 +51,32 @@ def check_out_dir(out: str | Path) -> Path:
     return out
 
 
-def check_choices(text: str | None, flag: str, choices: Sequence[str]) -> list[str] | None:
-    """A comma-separated list of names from ``choices`` ('a,b'); an empty one ('', ',') is refused.
-
-    None (flag not given) stays None.
-    """
+def check_choices(text: str | None, flag: str, choices: Sequence[str], what: str) -> list[str] | None:
+    """A comma-separated list of names from ``choices`` ('a,b'); an empty one ('', ',') or an unknown name
+    is refused. None (flag not given) stays None."""
     if text is None:
         return None
     names = [x.strip() for x in text.split(",") if x.strip()]
     if not names:
         raise GemmdriftError(f"{flag}: give at least one of {', '.join(choices)}")
+    for x in names:
+        if x not in choices:
+            raise GemmdriftError(f"{flag}: unknown {what} {x!r} (choose from {', '.join(choices)})")
     return names
+
+
+def read_prompt_text(text: str | None, text_file: str | None) -> str | None:
+    """The prompt text of --prompt or --prompt-file (not both), refused when empty; None when neither."""
+    if text is not None and text_file is not None:
+        raise GemmdriftError("give only one of --prompt and --prompt-file")
+    if text_file is not None:
+        try:
+            text = Path(text_file).expanduser().read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            raise GemmdriftError(f"cannot read prompt file {text_file}: {e}") from None
+    if text is not None and not text.strip():
+        raise GemmdriftError(f"{'--prompt-file ' + text_file if text_file else '--prompt'} is empty")
+    return text
 
 
 # Requests one server case sends at once: a batch of at most 64, as `gemmdrift batch --batch-sizes` allows
@@ -96,6 +111,33 @@ def check_draw_k(draw_k: int) -> None:
     if draw_k < 0 or draw_k == 1:
         raise GemmdriftError(f"--draw-k must be 0 (skip) or at least 2 (a reduction needs at least 2 terms), "
                              f"got {draw_k}")
+
+
+def check_fingerprint_sizes(k: int, n: int, ts: Sequence[int], draw_k: int) -> None:
+    """--k, --n and --draw-k of `fingerprint`, from memory (exactness is fingerprint.check_path's)."""
+    check_draw_k(draw_k)
+    check_probe_size(k, n, ts)
+    if draw_k:
+        check_probe_size(draw_k, n, [1], "--draw-k")
+
+
+def check_batch_args(sizes: Sequence[int] | None, companions: str, n: int, long_tokens: int | None,
+                     prompts: str | None, tokens: int | None) -> list[str]:
+    """`gemmdrift batch`'s own flags (before the model loads); returns the companion set names."""
+    if not sizes or min(sizes) < 1 or max(sizes) > 64:
+        raise GemmdriftError("--batch-sizes: give sizes from 1 to 64, e.g. 1,2,4,8")
+    names = [c.strip() for c in companions.split(",") if c.strip()]
+    if not names or set(names) - {"short", "long"}:
+        raise GemmdriftError(f"--companions: short, long or short,long (got {companions!r})")
+    if n <= 0:
+        raise GemmdriftError(f"--n must be positive, got {n}")
+    if long_tokens is not None and long_tokens < 2:
+        raise GemmdriftError("--long-tokens must be at least 2")
+    if prompts is not None and prompts != "builtin":
+        raise GemmdriftError("--prompts: only 'builtin' (each built-in prompt as the target in turn)")
+    if prompts is not None and tokens is not None:
+        raise GemmdriftError("--tokens cuts one prompt: it does not apply to --prompts builtin")
+    return names
 
 
 def check_tokens(tokens: int | None) -> None:

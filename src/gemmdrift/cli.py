@@ -374,18 +374,11 @@ def _release(label: str) -> str:
 
 def cmd_state(args) -> int:
     from . import state, store, summaries
+    from .checks import check_choices, check_envelope
     from .models import describe
 
-    from .checks import check_choices, check_envelope
-
-    ops = check_choices(args.ops, "--ops", state.OPERATIONS)
-    for o in ops:
-        if o not in state.OPERATIONS:
-            raise GemmdriftError(f"--ops: unknown operation {o!r} (choose from {', '.join(state.OPERATIONS)})")
-    where = check_choices(args.where, "--where", state.WHERE)
-    for w in where or []:
-        if w not in state.WHERE:
-            raise GemmdriftError(f"--where: unknown prefix position {w!r} (choose from {', '.join(state.WHERE)})")
+    ops = check_choices(args.ops, "--ops", list(state.OPERATIONS), "operation")
+    where = check_choices(args.where, "--where", list(state.WHERE), "prefix position")
     ks = parse_ints(args.k, "--k") if args.k is not None else None
     if ks is not None and (min(ks) < 1 or max(ks) > 8):
         raise GemmdriftError("--k: draft counts must be between 1 and 8")
@@ -508,12 +501,9 @@ def cmd_fingerprint(args) -> int:
     ts = parse_ints(args.ts, "--ts") or [1]
     if min(ts) < 1:
         raise GemmdriftError(f"--ts: block sizes must be positive, got {min(ts)}")
-    from .checks import check_draw_k, check_probe_size
+    from .checks import check_fingerprint_sizes
 
-    check_draw_k(args.draw_k)
-    check_probe_size(args.k, args.n, ts)  # memory, before exactness (encoding_for) and any allocation
-    if args.draw_k:
-        check_probe_size(args.draw_k, args.n, [1], "--draw-k")
+    check_fingerprint_sizes(args.k, args.n, ts, args.draw_k)  # memory, before exactness and any allocation
     for text in paths:  # every input error before any computation
         fingerprint.check_path(fingerprint.parse_path(text), args.k, args.n, args.window)
     store.check_out_dir(args.out)
@@ -553,18 +543,10 @@ def cmd_batch(args) -> int:
     from .models import describe
     from .prompts import builtin_prompts
 
+    from .checks import check_batch_args, check_length
+
     sizes = parse_ints(args.batch_sizes, "--batch-sizes")
-    if not sizes or min(sizes) < 1 or max(sizes) > 64:
-        raise GemmdriftError("--batch-sizes: give sizes from 1 to 64, e.g. 1,2,4,8")
-    names = [c.strip() for c in args.companions.split(",") if c.strip()]
-    if not names or set(names) - {"short", "long"}:
-        raise GemmdriftError(f"--companions: short, long or short,long (got {args.companions!r})")
-    if args.n <= 0:
-        raise GemmdriftError(f"--n must be positive, got {args.n}")
-    if args.long_tokens is not None and args.long_tokens < 2:
-        raise GemmdriftError("--long-tokens must be at least 2")
-    if args.prompts is not None and args.prompts != "builtin":
-        raise GemmdriftError("--prompts: only 'builtin' (each built-in prompt as the target in turn)")
+    names = check_batch_args(sizes, args.companions, args.n, args.long_tokens, args.prompts, args.tokens)
     _precheck(args)  # out, prompt sources, --tokens, token files: before the model loads
     lm = _load(args)
     if lm.tokenizer is None:
@@ -576,11 +558,13 @@ def cmd_batch(args) -> int:
         targets = {f"p{i}": lm.tokenizer.encode(t) for i, t in enumerate(builtin_prompts())}
         exclude = ""
     else:
-        ids, label = _tokens(args, lm) if any(x is not None for x in (args.prompt, args.prompt_file, args.prompt_ids)) \
-            else (lm.tokenizer.encode(builtin_prompts()[0]), "built-in prompt 0")
+        given = any(x is not None for x in (args.prompt, args.prompt_file, args.prompt_ids))
+        ids, label = _tokens(args, lm) if given else (lm.tokenizer.encode(builtin_prompts()[0]), "built-in prompt 0")
+        if not given and args.tokens is not None:  # --tokens cuts the built-in prompt too: never ignored
+            if args.tokens > len(ids):
+                raise GemmdriftError(f"--tokens {args.tokens}: the built-in prompt has only {len(ids)} tokens")
+            ids = ids[: args.tokens]
         targets, exclude = {"target": ids}, (args.prompt or builtin_prompts()[0])
-    from .checks import check_length
-
     for tl, ids in targets.items():
         check_length(lm.description, len(ids) + args.n, f"the prompt {tl!r} with --n {args.n}")
     comps = _batch_companions(lm, names, exclude, long_tokens, max(sizes) - 1)
@@ -607,24 +591,15 @@ def cmd_server(args) -> int:
         raise GemmdriftError(f"--cases: draft, concurrent, conversation (got {args.cases!r})")
     if args.n <= 0 or args.num_draft <= 0:
         raise GemmdriftError("--n and --num-draft must be positive")
-    from .checks import check_companions
+    from .checks import check_companions, read_prompt_text
 
     check_companions(args.companions)
     if args.model.startswith("shape:"):
         raise GemmdriftError("the server needs a real checkpoint: 'embedded', a Gemma 3 .gguf or an mlx-lm directory")
     if args.draft is not None and not Path(args.draft).expanduser().is_dir():
         raise GemmdriftError(f"--draft {args.draft}: not an mlx-lm directory")
-    if args.prompt is not None and args.prompt_file is not None:
-        raise GemmdriftError("give only one of --prompt and --prompt-file")
-    if args.prompt_file is not None:
-        try:
-            prompt = Path(args.prompt_file).expanduser().read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as e:
-            raise GemmdriftError(f"cannot read prompt file {args.prompt_file}: {e}") from None
-    else:
-        prompt = args.prompt if args.prompt is not None else builtin_text("essay")
-    if not prompt.strip():
-        raise GemmdriftError(f"{'--prompt-file ' + args.prompt_file if args.prompt_file else '--prompt'} is empty")
+    prompt = read_prompt_text(args.prompt, args.prompt_file)
+    prompt = builtin_text("essay") if prompt is None else prompt
     store.check_out_dir(args.out)
     companions = (builtin_prompts() * args.companions)[: args.companions]
     r = measure_server(args.model, prompt, args.n, cases=cases, draft=args.draft, num_draft=args.num_draft,

@@ -1250,7 +1250,8 @@ def measure_state(lm, *, operations: Sequence[str] = tuple(OPERATIONS), where: S
             from .workers import run_jobs
 
             _progress(f"{len(todo)} processes share the sweep: " + "; ".join(", ".join(g) for g in todo))
-            run_jobs(lm, _sweep_job, [dict(args, operations=g, checkpoint=ck.spec()) for g in todo], n)
+            jobs = [dict(args, operations=g, checkpoint=ck.spec()) for g in todo]
+            saved.update(zip(todo, run_jobs(lm, _sweep_job, jobs, n)))  # each also saved its own checkpoint
         else:
             for g in todo:
                 saved[g] = _sweep(lm, g, setups=setups, **args)
@@ -1260,11 +1261,8 @@ def measure_state(lm, *, operations: Sequence[str] = tuple(OPERATIONS), where: S
         result = _state_result(lm, operations, where, ks, ladder, envelope, parts, n, env, t_start,
                                partial_inputs(len(parts), len(groups), "half of the sweep")) if parts else None
         raise Interrupted(result, len(parts), len(groups)) from None
-    parts = [saved[g] or ck.load("-".join(g), list(g)) for g in groups]
-    if any(p is None for p in parts):  # a worker's checkpoint could not be read back: the sweep is lost
-        raise GemmdriftError("a worker's finished half of the state sweep could not be read back from "
-                             f"{ck.dir}: rerun the same command")
-    return _state_result(lm, operations, where, ks, ladder, envelope, parts, n, env, t_start, {})
+    return _state_result(lm, operations, where, ks, ladder, envelope, [saved[g] for g in groups], n, env, t_start,
+                         {})
 
 
 def _state_result(lm, operations, where, ks, ladder, envelope, parts, n, env, t_start, extra) -> Result:

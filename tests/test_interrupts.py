@@ -98,6 +98,39 @@ def test_state_resumes_finished_half(tiny, tmp_path, monkeypatch):
     _same(again.tables["state"], whole.tables["state"])
 
 
+def test_state_resumes_finished_rollback_cells_with_their_ladder(tiny, tmp_path, monkeypatch):
+    """Within the rollback (the sweep's longest part) each setup x position cell is kept before the precision
+    ladder; a resumed cell still gets its float32 rerun, so the rows equal an uninterrupted sweep's. (A planted
+    cache that rounds on trim gives rows the ladder must judge; the sweep is called with its checkpoints.)"""
+    from gemmdrift import state
+    from gemmdrift.checkpoint import Checkpoints
+    from test_state import _kv_setup, _planted
+
+    _, _, rounds = _planted()
+    setups = [_kv_setup(rounds, "TrimRounds")]
+    kw = dict(where=("below", "past"), ks=(2,), setups=setups, ladder=True, envelope=None, compute_limit=None,
+              caches=None)
+    ck = Checkpoints(tmp_path, "state", tiny.description, "test")
+    said = []
+
+    def boom(msg):
+        said.append(msg)
+        if msg.startswith("rollback TrimRounds below"):  # the first of the two cells is done and saved
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(state, "_progress", boom)
+    with pytest.raises(KeyboardInterrupt):
+        state._sweep(tiny, ("rollback",), checkpoint=ck, **kw)
+    said.clear()
+    monkeypatch.setattr(state, "_progress", said.append)
+    again = state._sweep(tiny, ("rollback",), checkpoint=ck, **kw)
+    assert sum("done before (resumed)" in m for m in said) == 1
+    whole = state._sweep(tiny, ("rollback",), **kw)
+    t, w = pd.DataFrame(again["rows"]), pd.DataFrame(whole["rows"])
+    assert (w[w["where"] == "below"]["shrink"] >= 100).any()  # the resumed cell has rows the ladder judged
+    _same(t, w)
+
+
 def test_batch_resumes_finished_rows(tiny, tmp_path):
     from gemmdrift import batch
 

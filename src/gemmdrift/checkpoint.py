@@ -100,7 +100,9 @@ class Checkpoints:
     def save(self, unit: str, obj: Any, *unit_parts: Any) -> None:
         p = self.path(unit, *unit_parts)
         if p is not None:
-            files.write_json(p, {"unit": obj})
+            # Python's JSON with NaN and Infinity: a checkpoint is read back only here, and a resumed unit
+            # must be the unit computed (inf is not null), where result files keep strict JSON.
+            files.write_text(p, json.dumps({"unit": obj}, default=files._default, allow_nan=True) + "\n")
 
     def clear(self) -> None:
         """Drop the checkpoints once the whole Result is written (it holds everything they did)."""

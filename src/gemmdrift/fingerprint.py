@@ -1076,8 +1076,6 @@ def _measure_path(*, path: str, K: int, ts: list[int], N: int, window: int | Non
         unit = (f"{s.text}_T{T}", s.text, T, ts[0])
         saved = ck.load(*unit, check=lambda u: {"rows", "trees", "accum"} <= set(u))
         if saved is not None:
-            for r in saved["rows"]:  # JSON has no NaN: unrecovered rows come back with None
-                r.update({k: math.nan for k in ("tree_id", "depth") if r.get(k) is None})
             rows += saved["rows"]
             trees.update(saved["trees"])
             accum += saved["accum"]

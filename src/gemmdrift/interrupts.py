@@ -19,7 +19,8 @@ RESUMES = {
     "run": "finished parts are kept (done.json); rerun with the same --out to resume",
     "stack": "finished schedule runs are kept in {out}/checkpoint; rerun the same command to resume",
     "kernels": "finished units are kept in {out}/checkpoint; rerun the same command to resume",
-    "state": "finished operation families are kept in {out}/.checkpoints; rerun the same command to resume",
+    "state": ("finished rollback cells and halves of the sweep are kept in {out}/.checkpoints; rerun the same "
+              "command to resume"),
     "batch": "finished rows are kept in {out}/.checkpoints; rerun the same command to resume",
     "server": "finished cases are kept in {out}/.checkpoints; rerun the same command to resume",
     "fingerprint": "finished paths x T are kept in {out}/.checkpoints; rerun the same command to resume",

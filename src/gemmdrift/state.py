@@ -61,7 +61,7 @@ import os
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -990,9 +990,10 @@ def _progress(msg: str) -> None:
 
 def _sweep(lm, operations: Sequence[str], where: Sequence[str] | None, ks: Sequence[int] | None,
            setups: Sequence[Setup] | None, ladder: bool, envelope: float | None, compute_limit: int | None,
-           caches: Sequence[str] | None) -> dict[str, Any]:
+           caches: Sequence[str] | None, checkpoint=None) -> dict[str, Any]:
     """The cases of ``operations`` (arguments as :func:`measure_state`, validated): the table's rows in order,
-    and what the prefix cost."""
+    and what the prefix cost. ``checkpoint`` (:class:`gemmdrift.checkpoint.Checkpoints`): each rollback cell
+    (setup x prefix position, the sweep's longest part) is saved before the ladder and loaded on a rerun."""
     where_for = (lambda name: DEFAULT_WHERE.get(name, WHERE)) if where is None else (lambda name, w=tuple(where): w)
     where = tuple(WHERE) if where is None else tuple(where)
     ks_for = (lambda name: DEFAULT_KS.get(name, KS)) if ks is None else (lambda name, ks=tuple(ks): ks)
@@ -1040,6 +1041,16 @@ def _sweep(lm, operations: Sequence[str], where: Sequence[str] | None, ks: Seque
     if "rollback" in operations:
         for s, w, p in cells("rollback"):
             t0 = time.perf_counter()
+            saved = checkpoint.load("rollback-cell", s.name, w, p, check=lambda u: "cases" in u) if checkpoint else None
+            if saved is not None:  # the rows as judged before the ladder, and what the ladder needs to rerun them
+                mat = _material(prefix.tokens, p, 2 + max(KS) + CONTINUATION)
+                for c in saved["cases"]:
+                    add(c["row"], Diff(**c["diff"]), c["refused"], (lambda s=s, p=p, k=c["k"], r=c["r"], mat=mat:
+                                                                    _rollback_side(lm, s, prefix, p, mat, k, r,
+                                                                                   dtype=_f32())[0]))
+                _progress(f"rollback {s.name} {w} (prefix {p}): done before (resumed)")
+                continue
+            cell = []
             for c in rollback_cases(lm, s, prefix, p, ks_for(s.name)):
                 refused = c["r"] > 0 and c["trimmed"] < c["r"]
                 v, why, _ = judge(c["diff"], refused=refused,
@@ -1048,6 +1059,9 @@ def _sweep(lm, operations: Sequence[str], where: Sequence[str] | None, ks: Seque
                            k=c["k"], r=c["r"], trimmed=c["trimmed"], note=s.note)
                 add(row, c["diff"], refused, (lambda s=s, p=p, c=c: _rollback_side(
                     lm, s, prefix, p, c["mat"], c["k"], c["r"], dtype=_f32())[0]))
+                cell.append({"row": row, "diff": asdict(c["diff"]), "refused": refused, "k": c["k"], "r": c["r"]})
+            if checkpoint:
+                checkpoint.save("rollback-cell", {"cases": cell}, s.name, w, p)
             _progress(f"rollback {s.name} {w} (prefix {p}): {time.perf_counter() - t0:.1f} s")
 
     # b. trim, directly and through trim_prompt_cache (no model: synthetic keys, window 16)
@@ -1254,7 +1268,7 @@ def measure_state(lm, *, operations: Sequence[str] = tuple(OPERATIONS), where: S
             saved.update(zip(todo, run_jobs(lm, _sweep_job, jobs, n)))  # each also saved its own checkpoint
         else:
             for g in todo:
-                saved[g] = _sweep(lm, g, setups=setups, **args)
+                saved[g] = _sweep(lm, g, setups=setups, checkpoint=ck if ck.dir else None, **args)
                 ck.save("-".join(g), saved[g], list(g))
     except KeyboardInterrupt:
         parts = [p for p in (saved[g] or ck.load("-".join(g), list(g)) for g in groups) if p is not None]
@@ -1311,7 +1325,7 @@ def _sweep_job(lm, **kwargs) -> dict[str, Any]:
 
     ck = Checkpoints.from_spec(kwargs.pop("checkpoint", None))
     ops = kwargs.pop("operations")
-    part = _sweep(lm, ops, setups=None, **kwargs)
+    part = _sweep(lm, ops, setups=None, checkpoint=ck if ck.dir else None, **kwargs)
     ck.save("-".join(ops), part, list(ops))
     return part
 

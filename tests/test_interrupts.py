@@ -131,7 +131,7 @@ def test_state_resumes_finished_rollback_cells_with_their_ladder(tiny, tmp_path,
     _same(t, w)
 
 
-def test_batch_resumes_finished_rows(tiny, tmp_path):
+def test_batch_resumes_finished_rows(tiny, tmp_path, capsys):
     from gemmdrift import batch
 
     kw = dict(batch_sizes=(1, 2), reference=False)
@@ -149,8 +149,14 @@ def test_batch_resumes_finished_rows(tiny, tmp_path):
     assert sum("done before (resumed)" in m for m in log) == 2
     whole = batch.measure_batch(tiny, {"t": TARGET}, {"short": SHORT}, 4, **kw)
     _same(again.tables["batch"], whole.tables["batch"])
-    store.write_result(again, tmp_path, draw=False)
+    from argparse import Namespace
+
+    from gemmdrift import cli
+
+    cli._write_and_print(Namespace(json=False), again, tmp_path)
     assert not (tmp_path / ".checkpoints").exists()  # the whole Result holds them now
+    said = capsys.readouterr().out
+    assert "streams/batch_t_short_B1_r0_a.json" in said  # the listing names the streams/ directory
     pair = again.details["pairs"][-1]
     assert pair["schedule_b"] == "batch:B2,row1,prefill:2048,decode"  # what the row really ran
 

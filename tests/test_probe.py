@@ -264,7 +264,10 @@ def test_sigint_keeps_and_resumes_a_fingerprint(tmp_path):
     argv = [sys.executable, "-m", "gemmdrift", "fingerprint", "--paths", "matmul:float32,sum:float32", "--k", "256",
             "--ts", "1-6", "--n", "16", "--draw-k", "0", "--out", str(out)]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "src"), os.environ.get("PYTHONPATH", "")])}
-    p = subprocess.Popen(argv, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=env)
+    # SIGINT back to its default in the child: a runner started in the background ignores it, and Python then
+    # installs no KeyboardInterrupt handler
+    p = subprocess.Popen(argv, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=env,
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     done = 0
     for line in p.stderr:
         done += "tree(s)" in line

@@ -67,7 +67,7 @@ def test_asking_for_a_gpu_that_mlx_cannot_see():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("content,needle", [('[1, 2, "x"]', "not an integer"), ("[1, 999999]", "outside the vocabulary"),
-                                            ("", "no token ids"), ("[1, 2", "not a valid JSON"),
+                                            ("", "no token ids"), ("[1, 2", "not valid JSON"),
                                             ("1 2 x", "not an integer")])
 def test_bad_prompt_id_files(tmp_path, content, needle):
     f = tmp_path / "ids.json"

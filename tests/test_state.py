@@ -305,7 +305,8 @@ def test_cli_state_on_a_tiny_directory(tmp_path):
     (["--where", "inside"], "unknown prefix position"),
     (["--k", "0"], "draft counts"),
     (["--caches", "MagicCache"], "unknown cache class"),
-    (["--envelope", "-1"], "must be positive"),
+    (["--envelope", "-1"], "must be a finite non-negative"),  # checks.check_envelope, as triage (issue 25)
+    (["--envelope", "inf"], "must be a finite non-negative"),
     (["--workers", "0"], "--workers must be at least 1"),
 ])
 def test_cli_state_bad_input_is_one_line_before_loading(args, needle):

@@ -394,6 +394,8 @@ def _server_part(d: Path, env: dict[str, Any]) -> tuple[list[Block], list[str]]:
 
 PARTS["batch"] = _batch_part
 PARTS["server"] = _server_part
+# Every kind a page renders, for `report --help` and its errors (a gemmdrift run directory holds several).
+KINDS_READ = "run, stack, kernels, diverge, triage, history, state, batch, server or fingerprint"
 
 
 def _environment(d: Path, parts: list[tuple[Path, str]]) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -418,8 +420,7 @@ def report_blocks(d: str | Path) -> list[Block]:
         raise GemmdriftError(f"no such results directory: {d}")
     parts = find_parts(d)
     if not parts:
-        raise GemmdriftError(f"no gemmdrift results in {d} (expected the output of run, stack, kernels, diverge, "
-                             "triage or history)")
+        raise GemmdriftError(f"no gemmdrift results in {d} (expected the output of {KINDS_READ})")
     env, model = _environment(d, parts)
     head = []
     if model:
@@ -436,6 +437,12 @@ def report_blocks(d: str | Path) -> list[Block]:
         sections += [("h2", f"{i}. {title}" if len(parts) > 1 else title)]
         if p != d:
             sections.append(("p", f"From `{p.name}/`."))
+        part = _result(p).inputs.get("partial") if (p / store.MARKER).is_file() else None
+        if isinstance(part, dict):  # an interrupted command's finished units (gemmdrift.checkpoint)
+            note = (f"`{p.name}/` is **partial**: interrupted after {part.get('done')} of {part.get('total')} "
+                    f"{part.get('unit', 'units')}; rerun the same command with the same `--out` to resume it.")
+            sections.append(("p", note))
+            reading.append(note)
         sections += blocks + _figures(p, d, kind)
         reading += said
     if (d / "env.json").is_file():  # a `gemmdrift run` directory: say which parts are still missing

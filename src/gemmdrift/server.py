@@ -394,13 +394,16 @@ def _prompt_ids(lm, prompt: str | list[dict], reply: Reply, what: str) -> list[i
 def run_cases(lm, model_dir: str | os.PathLike, prompt: str, n: int, *, cases: Sequence[str] = ("draft",
               "concurrent", "conversation"), draft_dir: str | os.PathLike | None = None, num_draft: int = 2,
               companions: Sequence[str] = (), follow_up: str = "\n\nContinue in one sentence:", triage: bool = True,
-              progress=None, reload=None) -> list[StreamPair]:
+              progress=None, reload=None, checkpoint=None) -> list[StreamPair]:
     """Run the server cases on one prompt; return one :class:`StreamPair` per case.
 
     ``lm`` is gemmdrift's model on the same checkpoint in the server's dtype
     (the triage teacher-forces with it); ``draft_dir`` None makes the default
     re-quantized draft (only when the draft case runs). ``reload``: called once after the servers stopped,
     before the triage, when ``lm``'s weights were freed while they ran (only its tokenizer is used until then).
+    ``checkpoint``: a :class:`gemmdrift.checkpoint.Checkpoints`; each finished case (its requests, then
+    its triage) is saved there, and a case saved before is loaded: a server starts only for the cases
+    still to run.
     """
     from .diverge import first_divergence
     from .diverge import triage as run_triage
@@ -408,6 +411,15 @@ def run_cases(lm, model_dir: str | os.PathLike, prompt: str, n: int, *, cases: S
     say = progress or (lambda msg: None)
     pairs: list[StreamPair] = []
     companions = list(companions)
+    draft_key = str(draft_dir)  # as given: the default draft is made later, under the same key
+    unit = lambda case: (case, prompt, n, num_draft, draft_key, companions, follow_up)  # noqa: E731
+    done = {}
+    for case in cases:
+        d = checkpoint.load(*unit(case), check=lambda u: "tokens_b" in u) if checkpoint is not None else None
+        if d is not None:
+            done[case] = StreamPair(**d)
+            say(f"{case}: done before (resumed)")
+    cases = [c for c in cases if c not in done]
     need_plain = {"draft", "concurrent"} & set(cases)
     if need_plain or "conversation" in cases:
         say("starting mlx_lm.server (no draft, no prompt-cache reuse)")
@@ -425,6 +437,7 @@ def run_cases(lm, model_dir: str | os.PathLike, prompt: str, n: int, *, cases: S
                                         replies[0].seconds,
                                         notes={"companion_prompt_tokens": [r.prompt_tokens for r in replies[1:]],
                                                "batch": len(replies)}))
+                _save(checkpoint, unit, pairs[-1])
             if "conversation" in cases:
                 turn2 = second_turn(lm, prompt, alone.text, follow_up)
                 fresh = srv.complete(turn2, n)
@@ -439,6 +452,7 @@ def run_cases(lm, model_dir: str | os.PathLike, prompt: str, n: int, *, cases: S
                                         reused.tokens, PLAIN_SCHEDULE, PLAIN_SCHEDULE, fresh.seconds, reused.seconds,
                                         notes={"cached_tokens": reused.cached_tokens,
                                                "turn1_equal": first.tokens == plain_alone.tokens}))
+                _save(checkpoint, unit, pairs[-1])
         if "draft" in cases:
             if draft_dir is None:
                 say("default draft: a 4-bit re-quantized copy of the target (mlx_lm.convert, made once and cached)")
@@ -450,14 +464,25 @@ def run_cases(lm, model_dir: str | os.PathLike, prompt: str, n: int, *, cases: S
             pairs.append(StreamPair("draft", "no draft", f"draft, {num_draft} tokens", ids, plain_alone.tokens,
                                     spec.tokens, PLAIN_SCHEDULE, f"prefill:{PREFILL_STEP},verify:{num_draft}",
                                     plain_alone.seconds, spec.seconds, notes={"draft": str(draft_dir)}))
+            _save(checkpoint, unit, pairs[-1])
+    pairs = sorted([*done.values(), *pairs], key=lambda p: CASE_ORDER.index(p.case))
     if reload is not None and triage and pairs:
         reload()
     for p in pairs:
         p.first_divergence = first_divergence(p.tokens_a, p.tokens_b)
-        if triage and p.tokens_a and p.tokens_b:
+        if triage and p.tokens_a and p.tokens_b and not p.triage:
             say(f"triage: {p.case}")
             p.triage = run_triage(lm, p.prompt, p.tokens_a, p.tokens_b, p.schedule_a, p.schedule_b).as_dict()
+            _save(checkpoint, unit, p)
     return pairs
+
+
+CASE_ORDER = ("concurrent", "conversation", "draft")  # the order run_cases makes them in
+
+
+def _save(checkpoint, unit, pair: StreamPair) -> None:
+    if checkpoint is not None:
+        checkpoint.save(*unit(pair.case)[:1], pair.as_dict(), *unit(pair.case)[1:])
 
 
 # ------------------------------------------------------------------ the measurement
@@ -495,18 +520,21 @@ def stored_dtype(model_dir: Path) -> str:
 
 def measure_server(source: str, prompt: str, n: int, *, cases: Sequence[str] = ("draft", "concurrent", "conversation"),
                    draft: str | None = None, num_draft: int = 2, companions: Sequence[str] = (),
-                   follow_up: str = "\n\nContinue in one sentence:", triage: bool = True, progress=None):
+                   follow_up: str = "\n\nContinue in one sentence:", triage: bool = True, progress=None,
+                   checkpoint=None):
     """Greedy streams through the real ``mlx_lm.server``: a Result of kind ``server``.
 
     Also runs mlx-lm's ``generate_step`` in this process on the same prompt
     and dtype first (no server running), for two checks: the server's lone
     stream must be that stream (same code, same dtype), and the server's
     tokens/s against in-process generation.
+
+    ``checkpoint``: an output directory; finished cases are kept under it (:func:`run_cases`) and Ctrl-C
+    raises :class:`gemmdrift.checkpoint.Interrupted` with the partial Result of the finished cases.
     """
-    from .diverge import generate_plain
-    from .envinfo import environment
+    from .checkpoint import Checkpoints, Interrupted, partial_inputs
+    from .diverge import first_divergence, generate_plain
     from .models import describe, load_model
-    from .result import Result, env_labels, tidy
 
     say = progress or (lambda msg: None)
     if n <= 0:
@@ -522,8 +550,15 @@ def measure_server(source: str, prompt: str, n: int, *, cases: Sequence[str] = (
     lm = load_model(str(model_dir), dtype=dtype)
     if lm.tokenizer is None:
         raise GemmdriftError(f"{model_dir} has no tokenizer: the server needs one")
-    say(f"{describe(lm.description)}; server dtype {dtype}")
+    info = {**lm.info, "source": source}  # the model as the user named it ('embedded'); the directory is "checkpoint"
+    say(f"{describe(info)}; server dtype {dtype}")
     ids = request_ids(lm, as_request(lm, prompt))  # what the server will compute: chat template where there is one
+    from .checks import check_length
+
+    check_length(lm.description, len(ids) + n, f"the prompt with --n {n}")
+    if companions:
+        longest = max(len(request_ids(lm, as_request(lm, c))) for c in companions)
+        check_length(lm.description, longest + n, f"the longest companion with --n {n}")
     generate_plain(lm.model, ids, 1, prefill_step=PREFILL_STEP)  # untimed: the lazy weights load on the first pass
     ref = generate_plain(lm.model, ids, n, prefill_step=PREFILL_STEP)
     say(f"in-process generate: {len(ref.tokens)} tokens in {ref.seconds:.1f} s")
@@ -532,8 +567,33 @@ def measure_server(source: str, prompt: str, n: int, *, cases: Sequence[str] = (
         say(f"freeing gemmdrift's copy of the model while the servers run: two copies would not fit {plan[1]}; "
             "it is loaded again for the triage")
         reload = _free_weights(lm, lambda: load_model(str(model_dir), dtype=dtype).model)
-    pairs = run_cases(lm, model_dir, prompt, n, cases=cases, draft_dir=draft, num_draft=num_draft,
-                      companions=companions, follow_up=follow_up, triage=triage, progress=say, reload=reload)
+    ck = Checkpoints(checkpoint, "server", lm.description)
+    kw = dict(cases=cases, draft_dir=draft, num_draft=num_draft, companions=companions, follow_up=follow_up,
+              triage=triage)
+    try:
+        pairs = run_cases(lm, model_dir, prompt, n, progress=say, reload=reload, checkpoint=ck, **kw)
+    except KeyboardInterrupt:
+        kept = []
+        for case in cases:  # read back what finished (requests done, triage perhaps not)
+            d = ck.load(case, prompt, n, num_draft, str(draft), list(companions), follow_up)
+            if d is not None:
+                kept.append(StreamPair(**d))
+        kept.sort(key=lambda p: CASE_ORDER.index(p.case))
+        for p in kept:
+            p.first_divergence = first_divergence(p.tokens_a, p.tokens_b)
+        result = _server_result(lm, info, model_dir, dtype, prompt, n, cases, draft, num_draft, companions,
+                                follow_up, kept, ref, partial_inputs(len(kept), len(cases), "case")) if kept else None
+        raise Interrupted(result, len(kept), len(cases)) from None
+    return _server_result(lm, info, model_dir, dtype, prompt, n, cases, draft, num_draft, companions, follow_up,
+                          pairs, ref, {})
+
+
+def _server_result(lm, info, model_dir, dtype, prompt, n, cases, draft, num_draft, companions, follow_up, pairs,
+                   ref, extra):
+    """The Result of :func:`measure_server` from its stream pairs."""
+    from .envinfo import environment
+    from .result import Result, env_labels, tidy
+
     env = environment()
     rows, frame_rows = [], []
     for p in pairs:
@@ -563,13 +623,13 @@ def measure_server(source: str, prompt: str, n: int, *, cases: Sequence[str] = (
     if lone is not None and lone.seconds_a > 0:
         figures["server_tokens_per_s"] = len(lone.tokens_a) / lone.seconds_a
         figures["server_matches_inprocess"] = float(lone.tokens_a == ref.tokens)
-    inputs = {"model": lm.info, "checkpoint": str(model_dir), "dtype": dtype, "prompt": prompt, "n": n,
+    inputs = {"model": info, "checkpoint": str(model_dir), "dtype": dtype, "prompt": prompt, "n": n,
               "endpoint": "/v1/chat/completions" if uses_chat(lm) else "/v1/completions",
               "cases": list(cases), "draft": draft or "re-quantized copy (4-bit, group 64)", "num_draft": num_draft,
-              "companions": list(companions), "follow_up": follow_up}
+              "companions": list(companions), "follow_up": follow_up, **extra}
     details = {"pairs": [p.as_dict() for p in pairs], "inprocess": {"tokens": ref.tokens, "seconds": ref.seconds}}
     return Result(kind="server", inputs=inputs, env=env,
-                  frame=tidy(frame_rows, model=lm.description.source, dtype=dtype, **env_labels(env)),
+                  frame=tidy(frame_rows, model=info["source"], dtype=dtype, **env_labels(env)),
                   figures=figures, tables={"server": table}, details=details)
 
 

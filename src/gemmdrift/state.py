@@ -61,7 +61,7 @@ import os
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -991,9 +991,10 @@ def _progress(msg: str) -> None:
 
 def _sweep(lm, operations: Sequence[str], where: Sequence[str] | None, ks: Sequence[int] | None,
            setups: Sequence[Setup] | None, ladder: bool, envelope: float | None, compute_limit: int | None,
-           caches: Sequence[str] | None) -> dict[str, Any]:
+           caches: Sequence[str] | None, checkpoint=None) -> dict[str, Any]:
     """The cases of ``operations`` (arguments as :func:`measure_state`, validated): the table's rows in order,
-    and what the prefix cost."""
+    and what the prefix cost. ``checkpoint`` (:class:`gemmdrift.checkpoint.Checkpoints`): each rollback cell
+    (setup x prefix position, the sweep's longest part) is saved before the ladder and loaded on a rerun."""
     where_for = (lambda name: DEFAULT_WHERE.get(name, WHERE)) if where is None else (lambda name, w=tuple(where): w)
     where = tuple(WHERE) if where is None else tuple(where)
     ks_for = (lambda name: DEFAULT_KS.get(name, KS)) if ks is None else (lambda name, ks=tuple(ks): ks)
@@ -1041,6 +1042,16 @@ def _sweep(lm, operations: Sequence[str], where: Sequence[str] | None, ks: Seque
     if "rollback" in operations:
         for s, w, p in cells("rollback"):
             t0 = time.perf_counter()
+            saved = checkpoint.load("rollback-cell", s.name, w, p, check=lambda u: "cases" in u) if checkpoint else None
+            if saved is not None:  # the rows as judged before the ladder, and what the ladder needs to rerun them
+                mat = _material(prefix.tokens, p, 2 + max(KS) + CONTINUATION)
+                for c in saved["cases"]:
+                    add(c["row"], Diff(**c["diff"]), c["refused"], (lambda s=s, p=p, k=c["k"], r=c["r"], mat=mat:
+                                                                    _rollback_side(lm, s, prefix, p, mat, k, r,
+                                                                                   dtype=_f32())[0]))
+                _progress(f"rollback {s.name} {w} (prefix {p}): done before (resumed)")
+                continue
+            cell = []
             for c in rollback_cases(lm, s, prefix, p, ks_for(s.name)):
                 refused = c["r"] > 0 and c["trimmed"] < c["r"]
                 v, why, _ = judge(c["diff"], refused=refused,
@@ -1049,6 +1060,9 @@ def _sweep(lm, operations: Sequence[str], where: Sequence[str] | None, ks: Seque
                            k=c["k"], r=c["r"], trimmed=c["trimmed"], note=s.note)
                 add(row, c["diff"], refused, (lambda s=s, p=p, c=c: _rollback_side(
                     lm, s, prefix, p, c["mat"], c["k"], c["r"], dtype=_f32())[0]))
+                cell.append({"row": row, "diff": asdict(c["diff"]), "refused": refused, "k": c["k"], "r": c["r"]})
+            if checkpoint:
+                checkpoint.save("rollback-cell", {"cases": cell}, s.name, w, p)
             _progress(f"rollback {s.name} {w} (prefix {p}): {time.perf_counter() - t0:.1f} s")
 
     # b. trim, directly and through trim_prompt_cache (no model: synthetic keys, window 16)
@@ -1193,7 +1207,7 @@ def _sweep(lm, operations: Sequence[str], where: Sequence[str] | None, ks: Seque
 def measure_state(lm, *, operations: Sequence[str] = tuple(OPERATIONS), where: Sequence[str] | None = None,
                   ks: Sequence[int] | None = None, setups: Sequence[Setup] | None = None, ladder: bool = True,
                   envelope: float | None = None, compute_limit: int | None = None,
-                  caches: Sequence[str] | None = None, workers: int | None = None) -> Result:
+                  caches: Sequence[str] | None = None, workers: int | None = None, checkpoint=None) -> Result:
     """Check every cache operation of ``operations`` on the model's caches; one row per case.
 
     Args:
@@ -1214,7 +1228,11 @@ def measure_state(lm, *, operations: Sequence[str] = tuple(OPERATIONS), where: S
             each loading the model again. Default: 2 on a CPU device with at least 2 cores when the
             sweep has model work on both sides and the model can be loaded again; else 1 (on a GPU the
             processes would only queue on the one device). The table is the same either way.
+        checkpoint: an output directory: each finished half of the sweep (:data:`WORKER_GROUPS`) is saved
+            under it (:mod:`gemmdrift.checkpoint`) and a rerun loads it; Ctrl-C raises
+            :class:`gemmdrift.checkpoint.Interrupted` with the partial Result (planted ``setups``: no checkpoints).
     """
+    from .checkpoint import Checkpoints, Interrupted, partial_inputs
     from .envinfo import environment
 
     unknown_ops = [o for o in operations if o not in OPERATIONS]
@@ -1233,13 +1251,37 @@ def measure_state(lm, *, operations: Sequence[str] = tuple(OPERATIONS), where: S
     groups = [tuple(o for o in g if o in operations) for g in WORKER_GROUPS]
     groups = [g for g in groups if g]
     n = _workers(lm, workers, groups, setups)
-    if n > 1:
-        from .workers import run_jobs
+    # One checkpoint per half of the sweep; its rows are the same whichever process ran it.
+    ck = Checkpoints(checkpoint if setups is None else None, "state", lm.description, args)
+    if ck.dir is None and n == 1:
+        groups = [tuple(operations)]  # nothing to keep: the one sweep, one prefix
+    saved = {g: ck.load("-".join(g), list(g), check=lambda u: "rows" in u) for g in groups}
+    todo = [g for g in groups if saved[g] is None]
+    for g in groups:
+        if saved[g] is not None:
+            _progress(f"{', '.join(g)}: done before (resumed)")
+    try:
+        if n > 1 and len(todo) > 1:
+            from .workers import run_jobs
 
-        _progress(f"{len(groups)} processes share the sweep: " + "; ".join(", ".join(g) for g in groups))
-        parts = run_jobs(lm, _sweep_job, [dict(args, operations=g) for g in groups], n)
-    else:
-        parts = [_sweep(lm, operations, setups=setups, **args)]
+            _progress(f"{len(todo)} processes share the sweep: " + "; ".join(", ".join(g) for g in todo))
+            jobs = [dict(args, operations=g, checkpoint=ck.spec()) for g in todo]
+            saved.update(zip(todo, run_jobs(lm, _sweep_job, jobs, n)))  # each also saved its own checkpoint
+        else:
+            for g in todo:
+                saved[g] = _sweep(lm, g, setups=setups, checkpoint=ck if ck.dir else None, **args)
+                ck.save("-".join(g), saved[g], list(g))
+    except KeyboardInterrupt:
+        parts = [p for p in (saved[g] or ck.load("-".join(g), list(g)) for g in groups) if p is not None]
+        result = _state_result(lm, operations, where, ks, ladder, envelope, parts, n, env, t_start,
+                               partial_inputs(len(parts), len(groups), "half of the sweep")) if parts else None
+        raise Interrupted(result, len(parts), len(groups)) from None
+    return _state_result(lm, operations, where, ks, ladder, envelope, [saved[g] for g in groups], n, env, t_start,
+                         {})
+
+
+def _state_result(lm, operations, where, ks, ladder, envelope, parts, n, env, t_start, extra) -> Result:
+    """The Result of :func:`measure_state` from its finished sweep parts."""
     rows = [row for part in parts for row in part["rows"]]
     lengths = parts[0]["lengths"]
     model_part = next((p for p in parts if p["computed_prefix"]), parts[0])
@@ -1258,7 +1300,7 @@ def measure_state(lm, *, operations: Sequence[str] = tuple(OPERATIONS), where: S
                                     "computed_prefix": model_part["computed_prefix"],
                                     "prefix_seconds": model_part["prefix_seconds"],
                                     "window": window, "setups": {k: v for p in parts for k, v in p["setups"].items()},
-                                    "workers": n}, seconds)
+                                    "workers": n, **extra}, seconds)
 
 
 # The sweep's two halves when it runs in two processes (about equal time on the embedded Gemma).
@@ -1279,7 +1321,14 @@ def _workers(lm, workers: int | None, groups: list[tuple[str, ...]], setups) -> 
 
 
 def _sweep_job(lm, **kwargs) -> dict[str, Any]:
-    return _sweep(lm, kwargs.pop("operations"), setups=None, **kwargs)
+    """One half of the sweep in a worker process; saved to its checkpoint there (the parent reads it back)."""
+    from .checkpoint import Checkpoints
+
+    ck = Checkpoints.from_spec(kwargs.pop("checkpoint", None))
+    ops = kwargs.pop("operations")
+    part = _sweep(lm, ops, setups=None, checkpoint=ck if ck.dir else None, **kwargs)
+    ck.save("-".join(ops), part, list(ops))
+    return part
 
 
 def _f32():

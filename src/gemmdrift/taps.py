@@ -356,6 +356,7 @@ def run_schedule(
     reference: Taps | None = None,
     progress: Callable[[int], None] | None = None,
     prefix: Prefix | None = None,
+    logits_sink: Callable[[np.ndarray, np.ndarray], None] | None = None,
 ) -> Taps:
     """Feed ``tokens`` through ``model`` block by block as ``schedule`` says.
 
@@ -372,6 +373,9 @@ def run_schedule(
         prefix: shared caches for the leading blocks (see :func:`common_prefix`);
             those blocks are skipped, so positions before ``prefix.length``
             cannot be tapped.
+        logits_sink: called with (positions, float32 logits) of each block instead of keeping them
+            (the returned ``logits`` is then None): a run reading every position's 262,144 logits
+            reduces them block by block rather than holding them all.
     """
     import mlx.core as mx
     from mlx_lm.models.cache import make_prompt_cache
@@ -418,7 +422,10 @@ def run_schedule(
                 if out.shape[1] != len(wanted):
                     raise GemmdriftError("the model's output rows do not match the requested logit rows")
                 logits_dtype = storage_dtype_name(out.dtype)
-                logit_rows.append(to_numpy(out[0]))
+                if logits_sink is not None:
+                    logits_sink(start + wanted, to_numpy(out[0]))
+                else:
+                    logit_rows.append(to_numpy(out[0]))
             if progress:
                 progress(stop - start)
     seconds = time.perf_counter() - t0

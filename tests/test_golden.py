@@ -355,3 +355,33 @@ def test_this_machine_against_the_shipped_linux_cpu_base():
     if r.env.get("mlx") == base.header["env"]["mlx"] and r.env.get("backend") == base.header["env"].get("backend"):
         assert r.figures["kld_max"] == 0.0 and r.figures["same_top1_share"] == 1.0
     assert r.figures["positions"] == 23
+
+
+def test_stack_gets_the_two_run_figures_from_the_same_function():
+    """stack's logit comparison adds KLD, same top-1, Δp and the perplexity ratio; its own figures stay."""
+    from conftest import make_tiny
+
+    from gemmdrift.stack import ENVELOPE_FIGURES, measure_stack
+
+    lm = make_tiny("float32")
+    tokens = [int(t) for t in np.random.default_rng(4).integers(0, 97, 24)]
+    taps = {}
+    r = measure_stack(lm, tokens, ["prefill:4,decode", "prefill:4,verify:2"], split=4, keep_taps=taps, local=False)
+    pair = "prefill:4,decode vs prefill:4,verify:2"
+    for k in ENVELOPE_FIGURES[:3]:
+        assert f"{k}/{pair}" in r.figures
+    ref = taps[("prefill:4,decode", "reference", "float32")] if ("prefill:4,decode", "reference", "float32") in taps \
+        else taps[("prefill:4,decode", "accumulated", "float32")]
+    other = taps[("prefill:4,verify:2", "accumulated", "float32")]
+    keep = other.logit_positions + 1 < len(tokens)
+    la = ref.logits[ref.logit_rows(other.logit_positions)][keep]
+    lb = other.logits[keep]
+    t = np.asarray(tokens)[other.logit_positions[keep] + 1]
+    lp, lq = np_logsoftmax(la), np_logsoftmax(lb)
+    kl = (np.exp(lp) * (lp - lq)).sum(axis=1)
+    assert kl.max() > 0  # past the window the schedules differ
+    assert r.figures[f"kld_mean/{pair}"] == pytest.approx(kl.mean(), rel=1e-9)
+    assert r.figures[f"kld_p99.9/{pair}"] == pytest.approx(np.percentile(kl, 99.9), rel=1e-9)
+    assert r.figures[f"same_top1_share/{pair}"] == pytest.approx(np.mean(la.argmax(1) == lb.argmax(1)))
+    rows = np.arange(len(t))
+    assert r.figures[f"ppl_ratio/{pair}"] == pytest.approx(np.exp(lp[rows, t].mean() - lq[rows, t].mean()), rel=1e-9)

@@ -141,41 +141,25 @@ def cmd_compare(args) -> int:
     if args.tokens is not None and not given:
         base = prefix(base, args.tokens)
 
-    import numpy as np
-
-    from .checks import check_vocab
-    from .golden import header_for, run_view, LogitFile, write_logits
+    from .golden import compare_live, write_logits
     from .models import describe
 
     lm = args.cli._load(args)
-    if given:
-        ids, label = _stream(args, lm)
-    else:
-        ids, label = [int(t) for t in base.tokens], base.header.get("stream", "the base's tokens")
-        check_vocab(ids, lm.vocab_size, "the base's tokens")
-    schedule = args.schedule or base.header["schedule"]
-    split = args.split if args.split is not None else base.header.get("split")
-    split = _schedule_split(schedule, split, len(ids))
-    k = int(base.header["top_k"])
-    # The header first: a foreign stream, tokenizer or model is refused before the run.
-    probe = header_for(lm, ids, schedule, split, k, False, label, 0.0, None)
-    check_pair(base.header, probe, allow_other_model=args.allow_other_model)
+    ids, label = _stream(args, lm) if given else (None, "")
     print(f"gemmdrift compare: base = {base.label()} ({base.path})\n"
-          f"                   this run = {describe(lm.description)}, {schedule}; {len(ids)} tokens", file=sys.stderr)
-    bar, tick = _progress(len(ids), schedule)
+          f"                   other = this run: {describe(lm.description)}, {args.schedule or base.header['schedule']}",
+          file=sys.stderr)
+    bar, tick = _progress(len(ids) if ids is not None else len(base.tokens), "this run")
     try:
-        view, seconds = run_view(lm, ids, schedule, split=split, top_k=k, progress=tick,
-                                 extra_ids=None if base.view.full else base.view.ids[:, :k])
+        result, other = compare_live(lm, base, tokens=ids, schedule=args.schedule, split=args.split,
+                                     envelope=args.envelope, allow_other_model=args.allow_other_model, label=label,
+                                     progress=tick)
     finally:
         bar.close()
-    other = LogitFile(header={**probe, "seconds": round(seconds, 3)}, tokens=np.asarray(ids, np.int64), view=view,
-                      path="(this run)")
     note = ""
     if args.save is not None:
         size = write_logits(args.save, other)
-        note = f"this run's logits: {args.save} ({size:,} bytes)"
-    result = compare_result(base, other, record={"mode": "live", "allow_other_model": args.allow_other_model,
-                                                 "seconds_run": round(seconds, 3)}, envelope=args.envelope)
+        note = f"this run's logits (other): {args.save} ({size:,} bytes)"
     return _finish(args, result, note)
 
 

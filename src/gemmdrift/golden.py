@@ -118,7 +118,7 @@ def write_logits(path: str | Path, lf: LogitFile) -> int:
     from .files import atomic_path, to_json
 
     v = lf.view
-    arrays = {"header": np.array(to_json(lf.header, indent=None)), "tokens": lf.tokens.astype(np.int32),
+    arrays = {"header": np.array(to_json({**lf.header, "full": v.full}, indent=None)), "tokens": lf.tokens.astype(np.int32),
               "positions": v.positions.astype(np.int32), "lse": v.lse.astype(np.float64),
               "target_logit": v.target_logit.astype(np.float32), "target_rank": v.target_rank.astype(np.int32)}
     if v.full:
@@ -364,3 +364,49 @@ def golden_name(schedule: str) -> str:
 
 SHIPPED_SCHEDULES = ("decode", f"verify:{D.DIVERGE_K}")  # what `make golden` writes (bfloat16, mlx's release here)
 SHIPPED_TOKENS = 1024
+
+
+def compare_live(lm, base: LogitFile, *, tokens: Sequence[int] | None = None, schedule: str | None = None,
+                 split: int | None = None, envelope: float | None = None, allow_other_model: bool = False,
+                 label: str = "", progress: Callable[[int], None] | None = None,
+                 record: dict[str, Any] | None = None):
+    """Run ``lm`` on the base's tokens (or ``tokens``, which must be the same stream) and compare with the base.
+
+    The run keeps its own top-k and its logits at the base's top-k ids, so the KLD is exact over the base's
+    top-k and bounded by one tail bucket beyond (exact when the base is full: every logit is then compared).
+
+    Returns (the ``compare`` Result, this run as a :class:`LogitFile` that :func:`write_logits` can save).
+    """
+    from .checks import check_vocab
+
+    ids = [int(t) for t in (base.tokens if tokens is None else tokens)]
+    check_vocab(ids, lm.vocab_size, "the stream")
+    schedule = schedule or base.header["schedule"]
+    split = split if split is not None else base.header.get("split")
+    if not needs_split(schedule):
+        split = None
+    elif split is None:
+        split = default_split(len(ids))
+    k = int(base.header["top_k"])
+    here = header_for(lm, ids, schedule, split, k, False, label or base.header.get("stream", ""), 0.0, None)
+    check_pair(base.header, here, allow_other_model=allow_other_model)  # before the run
+    if base.view.full:
+        view, seconds = run_view(lm, ids, schedule, split=split, top_k=k, full=True, progress=progress)
+    else:
+        view, seconds = run_view(lm, ids, schedule, split=split, top_k=k, extra_ids=base.view.ids[:, :k],
+                                 progress=progress)
+    other = LogitFile(header={**here, "seconds": round(seconds, 3)}, tokens=np.asarray(ids, np.int64), view=view,
+                      path="(this run)")
+    result = compare_result(base, other, envelope=envelope,
+                            record={"mode": "live", "allow_other_model": allow_other_model,
+                                    "seconds_run": round(seconds, 3), **(record or {})})
+    return result, other
+
+
+def compare_golden(lm, name: str = "linux-cpu", n_tokens: int | None = None, **kw):
+    """:func:`compare_live` against a shipped base (``linux-cpu``, ``linux-cpu/verify-2``), on its first
+    ``n_tokens`` tokens when given (causal: a prefix's logits are the same whatever follows)."""
+    base = read_logits(resolve_golden(name))
+    if n_tokens is not None:
+        base = prefix(base, n_tokens)
+    return compare_live(lm, base, **kw)

@@ -14,7 +14,7 @@ else
 EXTRAS := test,bench
 endif
 
-.PHONY: run test env bench clean
+.PHONY: run test env bench golden clean
 
 $(BIN)/.installed-$(EXTRAS): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -33,6 +33,13 @@ test: env
 bench: env
 	$(BIN)/asv machine --yes
 	$(BIN)/asv run --show-stderr
+
+# The shipped golden logits (src/gemmdrift/data/golden/linux-cpu): the embedded Gemma in bfloat16 over the
+# built-in essay and prompt set, decode and verify:2. Run on the Linux CPU backend with the mlx it records.
+GOLDEN ?= src/gemmdrift/data/golden/linux-cpu
+golden: env
+	$(BIN)/gemmdrift logits --schedule decode --out $(GOLDEN)/decode.npz
+	$(BIN)/gemmdrift logits --schedule verify:2 --out $(GOLDEN)/verify-2.npz
 
 clean:
 	rm -rf $(VENV) .asv results

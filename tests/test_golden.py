@@ -385,3 +385,12 @@ def test_stack_gets_the_two_run_figures_from_the_same_function():
     assert r.figures[f"same_top1_share/{pair}"] == pytest.approx(np.mean(la.argmax(1) == lb.argmax(1)))
     rows = np.arange(len(t))
     assert r.figures[f"ppl_ratio/{pair}"] == pytest.approx(np.exp(lp[rows, t].mean() - lq[rows, t].mean()), rel=1e-9)
+
+
+def test_a_long_block_is_reduced_in_chunks_to_the_same_view(monkeypatch):
+    la, _, t = random_logits(n=10, v=30, seed=8)
+    whole = twostats.view_from_logits(la, np.arange(10), t, 5, extra_ids=np.tile(np.arange(3), (10, 1)))
+    monkeypatch.setattr(twostats, "VIEW_CHUNK", 3)
+    chunked = twostats.view_from_logits(la, np.arange(10), t, 5, extra_ids=np.tile(np.arange(3), (10, 1)))
+    for name in ("positions", "targets", "values", "ids", "lse", "target_logit", "target_rank"):
+        np.testing.assert_array_equal(getattr(chunked, name), getattr(whole, name))

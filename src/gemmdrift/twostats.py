@@ -114,6 +114,9 @@ def top_k_ids(x: np.ndarray, k: int) -> np.ndarray:
     return out
 
 
+VIEW_CHUNK = 64  # rows reduced at a time: argpartition of a 262,144-wide row needs 8 bytes per logit
+
+
 def view_from_logits(logits: np.ndarray, positions: np.ndarray, targets: np.ndarray, top_k: int, *,
                      full: bool = False, extra_ids: np.ndarray | None = None) -> LogitView:
     """Reduce full logits (n, V) to a view: the top-k (and ``extra_ids``' logits), or all of them (``full``).
@@ -127,6 +130,11 @@ def view_from_logits(logits: np.ndarray, positions: np.ndarray, targets: np.ndar
     """
     logits = np.asarray(logits)
     n, v = logits.shape
+    if n > VIEW_CHUNK:  # a long prefill block: bounded memory, the same view
+        return concat_views([view_from_logits(logits[s:s + VIEW_CHUNK], positions[s:s + VIEW_CHUNK],
+                                              targets[s:s + VIEW_CHUNK], top_k, full=full,
+                                              extra_ids=None if extra_ids is None else extra_ids[s:s + VIEW_CHUNK])
+                             for s in range(0, n, VIEW_CHUNK)])
     targets = np.asarray(targets, dtype=np.int64)
     rows = np.arange(n)
     target_logit = logits[rows, targets]

@@ -120,6 +120,8 @@ def cmd_compare(args) -> int:
     check_envelope(args.envelope)
     check_positive(split=args.split)
     check_out_dir(args.out)
+    if args.save is not None:
+        check_out_dir(Path(args.save).parent)
     base_path = resolve_golden(args.golden) if args.golden is not None else args.base
     base = read_logits(base_path)  # a missing, truncated or foreign base: refused before the model loads
     given = any(x is not None for x in (args.prompt, args.prompt_file, args.prompt_ids))

@@ -394,3 +394,12 @@ def test_a_long_block_is_reduced_in_chunks_to_the_same_view(monkeypatch):
     chunked = twostats.view_from_logits(la, np.arange(10), t, 5, extra_ids=np.tile(np.arange(3), (10, 1)))
     for name in ("positions", "targets", "values", "ids", "lse", "target_logit", "target_rank"):
         np.testing.assert_array_equal(getattr(chunked, name), getattr(whole, name))
+
+
+@pytest.mark.slow
+def test_compare_golden_on_the_command_line(tmp_path):
+    r = gd("compare", "--golden", "linux-cpu", "--tokens", "8", "--json", "--out", str(tmp_path / "c"))
+    assert r.returncode == 0, r.stderr
+    s = json.loads(r.stdout)
+    assert s["figures"]["positions"] == 7 and s["base"]["schedule"] == "decode"
+    assert s["other"]["path"] == "(this run)" and s["base"]["path"].endswith("linux-cpu/decode.npz")

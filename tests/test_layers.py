@@ -32,7 +32,7 @@ RANKS = {
     "store": 14,
     "report": 15,
     "suite": 16,
-    "twostats": 2, "golden": 5, "goldview": 11, "goldcli": 16,  # logits / compare (issue 23)
+    "twostats": 3, "golden": 5, "goldview": 11, "goldcli": 16,  # logits / compare (issue 23)
     "cli": 17, "__main__": 18, "": 19,  # "" is the package itself (gemmdrift/__init__.py)
 }
 

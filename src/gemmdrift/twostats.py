@@ -1,6 +1,6 @@
 """Two-run statistics of teacher-forced logits: KL divergence, Δp, same top-1, perplexity, flips.
 
-Pure numpy, no mlx. The figures are llama.cpp's ``llama-perplexity --kl-divergence`` ones (KLD(base ‖ other)
+numpy only (no mlx). The figures are llama.cpp's ``llama-perplexity --kl-divergence`` ones (KLD(base ‖ other)
 with its spread and percentiles, the change Δp = p_other − p_base of the correct token's probability, the share
 of positions with the same top-1 token, the perplexity of each side) plus gemmdrift's own at the logits
 (max|Δlogit|, Δgap, argmax flips judged against an envelope, as triage judges a divergence).
@@ -27,11 +27,12 @@ from typing import Any
 import numpy as np
 
 from . import metrics
+from .result import Verdict
 
 Z95 = 1.959963984540054  # two-sided 95% quantile of the standard normal
 PERCENTILES = (99.9, 99, 95, 90, 50, 10, 5, 1, 0.1)  # besides max and min, as llama-perplexity prints them
 FULL_CHUNK = 16  # rows per float64 pass over a full vocabulary (16 x 262,144 x 8 bytes = 32 MB)
-NEAR_TIE, OUTSIDE = "NEAR-TIE", "OUTSIDE ENVELOPE"  # the strings of gemmdrift.result.Verdict
+NEAR_TIE, OUTSIDE = Verdict.NEAR_TIE.value, Verdict.OUTSIDE.value  # triage's words
 UNJUDGED = "no gap"  # a flip where the base's top-2 gap is unknown (a top-1 base)
 
 

@@ -103,6 +103,11 @@ def test_two_topk_files_also_give_a_bound():
     other = twostats.view_from_logits(lb, pos, t, 10)  # top-k only: it does not know all of the base's ids
     st = twostats.two_run_stats(base, other)
     assert np.all(st["positions"]["kld"] <= exact + 1e-12)
+    # A full base against a top-k file (the other's ids, listed twice as a live run may): a bound as well.
+    full_base = twostats.view_from_logits(la, pos, t, 10, full=True)
+    twice = twostats.view_from_logits(lb, pos, t, 10, extra_ids=other.ids)
+    bound = twostats.two_run_stats(full_base, twice)["positions"]["kld"]
+    assert np.all(bound <= exact + 1e-12) and np.all(bound > 0)
 
 
 def test_a_planted_shift_at_one_position_shows_there_only():

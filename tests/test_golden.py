@@ -408,3 +408,14 @@ def test_compare_golden_on_the_command_line(tmp_path):
     s = json.loads(r.stdout)
     assert s["figures"]["positions"] == 7 and s["base"]["schedule"] == "decode"
     assert s["other"]["path"] == "(this run)" and s["base"]["path"].endswith("linux-cpu/decode.npz")
+
+
+def test_a_prefill_block_handed_to_the_sink_in_slices_gives_the_same_view(tiny, monkeypatch):
+    from gemmdrift import taps
+
+    tokens = [int(t) for t in np.random.default_rng(6).integers(0, 97, 20)]
+    whole, _ = golden.run_view(tiny, tokens, "prefill:16", split=None, top_k=6)
+    monkeypatch.setattr(taps, "SINK_ROWS", 5)
+    sliced, _ = golden.run_view(tiny, tokens, "prefill:16", split=None, top_k=6)
+    for name in ("positions", "targets", "values", "ids", "lse", "target_logit", "target_rank"):
+        np.testing.assert_array_equal(getattr(sliced, name), getattr(whole, name))

@@ -118,6 +118,7 @@ def load_taps(path) -> Taps:
 # Blocks of at least this many rows start evaluating their taps layer by layer (see _Recorder.capture);
 # shorter blocks (decode, verification) keep one eval per block, as mlx-lm does.
 EAGER_ROWS = 64
+SINK_ROWS = 64  # logit rows handed to a logits_sink at a time
 
 
 class _Recorder:
@@ -423,7 +424,10 @@ def run_schedule(
                     raise GemmdriftError("the model's output rows do not match the requested logit rows")
                 logits_dtype = storage_dtype_name(out.dtype)
                 if logits_sink is not None:
-                    logits_sink(start + wanted, to_numpy(out[0]))
+                    # Rows of the evaluated output in slices: a float32 copy of a whole prefill block's
+                    # 262,144 logits per row would be another GB.
+                    for s in range(0, len(wanted), SINK_ROWS):
+                        logits_sink(start + wanted[s:s + SINK_ROWS], to_numpy(out[0, s:s + SINK_ROWS]))
                 else:
                     logit_rows.append(to_numpy(out[0]))
             if progress:

@@ -31,7 +31,6 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from . import defaults as D
 from .errors import GemmdriftError
 from .twostats import LogitView, concat_views, two_run_stats, view_from_logits
 
@@ -356,14 +355,6 @@ def compare_result(base: LogitFile, other: LogitFile, *, envelope: float | None 
     return Result(kind="compare", inputs=inputs, env=env, frame=frame, figures=dict(fig),
                   tables={"positions": per, "flips": flips.reset_index(drop=True)}, details=details)
 
-
-def golden_name(schedule: str) -> str:
-    """The file a shipped base of ``schedule`` has."""
-    return f"{schedule_slug(schedule)}.npz"
-
-
-SHIPPED_SCHEDULES = ("decode", f"verify:{D.DIVERGE_K}")  # what `make golden` writes (bfloat16, mlx's release here)
-SHIPPED_TOKENS = 1024
 
 
 def compare_live(lm, base: LogitFile, *, tokens: Sequence[int] | None = None, schedule: str | None = None,

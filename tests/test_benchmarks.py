@@ -17,10 +17,10 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from benchmarks import (bench_diverge, bench_env, bench_kernels, bench_overhead,  # noqa: E402
+from benchmarks import (bench_diverge, bench_env, bench_golden, bench_kernels, bench_overhead,  # noqa: E402
                         bench_stack, common)
 
-MODULES = [bench_diverge, bench_env, bench_kernels, bench_overhead, bench_stack]
+MODULES = [bench_diverge, bench_env, bench_golden, bench_kernels, bench_overhead, bench_stack]
 
 
 def tracked(module):
@@ -161,6 +161,25 @@ def test_the_shared_probe_setup_serves_every_probe_as_each_alone(quick, small_fi
         list(small_fingerprints.FP_PATHS), K=small_fingerprints.FP_K, ts=small_fingerprints.FP_TS,
         N=small_fingerprints.FP_N, draw_k=0).figures)
     assert cache["ops"] == dict(kernels.measure_ops(embedded).figures)
+
+
+@pytest.mark.slow
+def test_golden_benchmarks_against_the_shipped_base(monkeypatch, embedded):
+    """This machine made the shipped bases: on their mlx and backend KLD is exactly 0 and the top-1 all agree."""
+    import mlx.core as mx
+
+    from gemmdrift.golden import read_logits, resolve_golden
+
+    monkeypatch.setattr(bench_golden, "GOLDEN_TOKENS", 12)
+    monkeypatch.setattr(common, "model", lambda dtype="bfloat16": embedded)
+    bench = bench_golden.GoldenLogits()
+    cache = bench.setup_cache()
+    for b in bench_golden.GOLDEN_BASES:
+        values = [finite(bench.track_kld_mean(cache, b)), finite(bench.track_kld_p999(cache, b)),
+                  finite(bench.track_same_top1(cache, b))]
+        made_here = read_logits(resolve_golden(f"linux-cpu/{b}")).header["env"]["mlx"] == mx.__version__
+        if made_here:
+            assert values == [0.0, 0.0, 1.0], (b, values)
 
 
 def test_the_shared_setup_refuses_an_unknown_part(monkeypatch):

@@ -35,6 +35,7 @@ RANKS = {
     "report": 15, "interrupts": 15,
     "suite": 16,
     "dispatch_cli": 16,
+    "twostats": 3, "golden": 5, "goldview": 11, "goldcli": 16,  # logits / compare (issue 23)
     "cli": 17, "__main__": 18, "": 19,  # "" is the package itself (gemmdrift/__init__.py)
 }
 

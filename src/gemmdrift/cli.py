@@ -14,6 +14,7 @@ from pathlib import Path
 
 from . import defaults as D
 from . import dispatch_cli
+from . import goldcli
 from .errors import GemmdriftError
 
 
@@ -784,6 +785,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=cmd_server)
 
     dispatch_cli.add_parser(sub)
+    goldcli.add_parser(sub, sys.modules[__name__])  # logits, compare (issue 23)
     return p
 
 

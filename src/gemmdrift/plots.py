@@ -752,3 +752,15 @@ def server_figure(result):
 
 
 DRAW["server"] = lambda result: {"server.png": server_figure(result)}
+
+
+# ---- compare (issue 23)
+
+
+def _draw_compare(result) -> dict:
+    from .goldview import compare_figure
+
+    return {"compare.png": compare_figure(result)}
+
+
+DRAW["compare"] = _draw_compare

@@ -398,6 +398,17 @@ PARTS["server"] = _server_part
 KINDS_READ = "run, stack, kernels, diverge, triage, history, state, batch, server or fingerprint"
 
 
+def _compare_part(d: Path, env: dict[str, Any]) -> tuple[list[Block], list[str]]:
+    from .goldview import compare_part
+
+    return compare_part(_result(d))
+
+
+PARTS["compare"] = _compare_part  # issue 23
+KIND_TITLES["compare"] = "Two runs compared: KLD, Δp, same top-1 against a base file"
+FIGURES["compare"] = [("compare.png", "KLD(base ‖ other) and Δp of the correct token per position")]
+
+
 def _environment(d: Path, parts: list[tuple[Path, str]]) -> tuple[dict[str, Any], dict[str, Any]]:
     """The environment record and the model description found in a results directory."""
     env = _json(d / "env.json") or {}

@@ -560,3 +560,22 @@ def server_text(result: Result) -> str:
 
 SUMMARIES["server"] = server_summary
 TEXTS["server"] = server_text
+
+
+# ---- compare (issue 23): the words live in gemmdrift.goldview
+
+
+def _compare_summary(result: Result) -> dict[str, Any]:
+    from .goldview import compare_summary
+
+    return compare_summary(result)
+
+
+def _compare_text(result: Result) -> str:
+    from .goldview import compare_text
+
+    return compare_text(result)
+
+
+SUMMARIES["compare"] = _compare_summary
+TEXTS["compare"] = _compare_text

@@ -19,6 +19,7 @@ RANKS = {
     # foundations: no gemmdrift imports but errors
     "errors": 0, "defaults": 0, "files": 1, "text": 1, "metrics": 1, "schedules": 1, "dispatch": 1, "checks": 1, "prompts": 2,
     "envinfo": 1,
+    "runenv": 2,  # the CLI's pre-measurement settings and the compute record of resume keys
     "result": 2, "gguf_gemma": 2,
     "models": 3,
     "taps": 4, "workers": 4,

@@ -173,11 +173,7 @@ def cmd_stack(args) -> int:
     from .models import describe
     from .stack import measure_stack
 
-    if args.ladder:
-        from .envinfo import force_true_float32
-
-        force_true_float32()  # the float32 rung: before mlx's first matmul (mlx reads MLX_ENABLE_TF32 once)
-    lm = _load(args)
+    lm = _load(args)  # main() forced true float32 for the ladder's rung already (runenv.prepare)
     ids, label = _tokens(args, lm)
     n = len(ids)
     split = args.split if args.split is not None else default_split(n)
@@ -782,6 +778,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--no-triage", action="store_true", help="only report the divergences")
     _add_output(s, "results/server")
     s.set_defaults(func=cmd_server)
+    from .runenv import add_flags
+
+    add_flags(sub)  # --tf32 on every measuring command, --device on env
     return p
 
 
@@ -792,6 +791,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
+        from .runenv import prepare
+
+        prepare(args)  # GEMMDRIFT_DEVICE, and MLX_ENABLE_TF32=0 before anything computes (--tf32 keep opts out)
         return int(args.func(args) or 0)
     except GemmdriftError as e:
         print(f"gemmdrift: error: {e}", file=sys.stderr)

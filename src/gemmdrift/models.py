@@ -558,15 +558,17 @@ def describe(info: "Mapping[str, Any] | ModelDescription") -> str:
 
 def resume_key(description: ModelDescription, *parts: Any) -> str:
     """The one resume-key scheme of every checkpointed run (stack runs, `run` parts, prompt sets): a digest of
-    the model (source, path, dtype, quantization), the mlx and mlx-lm versions, and the run's own ``parts``
-    (JSON-able). A checkpoint saved under another key is never reused."""
+    the model (source, path, dtype, quantization), the mlx and mlx-lm versions, where it computes (backend,
+    device, architecture, macOS version, every MLX_* variable: :func:`gemmdrift.runenv.compute_record`) and the
+    run's own ``parts`` (JSON-able). A checkpoint saved under another key is never reused."""
     import hashlib
 
     from .envinfo import _version
+    from .runenv import compute_record
 
     blob = json.dumps([description.source, description.path, description.dtype,
                        dict(description.quantization) if description.quantization else None,
-                       _version("mlx"), _version("mlx-lm"), *parts], sort_keys=True, default=str)
+                       _version("mlx"), _version("mlx-lm"), compute_record(), *parts], sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 from . import defaults as D
+from . import runenv
 from .errors import GemmdriftError
 
 
@@ -173,7 +174,7 @@ def cmd_stack(args) -> int:
     from .models import describe
     from .stack import measure_stack
 
-    lm = _load(args)  # main() forced true float32 for the ladder's rung already (runenv.prepare)
+    lm = _load(args)  # the ladder rung is true float32: main() set MLX_ENABLE_TF32=0 (unless --tf32 keep)
     ids, label = _tokens(args, lm)
     n = len(ids)
     split = args.split if args.split is not None else default_split(n)
@@ -778,9 +779,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--no-triage", action="store_true", help="only report the divergences")
     _add_output(s, "results/server")
     s.set_defaults(func=cmd_server)
-    from .runenv import add_flags
-
-    add_flags(sub)  # --tf32 on every measuring command, --device on env
+    runenv.add_flags(sub)  # --tf32 on every measuring command, --device on env
     return p
 
 
@@ -791,9 +790,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
-        from .runenv import prepare
-
-        prepare(args)  # GEMMDRIFT_DEVICE, and MLX_ENABLE_TF32=0 before anything computes (--tf32 keep opts out)
+        runenv.prepare(args)  # GEMMDRIFT_DEVICE; MLX_ENABLE_TF32=0 before anything computes (--tf32 keep opts out)
         return int(args.func(args) or 0)
     except GemmdriftError as e:
         print(f"gemmdrift: error: {e}", file=sys.stderr)

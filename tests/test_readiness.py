@@ -281,3 +281,7 @@ def test_fp16_subnormals_are_checked_before_fp16_fingerprints(monkeypatch):
     assert list(t[t["path"] == "matmul:float16"]["status"]) == [fp.FP16_FLUSHED]
     assert "matmul:float16.unrecovered" not in r.figures  # not an unrecoverable kernel: no figure at all
     assert r.figure("matmul:float32.unrecovered") == 0.0
+    from gemmdrift import summaries
+
+    assert summaries.summary(r)["paths"]["matmul:float16"]["status"] == fp.FP16_FLUSHED
+    assert "matmul:float16     fp16 subnormals flushed on this device" in summaries.text(r)

@@ -221,7 +221,7 @@ def main_job(out: str | Path = "results/run", sizes: str | None = None, model: s
     from .models import parse_dtype
 
     run_inputs = {"model": model, "dtype": parse_dtype(dtype), "sizes": name, "mlx": _version("mlx"),
-                  "mlx_lm": _version("mlx-lm"), "compute": compute_record()}  # another device/MLX_* recomputes
+                  "mlx_lm": _version("mlx-lm"), "compute": compute_record()}  # another device or MLX_* setting: refused
     check_resume(out, run_inputs)  # before the model loads
     env = environment()
     lm = load_model(model, dtype=dtype)

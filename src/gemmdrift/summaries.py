@@ -339,12 +339,15 @@ TEXTS["history"] = lambda r: text_table(r.tables["history_wide"])
 # ---- fingerprint
 
 
+_FP_UNMEASURED = ("not recoverable", "fp16 subnormals flushed on this device")  # fingerprint.FP16_FLUSHED
+
+
 def _fp_runs(table: pd.DataFrame) -> list[dict[str, Any]]:
     """One row per path and run of consecutive T with the same trees and the same predicted kernel."""
     out: list[dict[str, Any]] = []
     for path, s in table.groupby("path", sort=False):
-        if (s["status"] == "not recoverable").all():
-            out.append({"path": path, "T": "", "trees": "not recoverable", "predicted": "",
+        if s["status"].isin(_FP_UNMEASURED).all():  # not recoverable, or fp16 subnormals flushed here
+            out.append({"path": path, "T": "", "trees": s["status"].iloc[0], "predicted": "",
                         "description": s["description"].iloc[0]})
             continue
         prev = None
@@ -375,7 +378,7 @@ def fingerprint_summary(result: Result) -> dict[str, Any]:
     paths: dict[str, Any] = {}
     for path, s in table.groupby("path", sort=False):
         ok = s[s["status"] == "recovered"]
-        entry: dict[str, Any] = {"status": "not recoverable" if (s["status"] == "not recoverable").all()
+        entry: dict[str, Any] = {"status": s["status"].iloc[0] if s["status"].isin(_FP_UNMEASURED).all()
                                  else ("recovered" if len(ok) == len(s) else "partly not recovered"),
                                  "distinct_trees": int(ok["fingerprint"].nunique()),
                                  "not_recovered": int((s["status"] == "not recovered").sum())}

@@ -256,7 +256,7 @@ class RowComparison:
     seconds_alone_all: float = 0.0  # the B prompts one by one
     ladder_envelope: float | None = None  # envelope_batch of the same row rerun at float32
     ladder_shrink: float | None = None
-    ladder: str = ""  # rounding | semantic | unclear (stack.ladder_verdict), for rows outside the envelope
+    ladder: str = ""  # rounding | semantic | unclear | unreliable (stack.ladder_verdict), rows outside the envelope
     layers: list[dict[str, Any]] = field(default_factory=list)  # per-layer drift (layers=True), see layer_drift
 
     def as_dict(self) -> dict[str, Any]:

@@ -923,7 +923,8 @@ def batch_vs_alone(lm, seq: Sequence[int], other: Sequence[int], *, op: str, ste
 
 def batch_check(lm, seq: Sequence[int], other: Sequence[int], *, op: str, steps: int = 2, before: int = 1,
                 cache_factory: Callable[[Any], list] | None = None, envelope: float | None = None) -> dict[str, Any]:
-    """:func:`batch_vs_alone` judged: EXACT, ROUNDING (the float32 rerun shrinks it) or STATE BUG.
+    """:func:`batch_vs_alone` judged: EXACT, ROUNDING (the float32 rerun shrinks it), STATE BUG (or unreliable:
+    a TF32 rerun that shrank too little).
 
     For batch generation checks elsewhere (e.g. a batch generator's own tests): give the two
     token sequences and the operation; both prefills happen here, at the model's dtype and

@@ -17,8 +17,9 @@ SRC = Path(__file__).resolve().parent.parent / "src" / "gemmdrift"
 # Lower rank = lower in the house. A module may import only modules of a strictly lower rank.
 RANKS = {
     # foundations: no gemmdrift imports but errors
-    "errors": 0, "defaults": 0, "files": 1, "text": 1, "metrics": 1, "schedules": 1, "dispatch": 1, "checks": 1, "prompts": 2,
+    "errors": 0, "defaults": 0, "files": 1, "text": 1, "metrics": 1, "schedules": 1, "dispatch": 4, "checks": 1, "prompts": 2,
     "envinfo": 1,
+    "platforminfo": 0, "dispatch.base": 1, "dispatch.chips": 2, "dispatch.metal": 2, "dispatch.cuda": 2, "dispatch.cpu": 3,
     "runenv": 2,  # the CLI's pre-measurement settings and the compute record of resume keys
     "result": 2, "gguf_gemma": 2,
     "models": 3,
@@ -33,6 +34,7 @@ RANKS = {
     "store": 14,
     "report": 15,
     "suite": 16,
+    "dispatch_cli": 16,
     "cli": 17, "__main__": 18, "": 19,  # "" is the package itself (gemmdrift/__init__.py)
 }
 

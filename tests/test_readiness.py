@@ -212,7 +212,7 @@ def test_resume_keys_change_with_the_device_and_every_mlx_variable(monkeypatch):
         with monkeypatch.context() as m:
             _planted_device(m, **{field: value})
             assert resume_key(d, "part") != key, field
-    monkeypatch.setattr(runenv.platform, "mac_ver", lambda: ("26.2", ("", "", ""), "arm64"))
+    monkeypatch.setattr("platform.mac_ver", lambda: ("26.2", ("", "", ""), "arm64"))
     assert runenv.compute_record()["macos"] == "26.2" and resume_key(d, "part") != key
 
 

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 from . import defaults as D
-from . import runenv
+from . import dispatch_cli, runenv
 from .errors import GemmdriftError
 
 
@@ -779,6 +779,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--no-triage", action="store_true", help="only report the divergences")
     _add_output(s, "results/server")
     s.set_defaults(func=cmd_server)
+
+    dispatch_cli.add_parser(sub)
     runenv.add_flags(sub)  # --tf32 on every measuring command, --device on env
     return p
 

@@ -19,10 +19,10 @@ setting, recomputes instead of reusing another machine's numbers.
 from __future__ import annotations
 
 import os
-import platform
 from typing import Any
 
 from .errors import GemmdriftError
+from .platforminfo import macos_version  # decides NAX on M5-class GPUs
 
 DEVICE_VAR = "GEMMDRIFT_DEVICE"
 
@@ -71,11 +71,6 @@ def prepare(args) -> None:
         envinfo.TF32_POLICY = args.tf32
     if getattr(args, "device", None) is not None:
         envinfo.select_device(args.device)  # a GPU this mlx cannot see fails here, before any model loads
-
-
-def macos_version() -> str | None:
-    """The macOS version ('26.2'), which decides NAX on M5-class GPUs; None elsewhere."""
-    return platform.mac_ver()[0] or None
 
 
 def compute_record() -> dict[str, Any]:

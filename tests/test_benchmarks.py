@@ -61,6 +61,7 @@ def quick(monkeypatch, embedded):
     common.kernel_inputs.cache_clear()
 
 
+@pytest.mark.linux_cpu_reference
 @pytest.mark.slow
 def test_env_benchmarks():
     import mlx.core as mx
@@ -101,6 +102,7 @@ def small_state(monkeypatch):
     return bench_state
 
 
+@pytest.mark.linux_cpu_reference
 @pytest.mark.slow
 def test_the_shared_probe_setup_serves_every_probe_as_each_alone(quick, small_fingerprints, small_state, embedded):
     """common.Probes computes the decode/verify stack, the state sweep, the divergence probe, the prefill

@@ -22,6 +22,7 @@ def assert_user_error(r, needle):
     assert needle in errors[0], errors[0]
 
 
+@pytest.mark.linux_cpu_reference
 def test_env_json_records_versions_and_device():
     r = gd("env", "--json")
     assert r.returncode == 0, r.stderr
@@ -84,6 +85,7 @@ def test_stack_positions_and_lengths_are_checked(tmp_path):
                       "split")
 
 
+@pytest.mark.linux_cpu_reference
 @pytest.mark.slow
 def test_stack_end_to_end_on_the_embedded_gemma(tmp_path):
     out = tmp_path / "stack"
@@ -101,6 +103,7 @@ def test_stack_end_to_end_on_the_embedded_gemma(tmp_path):
     assert meta["inputs"]["model"]["source"] == "embedded"
 
 
+@pytest.mark.linux_cpu_reference
 @pytest.mark.slow
 def test_run_quick_writes_the_report_and_resumes(tmp_path):
     out = tmp_path / "run"

@@ -257,7 +257,7 @@ class RowComparison:
     seconds_alone_all: float = 0.0  # the B prompts one by one
     ladder_envelope: float | None = None  # envelope_batch of the same row rerun at float32
     ladder_shrink: float | None = None
-    ladder: str = ""  # rounding | semantic | unclear (stack.ladder_verdict), for rows outside the envelope
+    ladder: str = ""  # rounding | semantic | unclear | unreliable (stack.ladder_verdict), rows outside the envelope
     layers: list[dict[str, Any]] = field(default_factory=list)  # per-layer drift (layers=True), see layer_drift
 
     def as_dict(self) -> dict[str, Any]:
@@ -407,7 +407,7 @@ def sweep(lm, target: Sequence[int], companion_sets: dict[str, Sequence[Sequence
         return alone_seconds[key]
 
     out: list[RowComparison] = []
-    high_alone = None
+    high_alone = rung = None
     for label, comps in companion_sets.items():
         for B in batch_sizes:
             positions = range(B) if rows == "all" else sorted({0, B - 1})
@@ -438,12 +438,15 @@ def sweep(lm, target: Sequence[int], companion_sets: dict[str, Sequence[Sequence
                     from .stack import ladder_verdict
 
                     if high_alone is None:
+                        from .runenv import rung_true_float32
+
+                        rung = rung_true_float32()  # a TF32 rung says unreliable, not semantic
                         high_alone = generate_alone(ladder_lm.model, target, n, prefill_step)
                     high_run = generate_batch(ladder_lm.model, prompts, n, keep=[j], prefill_step=prefill_step,
                                               plant=None if plant is None else (lambda caches, j=j: plant(caches, j)))
                     high = compare_row(high_alone, high_run, j, None)
                     shrink, verdict = ladder_verdict(c["envelope_batch"], high["envelope_batch"],
-                                                     lm.description.dtype)
+                                                     lm.description.dtype, rung["true_float32"])
                     lad = {"ladder_envelope": high["envelope_batch"], "ladder": verdict,
                            "ladder_shrink": None if shrink != shrink or shrink == float("inf") else shrink}
                     say(f"  float32 rerun: envelope {high['envelope_batch']:.3g}: {verdict}")

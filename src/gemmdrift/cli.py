@@ -13,8 +13,7 @@ import sys
 from pathlib import Path
 
 from . import defaults as D
-from . import dispatch_cli
-from . import goldcli
+from . import dispatch_cli, goldcli, runenv
 from .errors import GemmdriftError
 
 
@@ -179,11 +178,7 @@ def cmd_stack(args) -> int:
     from .models import describe
     from .stack import measure_stack
 
-    if args.ladder:
-        from .envinfo import force_true_float32
-
-        force_true_float32()  # the float32 rung: before mlx's first matmul (mlx reads MLX_ENABLE_TF32 once)
-    lm = _load(args)
+    lm = _load(args)  # the ladder rung is true float32: main() set MLX_ENABLE_TF32=0 (unless --tf32 keep)
     ids, label = _tokens(args, lm)
     n = len(ids)
     split = args.split if args.split is not None else default_split(n)
@@ -786,6 +781,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     dispatch_cli.add_parser(sub)
     goldcli.add_parser(sub, sys.modules[__name__])  # logits, compare (issue 23)
+    runenv.add_flags(sub)  # --tf32 on every measuring command, --device on env
     return p
 
 
@@ -796,6 +792,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
+        runenv.prepare(args)  # GEMMDRIFT_DEVICE; MLX_ENABLE_TF32=0 before anything computes (--tf32 keep opts out)
         return int(args.func(args) or 0)
     except GemmdriftError as e:
         print(f"gemmdrift: error: {e}", file=sys.stderr)

@@ -201,6 +201,7 @@ def environment() -> dict[str, Any]:
         "hostname": socket.gethostname(),
         **device_record(),
         "env": env_vars,
+        "tf32_policy": TF32_POLICY,
         "rope_bf16_positions_exact": rope_positions_exact("bfloat16"),
         "time_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "argv": list(sys.argv),
@@ -241,6 +242,7 @@ def describe(record: dict[str, Any]) -> str:
 
 TF32_VAR = "MLX_ENABLE_TF32"
 TF32_FORCED_OFF = False  # force_true_float32() set the variable in this process
+TF32_POLICY: str | None = None  # the CLI's --tf32 choice, "off" or "keep" (None: not run from the CLI)
 
 
 def _atoi(text: str | None, default: int) -> int:

@@ -923,6 +923,29 @@ def accumulator_check(reducer: Reducer) -> dict[str, Any]:
     return {"units": int(c), "sum": worst, "exact": bool(np.all(got == c))}
 
 
+FP16_FLUSHED = "fp16 subnormals flushed on this device"
+
+
+def fp16_subnormals_kept(reducer: Reducer) -> bool:
+    """Whether this device keeps the fp16 subnormals a float16 probe counts with (its unit, 2**-20, is one).
+
+    A path that flushes them would read every count as 0 and look unrecoverable. Checked on the device: 2**-20
+    round-trips through ``astype``, and the path's own reduction of units alone (one unit, and a full window
+    of them: a 1 x K matmul of units for matmul paths) counts them exactly. True for other dtypes.
+    """
+    import mlx.core as mx
+
+    unit = reducer.encoding.unit
+    if reducer.encoding.dtype != "float16" or unit >= 2.0 ** -14:  # 2**-14: fp16's smallest normal
+        return True
+    back = mx.array(unit, dtype=mx.float32).astype(mx.float16).astype(mx.float32).item()
+    m = min(reducer.n, reducer.encoding.window)
+    codes = np.zeros((2, reducer.n), dtype=np.int8)
+    codes[0, 0], codes[1, :m] = UNIT, UNIT
+    got = reducer.counts(codes)
+    return back == unit and bool(np.all(got[0] == 1)) and bool(np.all(got[1] == m))
+
+
 def _predict(spec: PathSpec, env: dict[str, Any], K: int, N: int, T: int) -> tuple[str, str]:
     """(predicted kernel, origin) from gemmdrift.dispatch; Metal's rules labelled as reference on the CPU."""
     from .dispatch import kernel_for
@@ -1006,7 +1029,8 @@ def _fingerprint_result(specs, parts, paths, K, ts, N, window, draw_k, env, extr
     table = pd.DataFrame(rows)
     for s in specs:
         sub = table[(table["path"] == s.text) & (table["status"] == "recovered")]
-        if not s.recoverable or not len(table[table["path"] == s.text]):
+        if not s.recoverable or not len(table[table["path"] == s.text]) or (
+                table[table["path"] == s.text]["status"] == FP16_FLUSHED).any():  # no figure, not "unrecovered"
             continue
         figures[f"{s.text}.unrecovered"] = float((table[table["path"] == s.text]["status"] != "recovered").sum())
         if len(sub):
@@ -1089,6 +1113,12 @@ def _measure_path(*, path: str, K: int, ts: list[int], N: int, window: int | Non
         if only_saved:
             continue
         red = make_reducer(s, K, T, N, window)
+        if T == ts[0] and not fp16_subnormals_kept(red):  # say so, not "not recovered" at every T
+            rows.append({"path": s.text, "op": s.op, "dtype": s.dtype, "K": K, "N": N, "T": math.nan,
+                         "position": math.nan, "status": FP16_FLUSHED, "fingerprint": "", "tree_id": math.nan,
+                         "description": FP16_FLUSHED, "depth": math.nan, "probes": 0, "calls": red.calls,
+                         "seconds": 0.0, "predicted_kernel": ""})
+            return {"rows": rows, "trees": trees, "accum": accum, "small": small, "origin": origin, "done": done}
         n_rows, n_accum, old_trees = len(rows), len(accum), set(trees)
         if T == ts[0]:
             acc = accumulator_check(red)

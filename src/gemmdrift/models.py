@@ -559,16 +559,19 @@ def describe(info: "Mapping[str, Any] | ModelDescription") -> str:
 
 def resume_key(description: ModelDescription, *parts: Any) -> str:
     """The one resume-key scheme of every checkpointed run (stack runs, `run` parts, prompt sets): a digest of
-    the model (source, path, dtype, quantization), the mlx and mlx-lm versions, and the run's own ``parts``
-    (JSON-able). A checkpoint saved under another key is never reused. ``description`` None: a model-free
-    measurement (fingerprints), keyed by the versions and ``parts`` alone."""
+    the model (source, path, dtype, quantization), the mlx and mlx-lm versions, where it computes (backend,
+    device, architecture, macOS version, every MLX_* variable: :func:`gemmdrift.runenv.compute_record`) and the
+    run's own ``parts`` (JSON-able). A checkpoint saved under another key is never reused. ``description`` None:
+    a model-free measurement (fingerprints), keyed by the versions, the compute record and ``parts`` alone."""
     import hashlib
 
     from .envinfo import _version
+    from .runenv import compute_record
 
     d = description
     model = [d.source, d.path, d.dtype, dict(d.quantization) if d.quantization else None] if d is not None else [None] * 4
-    blob = json.dumps([*model, _version("mlx"), _version("mlx-lm"), *parts], sort_keys=True, default=str)
+    blob = json.dumps([*model, _version("mlx"), _version("mlx-lm"), compute_record(), *parts], sort_keys=True,
+                      default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 

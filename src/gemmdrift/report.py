@@ -305,8 +305,8 @@ def _fingerprint_part(d: Path, env: dict[str, Any]) -> tuple[list[Block], list[s
     s = fingerprint_summary(read_result(d))
     reading = []
     for path, e in s["paths"].items():
-        if e["status"] == "not recoverable":
-            reading.append(f"`{path}`: {e.get('reason', 'not recoverable')}.")
+        if e["status"] in ("not recoverable", "fp16 subnormals flushed on this device"):  # fingerprint.FP16_FLUSHED
+            reading.append(f"`{path}`: {e.get('reason', e['status'])}.")
             continue
         line = (f"`{path}` (K={s['K']}): {e['distinct_trees']} distinct summation tree(s) over T {e.get('ts', s['ts'])}"
                 + (f", {e['not_recovered']} row positions not recovered" if e["not_recovered"] else "")

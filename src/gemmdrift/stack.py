@@ -421,12 +421,13 @@ def measure_stack(
 ENVELOPE_FIGURES = ("max_abs_dlogit", "max_abs_dgap", "p99_abs_dgap", "flips", "max_gap_at_flip")
 
 
-def stack_figures(tables: dict[str, pd.DataFrame], base: str) -> dict[str, float]:
+def stack_figures(tables: dict[str, pd.DataFrame], base: str, true_float32: bool = True) -> dict[str, float]:
     """The tracked figures of a stack measurement, at the base dtype.
 
     * ``<envelope metric>/<pair>``: the accumulated logit envelope (:data:`ENVELOPE_FIGURES`);
     * ``rel_l2/<pair>/<mode>/<tap>`` and ``bits_p99/<pair>/<mode>/<tap>`` (log2(1 + p99 ULP));
-    * ``ladder_rel_l2_float32/<pair>/<tap>``: the same pair at float32 (only with the ladder).
+    * ``ladder_rel_l2_float32/<pair>/<tap>``: the same pair at float32 (only with the ladder, and only when
+      the rung was true float32: a TF32 figure is not tracked under a float32 name; asv records it as NaN).
 
     A figure that is not finite (e.g. the gap at a flip when nothing flipped) is left out.
     """
@@ -448,7 +449,7 @@ def stack_figures(tables: dict[str, pd.DataFrame], base: str) -> dict[str, float
         if "p99_ulp" in m:
             out[figure_name("bits_p99", pair, mode, tap)] = metrics.bits_lost(float(m["p99_ulp"]))
     lad = tables.get("ladder")
-    if lad is not None and len(lad) and "rel_l2_float32" in lad.columns:
+    if lad is not None and len(lad) and "rel_l2_float32" in lad.columns and true_float32:
         for _, row in lad.iterrows():
             out[figure_name("ladder_rel_l2_float32", row["pair"], row["tap"])] = float(row["rel_l2_float32"])
     return {k: v for k, v in out.items() if math.isfinite(v)}
@@ -474,7 +475,8 @@ def stack_result(tables: dict[str, pd.DataFrame], inputs: dict[str, Any], env: d
     cols = [c for c in t.columns if c != "schedule"]  # the pair says it
     frame = tidy(t[cols] if len(t) else pd.DataFrame(columns=["metric", "value"]), **env_labels(env),
                  model=inputs["model"].get("source", ""))
-    return Result(kind="stack", inputs=inputs, env=env, frame=frame, figures=stack_figures(tables, base),
+    true32 = (inputs.get("ladder_float32") or {}).get("true_float32", True)  # older results carry no probe: as measured then
+    return Result(kind="stack", inputs=inputs, env=env, frame=frame, figures=stack_figures(tables, base, true32),
                   tables=tables)
 
 

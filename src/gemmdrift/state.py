@@ -288,7 +288,8 @@ def logit_diff(a: np.ndarray | None, b: np.ndarray | None) -> Diff:
     return Diff(True, False, 0.0, 0.0, float(np.max(np.abs(a - b))), why="next-position logits differ")
 
 
-def judge(bf: Diff, f32: Diff | None = None, *, refused: bool = False, envelope: float | None = None) -> tuple[Verdict, str, float]:
+def judge(bf: Diff, f32: Diff | None = None, *, refused: bool = False, envelope: float | None = None,
+          true_float32: bool = True) -> tuple[Verdict, str, float]:
     """The verdict of one case: (verdict, reason, ladder shrink or NaN).
 
     Args:
@@ -297,7 +298,12 @@ def judge(bf: Diff, f32: Diff | None = None, *, refused: bool = False, envelope:
         refused: the library refused the operation (e.g. ``trim_prompt_cache`` returned 0)
             and the generator went on as if it had succeeded.
         envelope: largest max|Δlogit| still called rounding (None: the ladder alone decides).
+        true_float32: the float32 rerun was true float32 (:func:`gemmdrift.runenv.rung_true_float32`); on a
+            TF32 rung rounding shrinks only ~8x, so a drift that shrank less than rounding would is UNRELIABLE,
+            not a STATE BUG.
     """
+    from .runenv import unreliable_reason
+
     if refused:
         why = "refused (trimmed nothing) and generation carried on as if it had"
         return Verdict.STATE_BUG, why + (f"; {bf.why}" if bf.why else ""), math.nan
@@ -324,6 +330,8 @@ def judge(bf: Diff, f32: Diff | None = None, *, refused: bool = False, envelope:
     detail = ", ".join(f"{n} shrinks {s:.3g}x" for n, s in pieces)
     if shrink >= LADDER_ROUNDING_SHRINK:
         return Verdict.ROUNDING, f"{bf.why}; at float32 {detail}: rounding", shrink
+    if not true_float32:
+        return Verdict.UNRELIABLE, f"{bf.why}; at float32 {detail}, but {unreliable_reason()}", shrink
     return Verdict.STATE_BUG, f"{bf.why}; at float32 {detail}: does not shrink like rounding", shrink
 
 
@@ -916,7 +924,8 @@ def batch_vs_alone(lm, seq: Sequence[int], other: Sequence[int], *, op: str, ste
 
 def batch_check(lm, seq: Sequence[int], other: Sequence[int], *, op: str, steps: int = 2, before: int = 1,
                 cache_factory: Callable[[Any], list] | None = None, envelope: float | None = None) -> dict[str, Any]:
-    """:func:`batch_vs_alone` judged: EXACT, ROUNDING (the float32 rerun shrinks it) or STATE BUG.
+    """:func:`batch_vs_alone` judged: EXACT, ROUNDING (the float32 rerun shrinks it), STATE BUG (or unreliable:
+    a TF32 rerun that shrank too little).
 
     For batch generation checks elsewhere (e.g. a batch generator's own tests): give the two
     token sequences and the operation; both prefills happen here, at the model's dtype and
@@ -926,7 +935,10 @@ def batch_check(lm, seq: Sequence[int], other: Sequence[int], *, op: str, steps:
     kw = dict(op=op, steps=steps, before=before, cache_factory=cache_factory)
     d = batch_vs_alone(lm, seq, other, **kw)["diff"]
     f32 = batch_vs_alone(lm, seq, other, dtype="float32", **kw)["diff"] if (not d.identical and d.structure) else None
-    verdict, reason, shrink = judge(d, f32, envelope=envelope)
+    from .runenv import rung_true_float32
+
+    probe = rung_true_float32() if f32 is not None else None  # TF32 float32 cannot tell rounding from a bug
+    verdict, reason, shrink = judge(d, f32, envelope=envelope, true_float32=probe is None or probe["true_float32"])
     return {"verdict": verdict, "reason": reason, "shrink": shrink, "diff": d, "f32": f32}
 
 
@@ -973,9 +985,11 @@ class _Float32:
 
     def __enter__(self):
         from .models import _cast
+        from .runenv import rung_true_float32
 
         self.old = self.lm.description.dtype
         _cast(self.lm.model, "float32")
+        self.probe = rung_true_float32()  # TF32 (CUDA, M5-class GPUs) cannot tell rounding from a bug
         return self
 
     def __exit__(self, *exc):
@@ -1021,6 +1035,7 @@ def _sweep(lm, operations: Sequence[str], where: Sequence[str] | None, ks: Seque
         _progress(f"  {prefix.seconds:.1f} s")
     rows: list[dict[str, Any]] = []
     ladder_jobs: list[tuple[int, Callable[[], Diff], Diff]] = []
+    fp32_probe = None  # the float32 rung's probe, when the ladder ran
     vocab = lm.vocab_size
 
     def add(row, diff: Diff | None, refused: bool = False, rerun: Callable[[], Diff] | None = None):
@@ -1194,13 +1209,14 @@ def _sweep(lm, operations: Sequence[str], where: Sequence[str] | None, ks: Seque
     # The precision ladder for cases that differ with the same structure.
     if ladder_jobs:
         _progress(f"precision ladder: {len(ladder_jobs)} cases at float32")
-        with _Float32(lm):
+        with _Float32(lm) as rung:
+            fp32_probe = rung.probe
             for i, rerun, diff in ladder_jobs:
                 f32 = rerun()
-                v, why, shrink = judge(diff, f32, envelope=envelope)
+                v, why, shrink = judge(diff, f32, envelope=envelope, true_float32=rung.probe["true_float32"])
                 rows[i].update(verdict=str(v), reason=why, shrink=shrink, f32_rel_l2=f32.rel_l2,
                                f32_max_abs_dlogit=f32.max_abs_dlogit)
-    return {"rows": rows, "lengths": lengths, "setups": {s.name: s.note for s in setups},
+    return {"rows": rows, "lengths": lengths, "setups": {s.name: s.note for s in setups}, "fp32_probe": fp32_probe,
             "computed_prefix": prefix.computed if prefix else 0, "prefix_seconds": prefix.seconds if prefix else 0.0}
 
 
@@ -1300,6 +1316,8 @@ def _state_result(lm, operations, where, ks, ladder, envelope, parts, n, env, t_
                                     "computed_prefix": model_part["computed_prefix"],
                                     "prefix_seconds": model_part["prefix_seconds"],
                                     "window": window, "setups": {k: v for p in parts for k, v in p["setups"].items()},
+                                    "ladder_float32": next((p["fp32_probe"] for p in parts if p.get("fp32_probe")),
+                                                           None),
                                     "workers": n, **extra}, seconds)
 
 

@@ -209,10 +209,13 @@ def main_job(out: str | Path = "results/run", sizes: str | None = None, model: s
     Returns:
         The report's paths, ``{"markdown": ..., "html": ...}``.
     """
-    from . import report, state, store
+    from . import envinfo, report, state, store
     from .envinfo import environment
     from .models import describe, load_model
+    from .runenv import compute_record
 
+    if envinfo.TF32_POLICY != "keep":  # the CLI's --tf32 keep opts out
+        envinfo.force_true_float32()  # float32 paths and the ladder rung: before mlx's first matmul
     name = sizes or default_sizes()
     if name not in SIZES:
         raise GemmdriftError(f"unknown size {name!r} (choose {', '.join(SIZES)})")
@@ -222,7 +225,7 @@ def main_job(out: str | Path = "results/run", sizes: str | None = None, model: s
     from .models import parse_dtype
 
     run_inputs = {"model": model, "dtype": parse_dtype(dtype), "sizes": name, "mlx": _version("mlx"),
-                  "mlx_lm": _version("mlx-lm")}
+                  "mlx_lm": _version("mlx-lm"), "compute": compute_record()}  # another device or MLX_* setting: refused
     check_resume(out, run_inputs)  # before the model loads
     env = environment()
     lm = load_model(model, dtype=dtype)

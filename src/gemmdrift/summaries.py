@@ -341,12 +341,15 @@ TEXTS["history"] = lambda r: text_table(r.tables["history_wide"])
 # ---- fingerprint
 
 
+_FP_UNMEASURED = ("not recoverable", "fp16 subnormals flushed on this device")  # fingerprint.FP16_FLUSHED
+
+
 def _fp_runs(table: pd.DataFrame) -> list[dict[str, Any]]:
     """One row per path and run of consecutive T with the same trees and the same predicted kernel."""
     out: list[dict[str, Any]] = []
     for path, s in table.groupby("path", sort=False):
-        if (s["status"] == "not recoverable").all():
-            out.append({"path": path, "T": "", "trees": "not recoverable", "predicted": "",
+        if s["status"].isin(_FP_UNMEASURED).all():  # not recoverable, or fp16 subnormals flushed here
+            out.append({"path": path, "T": "", "trees": s["status"].iloc[0], "predicted": "",
                         "description": s["description"].iloc[0]})
             continue
         prev = None
@@ -377,7 +380,7 @@ def fingerprint_summary(result: Result) -> dict[str, Any]:
     paths: dict[str, Any] = {}
     for path, s in table.groupby("path", sort=False):
         ok = s[s["status"] == "recovered"]
-        entry: dict[str, Any] = {"status": "not recoverable" if (s["status"] == "not recoverable").all()
+        entry: dict[str, Any] = {"status": s["status"].iloc[0] if s["status"].isin(_FP_UNMEASURED).all()
                                  else ("recovered" if len(ok) == len(s) else "partly not recovered"),
                                  "distinct_trees": int(ok["fingerprint"].nunique()),
                                  "not_recovered": int((s["status"] == "not recovered").sum())}
@@ -431,7 +434,7 @@ TEXTS["fingerprint"] = fingerprint_text
 def _state_cells(table: pd.DataFrame) -> pd.DataFrame:
     """One row per cache class and operation, one column per prefix position: 'EXACT 14', 'STATE BUG 10/14'."""
     order = ["below", "at", "past", "far", ""]
-    worst = ["STATE BUG", "rounding", "EXACT", "not applicable", "not checked"]
+    worst = ["STATE BUG", "unreliable", "rounding", "EXACT", "not applicable", "not checked"]
     rows = []
     for (cache, op), g in table.groupby(["cache", "operation"], sort=False):
         row = {"cache": cache, "operation": op}

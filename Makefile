@@ -1,22 +1,45 @@
 # Two commands set everything up on a fresh machine:
-#   make run   - create .venv and run the main job on the embedded Gemma
-#   make test  - create .venv and run the tests
-PYTHON ?= python3
-VENV := .venv
-BIN := $(VENV)/bin
+#   make run   - create the virtual environment and run the main job on the embedded Gemma
+#   make test  - create the virtual environment and run the tests
+# The first Python 3.10+ found (python3.13 ... python3.10, then python3; arm64 on macOS) builds it,
+# unless PYTHON is given.
 OUT ?= results/run
 # Backend extra: cpu on Linux (mlx[cpu]); nothing on macOS (Metal ships with mlx).
-# Use `make BACKEND=cuda ...` on a Linux machine with an NVIDIA GPU.
+# On a Linux machine with an NVIDIA GPU: `make BACKEND=cuda13 ...` (CUDA 13 driver, R580+) or
+# `make BACKEND=cuda12 ...` (CUDA 12 driver); BACKEND=cuda is cuda13. Each backend has its own
+# virtual environment (.venv for cpu and Metal, .venv-cuda12, .venv-cuda13): the mlx-cpu and
+# mlx-cuda wheels both install mlx/lib/libmlx.so, so they must never share one.
 ifeq ($(shell uname -s),Linux)
 BACKEND ?= cpu
+override BACKEND := $(if $(filter cuda,$(BACKEND)),cuda13,$(BACKEND))
+ifeq ($(filter cpu cuda12 cuda13,$(BACKEND)),)
+$(error BACKEND=$(BACKEND) is not a backend: use cpu, cuda12 or cuda13 (cuda is cuda13))
+endif
 EXTRAS := $(BACKEND),test,bench
 else
+override BACKEND := metal
 EXTRAS := test,bench
 endif
+VENV ?= $(if $(filter cpu metal,$(BACKEND)),.venv,.venv-$(BACKEND))
+BIN := $(VENV)/bin
+# asv: the CUDA matrix pins mlx-cuda-13 or mlx-cuda-12 wheels (asv.conf.json pins mlx-cpu on Linux).
+ASV_CONFIG := $(if $(filter cuda12,$(BACKEND)),asv.cuda12.conf.json,$(if $(filter cuda13,$(BACKEND)),asv.cuda.conf.json,asv.conf.json))
 
-.PHONY: run test env bench clean
+# The interpreter must be 3.10+ (pyproject's requires-python) and, on macOS, arm64: mlx has no wheel
+# for an x86_64 (Rosetta) Python, and a stock Mac's /usr/bin/python3 is 3.9. pyenv shims of versions
+# that are not active fail this check, so they are skipped.
+PY_OK := import platform, sys; sys.exit(sys.version_info < (3, 10) or (sys.platform == "darwin" and platform.machine() != "arm64"))
+PYTHONS := python3.13 python3.12 python3.11 python3.10 python3
+# Looked up once, on first use (not for `make clean`).
+PYTHON ?= $(eval PYTHON := $(shell for p in $(PYTHONS); do $$p -c '$(PY_OK)' >/dev/null 2>&1 && { echo $$p; break; }; done))$(PYTHON)
+# mlx-metal has wheels for macOS 14 and later only (0.29.3 is the last for macOS 13).
+MAC_OK := import platform, sys; sys.exit(sys.platform == "darwin" and int(platform.mac_ver()[0].split(".")[0] or 0) < 14)
+
+.PHONY: run test env bench golden clean
 
 $(BIN)/.installed-$(EXTRAS): pyproject.toml
+	@test -n "$(PYTHON)" && $(PYTHON) -c '$(PY_OK)' 2>/dev/null || { echo "make: no Python 3.10+$(if $(filter metal,$(BACKEND)), for arm64,) found (tried $(or $(PYTHON),$(PYTHONS))); install one, or give it as PYTHON=..." >&2; exit 2; }
+	@$(PYTHON) -c '$(MAC_OK)' || { echo "make: mlx needs macOS 14 or later on Apple silicon" >&2; exit 2; }
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e ".[$(EXTRAS)]"
@@ -31,8 +54,15 @@ test: env
 	$(BIN)/python -m pytest
 
 bench: env
-	$(BIN)/asv machine --yes
-	$(BIN)/asv run --show-stderr
+	$(BIN)/asv machine --config $(ASV_CONFIG) --yes
+	$(BIN)/asv run --config $(ASV_CONFIG) --show-stderr
+
+# The shipped golden logits (src/gemmdrift/data/golden/linux-cpu): the embedded Gemma in bfloat16 over the
+# built-in essay and prompt set, decode and verify:2. Run on the Linux CPU backend with the mlx it records.
+GOLDEN ?= src/gemmdrift/data/golden/linux-cpu
+golden: env
+	$(BIN)/gemmdrift logits --schedule decode --out $(GOLDEN)/decode.npz
+	$(BIN)/gemmdrift logits --schedule verify:2 --out $(GOLDEN)/verify-2.npz
 
 clean:
-	rm -rf $(VENV) .asv results
+	rm -rf .venv .venv-cuda12 .venv-cuda13 .asv results

@@ -36,3 +36,20 @@ def track_mlx_lm_version():
 
 track_mlx_lm_version.unit = "major*10000+minor*100+patch"
 track_mlx_lm_version.version = "1"
+
+
+# The size sets of the main-job probes (common.BENCH_SIZES), numbered for asv.
+SIZE_CODES = {"cpu": 0, "gpu": 1}
+
+
+def track_sizes():
+    """Which size set the probes measured (common.sizes(): 'gpu' on Metal/CUDA, 'cpu' elsewhere). The same
+    benchmark names hold both, so a machine's series says which it is; `gemmdrift history` draws one line per
+    machine and backend, and the backend decides the size set, so the two never share a line."""
+    from gemmdrift import suite
+
+    return float(SIZE_CODES[suite.default_sizes()])
+
+
+track_sizes.unit = "0=cpu 1=gpu sizes"
+track_sizes.version = "1"

@@ -65,7 +65,9 @@ BENCH_SIZES = {
                 kernel_ts=(1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 24, 32, 33, 64, 128, 512),
                 kernel_paths=("model", "dense:float16", "dense:float32", "quant:affine-q4-g64",
                               "quant:affine-q8-g64", "emulated:splitk4"),
-                kernel_rows=64, diverge_prompt=1000, diverge_n=128),
+                kernel_rows=64, diverge_prompt=1000, diverge_n=128,
+                # The GPU kernel probe's FLOP budget (the CPU's default 2e9 cut the LM head at T=4).
+                flop_budget=1e12),
 }
 
 
@@ -154,3 +156,10 @@ class Probes:
 
 # The parts of Probes, longest first (the order they start in).
 PROBE_PARTS = ("decode", "state", "diverge", "prefill", "kernels", "fingerprint", "ops")
+
+
+def on_gpu() -> bool:
+    """True when the benchmarks run on Metal or CUDA (the 'gpu' sizes): GPU timings warm up before they time."""
+    from gemmdrift import suite
+
+    return suite.default_sizes() == "gpu"

@@ -8,12 +8,48 @@ cache directory and shared by the whole session.
 from __future__ import annotations
 
 import os
+import platform
+import sys
 from pathlib import Path
 
 import pytest
 
 # Tests share one conversion cache; CI starts empty and converts once (~20 s).
 os.environ.setdefault("GEMMDRIFT_CACHE", str(Path(__file__).resolve().parent.parent / ".cache" / "gemmdrift"))
+
+# The device every test computes on: the CPU, or the GPU with GEMMDRIFT_TEST_DEVICE=gpu (then the tests of
+# reference-CPU facts are skipped and the structural ones run there). GEMMDRIFT_DEVICE is the CLI's default
+# --device, so the commands the tests start (gd(...)) compute on it too.
+TEST_DEVICE = os.environ.get("GEMMDRIFT_TEST_DEVICE", "").strip().lower() or "cpu"
+os.environ["GEMMDRIFT_DEVICE"] = TEST_DEVICE
+os.environ.setdefault("MLX_ENABLE_TF32", "0")  # true float32 in this process, as every measuring command sets it
+
+
+def reference_backend() -> bool:
+    """Whether the tests run on the backend the linux_cpu_reference facts were read from: mlx's CPU backend on
+    Linux x86_64 (reference BLAS cblas_sgemm, simd max_size 1). A Mac's CPU backend (Accelerate, BNNS), Linux
+    aarch64 (NEON) and every GPU compute in other orders."""
+    return sys.platform.startswith("linux") and platform.machine() in ("x86_64", "AMD64") and TEST_DEVICE == "cpu"
+
+
+def pytest_configure(config):
+    import mlx.core as mx
+
+    if TEST_DEVICE not in ("cpu", "gpu"):
+        raise pytest.UsageError(f"GEMMDRIFT_TEST_DEVICE={TEST_DEVICE!r}: expected cpu or gpu")
+    if TEST_DEVICE == "gpu" and not (mx.metal.is_available() or (hasattr(mx, "cuda") and mx.cuda.is_available())):
+        raise pytest.UsageError("GEMMDRIFT_TEST_DEVICE=gpu: this mlx sees no GPU (neither Metal nor CUDA)")
+    mx.set_default_device(mx.gpu if TEST_DEVICE == "gpu" else mx.cpu)
+
+
+def pytest_collection_modifyitems(config, items):
+    if reference_backend():
+        return
+    skip = pytest.mark.skip(reason=f"a fact of mlx's Linux x86_64 CPU backend (reference BLAS); here "
+                                   f"{platform.system()} {platform.machine()}, device {TEST_DEVICE}")
+    for item in items:
+        if "linux_cpu_reference" in item.keywords:
+            item.add_marker(skip)
 
 TINY_CONFIG = {
     "model_type": "gemma3_text",

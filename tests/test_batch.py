@@ -167,6 +167,7 @@ def test_layer_drift_known_answer():
     assert rows[2]["rel_l2"] == pytest.approx(1.0) and rows[2]["positions"] == 2
 
 
+@pytest.mark.linux_cpu_reference
 @pytest.mark.parametrize("B,j,step", [(1, 0, 2048), (4, 0, 2048), (4, 3, 2048), (4, 3, 4)])
 def test_the_followed_row_is_the_row_and_matches_alone_at_every_layer(tiny, B, j, step):
     """The taps follow row j through mlx-lm's generation batch. With a prefill step of 4 the 6-token target
@@ -206,6 +207,7 @@ def test_a_planted_mask_shift_shows_from_the_first_layer(tiny):
     assert rows[0]["frac_differ"] > 0 and rows[-1]["rel_l2"] > 1e-3, rows[:2]
 
 
+@pytest.mark.linux_cpu_reference
 def test_measure_batch_with_layers_tables_figure_and_text(tiny, tmp_path):
     from gemmdrift import plots, store, summaries
 

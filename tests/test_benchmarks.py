@@ -17,10 +17,10 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from benchmarks import (bench_diverge, bench_env, bench_kernels, bench_overhead,  # noqa: E402
+from benchmarks import (bench_diverge, bench_env, bench_golden, bench_kernels, bench_overhead,  # noqa: E402
                         bench_stack, common)
 
-MODULES = [bench_diverge, bench_env, bench_kernels, bench_overhead, bench_stack]
+MODULES = [bench_diverge, bench_env, bench_golden, bench_kernels, bench_overhead, bench_stack]
 
 
 def tracked(module):
@@ -61,6 +61,7 @@ def quick(monkeypatch, embedded):
     common.kernel_inputs.cache_clear()
 
 
+@pytest.mark.linux_cpu_reference
 @pytest.mark.slow
 def test_env_benchmarks():
     import mlx.core as mx
@@ -101,6 +102,7 @@ def small_state(monkeypatch):
     return bench_state
 
 
+@pytest.mark.linux_cpu_reference
 @pytest.mark.slow
 def test_the_shared_probe_setup_serves_every_probe_as_each_alone(quick, small_fingerprints, small_state, embedded):
     """common.Probes computes the decode/verify stack, the state sweep, the divergence probe, the prefill
@@ -161,6 +163,25 @@ def test_the_shared_probe_setup_serves_every_probe_as_each_alone(quick, small_fi
         list(small_fingerprints.FP_PATHS), K=small_fingerprints.FP_K, ts=small_fingerprints.FP_TS,
         N=small_fingerprints.FP_N, draw_k=0).figures)
     assert cache["ops"] == dict(kernels.measure_ops(embedded).figures)
+
+
+@pytest.mark.slow
+def test_golden_benchmarks_against_the_shipped_base(monkeypatch, embedded):
+    """This machine made the shipped bases: on their mlx and backend KLD is exactly 0 and the top-1 all agree."""
+    import mlx.core as mx
+
+    from gemmdrift.golden import read_logits, resolve_golden
+
+    monkeypatch.setattr(bench_golden, "GOLDEN_TOKENS", 12)
+    monkeypatch.setattr(common, "model", lambda dtype="bfloat16": embedded)
+    bench = bench_golden.GoldenLogits()
+    cache = bench.setup_cache()
+    for b in bench_golden.GOLDEN_BASES:
+        values = [finite(bench.track_kld_mean(cache, b)), finite(bench.track_kld_p999(cache, b)),
+                  finite(bench.track_same_top1(cache, b))]
+        made_here = read_logits(resolve_golden(f"linux-cpu/{b}")).header["env"]["mlx"] == mx.__version__
+        if made_here:
+            assert values == [0.0, 0.0, 1.0], (b, values)
 
 
 def test_the_shared_setup_refuses_an_unknown_part(monkeypatch):

@@ -22,6 +22,7 @@ def assert_user_error(r, needle):
     assert needle in errors[0], errors[0]
 
 
+@pytest.mark.linux_cpu_reference
 def test_env_json_records_versions_and_device():
     r = gd("env", "--json")
     assert r.returncode == 0, r.stderr
@@ -67,7 +68,7 @@ def test_asking_for_a_gpu_that_mlx_cannot_see():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("content,needle", [('[1, 2, "x"]', "not an integer"), ("[1, 999999]", "outside the vocabulary"),
-                                            ("", "no token ids"), ("[1, 2", "not a valid JSON"),
+                                            ("", "no token ids"), ("[1, 2", "not valid JSON"),
                                             ("1 2 x", "not an integer")])
 def test_bad_prompt_id_files(tmp_path, content, needle):
     f = tmp_path / "ids.json"
@@ -84,6 +85,7 @@ def test_stack_positions_and_lengths_are_checked(tmp_path):
                       "split")
 
 
+@pytest.mark.linux_cpu_reference
 @pytest.mark.slow
 def test_stack_end_to_end_on_the_embedded_gemma(tmp_path):
     out = tmp_path / "stack"
@@ -101,6 +103,7 @@ def test_stack_end_to_end_on_the_embedded_gemma(tmp_path):
     assert meta["inputs"]["model"]["source"] == "embedded"
 
 
+@pytest.mark.linux_cpu_reference
 @pytest.mark.slow
 def test_run_quick_writes_the_report_and_resumes(tmp_path):
     out = tmp_path / "run"

@@ -101,6 +101,7 @@ def test_planted_state_bug_is_outside_the_envelope():
     assert t.reproduces_a and not t.reproduces_b
 
 
+@pytest.mark.linux_cpu_reference
 def test_divergence_between_bit_identical_schedules_is_not_numeric():
     lm = make_tiny("float32", seed=3)
     prompt = list(range(10, 16))  # below the window: the two schedules agree bit for bit

@@ -171,6 +171,7 @@ def test_fingerprint_is_stable_and_tree_id_exact():
 # ---- mlx paths (this CPU: measured facts, and the negative control)
 
 
+@pytest.mark.linux_cpu_reference
 def test_mlx_matmul_paths_and_splitk_control():
     K, T = 64, 3
     got = {}
@@ -208,6 +209,7 @@ def test_cpu_quantized_bf16_accumulator_is_narrow():
     assert dense["exact"] and dense["sum"] == 510.0
 
 
+@pytest.mark.linux_cpu_reference
 def test_measure_result_and_not_recoverable_paths():
     r = fp.measure(["matmul:float32", "emulated:splitk2:float32", "softmax:float32"], K=32, ts=[1, 2], N=8,
                    draw_k=8)
@@ -251,6 +253,7 @@ def test_bad_input_exit_2(tmp_path, capsys, argv, words):
     assert not (tmp_path / "o").exists()
 
 
+@pytest.mark.linux_cpu_reference
 def test_cli_writes_result(tmp_path, capsys):
     out = tmp_path / "fp"
     code = main(["fingerprint", "--paths", "matmul:float32,emulated:splitk2:float32", "--k", "32", "--ts", "1,2",
@@ -264,6 +267,7 @@ def test_cli_writes_result(tmp_path, capsys):
     assert (out / "fingerprint_vs_t.png").is_file() and (out / "trees_small_k.png").is_file()
 
 
+@pytest.mark.linux_cpu_reference
 def test_report_page_shows_fingerprints(tmp_path):
     from gemmdrift import report, store
 
@@ -276,6 +280,7 @@ def test_report_page_shows_fingerprints(tmp_path):
     assert "`rms_norm:float32`: a sum of squares has no negative terms" in md and "not recoverable" in md
 
 
+@pytest.mark.linux_cpu_reference
 def test_asv_benchmark_tracks_the_measured_figures(monkeypatch):
     import math
     import sys

@@ -79,6 +79,7 @@ def test_tied_and_quantized_heads_and_linears_are_found(tiny):
     assert [(p.in_dims, p.out_dims) for p in projs] == [(128, 64), (64, 97)]
 
 
+@pytest.mark.linux_cpu_reference
 def test_stored_quantized_modules_are_measured_as_loaded(tiny):
     import mlx.nn as nn
 
@@ -159,6 +160,7 @@ def test_synthetic_rows_are_seeded_unit_rms_bf16(tiny):
 # --------------------------------------------------------------- (a) real kernels
 
 
+@pytest.mark.linux_cpu_reference
 def test_real_cpu_kernels_are_row_invariant_on_captured_rows(tiny):
     # The honest CPU result: every real path gives bit-identical rows at every T.
     projs = kernels.projections(tiny, layers=[0, 3, tiny.n_layers])
@@ -175,6 +177,7 @@ def test_real_cpu_kernels_are_row_invariant_on_captured_rows(tiny):
     assert summary["real_drift"] is False and summary["emulated_control_detected"] is None
 
 
+@pytest.mark.linux_cpu_reference
 @pytest.mark.slow
 def test_real_gemma_layer0_is_row_invariant_and_the_control_is_not(embedded):
     from gemmdrift.prompts import builtin_text
@@ -327,6 +330,7 @@ def test_checkpoint_resumes_without_recomputing(tiny, tmp_path, monkeypatch):
 # -------------------------------------------------------------------- other ops
 
 
+@pytest.mark.linux_cpu_reference
 def test_ops_are_row_invariant_on_cpu(tiny):
     df = kernels.ops_sweep(tiny, query_lengths=[1, 2, 8, 9], key_lengths=[16, 40])
     assert set(df["projection"]) == {"sdpa", "softmax", "rope", "rms_norm"}
@@ -439,6 +443,7 @@ def test_dispatch_thresholds_from_source():
     assert dispatch.thresholds("metal", "0.29.0", "matmul", K=640, N=1024) == []
 
 
+@pytest.mark.linux_cpu_reference
 def test_shape_models_probe_one_projection_at_real_shapes():
     # Synthetic weights at Gemma 4 31B shapes: one projection is materialized, never the model.
     import importlib.util

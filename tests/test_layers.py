@@ -17,11 +17,14 @@ SRC = Path(__file__).resolve().parent.parent / "src" / "gemmdrift"
 # Lower rank = lower in the house. A module may import only modules of a strictly lower rank.
 RANKS = {
     # foundations: no gemmdrift imports but errors
-    "errors": 0, "defaults": 0, "files": 1, "text": 1, "metrics": 1, "schedules": 1, "dispatch": 1, "checks": 1, "prompts": 2,
+    "errors": 0, "defaults": 0, "files": 1, "text": 1, "metrics": 1, "schedules": 1, "dispatch": 4, "checks": 1, "prompts": 2,
     "envinfo": 1,
+    "platforminfo": 0, "dispatch.base": 1, "dispatch.chips": 2, "dispatch.metal": 2, "dispatch.cuda": 2, "dispatch.cpu": 3,
+    "backends": 0, "memory": 1,
+    "runenv": 2,  # the CLI's pre-measurement settings and the compute record of resume keys
     "result": 2, "gguf_gemma": 2,
     "models": 3,
-    "taps": 4, "workers": 4,
+    "taps": 4, "workers": 4, "checkpoint": 4,
     # measurements: each returns a Result
     "kernels.capture": 5, "kernels.paths": 6, "kernels.table": 7, "kernels.ops": 8, "kernels.runs": 9,
     "kernels": 10, "stack": 5, "diverge": 5, "history": 5,
@@ -31,8 +34,10 @@ RANKS = {
     "summaries": 12, "plots": 12,
     "legacy": 13,
     "store": 14,
-    "report": 15,
+    "report": 15, "interrupts": 15,
     "suite": 16,
+    "dispatch_cli": 16,
+    "twostats": 3, "golden": 5, "goldview": 11, "goldcli": 16,  # logits / compare (issue 23)
     "cli": 17, "__main__": 18, "": 19,  # "" is the package itself (gemmdrift/__init__.py)
 }
 
@@ -115,4 +120,5 @@ def test_the_cli_defaults_are_the_library_defaults():
     sig = inspect.signature(diverge.diverge).parameters
     assert (d.k, d.prefill_a, d.prefill_b) == (sig["k"].default, sig["prefill_a"].default, sig["prefill_b"].default)
     assert p.parse_args(["gate"]).threshold == history.GATE_THRESHOLD
-    assert p.parse_args(["triage", "--stream-a", "a", "--stream-b", "b"]).schedule_b == defaults.SCHEDULE_SPECULATIVE
+    # triage: the schedule written in the stream file, else defaults.SCHEDULE_SPECULATIVE (cmd_triage, issue 25)
+    assert p.parse_args(["triage", "--stream-a", "a", "--stream-b", "b"]).schedule_b is None

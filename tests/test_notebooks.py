@@ -21,6 +21,7 @@ def parameters(tmp_path) -> dict[str, str]:
         "divergence": 'PROMPT_TOKENS = 16\nN = 4\nK = 2\nMODEL = "embedded"',
         "history": f"RESULTS = {str(root)!r}",
         "batch": 'MODEL = "embedded"\nN = 3\nBATCH_SIZES = (1, 2)\nSERVER = False',
+        "compare": 'MODEL = "embedded"\nTOKENS = 24',
         "cache_bench": 'MODEL = "embedded"\nOPERATIONS = ("rollback", "draft_trim")\nWHERE = ("below", "past")\nKS = (1,)',
     }
 
@@ -54,6 +55,8 @@ def test_notebook_executes(path, tmp_path):
     assert images, "the notebook shows its figures"
     if path.stem == "divergence":
         assert last_value(nb) == "True"  # triage of the saved streams gives the same verdict
+    if path.stem == "compare":
+        assert last_value(nb) == "True"  # the saved file gives the same top-1 share as the live run
     if path.stem == "history":
         assert "0.32.4" in last_value(nb)  # the gate compared the two versions written above
     if path.stem == "cache_bench":  # the candidate fails past the window, the shipped overlay does not

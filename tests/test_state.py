@@ -116,6 +116,7 @@ def test_judge_rounding_needs_the_ladder_to_shrink():
 # ----------------------------------------------------------------------------- item 3: known answers on a model
 
 
+@pytest.mark.linux_cpu_reference
 def test_kvcache_is_exact_everywhere():
     lm = make_tiny()
     r = state.measure_state(lm, operations=("rollback", "trim", "trim_prompt_cache", "save_load", "server_reuse"),
@@ -244,6 +245,7 @@ def test_server_reuse_trims_to_the_common_prefix_and_is_exact_for_kvcache():
         assert r["reused"] == reused and r["diff"].identical, (kind, r)
 
 
+@pytest.mark.linux_cpu_reference
 def test_batch_vs_alone_is_reusable_and_catches_a_planted_filter(monkeypatch):
     from mlx_lm.models import cache as C
 
@@ -305,7 +307,8 @@ def test_cli_state_on_a_tiny_directory(tmp_path):
     (["--where", "inside"], "unknown prefix position"),
     (["--k", "0"], "draft counts"),
     (["--caches", "MagicCache"], "unknown cache class"),
-    (["--envelope", "-1"], "must be positive"),
+    (["--envelope", "-1"], "must be a finite non-negative"),  # checks.check_envelope, as triage (issue 25)
+    (["--envelope", "inf"], "must be a finite non-negative"),
     (["--workers", "0"], "--workers must be at least 1"),
 ])
 def test_cli_state_bad_input_is_one_line_before_loading(args, needle):

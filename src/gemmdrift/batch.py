@@ -63,6 +63,7 @@ import numpy as np
 
 from . import metrics
 from .errors import GemmdriftError
+from .prompts import BATCH_SCHEDULE  # a batch row's schedule in its stream file (`gemmdrift triage` reads it)
 
 PLAIN = "prefill:2048,decode"
 REFERENCE = "prefill:2048,verify:2"
@@ -256,7 +257,7 @@ class RowComparison:
     seconds_alone_all: float = 0.0  # the B prompts one by one
     ladder_envelope: float | None = None  # envelope_batch of the same row rerun at float32
     ladder_shrink: float | None = None
-    ladder: str = ""  # rounding | semantic | unclear (stack.ladder_verdict), for rows outside the envelope
+    ladder: str = ""  # rounding | semantic | unclear | unreliable (stack.ladder_verdict), rows outside the envelope
     layers: list[dict[str, Any]] = field(default_factory=list)  # per-layer drift (layers=True), see layer_drift
 
     def as_dict(self) -> dict[str, Any]:
@@ -363,7 +364,7 @@ def layout(target: Sequence[int], companions: Sequence[Sequence[int]], B: int, r
 def sweep(lm, target: Sequence[int], companion_sets: dict[str, Sequence[Sequence[int]]], n: int, *,
           batch_sizes: Sequence[int] = (1, 2, 4, 8), rows: str = "ends", prefill_step: int = 2048,
           reference: bool = True, plant: Callable | None = None, ladder_lm=None,
-          progress=None, layers: bool = False) -> list[RowComparison]:
+          progress=None, layers: bool = False, checkpoint=None, sink: list | None = None) -> list[RowComparison]:
     """Row j of a batch of B vs the target alone, over B, row positions and companion sets.
 
     ``ladder_lm``: the same model at float32; every row outside the envelope is
@@ -377,6 +378,9 @@ def sweep(lm, target: Sequence[int], companion_sets: dict[str, Sequence[Sequence
         rows: 'ends' (first and last row) or 'all'.
         plant: a bug planted into every batch (tests): ``plant(caches, row)``.
         layers: follow the row through the batch at every layer (``RowComparison.layers``).
+        checkpoint: a :class:`gemmdrift.checkpoint.Checkpoints`; every finished row is saved there and a
+            row saved before (same inputs) is loaded instead of rerun.
+        sink: finished rows are appended here as they finish (what an interrupted run keeps).
     """
     say = progress or (lambda msg: None)
     for B in batch_sizes:
@@ -384,7 +388,9 @@ def sweep(lm, target: Sequence[int], companion_sets: dict[str, Sequence[Sequence
             raise GemmdriftError(f"batch sizes must be positive, got {B}")
     if rows not in ("ends", "all"):
         raise GemmdriftError(f"rows must be 'ends' or 'all', got {rows!r}")
-    generate_alone(lm.model, target, 1, prefill_step)  # warm-up: lazy weights load on the first pass, untimed
+    # Warm-up, untimed: the lazy weights load on the first pass, and on a GPU every kernel is built on first use;
+    # two tokens, so the decode step is built too.
+    generate_alone(lm.model, target, 2, prefill_step)
     alone = generate_alone(lm.model, target, n, prefill_step)
     say(f"alone: {n} tokens in {alone.seconds:.1f} s")
     ref = reference_envelope(lm, target, alone.tokens[0]) if reference else None
@@ -401,11 +407,22 @@ def sweep(lm, target: Sequence[int], companion_sets: dict[str, Sequence[Sequence
         return alone_seconds[key]
 
     out: list[RowComparison] = []
-    high_alone = None
+    high_alone = rung = None
     for label, comps in companion_sets.items():
         for B in batch_sizes:
             positions = range(B) if rows == "all" else sorted({0, B - 1})
+            # Each batch size's kernels (prefill and decode with M=B) built once, untimed, before its timed runs.
+            generate_batch(lm.model, layout(target, comps, B, positions[0]), 2, prefill_step=prefill_step)
             for j in positions:
+                unit = (f"{label}_B{B}_r{j}", [int(t) for t in target], [list(map(int, p)) for p in comps], n, B, j,
+                        prefill_step, reference, ladder_lm is not None, layers, plant is not None)
+                saved = checkpoint.load(*unit, check=lambda d: "verdict" in d) if checkpoint is not None else None
+                if saved is not None:
+                    out.append(RowComparison(**saved))
+                    if sink is not None:
+                        sink.append(out[-1])
+                    say(f"{label:6s} B={B} row {j}: done before (resumed)")
+                    continue
                 prompts = layout(target, comps, B, j)
                 run = generate_batch(lm.model, prompts, n, keep=[j], prefill_step=prefill_step,
                                      plant=None if plant is None else (lambda caches, j=j: plant(caches, j)),
@@ -421,12 +438,15 @@ def sweep(lm, target: Sequence[int], companion_sets: dict[str, Sequence[Sequence
                     from .stack import ladder_verdict
 
                     if high_alone is None:
+                        from .runenv import rung_true_float32
+
+                        rung = rung_true_float32()  # a TF32 rung says unreliable, not semantic
                         high_alone = generate_alone(ladder_lm.model, target, n, prefill_step)
                     high_run = generate_batch(ladder_lm.model, prompts, n, keep=[j], prefill_step=prefill_step,
                                               plant=None if plant is None else (lambda caches, j=j: plant(caches, j)))
                     high = compare_row(high_alone, high_run, j, None)
                     shrink, verdict = ladder_verdict(c["envelope_batch"], high["envelope_batch"],
-                                                     lm.description.dtype)
+                                                     lm.description.dtype, rung["true_float32"])
                     lad = {"ladder_envelope": high["envelope_batch"], "ladder": verdict,
                            "ladder_shrink": None if shrink != shrink or shrink == float("inf") else shrink}
                     say(f"  float32 rerun: envelope {high['envelope_batch']:.3g}: {verdict}")
@@ -434,6 +454,10 @@ def sweep(lm, target: Sequence[int], companion_sets: dict[str, Sequence[Sequence
                                          companion_tokens=[len(p) for i, p in enumerate(prompts) if i != j],
                                          reference_envelope=ref, tokens_alone=alone.tokens[0], tokens_row=run.tokens[j],
                                          seconds_batch=run.seconds, seconds_alone_all=one_by_one, **c, **lad))
+                if checkpoint is not None:
+                    checkpoint.save(unit[0], out[-1].as_dict(), *unit[1:])
+                if sink is not None:
+                    sink.append(out[-1])
                 say(f"{label:6s} B={B} row {j}: {c['verdict']}  first divergence {c['first_divergence']}  "
                     f"envelope {c['envelope_batch']:.3g}  batch {run.seconds:.1f} s vs {one_by_one:.1f} s one by one")
     return out
@@ -445,20 +469,21 @@ def sweep(lm, target: Sequence[int], companion_sets: dict[str, Sequence[Sequence
 def measure_batch(lm, targets: dict[str, Sequence[int]], companion_sets: dict[str, Sequence[Sequence[int]]], n: int,
                   *, batch_sizes: Sequence[int] = (1, 2, 4, 8), rows: str = "ends", prefill_step: int = 2048,
                   reference: bool = True, plant: Callable | None = None, ladder_lm=None, progress=None,
-                  inputs=None, layers: bool = False):
+                  inputs=None, layers: bool = False, checkpoint=None):
     """:func:`sweep` for every target prompt: a Result of kind ``batch``.
 
     Args:
         targets: {label: prompt ids}; each is run alone and as a row of every batch.
         companion_sets: {label: companion prompt ids}.
         layers: per-layer drift of every row (table ``batch_layers``, figure ``batch_layers.png``).
+        checkpoint: an output directory; every finished row is saved under it (:mod:`gemmdrift.checkpoint`)
+            and a rerun loads it. Ctrl-C raises :class:`gemmdrift.checkpoint.Interrupted` carrying the
+            partial Result of the finished rows.
     """
-    import pandas as pd
-
-    from .envinfo import environment
-    from .result import Result, env_labels, tidy
+    from .checkpoint import Checkpoints
 
     say = progress or (lambda msg: None)
+    checkpoint = Checkpoints(checkpoint, "batch", lm.description) if checkpoint is not None else None
     if not targets:
         raise GemmdriftError("no target prompt")
     if max(batch_sizes) > 1:
@@ -466,23 +491,56 @@ def measure_batch(lm, targets: dict[str, Sequence[int]], companion_sets: dict[st
             if len(comps) < max(batch_sizes) - 1:
                 raise GemmdriftError(f"companion set {label!r} has {len(comps)} prompts; a batch of "
                                      f"{max(batch_sizes)} needs {max(batch_sizes) - 1}")
+    finished: list[tuple[str, RowComparison]] = []
+    info = dict(n=n, batch_sizes=batch_sizes, rows=rows, prefill_step=prefill_step, plant=plant, inputs=inputs,
+                layers=layers)
+    try:
+        for tlabel, target in targets.items():
+            say(f"target {tlabel!r} ({len(target)} tokens)")
+            sink: list[RowComparison] = []
+            try:
+                sweep(lm, target, companion_sets, n, batch_sizes=batch_sizes, rows=rows, prefill_step=prefill_step,
+                      reference=reference, plant=plant, ladder_lm=ladder_lm, progress=say, layers=layers,
+                      checkpoint=checkpoint, sink=sink)
+            finally:
+                finished += [(tlabel, c) for c in sink]
+    except KeyboardInterrupt:
+        from .checkpoint import Interrupted, partial_inputs
+
+        per_target = sum(len(range(B)) if rows == "all" else len({0, B - 1}) for B in batch_sizes) * len(companion_sets)
+        total = per_target * len(targets)
+        partial = _batch_result(lm, targets, companion_sets, finished, **dict(
+            info, inputs={**(inputs or {}), **partial_inputs(len(finished), total, "row")})) if finished else None
+        raise Interrupted(partial, len(finished), total) from None
+    return _batch_result(lm, targets, companion_sets, finished, **info)
+
+
+def _batch_result(lm, targets, companion_sets, finished, *, n, batch_sizes, rows, prefill_step, plant, inputs,
+                  layers):
+    """The Result of the rows ``finished`` ((target label, RowComparison) in sweep order)."""
+    import pandas as pd
+
+    from .envinfo import environment
+    from .result import Result, env_labels, tidy
+
     rows_out, pairs, layer_rows = [], [], []
-    for tlabel, target in targets.items():
-        say(f"target {tlabel!r} ({len(target)} tokens)")
-        for c in sweep(lm, target, companion_sets, n, batch_sizes=batch_sizes, rows=rows, prefill_step=prefill_step,
-                       reference=reference, plant=plant, ladder_lm=ladder_lm, progress=say, layers=layers):
-            d = c.as_dict()
-            rows_out.append({"target": tlabel, **{k: v for k, v in d.items() if k not in ("tokens_alone", "tokens_row",
-                                                                                         "companion_tokens", "reason",
-                                                                                         "layers")},
-                             "companion_tokens": " ".join(map(str, c.companion_tokens)), "reason": c.reason})
-            layer_rows += [{"target": tlabel, "companions": c.companions, "B": c.B, "row": c.row, **x}
-                           for x in c.layers]
-            tag = f"{tlabel}_{c.companions}_B{c.B}_r{c.row}"
-            pairs.append({"case": "batch", "label_a": "alone", "label_b": f"row {c.row} of {c.B} ({c.companions})",
-                          "prompt": [int(t) for t in target], "tokens_a": c.tokens_alone, "tokens_b": c.tokens_row,
-                          "schedule_a": PLAIN, "schedule_b": PLAIN, "first_divergence": c.first_divergence,
-                          "verdict": c.verdict, "notes": {"row": tag}})
+    for tlabel, c in finished:
+        target = targets[tlabel]
+        d = c.as_dict()
+        rows_out.append({"target": tlabel, **{k: v for k, v in d.items() if k not in ("tokens_alone", "tokens_row",
+                                                                                     "companion_tokens", "reason",
+                                                                                     "layers")},
+                         "companion_tokens": " ".join(map(str, c.companion_tokens)), "reason": c.reason})
+        layer_rows += [{"target": tlabel, "companions": c.companions, "B": c.B, "row": c.row, **x}
+                       for x in c.layers]
+        tag = f"{tlabel}_{c.companions}_B{c.B}_r{c.row}"
+        pairs.append({"case": "batch", "label_a": "alone", "label_b": f"row {c.row} of {c.B} ({c.companions})",
+                      "prompt": [int(t) for t in target], "tokens_a": c.tokens_alone, "tokens_b": c.tokens_row,
+                      # what really ran: the target alone, and row j of a B-row BatchGenerator batch
+                      "schedule_a": f"prefill:{prefill_step},decode",
+                      "schedule_b": f"{BATCH_SCHEDULE}B{c.B},row{c.row},prefill:{prefill_step},decode",
+                      "first_divergence": c.first_divergence,
+                      "verdict": c.verdict, "notes": {"row": tag}})
     table = pd.DataFrame(rows_out)
     frame_rows = []
     for r in rows_out:

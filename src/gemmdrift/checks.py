@@ -16,7 +16,12 @@ from .errors import GemmdriftError
 
 
 def check_out_dir(out: str | Path) -> Path:
-    """Fail early (before any computation) when ``out`` cannot become a results directory."""
+    """Fail early (before any computation) when ``out`` cannot become a results directory.
+
+    The directory is made and a temporary file written in it, then both removed again (a refusal that
+    follows leaves nothing behind): ``os.access`` alone says yes to root on /proc or a read-only mount,
+    and the work would be lost at the end.
+    """
     out = Path(out)
     probe = out
     while not probe.exists():
@@ -27,11 +32,125 @@ def check_out_dir(out: str | Path) -> Path:
         raise GemmdriftError(f"--out {out}: {probe} is a file, not a directory")
     if probe.exists() and not os.access(probe, os.W_OK | os.X_OK):
         raise GemmdriftError(f"--out {out}: {probe} is not writable")
+    import tempfile
+
+    made = [p for p in [out, *out.parents] if not p.exists()]
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".gemmdrift-probe-", dir=out)
+        os.close(fd)
+        os.unlink(tmp)
+    except OSError as e:
+        raise GemmdriftError(f"--out {out}: cannot write there ({e.strerror or e})") from None
+    finally:
+        for p in made:  # deepest first; the command makes them again when it writes
+            try:
+                p.rmdir()
+            except OSError:
+                break
     return out
 
 
+def check_choices(text: str | None, flag: str, choices: Sequence[str], what: str) -> list[str] | None:
+    """A comma-separated list of names from ``choices`` ('a,b'); an empty one ('', ',') or an unknown name
+    is refused. None (flag not given) stays None."""
+    if text is None:
+        return None
+    names = [x.strip() for x in text.split(",") if x.strip()]
+    if not names:
+        raise GemmdriftError(f"{flag}: give at least one of {', '.join(choices)}")
+    for x in names:
+        if x not in choices:
+            raise GemmdriftError(f"{flag}: unknown {what} {x!r} (choose from {', '.join(choices)})")
+    return names
+
+
+def read_prompt_text(text: str | None, text_file: str | None) -> str | None:
+    """The prompt text of --prompt or --prompt-file (not both), refused when empty; None when neither."""
+    if text is not None and text_file is not None:
+        raise GemmdriftError("give only one of --prompt and --prompt-file")
+    if text_file is not None:
+        try:
+            text = Path(text_file).expanduser().read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            raise GemmdriftError(f"cannot read prompt file {text_file}: {e}") from None
+    if text is not None and not text.strip():
+        raise GemmdriftError(f"{'--prompt-file ' + text_file if text_file else '--prompt'} is empty")
+    return text
+
+
+# Requests one server case sends at once: a batch of at most 64, as `gemmdrift batch --batch-sizes` allows
+# (each request is a thread and a row of the server's batch; 100000 of them exhaust the threads).
+MAX_COMPANIONS = 63
+
+
+def check_companions(n: int) -> None:
+    if n < 1 or n > MAX_COMPANIONS:
+        raise GemmdriftError(f"--companions must be between 1 and {MAX_COMPANIONS} (with the prompt, a batch of at "
+                             f"most {MAX_COMPANIONS + 1} concurrent requests, as --batch-sizes allows), got {n}")
+
+
+# Fingerprint probes: a call holds K x max(N, T) values in float64, float32 and the compute dtype at once
+# (about 24 bytes each, and 9 more per probe term); 2**25 of them is about 1 GiB.
+MAX_PROBE_TERMS = 2 ** 25
+
+
+def check_probe_size(k: int, n: int, ts: Sequence[int], flag: str = "--k") -> None:
+    """Refuse a fingerprint whose probes would not fit in memory (before anything is allocated)."""
+    width = max([n, *ts])
+    if k * width > MAX_PROBE_TERMS:
+        gib = k * width * 33 / 2 ** 30
+        raise GemmdriftError(
+            f"{flag} {k:,} with --n {n:,} and T up to {max(ts):,}: a probe call holds K x max(N, T) = {k * width:,} "
+            f"values in float64, float32 and the compute dtype (about {gib:,.1f} GiB); at most {MAX_PROBE_TERMS:,} "
+            "(about 1 GiB): lower --k or --n")
+
+
+def check_draw_k(draw_k: int) -> None:
+    """--draw-k follows --k's rule (a reduction needs at least 2 terms); 0 skips the small-K draw."""
+    if draw_k < 0 or draw_k == 1:
+        raise GemmdriftError(f"--draw-k must be 0 (skip) or at least 2 (a reduction needs at least 2 terms), "
+                             f"got {draw_k}")
+
+
+def check_fingerprint_sizes(k: int, n: int, ts: Sequence[int], draw_k: int) -> None:
+    """--k, --n and --draw-k of `fingerprint`, from memory (exactness is fingerprint.check_path's)."""
+    check_draw_k(draw_k)
+    check_probe_size(k, n, ts)
+    if draw_k:
+        check_probe_size(draw_k, n, [1], "--draw-k")
+
+
+def check_batch_args(sizes: Sequence[int] | None, companions: str, n: int, long_tokens: int | None,
+                     prompts: str | None, tokens: int | None) -> list[str]:
+    """`gemmdrift batch`'s own flags (before the model loads); returns the companion set names."""
+    if not sizes or min(sizes) < 1 or max(sizes) > 64:
+        raise GemmdriftError("--batch-sizes: give sizes from 1 to 64, e.g. 1,2,4,8")
+    names = [c.strip() for c in companions.split(",") if c.strip()]
+    if not names or set(names) - {"short", "long"}:
+        raise GemmdriftError(f"--companions: short, long or short,long (got {companions!r})")
+    if n <= 0:
+        raise GemmdriftError(f"--n must be positive, got {n}")
+    if long_tokens is not None and long_tokens < 2:
+        raise GemmdriftError("--long-tokens must be at least 2")
+    if prompts is not None and prompts != "builtin":
+        raise GemmdriftError("--prompts: only 'builtin' (each built-in prompt as the target in turn)")
+    if prompts is not None and tokens is not None:
+        raise GemmdriftError("--tokens cuts one prompt: it does not apply to --prompts builtin")
+    return names
+
+
+def check_tokens(tokens: int | None) -> None:
+    """--tokens N (the first N tokens of the prompt): at least 2, checked whether or not a prompt is given."""
+    if tokens is not None and tokens < 2:
+        raise GemmdriftError(f"--tokens must be at least 2, got {tokens}")
+
+
 def check_envelope(value: float | None, flag: str = "--envelope") -> None:
-    """An envelope (max |Δgap|, logits) is a finite, non-negative number, or None (measure it)."""
+    """An envelope (max |Δgap|, logits) is a finite, non-negative number, or None (measure it).
+
+    The one rule of every command's --envelope (state, triage, diverge): 0 is allowed (only bit-identical
+    logits are inside), inf, nan and negative values are refused."""
     if value is None:
         return
     if not math.isfinite(value) or value < 0:
@@ -121,14 +240,25 @@ def split_release(label: str) -> tuple[str, str]:
     return mlx, lm
 
 
-def check_gate_versions(candidate: str | None, baseline: str | None) -> None:
-    """Refuse to gate a release against itself: that comparison passes whatever the release does."""
+def check_gate_versions(candidate: str | None, baseline: str | None) -> str | None:
+    """Refuse to gate a release against itself: that comparison passes whatever the release does. Returns a
+    warning (to print) when the baseline is newer than the candidate."""
     def key(v: str) -> tuple:
         return tuple(tuple(int(x) if x.isdigit() else 0 for x in part.split(".")) for part in split_release(v))
 
     if candidate is not None and baseline is not None and key(candidate) == key(baseline):
         raise GemmdriftError(f"--candidate {candidate} and --baseline {baseline} are the same release: "
                              "comparing a release with itself proves nothing")
+    if candidate is not None and baseline is not None and key(baseline) > key(candidate):
+        return (f"warning: --baseline {baseline} is newer than --candidate {candidate}: the gate then asks whether "
+                "the older release regressed from the newer one (swap them to gate the newer release)")
+    return None
+
+
+def check_threshold(value: float) -> None:
+    """gate --threshold: a finite non-negative fraction (inf would pass every growth but one from exactly 0)."""
+    if not (math.isfinite(value) and value >= 0):
+        raise GemmdriftError(f"--threshold must be a finite non-negative fraction (0.05 = 5%), got {value}")
 
 
 def check_vocab(ids: Sequence[int], vocab_size: int | None, source: str = "token ids") -> list[int]:

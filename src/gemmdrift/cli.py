@@ -14,6 +14,7 @@ from pathlib import Path
 
 from . import cachebench
 from . import defaults as D
+from . import dispatch_cli, goldcli, runenv
 from .errors import GemmdriftError
 
 
@@ -59,8 +60,11 @@ def _precheck(args) -> None:
     checks.check_out_dir(args.out)
     if hasattr(args, "prompt"):
         checks.check_prompt_args(args.prompt, args.prompt_file, args.prompt_ids)
-        if args.tokens is not None and args.tokens < 2:
-            raise GemmdriftError(f"--tokens must be at least 2, got {args.tokens}")
+        checks.check_tokens(args.tokens)
+        if args.prompt_ids is not None:  # syntax and emptiness now; the vocabulary once the model says it
+            from .prompts import read_token_ids
+
+            read_token_ids(args.prompt_ids)
     if getattr(args, "envelope", None) is not None:
         checks.check_envelope(args.envelope)
 
@@ -131,7 +135,8 @@ def _write_and_print(args, result, out, note: str = "") -> None:
     from . import store, summaries
 
     written = store.write_result(result, out)
-    files = [p.name for k, p in written.items() if k not in ("frame", "figures", "marker", "details")]
+    files = [p.relative_to(out).as_posix() if p.is_relative_to(Path(out)) else p.name  # streams/x.json, not x.json
+             for k, p in written.items() if k not in ("frame", "figures", "marker", "details")]
     names = ", ".join(files if len(files) <= 12 else files[:10] + [f"and {len(files) - 10} more"])
     _emit(args, summaries.summary(result), summaries.text(result) + f"\n\nwritten to {Path(out)}/ ({names})"
           + (f"\n{note}" if note else ""))
@@ -175,11 +180,7 @@ def cmd_stack(args) -> int:
     from .models import describe
     from .stack import measure_stack
 
-    if args.ladder:
-        from .envinfo import force_true_float32
-
-        force_true_float32()  # the float32 rung: before mlx's first matmul (mlx reads MLX_ENABLE_TF32 once)
-    lm = _load(args)
+    lm = _load(args)  # the ladder rung is true float32: main() set MLX_ENABLE_TF32=0 (unless --tf32 keep)
     ids, label = _tokens(args, lm)
     n = len(ids)
     split = args.split if args.split is not None else default_split(n)
@@ -333,16 +334,17 @@ def cmd_diverge(args) -> int:
 
 def cmd_triage(args) -> int:
     from .checks import check_length
-    from .prompts import read_stream
-    from .schedules import parse_schedule
+    from .prompts import read_stream, stream_schedule
 
     # The stream files, schedules and flags are read and checked before the model loads.
     pa, sa = read_stream(args.stream_a)
     pb, sb = read_stream(args.stream_b)
     if pa is not None and pb is not None and pa != pb:
         raise GemmdriftError("the two stream files have unequal prompts")
-    parse_schedule(args.schedule_a)
-    parse_schedule(args.schedule_b)
+    args.schedule_a, why_a = stream_schedule(args.schedule_a, args.stream_a, D.SCHEDULE_PLAIN, "--schedule-a")
+    args.schedule_b, why_b = stream_schedule(args.schedule_b, args.stream_b, D.SCHEDULE_SPECULATIVE, "--schedule-b")
+    print(f"gemmdrift triage: stream A under {args.schedule_a} ({why_a}); stream B under {args.schedule_b} "
+          f"({why_b})", file=sys.stderr)
     _precheck(args)
 
     from .diverge import measure_triage
@@ -375,26 +377,20 @@ def _release(label: str) -> str:
 
 def cmd_state(args) -> int:
     from . import state, store, summaries
+    from .checks import check_choices, check_envelope
     from .models import describe
 
-    ops = [o.strip() for o in args.ops.split(",") if o.strip()]
-    for o in ops:
-        if o not in state.OPERATIONS:
-            raise GemmdriftError(f"--ops: unknown operation {o!r} (choose from {', '.join(state.OPERATIONS)})")
-    where = [w.strip() for w in args.where.split(",") if w.strip()] if args.where is not None else None
-    for w in where or []:
-        if w not in state.WHERE:
-            raise GemmdriftError(f"--where: unknown prefix position {w!r} (choose from {', '.join(state.WHERE)})")
+    ops = check_choices(args.ops, "--ops", list(state.OPERATIONS), "operation")
+    where = check_choices(args.where, "--where", list(state.WHERE), "prefix position")
     ks = parse_ints(args.k, "--k") if args.k is not None else None
     if ks is not None and (min(ks) < 1 or max(ks) > 8):
         raise GemmdriftError("--k: draft counts must be between 1 and 8")
-    caches = [c.strip() for c in args.caches.split(",")] if args.caches else None
+    caches = [c.strip() for c in args.caches.split(",")] if args.caches is not None else None
     known = set(state.KNOWN_CLASSES) | {"QuantizedKVCache"}
     for c in caches or []:
         if c not in known:
             raise GemmdriftError(f"--caches: unknown cache class {c!r} (known: {', '.join(sorted(known))})")
-    if args.envelope is not None and not args.envelope > 0:
-        raise GemmdriftError(f"--envelope must be positive, got {args.envelope}")
+    check_envelope(args.envelope)
     if args.compute_limit is not None and args.compute_limit < 1:
         raise GemmdriftError(f"--compute-limit must be positive, got {args.compute_limit}")
     if args.workers is not None and args.workers < 1:
@@ -405,7 +401,7 @@ def cmd_state(args) -> int:
     print(f"gemmdrift state: {describe(lm.description)}", file=sys.stderr)
     r = cachebench.state_measure(impl)(lm, operations=ops, where=where, ks=ks, ladder=not args.no_ladder,
                             envelope=args.envelope, compute_limit=args.compute_limit, caches=caches,
-                            workers=args.workers)
+                            workers=args.workers, checkpoint=out)
     written = store.write_result(r, out)
     _emit(args, summaries.summary(r), summaries.text(r) + f"\n\nwritten to {out}/ "
           f"({', '.join(sorted(p.name for p in written.values()))})")
@@ -466,11 +462,12 @@ def cmd_history(args) -> int:
 
 
 def cmd_gate(args) -> int:
-    from .checks import check_gate_versions, check_out_dir
+    from .checks import check_gate_versions, check_out_dir, check_threshold
 
-    if not args.threshold >= 0:
-        raise GemmdriftError(f"--threshold must be a non-negative fraction, got {args.threshold}")
-    check_gate_versions(args.candidate, args.baseline)
+    check_threshold(args.threshold)
+    warning = check_gate_versions(args.candidate, args.baseline)
+    if warning:
+        print(f"gemmdrift gate: {warning}", file=sys.stderr)
     if args.out:
         check_out_dir(args.out)
     from . import files
@@ -508,14 +505,15 @@ def cmd_fingerprint(args) -> int:
     ts = parse_ints(args.ts, "--ts") or [1]
     if min(ts) < 1:
         raise GemmdriftError(f"--ts: block sizes must be positive, got {min(ts)}")
-    if args.draw_k < 0:
-        raise GemmdriftError(f"--draw-k must be 0 or more, got {args.draw_k}")
+    from .checks import check_fingerprint_sizes
+
+    check_fingerprint_sizes(args.k, args.n, ts, args.draw_k)  # memory, before exactness and any allocation
     for text in paths:  # every input error before any computation
         fingerprint.check_path(fingerprint.parse_path(text), args.k, args.n, args.window)
     store.check_out_dir(args.out)
     select_device(args.device)
     result = fingerprint.measure(paths, K=args.k, ts=ts, N=args.n, window=args.window, draw_k=args.draw_k,
-                                 env=environment(), progress=lambda m: print(m, file=sys.stderr))
+                                 env=environment(), progress=lambda m: print(m, file=sys.stderr), checkpoint=args.out)
     store.write_result(result, args.out)
     _emit(args, summaries.summary(result), summaries.text(result) + f"\n\nwritten to {Path(args.out)}/")
     return 0
@@ -549,19 +547,11 @@ def cmd_batch(args) -> int:
     from .models import describe
     from .prompts import builtin_prompts
 
+    from .checks import check_batch_args, check_length
+
     sizes = parse_ints(args.batch_sizes, "--batch-sizes")
-    if not sizes or min(sizes) < 1 or max(sizes) > 64:
-        raise GemmdriftError("--batch-sizes: give sizes from 1 to 64, e.g. 1,2,4,8")
-    names = [c.strip() for c in args.companions.split(",") if c.strip()]
-    if not names or set(names) - {"short", "long"}:
-        raise GemmdriftError(f"--companions: short, long or short,long (got {args.companions!r})")
-    if args.n <= 0:
-        raise GemmdriftError(f"--n must be positive, got {args.n}")
-    if args.long_tokens is not None and args.long_tokens < 2:
-        raise GemmdriftError("--long-tokens must be at least 2")
-    if args.prompts is not None and args.prompts != "builtin":
-        raise GemmdriftError("--prompts: only 'builtin' (each built-in prompt as the target in turn)")
-    store.check_out_dir(args.out)
+    names = check_batch_args(sizes, args.companions, args.n, args.long_tokens, args.prompts, args.tokens)
+    _precheck(args)  # out, prompt sources, --tokens, token files: before the model loads
     lm = _load(args)
     if lm.tokenizer is None:
         raise GemmdriftError("gemmdrift batch builds its companion prompts from text: the model needs a tokenizer")
@@ -572,9 +562,15 @@ def cmd_batch(args) -> int:
         targets = {f"p{i}": lm.tokenizer.encode(t) for i, t in enumerate(builtin_prompts())}
         exclude = ""
     else:
-        ids, label = _tokens(args, lm) if any(x is not None for x in (args.prompt, args.prompt_file, args.prompt_ids)) \
-            else (lm.tokenizer.encode(builtin_prompts()[0]), "built-in prompt 0")
+        given = any(x is not None for x in (args.prompt, args.prompt_file, args.prompt_ids))
+        ids, label = _tokens(args, lm) if given else (lm.tokenizer.encode(builtin_prompts()[0]), "built-in prompt 0")
+        if not given and args.tokens is not None:  # --tokens cuts the built-in prompt too: never ignored
+            if args.tokens > len(ids):
+                raise GemmdriftError(f"--tokens {args.tokens}: the built-in prompt has only {len(ids)} tokens")
+            ids = ids[: args.tokens]
         targets, exclude = {"target": ids}, (args.prompt or builtin_prompts()[0])
+    for tl, ids in targets.items():
+        check_length(lm.description, len(ids) + args.n, f"the prompt {tl!r} with --n {args.n}")
     comps = _batch_companions(lm, names, exclude, long_tokens, max(sizes) - 1)
     ladder_lm = None
     if args.ladder:
@@ -583,7 +579,8 @@ def cmd_batch(args) -> int:
         ladder_lm = load_model(args.model, dtype="float32")
     r = measure_batch(lm, targets, comps, args.n, batch_sizes=sizes, rows=args.rows, ladder_lm=ladder_lm,
                       reference=not args.no_reference, progress=lambda m: print("  " + m, file=sys.stderr, flush=True),
-                      inputs={"long_tokens": long_tokens}, layers=args.layers)
+                      inputs={"long_tokens": long_tokens}, layers=args.layers,
+                      checkpoint=args.out)
     _write_and_print(args, r, args.out, note="(streams/*.json feed `gemmdrift triage`)")
     return 0
 
@@ -596,25 +593,21 @@ def cmd_server(args) -> int:
     cases = [c.strip() for c in args.cases.split(",") if c.strip()]
     if not cases or set(cases) - {"draft", "concurrent", "conversation"}:
         raise GemmdriftError(f"--cases: draft, concurrent, conversation (got {args.cases!r})")
-    if args.n <= 0 or args.num_draft <= 0 or args.companions < 1:
-        raise GemmdriftError("--n, --num-draft and --companions must be positive")
+    if args.n <= 0 or args.num_draft <= 0:
+        raise GemmdriftError("--n and --num-draft must be positive")
+    from .checks import check_companions, read_prompt_text
+
+    check_companions(args.companions)
     if args.model.startswith("shape:"):
         raise GemmdriftError("the server needs a real checkpoint: 'embedded', a Gemma 3 .gguf or an mlx-lm directory")
-    impl, rb = cachebench.precheck(args)
-    if args.prompt is not None and args.prompt_file is not None:
-        raise GemmdriftError("give only one of --prompt and --prompt-file")
-    if args.prompt_file is not None:
-        try:
-            prompt = Path(args.prompt_file).expanduser().read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as e:
-            raise GemmdriftError(f"cannot read prompt file {args.prompt_file}: {e}") from None
-    else:
-        prompt = args.prompt if args.prompt is not None else builtin_text("essay")
+    impl, rb = cachebench.precheck(args)  # --cache-impl, --rollback and --draft self:N, before any server
+    prompt = read_prompt_text(args.prompt, args.prompt_file)
+    prompt = builtin_text("essay") if prompt is None else prompt
     store.check_out_dir(args.out)
     companions = (builtin_prompts() * args.companions)[: args.companions]
     r = measure_server(args.model, prompt, args.n, cases=cases, draft=args.draft, num_draft=args.num_draft,
                        companions=companions, triage=not args.no_triage,
-                       progress=lambda m: print("  " + m, file=sys.stderr, flush=True),
+                       progress=lambda m: print("  " + m, file=sys.stderr, flush=True), checkpoint=args.out,
                        plugins={"cache_impl": args.cache_impl, "rollback": args.rollback}, records=cachebench.records(impl, rb))
     _write_and_print(args, r, args.out, note="(streams/*.json feed `gemmdrift triage`)")
     return 0
@@ -688,8 +681,10 @@ def build_parser() -> argparse.ArgumentParser:
     _add_prompt(s)
     s.add_argument("--stream-a", required=True, help="stream file (from `diverge`, or a JSON list / whitespace-separated ids)")
     s.add_argument("--stream-b", required=True, help="the other stream file")
-    s.add_argument("--schedule-a", default=D.SCHEDULE_PLAIN, help="how stream A was computed (default: mlx-lm generate)")
-    s.add_argument("--schedule-b", default=D.SCHEDULE_SPECULATIVE, help="how stream B was computed (default: speculative, K=2)")
+    s.add_argument("--schedule-a", help="how stream A was computed (default: the schedule its file names, else "
+                                        f"mlx-lm generate, {D.SCHEDULE_PLAIN})")
+    s.add_argument("--schedule-b", help="how stream B was computed (default: the schedule its file names, else "
+                                        f"speculative, {D.SCHEDULE_SPECULATIVE})")
     s.add_argument("--envelope", type=float, help="use this envelope instead of measuring it on the shared prefix")
     _add_output(s, "results/triage")
     s.set_defaults(func=cmd_triage)
@@ -723,7 +718,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=cmd_run)
 
     s = sub.add_parser("report", help="one page (HTML and markdown) from a results directory: tables, figures, reading")
-    s.add_argument("dir", help="a results directory: the output of run, stack, kernels, diverge, triage or history")
+    s.add_argument("dir", help="a results directory: the output of run, stack, kernels, diverge, triage, history, "
+                               "state, batch, server or fingerprint")
     s.add_argument("--screenshot", action="store_true",
                    help="also render the page in headless Chromium to report_page.png (checks that it displays)")
     s.add_argument("--json", action="store_true")
@@ -793,6 +789,10 @@ def build_parser() -> argparse.ArgumentParser:
     cachebench.add_arguments(s, rollback=True)
     _add_output(s, "results/server")
     s.set_defaults(func=cmd_server)
+
+    dispatch_cli.add_parser(sub)
+    goldcli.add_parser(sub, sys.modules[__name__])  # logits, compare (issue 23)
+    runenv.add_flags(sub)  # --tf32 on every measuring command, --device on env
     return p
 
 
@@ -803,12 +803,15 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
+        runenv.prepare(args)  # GEMMDRIFT_DEVICE; MLX_ENABLE_TF32=0 before anything computes (--tf32 keep opts out)
         return int(args.func(args) or 0)
     except GemmdriftError as e:
         print(f"gemmdrift: error: {e}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("gemmdrift: interrupted (finished results are kept; rerun to resume)", file=sys.stderr)
+    except KeyboardInterrupt as e:
+        from .interrupts import on_interrupt
+
+        print(on_interrupt(args, e), file=sys.stderr)
         return 130
 
 

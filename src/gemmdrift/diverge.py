@@ -795,11 +795,13 @@ def rollback_comparison(lm, prompts: Sequence[Sequence[int]], n: int, *, k: int 
     import pandas as pd
 
     from .files import write_json
+    from .runenv import compute_record
 
     rows = []
     for i, prompt in enumerate(prompts):
         label = labels[i] if labels else str(i)
-        key = hashlib.sha256(json.dumps([list(map(int, prompt)), n, k, "rollback"]).encode()).hexdigest()[:16]
+        key = hashlib.sha256(json.dumps([list(map(int, prompt)), n, k, "rollback", compute_record()],
+                                        sort_keys=True).encode()).hexdigest()[:16]  # another device: recompute
         path = Path(checkpoint) / f"rollback-{i:03d}-{key}.json" if checkpoint else None
         if path is not None and path.exists():
             rows += json.loads(path.read_text())

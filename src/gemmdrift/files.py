@@ -126,6 +126,8 @@ def read_object(path: str | Path, need: tuple[str, ...] = ()) -> dict[str, Any]:
     from .errors import GemmdriftError
 
     path = Path(path)
+    if not path.exists():
+        raise GemmdriftError(f"{path} is missing: rerun the command that wrote it")
     try:
         obj = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, ValueError) as e:

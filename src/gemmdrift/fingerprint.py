@@ -923,6 +923,29 @@ def accumulator_check(reducer: Reducer) -> dict[str, Any]:
     return {"units": int(c), "sum": worst, "exact": bool(np.all(got == c))}
 
 
+FP16_FLUSHED = "fp16 subnormals flushed on this device"
+
+
+def fp16_subnormals_kept(reducer: Reducer) -> bool:
+    """Whether this device keeps the fp16 subnormals a float16 probe counts with (its unit, 2**-20, is one).
+
+    A path that flushes them would read every count as 0 and look unrecoverable. Checked on the device: 2**-20
+    round-trips through ``astype``, and the path's own reduction of units alone (one unit, and a full window
+    of them: a 1 x K matmul of units for matmul paths) counts them exactly. True for other dtypes.
+    """
+    import mlx.core as mx
+
+    unit = reducer.encoding.unit
+    if reducer.encoding.dtype != "float16" or unit >= 2.0 ** -14:  # 2**-14: fp16's smallest normal
+        return True
+    back = mx.array(unit, dtype=mx.float32).astype(mx.float16).astype(mx.float32).item()
+    m = min(reducer.n, reducer.encoding.window)
+    codes = np.zeros((2, reducer.n), dtype=np.int8)
+    codes[0, 0], codes[1, :m] = UNIT, UNIT
+    got = reducer.counts(codes)
+    return back == unit and bool(np.all(got[0] == 1)) and bool(np.all(got[1] == m))
+
+
 def _predict(spec: PathSpec, env: dict[str, Any], K: int, N: int, T: int) -> tuple[str, str]:
     """(predicted kernel, origin) from gemmdrift.dispatch; Metal's rules labelled as reference on the CPU."""
     from .dispatch import kernel_for
@@ -931,6 +954,8 @@ def _predict(spec: PathSpec, env: dict[str, Any], K: int, N: int, T: int) -> tup
     if not spec.dispatch_op:
         return "", ""
     target, version, chip, origin = _reference_backend(env, None)
+    if chip is None:  # a GPU whose architecture the record does not name: no prediction, not a default chip
+        return "", origin
     shape: dict[str, Any]
     if spec.op == "sdpa":
         shape = {"k_len": K, "head_dim": N, "n_heads": 1, "n_kv_heads": 1}
@@ -946,7 +971,7 @@ def _predict(spec: PathSpec, env: dict[str, Any], K: int, N: int, T: int) -> tup
 
 def measure(paths: Sequence[str], *, K: int = 1024, ts: Iterable[int] = (1, 2, 3, 4, 8, 16, 33), N: int = 64,
             window: int | None = None, draw_k: int = 16, env: dict[str, Any] | None = None,
-            progress: Callable[[str], None] | None = None, workers: int | None = None):
+            progress: Callable[[str], None] | None = None, workers: int | None = None, checkpoint=None):
     """Fingerprints of every path at every T and row position; a Result of kind "fingerprint".
 
     Args:
@@ -958,11 +983,11 @@ def measure(paths: Sequence[str], *, K: int = 1024, ts: Iterable[int] = (1, 2, 3
         draw_k: also recover every path at this small K and T=1, for the tree plots (0: skip).
         workers: processes for the paths (default 2 on a CPU device with 2 cores or more; each path is the
             same computation in any process; in other processes ``progress`` lines go to stderr).
+        checkpoint: an output directory: every finished path x T is saved under it (:mod:`gemmdrift.checkpoint`)
+            and a rerun loads it; Ctrl-C raises :class:`gemmdrift.checkpoint.Interrupted` with the partial Result.
     """
-    import pandas as pd
-
+    from .checkpoint import Checkpoints, Interrupted, partial_inputs
     from .envinfo import environment
-    from .result import Result, env_labels, tidy
 
     specs = [parse_path(p) for p in paths]
     ts = sorted(set(int(t) for t in ts))
@@ -974,9 +999,27 @@ def measure(paths: Sequence[str], *, K: int = 1024, ts: Iterable[int] = (1, 2, 3
     from .workers import run_tasks
 
     n_workers = _fp_workers(workers, len(specs))
+    ck = Checkpoints(checkpoint, "fingerprint", None, K, N, window)
     jobs = [dict(path=s.text, K=K, ts=ts, N=N, window=window, draw_k=draw_k, env=env,
-                 progress=progress is not None if n_workers > 1 else progress) for s in specs]
-    parts = run_tasks(_measure_path, jobs, n_workers)
+                 progress=progress is not None if n_workers > 1 else progress, checkpoint=ck.spec()) for s in specs]
+    try:
+        parts = run_tasks(_measure_path, jobs, n_workers)
+    except KeyboardInterrupt:
+        # What finished is on disk (written by whichever process measured it): the partial Result is read back.
+        parts = [_measure_path(**dict(job, progress=None), only_saved=True) for job in jobs]
+        done = sum(p["done"] for p in parts)
+        total = sum(len(ts) if s.op != "numpy" else 1 for s in specs if s.recoverable)
+        result = _fingerprint_result(specs, parts, paths, K, ts, N, window, draw_k, env,
+                                     partial_inputs(done, total, "path x T")) if done else None
+        raise Interrupted(result, done, total) from None
+    return _fingerprint_result(specs, parts, paths, K, ts, N, window, draw_k, env, {})
+
+
+def _fingerprint_result(specs, parts, paths, K, ts, N, window, draw_k, env, extra: dict[str, Any]):
+    """The Result of :func:`measure` from the per-path parts of :func:`_measure_path`."""
+    import pandas as pd
+
+    from .result import Result, env_labels, tidy
     rows: list[dict[str, Any]] = [r for p in parts for r in p["rows"]]
     trees: dict[str, str] = {k: v for p in parts for k, v in p["trees"].items()}
     accum: list[dict[str, Any]] = [a for p in parts for a in p["accum"]]
@@ -986,7 +1029,8 @@ def measure(paths: Sequence[str], *, K: int = 1024, ts: Iterable[int] = (1, 2, 3
     table = pd.DataFrame(rows)
     for s in specs:
         sub = table[(table["path"] == s.text) & (table["status"] == "recovered")]
-        if not s.recoverable or not len(table[table["path"] == s.text]):
+        if not s.recoverable or not len(table[table["path"] == s.text]) or (
+                table[table["path"] == s.text]["status"] == FP16_FLUSHED).any():  # no figure, not "unrecovered"
             continue
         figures[f"{s.text}.unrecovered"] = float((table[table["path"] == s.text]["status"] != "recovered").sum())
         if len(sub):
@@ -999,7 +1043,7 @@ def measure(paths: Sequence[str], *, K: int = 1024, ts: Iterable[int] = (1, 2, 3
             "value": r["tree_id"]} for r in rows if r["status"] == "recovered"]
     frame = tidy(tid or [{"metric": "tree_id", "value": math.nan}], **env_labels(env))
     inputs = {"paths": list(paths), "K": K, "ts": ts, "N": N, "window": window, "draw_k": draw_k,
-              "method": "FPRev cancellation probes (+M, -M, units), Xie et al., USENIX ATC '25"}
+              "method": "FPRev cancellation probes (+M, -M, units), Xie et al., USENIX ATC '25", **extra}
     details = {"trees": trees, "small_trees": small, "prediction_origin": origin,
                "encodings": {s.text: vars(encoding_for(s.dtype, K, window=window,
                                                        divisor=K if s.op == "sdpa" else 1))
@@ -1032,9 +1076,15 @@ def _stderr(message: str) -> None:
 
 
 def _measure_path(*, path: str, K: int, ts: list[int], N: int, window: int | None, draw_k: int,
-                  env: dict[str, Any], progress) -> dict[str, Any]:
+                  env: dict[str, Any], progress, checkpoint: dict[str, Any] | None = None,
+                  only_saved: bool = False) -> dict[str, Any]:
     """Every T of one path for :func:`measure` (module level: paths may run in separate processes, where
-    ``progress=True`` prints to stderr)."""
+    ``progress=True`` prints to stderr). Each finished T is saved to ``checkpoint`` (a Checkpoints spec) and
+    loaded from there on a rerun; ``only_saved``: load what was saved, compute nothing (``done`` counts it)."""
+    from .checkpoint import Checkpoints
+
+    ck = Checkpoints.from_spec(checkpoint)
+    done = 0
     progress = _stderr if progress is True else (progress or None)
     s = parse_path(path)
     rows: list[dict[str, Any]] = []
@@ -1047,9 +1097,29 @@ def _measure_path(*, path: str, K: int, ts: list[int], N: int, window: int | Non
                      "position": math.nan, "status": "not recoverable", "fingerprint": "", "tree_id": math.nan,
                      "description": NOT_RECOVERABLE[s.op], "depth": math.nan, "probes": 0, "calls": 0,
                      "seconds": 0.0, "predicted_kernel": ""})
-        return {"rows": rows, "trees": trees, "accum": accum, "small": small, "origin": origin}
+        return {"rows": rows, "trees": trees, "accum": accum, "small": small, "origin": origin, "done": 0}
     for T in (ts if s.op != "numpy" else [1]):
+        unit = (f"{s.text}_T{T}", s.text, T, ts[0])
+        saved = ck.load(*unit, check=lambda u: {"rows", "trees", "accum"} <= set(u))
+        if saved is not None:
+            rows += saved["rows"]
+            trees.update(saved["trees"])
+            accum += saved["accum"]
+            origin = origin or saved.get("origin", "")
+            done += 1
+            if progress:
+                progress(f"{s.text} K={K} T={T}: done before (resumed)")
+            continue
+        if only_saved:
+            continue
         red = make_reducer(s, K, T, N, window)
+        if T == ts[0] and not fp16_subnormals_kept(red):  # say so, not "not recovered" at every T
+            rows.append({"path": s.text, "op": s.op, "dtype": s.dtype, "K": K, "N": N, "T": math.nan,
+                         "position": math.nan, "status": FP16_FLUSHED, "fingerprint": "", "tree_id": math.nan,
+                         "description": FP16_FLUSHED, "depth": math.nan, "probes": 0, "calls": red.calls,
+                         "seconds": 0.0, "predicted_kernel": ""})
+            return {"rows": rows, "trees": trees, "accum": accum, "small": small, "origin": origin, "done": done}
+        n_rows, n_accum, old_trees = len(rows), len(accum), set(trees)
         if T == ts[0]:
             acc = accumulator_check(red)
             accum.append({"path": s.text, "T": T, **acc})
@@ -1069,10 +1139,13 @@ def _measure_path(*, path: str, K: int, ts: list[int], N: int, window: int | Non
                          "description": trees[fp + ":description"] if rec.ok else rec.problem,
                          "depth": depth(rec.tree) if rec.ok else math.nan, "probes": stats["probes"],
                          "calls": stats["calls"], "seconds": secs, "predicted_kernel": pred})
+        ck.save(unit[0], {"rows": rows[n_rows:], "accum": accum[n_accum:], "origin": o,
+                          "trees": {k: v for k, v in trees.items() if k not in old_trees}}, *unit[1:])
+        done += 1
         if progress:
             progress(f"{s.text} K={K} T={T}: {len({r['fingerprint'] for r in rows[-T:]})} tree(s), "
                      f"{stats['probes']} probes in {stats['calls']} calls, {secs:.1f} s")
-    if draw_k:
+    if draw_k and not only_saved:
         k_small = max(draw_k, s.group_size) if s.op == "quant" else draw_k
         try:
             red = make_reducer(s, k_small, 1, N, window)
@@ -1082,4 +1155,4 @@ def _measure_path(*, path: str, K: int, ts: list[int], N: int, window: int | Non
                              "description": describe(rec.tree) if rec.ok else rec.problem}
         except GemmdriftError as e:
             small[s.text] = {"K": k_small, "tree": "", "fingerprint": "", "description": str(e)}
-    return {"rows": rows, "trees": trees, "accum": accum, "small": small, "origin": origin}
+    return {"rows": rows, "trees": trees, "accum": accum, "small": small, "origin": origin, "done": done}

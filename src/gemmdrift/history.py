@@ -42,6 +42,7 @@ from .errors import GemmdriftError
 VERSION_BENCH = "bench_env.track_mlx_version"
 LM_VERSION_BENCH = "bench_env.track_mlx_lm_version"
 BACKEND_BENCH = "bench_env.track_backend"
+SIZES_BENCH = "bench_env.track_sizes"  # which size set ran (follows the backend): a label, not a figure
 BACKEND_CODES = {0: "cpu", 1: "metal", 2: "cuda"}  # track_backend's numbering
 GATE_THRESHOLD = defaults.GATE_THRESHOLD  # relative growth of a drift figure that fails the gate
 GATE_ABS_TOL = 1e-12  # growth from exactly zero by less than this is not a regression
@@ -236,7 +237,7 @@ def _file_rows(path: Path, d: dict[str, Any], units: dict[str, Any]) -> list[dic
 def tracked(df: pd.DataFrame) -> pd.DataFrame:
     """Only the drift figures (track_*), without the environment bookkeeping ones."""
     t = df[df["benchmark"].str.contains(r"\.track_")
-           & ~df["benchmark"].isin([VERSION_BENCH, LM_VERSION_BENCH, BACKEND_BENCH])]
+           & ~df["benchmark"].isin([VERSION_BENCH, LM_VERSION_BENCH, BACKEND_BENCH, SIZES_BENCH])]
     return t[t["value"].notna() & t["mlx"].notna()]
 
 

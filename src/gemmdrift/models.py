@@ -451,7 +451,8 @@ def _synthetic(name: str):
     # Seeded so that shape:NAME means the same weights on every machine; the
     # arrays stay lazy until a projection is used.
     mx.random.seed(SYNTHETIC_SEED)
-    model = model_cls(args_cls.from_dict(config))
+    with mx.stream(mx.cpu):  # the draws on the CPU stream: the same bits whichever device computes with them
+        model = model_cls(args_cls.from_dict(config))
     return model, config
 
 
@@ -558,15 +559,19 @@ def describe(info: "Mapping[str, Any] | ModelDescription") -> str:
 
 def resume_key(description: ModelDescription, *parts: Any) -> str:
     """The one resume-key scheme of every checkpointed run (stack runs, `run` parts, prompt sets): a digest of
-    the model (source, path, dtype, quantization), the mlx and mlx-lm versions, and the run's own ``parts``
-    (JSON-able). A checkpoint saved under another key is never reused."""
+    the model (source, path, dtype, quantization), the mlx and mlx-lm versions, where it computes (backend,
+    device, architecture, macOS version, every MLX_* variable: :func:`gemmdrift.runenv.compute_record`) and the
+    run's own ``parts`` (JSON-able). A checkpoint saved under another key is never reused. ``description`` None:
+    a model-free measurement (fingerprints), keyed by the versions, the compute record and ``parts`` alone."""
     import hashlib
 
     from .envinfo import _version
+    from .runenv import compute_record
 
-    blob = json.dumps([description.source, description.path, description.dtype,
-                       dict(description.quantization) if description.quantization else None,
-                       _version("mlx"), _version("mlx-lm"), *parts], sort_keys=True, default=str)
+    d = description
+    model = [d.source, d.path, d.dtype, dict(d.quantization) if d.quantization else None] if d is not None else [None] * 4
+    blob = json.dumps([*model, _version("mlx"), _version("mlx-lm"), compute_record(), *parts], sort_keys=True,
+                      default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 

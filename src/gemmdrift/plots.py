@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import numpy as np
 import pandas as pd
 
@@ -498,15 +500,32 @@ def draw_history(result) -> dict:
 
     t = result.tables["history"]
     profiles = layer_profiles(t)
-    out = {}
-    for name, key in figure_names(t).items():
+
+    def make(key):
         if len(key) == 2:
-            out[name] = plot_history(t, *key)
-        else:
-            machine, backend, bench, rest = key
-            out[name] = plot_layer_profile(profiles[key], f"{bench} [{rest}] on {machine} ({backend}): drift per "
-                                                          "layer by mlx version")
-    return out
+            return plot_history(t, *key)
+        machine, backend, bench, rest = key
+        return plot_layer_profile(profiles[key], f"{bench} [{rest}] on {machine} ({backend}): drift per "
+                                                 "layer by mlx version")
+
+    return LazyFigures(figure_names(t), make)
+
+
+class LazyFigures(Mapping):
+    """{file name: figure}, each figure drawn when it is read: the writer saves and closes one before the
+    next is drawn (hundreds of history figures open at once make matplotlib warn and hold the memory)."""
+
+    def __init__(self, keys: dict, make) -> None:
+        self._keys, self._make = dict(keys), make
+
+    def __getitem__(self, name):
+        return self._make(self._keys[name])
+
+    def __iter__(self):
+        return iter(self._keys)
+
+    def __len__(self) -> int:
+        return len(self._keys)
 
 
 DRAW["history"] = draw_history
@@ -733,3 +752,15 @@ def server_figure(result):
 
 
 DRAW["server"] = lambda result: {"server.png": server_figure(result)}
+
+
+# ---- compare (issue 23)
+
+
+def _draw_compare(result) -> dict:
+    from .goldview import compare_figure
+
+    return {"compare.png": compare_figure(result)}
+
+
+DRAW["compare"] = _draw_compare

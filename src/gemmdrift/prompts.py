@@ -41,13 +41,13 @@ def parse_token_ids(text: str, source: str = "token ids") -> list[int]:
     text = text.strip()
     if not text:
         raise GemmdriftError(f"{source}: no token ids")
-    if text.startswith("["):
+    if text.startswith(("[", "{")):
         try:
             values = json.loads(text)
         except json.JSONDecodeError as e:
-            raise GemmdriftError(f"{source}: not a valid JSON list ({e.msg} at line {e.lineno})") from None
+            raise GemmdriftError(f"{source}: not valid JSON ({e.msg} at line {e.lineno})") from None
         if not isinstance(values, list):
-            raise GemmdriftError(f"{source}: expected a JSON list of integers")
+            raise GemmdriftError(f"{source}: expected a JSON list of integers, got a {type(values).__name__}")
     else:
         values = text.replace(",", " ").split()
     ids = []
@@ -128,6 +128,38 @@ def read_stream(path: str) -> tuple[list[int] | None, list[int]]:
         return (parse_token_ids(json.dumps(prompt), f"{p} prompt") if prompt is not None else None,
                 parse_token_ids(json.dumps(obj["tokens"]), str(p)))
     return None, parse_token_ids(text, str(p))
+
+
+BATCH_SCHEDULE = "batch:"  # a batch row's stream file: "batch:B4,row3,prefill:2048,decode" (gemmdrift.batch)
+
+
+def stream_schedule(given: str | None, path: str, default: str, flag: str) -> tuple[str, str]:
+    """The schedule a stream is teacher-forced under, and why (said to the user): ``flag`` when given, else
+    the schedule written in the stream file, else ``default``. A batch row's file names no single-sequence
+    schedule: its prefill and decode, alone, are used, and said so."""
+    from .schedules import parse_schedule
+
+    written = None
+    try:
+        obj = json.loads(Path(path).expanduser().read_text(encoding="utf-8"))
+        written = obj.get("schedule") if isinstance(obj, dict) and isinstance(obj.get("schedule"), str) else None
+    except (OSError, UnicodeDecodeError, ValueError):
+        pass  # a plain id list (read_stream checked the file): no schedule written
+    if given is not None:
+        parse_schedule(given)
+        return given, (f"{flag} (the file says {written})" if written and written != given else flag)
+    if written is None:
+        return default, "the default (the file names no schedule)"
+    if written.startswith(BATCH_SCHEDULE):
+        alone = ",".join(p for p in written[len(BATCH_SCHEDULE):].split(",") if not p.startswith(("B", "row")))
+        parse_schedule(alone)
+        return alone, (f"the file's batch row ({written}) alone: a batch row has no single-sequence schedule; "
+                       f"give {flag} to choose another")
+    try:
+        parse_schedule(written)
+    except GemmdriftError as e:
+        raise GemmdriftError(f"{path}: its schedule {written!r} is not a schedule ({e}); give {flag}") from None
+    return written, "written in its file"
 
 
 def builtin_stream(lm, n: int) -> list[int]:

@@ -174,6 +174,11 @@ def _kernels_part(d: Path, env: dict[str, Any]) -> tuple[list[Block], list[str]]
     if ops and all(op["max_ulp"] == 0 for op in ops):
         reading.append(f"Ops {', '.join(dict.fromkeys(op['op'] for op in ops))}: bit-identical rows at every query "
                        "length probed.")
+    from .kernels import describe_skipped
+
+    skipped = describe_skipped(_result(d).tables.get("skipped"))
+    if skipped:
+        blocks.append(("p", skipped))  # a sweep cut by its budget says where
     return blocks, reading
 
 
@@ -300,8 +305,8 @@ def _fingerprint_part(d: Path, env: dict[str, Any]) -> tuple[list[Block], list[s
     s = fingerprint_summary(read_result(d))
     reading = []
     for path, e in s["paths"].items():
-        if e["status"] == "not recoverable":
-            reading.append(f"`{path}`: {e.get('reason', 'not recoverable')}.")
+        if e["status"] in ("not recoverable", "fp16 subnormals flushed on this device"):  # fingerprint.FP16_FLUSHED
+            reading.append(f"`{path}`: {e.get('reason', e['status'])}.")
             continue
         line = (f"`{path}` (K={s['K']}): {e['distinct_trees']} distinct summation tree(s) over T {e.get('ts', s['ts'])}"
                 + (f", {e['not_recovered']} row positions not recovered" if e["not_recovered"] else "")
@@ -392,6 +397,19 @@ def _server_part(d: Path, env: dict[str, Any]) -> tuple[list[Block], list[str]]:
 
 PARTS["batch"] = _batch_part
 PARTS["server"] = _server_part
+# Every kind a page renders, for `report --help` and its errors (a gemmdrift run directory holds several).
+KINDS_READ = "run, stack, kernels, diverge, triage, history, state, batch, server or fingerprint"
+
+
+def _compare_part(d: Path, env: dict[str, Any]) -> tuple[list[Block], list[str]]:
+    from .goldview import compare_part
+
+    return compare_part(_result(d))
+
+
+PARTS["compare"] = _compare_part  # issue 23
+KIND_TITLES["compare"] = "Two runs compared: KLD, Δp, same top-1 against a base file"
+FIGURES["compare"] = [("compare.png", "KLD(base ‖ other) and Δp of the correct token per position")]
 
 
 def _environment(d: Path, parts: list[tuple[Path, str]]) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -416,8 +434,7 @@ def report_blocks(d: str | Path) -> list[Block]:
         raise GemmdriftError(f"no such results directory: {d}")
     parts = find_parts(d)
     if not parts:
-        raise GemmdriftError(f"no gemmdrift results in {d} (expected the output of run, stack, kernels, diverge, "
-                             "triage or history)")
+        raise GemmdriftError(f"no gemmdrift results in {d} (expected the output of {KINDS_READ})")
     env, model = _environment(d, parts)
     head = []
     if model:
@@ -434,6 +451,12 @@ def report_blocks(d: str | Path) -> list[Block]:
         sections += [("h2", f"{i}. {title}" if len(parts) > 1 else title)]
         if p != d:
             sections.append(("p", f"From `{p.name}/`."))
+        part = _result(p).inputs.get("partial") if (p / store.MARKER).is_file() else None
+        if isinstance(part, dict):  # an interrupted command's finished units (gemmdrift.checkpoint)
+            note = (f"`{p.name}/` is **partial**: interrupted after {part.get('done')} of {part.get('total')} "
+                    f"{part.get('unit', 'units')}; rerun the same command with the same `--out` to resume it.")
+            sections.append(("p", note))
+            reading.append(note)
         sections += blocks + _figures(p, d, kind)
         reading += said
     if (d / "env.json").is_file():  # a `gemmdrift run` directory: say which parts are still missing
@@ -529,15 +552,36 @@ CHROMIUM_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic
                   "--hide-scrollbars")
 
 
-def screenshot(html: str | Path, png: str | Path, width: int = 1200, height: int = 9000) -> Path:
-    """Render a report page in headless Chromium (Debian's ``chromium``) and save a PNG of it."""
+# Where macOS keeps the browsers (they are app bundles, not on PATH).
+MAC_BROWSERS = ("/Applications/Google Chrome.app/Contents/MacOS/Google Chrome",
+                "/Applications/Chromium.app/Contents/MacOS/Chromium")
+
+
+def find_chromium(which=None, home: str | Path | None = None, exists=None) -> str | None:
+    """A Chromium-family browser: on PATH (``chromium``, ``chromium-browser``, ``google-chrome``), then the macOS app
+    bundles in /Applications and ~/Applications. ``which``/``exists`` are for tests (shutil.which, os.path.isfile)."""
+    import os
     import shutil
+
+    which = which or shutil.which
+    exists = exists or (lambda p: os.path.isfile(p) and os.access(p, os.X_OK))
+    found = next((which(n) for n in ("chromium", "chromium-browser", "google-chrome") if which(n)), None)
+    if found:
+        return found
+    home = Path(home) if home is not None else Path.home()
+    bundles = [*MAC_BROWSERS, *(str(home / p.lstrip("/")) for p in MAC_BROWSERS)]
+    return next((p for p in bundles if exists(p)), None)
+
+
+def screenshot(html: str | Path, png: str | Path, width: int = 1200, height: int = 9000) -> Path:
+    """Render a report page in headless Chromium (Debian's ``chromium``; Chrome or Chromium on macOS) and save a PNG."""
     import subprocess
     import tempfile
 
-    exe = next((shutil.which(n) for n in ("chromium", "chromium-browser", "google-chrome") if shutil.which(n)), None)
+    exe = find_chromium()
     if exe is None:
-        raise GemmdriftError("no Chromium found (on Debian: apt-get install chromium)")
+        raise GemmdriftError("no Chromium found (on Debian: apt-get install chromium; on macOS: install Google Chrome "
+                             "or Chromium in /Applications)")
     png = Path(png)
     with tempfile.TemporaryDirectory() as profile, files.atomic_path(png) as tmp:
         r = subprocess.run([exe, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", f"--screenshot={tmp}",

@@ -399,13 +399,18 @@ def _prompt_ids(lm, prompt: str | list[dict], reply: Reply, what: str) -> list[i
 def run_cases(lm, model_dir: str | os.PathLike, prompt: str, n: int, *, cases: Sequence[str] = ("draft",
               "concurrent", "conversation"), draft_dir: str | os.PathLike | None = None, num_draft: int = 2,
               companions: Sequence[str] = (), follow_up: str = "\n\nContinue in one sentence:", triage: bool = True,
-              progress=None, plugins: dict[str, str] | None = None) -> list[StreamPair]:
+              progress=None, reload=None, checkpoint=None, plugins: dict[str, str] | None = None) -> list[StreamPair]:
     """Run the server cases on one prompt; return one :class:`StreamPair` per case.
 
     ``lm`` is gemmdrift's model on the same checkpoint in the server's dtype
     (the triage teacher-forces with it); ``draft_dir`` None makes the default
-    re-quantized draft (only when the draft case runs). ``plugins``: ``{"cache_impl", "rollback"}``
-    specs installed in the draft case's server (the one under test; the reference servers keep mlx-lm's).
+    re-quantized draft (only when the draft case runs). ``reload``: called once after the servers stopped,
+    before the triage, when ``lm``'s weights were freed while they ran (only its tokenizer is used until then).
+    ``checkpoint``: a :class:`gemmdrift.checkpoint.Checkpoints`; each finished case (its requests, then
+    its triage) is saved there, and a case saved before is loaded: a server starts only for the cases
+    still to run.
+    ``plugins``: ``{"cache_impl", "rollback"}`` specs installed in the draft case's server (the one under test;
+    the reference servers keep mlx-lm's); they are part of the draft case's checkpoint key.
     """
     from .diverge import first_divergence
     from .diverge import triage as run_triage
@@ -413,6 +418,15 @@ def run_cases(lm, model_dir: str | os.PathLike, prompt: str, n: int, *, cases: S
     say = progress or (lambda msg: None)
     pairs: list[StreamPair] = []
     companions = list(companions)
+    draft_key = str(draft_dir) + plugin_key(plugins)  # as given: the default draft is made later, same key
+    unit = lambda case: (case, prompt, n, num_draft, draft_key, companions, follow_up)  # noqa: E731
+    done = {}
+    for case in cases:
+        d = checkpoint.load(*unit(case), check=lambda u: "tokens_b" in u) if checkpoint is not None else None
+        if d is not None:
+            done[case] = StreamPair(**d)
+            say(f"{case}: done before (resumed)")
+    cases = [c for c in cases if c not in done]
     need_plain = {"draft", "concurrent"} & set(cases)
     if need_plain or "conversation" in cases:
         say("starting mlx_lm.server (no draft, no prompt-cache reuse)")
@@ -430,6 +444,7 @@ def run_cases(lm, model_dir: str | os.PathLike, prompt: str, n: int, *, cases: S
                                         replies[0].seconds,
                                         notes={"companion_prompt_tokens": [r.prompt_tokens for r in replies[1:]],
                                                "batch": len(replies)}))
+                _save(checkpoint, unit, pairs[-1])
             if "conversation" in cases:
                 turn2 = second_turn(lm, prompt, alone.text, follow_up)
                 fresh = srv.complete(turn2, n)
@@ -444,6 +459,7 @@ def run_cases(lm, model_dir: str | os.PathLike, prompt: str, n: int, *, cases: S
                                         reused.tokens, PLAIN_SCHEDULE, PLAIN_SCHEDULE, fresh.seconds, reused.seconds,
                                         notes={"cached_tokens": reused.cached_tokens,
                                                "turn1_equal": first.tokens == plain_alone.tokens}))
+                _save(checkpoint, unit, pairs[-1])
         if "draft" in cases:
             if draft_dir is None:
                 say("default draft: a 4-bit re-quantized copy of the target (mlx_lm.convert, made once and cached)")
@@ -456,12 +472,31 @@ def run_cases(lm, model_dir: str | os.PathLike, prompt: str, n: int, *, cases: S
                                     spec.tokens, PLAIN_SCHEDULE, f"prefill:{PREFILL_STEP},verify:{num_draft}",
                                     plain_alone.seconds, spec.seconds,
                                     notes={"draft": str(draft_dir), **{k: v for k, v in (plugins or {}).items() if v}}))
+            _save(checkpoint, unit, pairs[-1])
+    pairs = sorted([*done.values(), *pairs], key=lambda p: CASE_ORDER.index(p.case))
+    if reload is not None and triage and pairs:
+        reload()
     for p in pairs:
         p.first_divergence = first_divergence(p.tokens_a, p.tokens_b)
-        if triage and p.tokens_a and p.tokens_b:
+        if triage and p.tokens_a and p.tokens_b and not p.triage:
             say(f"triage: {p.case}")
             p.triage = run_triage(lm, p.prompt, p.tokens_a, p.tokens_b, p.schedule_a, p.schedule_b).as_dict()
+            _save(checkpoint, unit, p)
     return pairs
+
+
+CASE_ORDER = ("concurrent", "conversation", "draft")  # the order run_cases makes them in
+
+
+def plugin_key(plugins: dict[str, str] | None) -> str:
+    """The part of a draft case's checkpoint key that names the plug-ins its server ran ('' without)."""
+    given = sorted((k, v) for k, v in (plugins or {}).items() if v)
+    return "" if not given else " +" + ",".join(f"{k}={v}" for k, v in given)
+
+
+def _save(checkpoint, unit, pair: StreamPair) -> None:
+    if checkpoint is not None:
+        checkpoint.save(*unit(pair.case)[:1], pair.as_dict(), *unit(pair.case)[1:])
 
 
 # ------------------------------------------------------------------ the measurement
@@ -500,18 +535,20 @@ def stored_dtype(model_dir: Path) -> str:
 def measure_server(source: str, prompt: str, n: int, *, cases: Sequence[str] = ("draft", "concurrent", "conversation"),
                    draft: str | None = None, num_draft: int = 2, companions: Sequence[str] = (),
                    follow_up: str = "\n\nContinue in one sentence:", triage: bool = True, progress=None,
-                   plugins: dict[str, str] | None = None, records: dict[str, Any] | None = None):
+                   checkpoint=None, plugins: dict[str, str] | None = None, records: dict[str, Any] | None = None):
     """Greedy streams through the real ``mlx_lm.server``: a Result of kind ``server``.
 
     Also runs mlx-lm's ``generate_step`` in this process on the same prompt
     and dtype first (no server running), for two checks: the server's lone
     stream must be that stream (same code, same dtype), and the server's
     tokens/s against in-process generation.
+
+    ``checkpoint``: an output directory; finished cases are kept under it (:func:`run_cases`) and Ctrl-C
+    raises :class:`gemmdrift.checkpoint.Interrupted` with the partial Result of the finished cases.
     """
-    from .diverge import generate_plain
-    from .envinfo import environment
+    from .checkpoint import Checkpoints, Interrupted, partial_inputs
+    from .diverge import first_divergence, generate_plain
     from .models import describe, load_model
-    from .result import Result, env_labels, tidy
 
     say = progress or (lambda msg: None)
     if n <= 0:
@@ -527,17 +564,56 @@ def measure_server(source: str, prompt: str, n: int, *, cases: Sequence[str] = (
     model_dir = checkpoint_dir(source)
     if self_layers is not None:  # the target's first layers (a test instrument), written once and cached
         draft_label, draft = draft, str(self_draft(model_dir, self_layers))
+        records = {**(records or {}), "draft_spec": draft_label}
     dtype = stored_dtype(model_dir)
+    plan = _memory_plan(model_dir, dtype, draft if "draft" in cases else None, "draft" in cases)  # before any load
     lm = load_model(str(model_dir), dtype=dtype)
     if lm.tokenizer is None:
         raise GemmdriftError(f"{model_dir} has no tokenizer: the server needs one")
-    say(f"{describe(lm.description)}; server dtype {dtype}")
+    info = {**lm.info, "source": source}  # the model as the user named it ('embedded'); the directory is "checkpoint"
+    say(f"{describe(info)}; server dtype {dtype}")
     ids = request_ids(lm, as_request(lm, prompt))  # what the server will compute: chat template where there is one
+    from .checks import check_length
+
+    check_length(lm.description, len(ids) + n, f"the prompt with --n {n}")
+    if companions:
+        longest = max(len(request_ids(lm, as_request(lm, c))) for c in companions)
+        check_length(lm.description, longest + n, f"the longest companion with --n {n}")
     generate_plain(lm.model, ids, 1, prefill_step=PREFILL_STEP)  # untimed: the lazy weights load on the first pass
     ref = generate_plain(lm.model, ids, n, prefill_step=PREFILL_STEP)
     say(f"in-process generate: {len(ref.tokens)} tokens in {ref.seconds:.1f} s")
-    pairs = run_cases(lm, model_dir, prompt, n, cases=cases, draft_dir=draft, num_draft=num_draft,
-                      companions=companions, follow_up=follow_up, triage=triage, progress=say, plugins=plugins)
+    reload = None
+    if plan[0] == "free":
+        say(f"freeing gemmdrift's copy of the model while the servers run: two copies would not fit {plan[1]}; "
+            "it is loaded again for the triage")
+        reload = _free_weights(lm, lambda: load_model(str(model_dir), dtype=dtype).model)
+    ck = Checkpoints(checkpoint, "server", lm.description)
+    kw = dict(cases=cases, draft_dir=draft, num_draft=num_draft, companions=companions, follow_up=follow_up,
+              triage=triage, plugins=plugins)
+    try:
+        pairs = run_cases(lm, model_dir, prompt, n, progress=say, reload=reload, checkpoint=ck, **kw)
+    except KeyboardInterrupt:
+        kept = []
+        for case in cases:  # read back what finished (requests done, triage perhaps not)
+            d = ck.load(case, prompt, n, num_draft, str(draft) + plugin_key(plugins), list(companions), follow_up)
+            if d is not None:
+                kept.append(StreamPair(**d))
+        kept.sort(key=lambda p: CASE_ORDER.index(p.case))
+        for p in kept:
+            p.first_divergence = first_divergence(p.tokens_a, p.tokens_b)
+        result = _server_result(lm, info, model_dir, dtype, prompt, n, cases, draft, num_draft, companions,
+                                follow_up, kept, ref, {**partial_inputs(len(kept), len(cases), "case"), **(records or {})}) if kept else None
+        raise Interrupted(result, len(kept), len(cases)) from None
+    return _server_result(lm, info, model_dir, dtype, prompt, n, cases, draft, num_draft, companions, follow_up,
+                          pairs, ref, dict(records or {}))
+
+
+def _server_result(lm, info, model_dir, dtype, prompt, n, cases, draft, num_draft, companions, follow_up, pairs,
+                   ref, extra):
+    """The Result of :func:`measure_server` from its stream pairs."""
+    from .envinfo import environment
+    from .result import Result, env_labels, tidy
+
     env = environment()
     rows, frame_rows = [], []
     for p in pairs:
@@ -567,16 +643,43 @@ def measure_server(source: str, prompt: str, n: int, *, cases: Sequence[str] = (
     if lone is not None and lone.seconds_a > 0:
         figures["server_tokens_per_s"] = len(lone.tokens_a) / lone.seconds_a
         figures["server_matches_inprocess"] = float(lone.tokens_a == ref.tokens)
-    inputs = {"model": lm.info, "checkpoint": str(model_dir), "dtype": dtype, "prompt": prompt, "n": n,
+    inputs = {"model": info, "checkpoint": str(model_dir), "dtype": dtype, "prompt": prompt, "n": n,
               "endpoint": "/v1/chat/completions" if uses_chat(lm) else "/v1/completions",
-              "cases": list(cases), "num_draft": num_draft,
-              "draft": (f"{draft_label} ({draft})" if self_layers is not None else draft)
-              or "re-quantized copy (4-bit, group 64)",
-              "companions": list(companions), "follow_up": follow_up, **(records or {})}
+              "cases": list(cases), "draft": draft or "re-quantized copy (4-bit, group 64)", "num_draft": num_draft,
+              "companions": list(companions), "follow_up": follow_up, **extra}
     details = {"pairs": [p.as_dict() for p in pairs], "inprocess": {"tokens": ref.tokens, "seconds": ref.seconds}}
     return Result(kind="server", inputs=inputs, env=env,
-                  frame=tidy(frame_rows, model=lm.description.source, dtype=dtype, **env_labels(env)),
+                  frame=tidy(frame_rows, model=info["source"], dtype=dtype, **env_labels(env)),
                   figures=figures, tables={"server": table}, details=details)
+
+
+def _memory_plan(model_dir: Path, dtype: str, draft: str | None, with_draft: bool) -> tuple[str, str]:
+    """(:func:`gemmdrift.memory.server_plan`, the budget's name) from the checkpoints' sizes on disk."""
+    from . import memory
+
+    target = memory.checkpoint_bytes(model_dir)
+    bits = {"float32": 32, "bfloat16": 16, "float16": 16}[dtype]
+    draft_bytes = 0
+    if with_draft:  # the default draft is a 4-bit re-quantized copy, perhaps not made yet
+        draft_bytes = memory.checkpoint_bytes(draft) if draft else memory.quantized_bytes(target, bits)
+    budget, what = memory.device_budget()
+    return memory.server_plan(target, draft_bytes, budget, what), what
+
+
+def _free_weights(lm, load):
+    """Drop ``lm``'s weights (its tokenizer and description stay) and return the function that loads them again."""
+    import gc
+
+    import mlx.core as mx
+
+    lm.model = None
+    gc.collect()
+    mx.clear_cache()  # the freed buffers go back to the system, not to mlx's cache
+
+    def reload() -> None:
+        lm.model = load()
+
+    return reload
 
 
 def pd_frame(rows):

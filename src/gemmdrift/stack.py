@@ -81,8 +81,13 @@ def _run_key(lm, tokens, schedule: str, mode: str, dtype: str, split, positions,
                                            [int(p) for p in positions], [int(p) for p in logit_positions])
 
 
-def compare_taps(ref: Taps, other: Taps, layer_kinds: Sequence[str], labels: dict[str, Any]) -> tuple[list[dict], pd.DataFrame | None, dict | None]:
-    """Tidy metric rows for every tap, plus per-position and envelope logit figures."""
+def compare_taps(ref: Taps, other: Taps, layer_kinds: Sequence[str], labels: dict[str, Any],
+                 tokens: Sequence[int] | None = None) -> tuple[list[dict], pd.DataFrame | None, dict | None]:
+    """Tidy metric rows for every tap, plus per-position and envelope logit figures.
+
+    With ``tokens`` (the stream), the logits also get the two-run statistics of
+    :func:`gemmdrift.twostats.two_run_stats` (:data:`TWO_RUN_FIGURES`, reference as the base) over the logit
+    positions that have a next token."""
     rows = []
     positions = other.positions
     ref_rows = ref.rows(positions)
@@ -99,12 +104,33 @@ def compare_taps(ref: Taps, other: Taps, layer_kinds: Sequence[str], labels: dic
         d = metrics.logit_drift(la, lb)
         envelope = metrics.envelope_summary(d)
         m.update({k: v for k, v in envelope.items() if k not in ("flip_gaps", "positions")})
+        if tokens is not None:
+            two = _two_run(la, lb, other.logit_positions, tokens)
+            envelope.update(two)
+            m.update(two)
         li = other.n_layers + 1
         rows += [{**labels, "tap": "logits", "layer": li, "layer_type": "logits", "metric": k, "value": float(v)}
                  for k, v in m.items()]
         per_pos = pd.DataFrame({**{k: labels[k] for k in ("pair", "reference", "schedule", "mode", "dtype")},
                                 "position": other.logit_positions, **d})
     return rows, per_pos, envelope
+
+
+TWO_RUN_FIGURES = ("kld_mean", "kld_max", "kld_p99.9", "same_top1_share", "dp_rms", "ppl_ratio")
+
+
+def _two_run(la: np.ndarray, lb: np.ndarray, logit_positions: np.ndarray, tokens: Sequence[int]) -> dict[str, float]:
+    """KLD(reference ‖ schedule), same top-1, Δp and perplexity ratio at the logit positions with a next token."""
+    from .twostats import two_run_stats, view_from_logits
+
+    keep = np.flatnonzero(logit_positions + 1 < len(tokens))
+    if keep.size == 0:
+        return {}
+    pos = logit_positions[keep]
+    targets = np.asarray(tokens, dtype=np.int64)[pos + 1]
+    views = [view_from_logits(x[keep], pos, targets, 2, full=True) for x in (la, lb)]
+    s = two_run_stats(*views)["summary"]
+    return {k: float(s[k]) for k in TWO_RUN_FIGURES}
 
 
 def ladder_verdict(low: float, high: float, low_dtype: str = "bfloat16",
@@ -256,7 +282,7 @@ def _rung_runs(lm, *, dtype: str, tokens: list[int], schedules: list[str], split
                     kept[(sched.text, mode, dtype)] = other
                 labels = {"pair": f"{ref_text} vs {sched.text}", "reference": ref_text, "schedule": sched.text,
                           "mode": mode, "dtype": dtype}
-                r, pp, env = compare_taps(ref, other, kinds, labels)
+                r, pp, env = compare_taps(ref, other, kinds, labels, tokens=tokens)
                 rows += r
                 if pp is not None:
                     per_pos.append(pp)
@@ -395,12 +421,13 @@ def measure_stack(
 ENVELOPE_FIGURES = ("max_abs_dlogit", "max_abs_dgap", "p99_abs_dgap", "flips", "max_gap_at_flip")
 
 
-def stack_figures(tables: dict[str, pd.DataFrame], base: str) -> dict[str, float]:
+def stack_figures(tables: dict[str, pd.DataFrame], base: str, true_float32: bool = True) -> dict[str, float]:
     """The tracked figures of a stack measurement, at the base dtype.
 
     * ``<envelope metric>/<pair>``: the accumulated logit envelope (:data:`ENVELOPE_FIGURES`);
     * ``rel_l2/<pair>/<mode>/<tap>`` and ``bits_p99/<pair>/<mode>/<tap>`` (log2(1 + p99 ULP));
-    * ``ladder_rel_l2_float32/<pair>/<tap>``: the same pair at float32 (only with the ladder).
+    * ``ladder_rel_l2_float32/<pair>/<tap>``: the same pair at float32 (only with the ladder, and only when
+      the rung was true float32: a TF32 figure is not tracked under a float32 name; asv records it as NaN).
 
     A figure that is not finite (e.g. the gap at a flip when nothing flipped) is left out.
     """
@@ -410,6 +437,9 @@ def stack_figures(tables: dict[str, pd.DataFrame], base: str) -> dict[str, float
         for _, row in env[(env["dtype"] == base) & (env["mode"] == "accumulated")].iterrows():
             for k in ENVELOPE_FIGURES:
                 out[figure_name(k, row["pair"])] = float(row[k])
+            for k in TWO_RUN_FIGURES:  # stacks measured before issue 23 have none
+                if k in row and pd.notna(row[k]):
+                    out[figure_name(k, row["pair"])] = float(row[k])
     t = tables["stack"]
     t = t[t["dtype"] == base] if len(t) else t
     for (pair, mode, tap), s in (t.groupby(["pair", "mode", "tap"]) if len(t) else []):
@@ -419,7 +449,7 @@ def stack_figures(tables: dict[str, pd.DataFrame], base: str) -> dict[str, float
         if "p99_ulp" in m:
             out[figure_name("bits_p99", pair, mode, tap)] = metrics.bits_lost(float(m["p99_ulp"]))
     lad = tables.get("ladder")
-    if lad is not None and len(lad) and "rel_l2_float32" in lad.columns:
+    if lad is not None and len(lad) and "rel_l2_float32" in lad.columns and true_float32:
         for _, row in lad.iterrows():
             out[figure_name("ladder_rel_l2_float32", row["pair"], row["tap"])] = float(row["rel_l2_float32"])
     return {k: v for k, v in out.items() if math.isfinite(v)}
@@ -445,7 +475,8 @@ def stack_result(tables: dict[str, pd.DataFrame], inputs: dict[str, Any], env: d
     cols = [c for c in t.columns if c != "schedule"]  # the pair says it
     frame = tidy(t[cols] if len(t) else pd.DataFrame(columns=["metric", "value"]), **env_labels(env),
                  model=inputs["model"].get("source", ""))
-    return Result(kind="stack", inputs=inputs, env=env, frame=frame, figures=stack_figures(tables, base),
+    true32 = (inputs.get("ladder_float32") or {}).get("true_float32", True)  # older results carry no probe: as measured then
+    return Result(kind="stack", inputs=inputs, env=env, frame=frame, figures=stack_figures(tables, base, true32),
                   tables=tables)
 
 

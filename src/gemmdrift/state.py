@@ -61,7 +61,7 @@ import os
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -306,7 +306,8 @@ def logit_diff(a: np.ndarray | None, b: np.ndarray | None) -> Diff:
     return Diff(True, False, 0.0, 0.0, float(np.max(np.abs(a - b))), why="next-position logits differ")
 
 
-def judge(bf: Diff, f32: Diff | None = None, *, refused: bool = False, envelope: float | None = None) -> tuple[Verdict, str, float]:
+def judge(bf: Diff, f32: Diff | None = None, *, refused: bool = False, envelope: float | None = None,
+          true_float32: bool = True) -> tuple[Verdict, str, float]:
     """The verdict of one case: (verdict, reason, ladder shrink or NaN).
 
     Args:
@@ -315,7 +316,12 @@ def judge(bf: Diff, f32: Diff | None = None, *, refused: bool = False, envelope:
         refused: the library refused the operation (e.g. ``trim_prompt_cache`` returned 0)
             and the generator went on as if it had succeeded.
         envelope: largest max|Δlogit| still called rounding (None: the ladder alone decides).
+        true_float32: the float32 rerun was true float32 (:func:`gemmdrift.runenv.rung_true_float32`); on a
+            TF32 rung rounding shrinks only ~8x, so a drift that shrank less than rounding would is UNRELIABLE,
+            not a STATE BUG.
     """
+    from .runenv import unreliable_reason
+
     if refused:
         why = "refused (trimmed nothing) and generation carried on as if it had"
         return Verdict.STATE_BUG, why + (f"; {bf.why}" if bf.why else ""), math.nan
@@ -342,6 +348,8 @@ def judge(bf: Diff, f32: Diff | None = None, *, refused: bool = False, envelope:
     detail = ", ".join(f"{n} shrinks {s:.3g}x" for n, s in pieces)
     if shrink >= LADDER_ROUNDING_SHRINK:
         return Verdict.ROUNDING, f"{bf.why}; at float32 {detail}: rounding", shrink
+    if not true_float32:
+        return Verdict.UNRELIABLE, f"{bf.why}; at float32 {detail}, but {unreliable_reason()}", shrink
     return Verdict.STATE_BUG, f"{bf.why}; at float32 {detail}: does not shrink like rounding", shrink
 
 
@@ -687,8 +695,9 @@ def _synthetic_kv(n: int, heads: int = 1, dim: int = 64, seed: int = 0):
     import mlx.core as mx
 
     mx.random.seed(seed)
-    k = mx.random.normal((1, heads, n, dim)).astype(mx.bfloat16)
-    v = mx.random.normal((1, heads, n, dim)).astype(mx.bfloat16)
+    # On the CPU stream: the same keys and values on every device (a GPU's erfinv may differ in the last bits).
+    k = mx.random.normal((1, heads, n, dim), stream=mx.cpu).astype(mx.bfloat16)
+    v = mx.random.normal((1, heads, n, dim), stream=mx.cpu).astype(mx.bfloat16)
     mx.eval(k, v)
     return k, v
 
@@ -941,7 +950,8 @@ def batch_vs_alone(lm, seq: Sequence[int], other: Sequence[int], *, op: str, ste
 
 def batch_check(lm, seq: Sequence[int], other: Sequence[int], *, op: str, steps: int = 2, before: int = 1,
                 cache_factory: Callable[[Any], list] | None = None, envelope: float | None = None) -> dict[str, Any]:
-    """:func:`batch_vs_alone` judged: EXACT, ROUNDING (the float32 rerun shrinks it) or STATE BUG.
+    """:func:`batch_vs_alone` judged: EXACT, ROUNDING (the float32 rerun shrinks it), STATE BUG (or unreliable:
+    a TF32 rerun that shrank too little).
 
     For batch generation checks elsewhere (e.g. a batch generator's own tests): give the two
     token sequences and the operation; both prefills happen here, at the model's dtype and
@@ -951,7 +961,10 @@ def batch_check(lm, seq: Sequence[int], other: Sequence[int], *, op: str, steps:
     kw = dict(op=op, steps=steps, before=before, cache_factory=cache_factory)
     d = batch_vs_alone(lm, seq, other, **kw)["diff"]
     f32 = batch_vs_alone(lm, seq, other, dtype="float32", **kw)["diff"] if (not d.identical and d.structure) else None
-    verdict, reason, shrink = judge(d, f32, envelope=envelope)
+    from .runenv import rung_true_float32
+
+    probe = rung_true_float32() if f32 is not None else None  # TF32 float32 cannot tell rounding from a bug
+    verdict, reason, shrink = judge(d, f32, envelope=envelope, true_float32=probe is None or probe["true_float32"])
     return {"verdict": verdict, "reason": reason, "shrink": shrink, "diff": d, "f32": f32}
 
 
@@ -998,9 +1011,11 @@ class _Float32:
 
     def __enter__(self):
         from .models import _cast
+        from .runenv import rung_true_float32
 
         self.old = self.lm.description.dtype
         _cast(self.lm.model, "float32")
+        self.probe = rung_true_float32()  # TF32 (CUDA, M5-class GPUs) cannot tell rounding from a bug
         return self
 
     def __exit__(self, *exc):
@@ -1021,9 +1036,10 @@ def _progress(msg: str) -> None:
 
 def _sweep(lm, operations: Sequence[str], where: Sequence[str] | None, ks: Sequence[int] | None,
            setups: Sequence[Setup] | None, ladder: bool, envelope: float | None, compute_limit: int | None,
-           caches: Sequence[str] | None) -> dict[str, Any]:
+           caches: Sequence[str] | None, checkpoint=None) -> dict[str, Any]:
     """The cases of ``operations`` (arguments as :func:`measure_state`, validated): the table's rows in order,
-    and what the prefix cost."""
+    and what the prefix cost. ``checkpoint`` (:class:`gemmdrift.checkpoint.Checkpoints`): each rollback cell
+    (setup x prefix position, the sweep's longest part) is saved before the ladder and loaded on a rerun."""
     where_for = (lambda name: DEFAULT_WHERE.get(name, WHERE)) if where is None else (lambda name, w=tuple(where): w)
     where = tuple(WHERE) if where is None else tuple(where)
     ks_for = (lambda name: DEFAULT_KS.get(name, KS)) if ks is None else (lambda name, ks=tuple(ks): ks)
@@ -1050,6 +1066,7 @@ def _sweep(lm, operations: Sequence[str], where: Sequence[str] | None, ks: Seque
         _progress(f"  {prefix.seconds:.1f} s")
     rows: list[dict[str, Any]] = []
     ladder_jobs: list[tuple[int, Callable[[], Diff], Diff]] = []
+    fp32_probe = None  # the float32 rung's probe, when the ladder ran
     vocab = lm.vocab_size
 
     def add(row, diff: Diff | None, refused: bool = False, rerun: Callable[[], Diff] | None = None):
@@ -1071,15 +1088,27 @@ def _sweep(lm, operations: Sequence[str], where: Sequence[str] | None, ks: Seque
     if "rollback" in operations:
         for s, w, p in cells("rollback"):
             t0 = time.perf_counter()
+            saved = checkpoint.load("rollback-cell", s.name, w, p, check=lambda u: "cases" in u) if checkpoint else None
+            if saved is not None:  # the rows as judged before the ladder, and what the ladder needs to rerun them
+                mat = _material(prefix.tokens, p, 2 + max(KS) + CONTINUATION)
+                for c in saved["cases"]:
+                    add(c["row"], Diff(**c["diff"]), c["refused"], (lambda s=s, p=p, k=c["k"], r=c["r"], mat=mat:
+                                                                    _rollback_side(lm, s, prefix, p, mat, k, r,
+                                                                                   dtype=_f32())[0]))
+                _progress(f"rollback {s.name} {w} (prefix {p}): done before (resumed)")
+                continue
+            cell = []
             try:
                 found = rollback_cases(lm, s, prefix, p, ks_for(s.name))
             except Exception as e:  # the cache could not even take the prefix or the block
                 found = [{"k": k, "r": r, "raised": f"raised {type(e).__name__}: {str(e)[:120]}"}
                          for k in ks_for(s.name) for r in range(k + 1)]
             for c in found:
-                if "raised" in c:
-                    rows.append(_row(s.name, "rollback", w, p, window, f"k={c['k']} r={c['r']}", _raised(s),
-                                     c["raised"], k=c["k"], r=c["r"], note=s.note))
+                if "raised" in c:  # refused: kept like the others, without a ladder rerun
+                    row = _row(s.name, "rollback", w, p, window, f"k={c['k']} r={c['r']}", _raised(s), c["raised"],
+                               k=c["k"], r=c["r"], note=s.note)
+                    add(row, None, True)
+                    cell.append({"row": row, "diff": asdict(Diff()), "refused": True, "k": c["k"], "r": c["r"]})
                     continue
                 refused = c["r"] > 0 and c["trimmed"] < c["r"]
                 v, why, _ = judge(c["diff"], refused=refused,
@@ -1088,6 +1117,9 @@ def _sweep(lm, operations: Sequence[str], where: Sequence[str] | None, ks: Seque
                            k=c["k"], r=c["r"], trimmed=c["trimmed"], note=s.note)
                 add(row, c["diff"], refused, (lambda s=s, p=p, c=c: _rollback_side(
                     lm, s, prefix, p, c["mat"], c["k"], c["r"], dtype=_f32())[0]))
+                cell.append({"row": row, "diff": asdict(c["diff"]), "refused": refused, "k": c["k"], "r": c["r"]})
+            if checkpoint:
+                checkpoint.save("rollback-cell", {"cases": cell}, s.name, w, p)
             _progress(f"rollback {s.name} {w} (prefix {p}): {time.perf_counter() - t0:.1f} s")
 
     # b. trim, directly and through trim_prompt_cache (no model: synthetic keys, window 16)
@@ -1235,20 +1267,21 @@ def _sweep(lm, operations: Sequence[str], where: Sequence[str] | None, ks: Seque
     # The precision ladder for cases that differ with the same structure.
     if ladder_jobs:
         _progress(f"precision ladder: {len(ladder_jobs)} cases at float32")
-        with _Float32(lm):
+        with _Float32(lm) as rung:
+            fp32_probe = rung.probe
             for i, rerun, diff in ladder_jobs:
                 f32 = rerun()
-                v, why, shrink = judge(diff, f32, envelope=envelope)
+                v, why, shrink = judge(diff, f32, envelope=envelope, true_float32=rung.probe["true_float32"])
                 rows[i].update(verdict=str(v), reason=why, shrink=shrink, f32_rel_l2=f32.rel_l2,
                                f32_max_abs_dlogit=f32.max_abs_dlogit)
-    return {"rows": rows, "lengths": lengths, "setups": {s.name: s.note for s in setups},
+    return {"rows": rows, "lengths": lengths, "setups": {s.name: s.note for s in setups}, "fp32_probe": fp32_probe,
             "computed_prefix": prefix.computed if prefix else 0, "prefix_seconds": prefix.seconds if prefix else 0.0}
 
 
 def measure_state(lm, *, operations: Sequence[str] = DEFAULT_OPERATIONS, where: Sequence[str] | None = None,
                   ks: Sequence[int] | None = None, setups: Sequence[Setup] | None = None, ladder: bool = True,
                   envelope: float | None = None, compute_limit: int | None = None,
-                  caches: Sequence[str] | None = None, workers: int | None = None,
+                  caches: Sequence[str] | None = None, workers: int | None = None, checkpoint=None,
                   implementations: dict[str, Any] | None = None) -> Result:
     """Check every cache operation of ``operations`` on the model's caches; one row per case.
 
@@ -1271,7 +1304,11 @@ def measure_state(lm, *, operations: Sequence[str] = DEFAULT_OPERATIONS, where: 
             each loading the model again. Default: 2 on a CPU device with at least 2 cores when the
             sweep has model work on both sides and the model can be loaded again; else 1 (on a GPU the
             processes would only queue on the one device). The table is the same either way.
+        checkpoint: an output directory: each finished half of the sweep (:data:`WORKER_GROUPS`) is saved
+            under it (:mod:`gemmdrift.checkpoint`) and a rerun loads it; Ctrl-C raises
+            :class:`gemmdrift.checkpoint.Interrupted` with the partial Result (planted ``setups``: no checkpoints).
     """
+    from .checkpoint import Checkpoints, Interrupted, partial_inputs
     from .envinfo import environment
 
     unknown_ops = [o for o in operations if o not in OPERATIONS]
@@ -1286,17 +1323,42 @@ def measure_state(lm, *, operations: Sequence[str] = DEFAULT_OPERATIONS, where: 
         raise GemmdriftError("gemmdrift state needs real weights or a small model (a shape: model is too big to run)")
     t_start = time.perf_counter()
     env = environment()
+    impl_extra = {"implementations": implementations} if implementations else {}
     args = dict(where=where, ks=ks, ladder=ladder, envelope=envelope, compute_limit=compute_limit, caches=caches)
     groups = [tuple(o for o in g if o in operations) for g in WORKER_GROUPS]
     groups = [g for g in groups if g]
     n = _workers(lm, workers, groups, setups)
-    if n > 1:
-        from .workers import run_jobs
+    # One checkpoint per half of the sweep; its rows are the same whichever process ran it.
+    ck = Checkpoints(checkpoint if setups is None else None, "state", lm.description, args)
+    if ck.dir is None and n == 1:
+        groups = [tuple(operations)]  # nothing to keep: the one sweep, one prefix
+    saved = {g: ck.load("-".join(g), list(g), check=lambda u: "rows" in u) for g in groups}
+    todo = [g for g in groups if saved[g] is None]
+    for g in groups:
+        if saved[g] is not None:
+            _progress(f"{', '.join(g)}: done before (resumed)")
+    try:
+        if n > 1 and len(todo) > 1:
+            from .workers import run_jobs
 
-        _progress(f"{len(groups)} processes share the sweep: " + "; ".join(", ".join(g) for g in groups))
-        parts = run_jobs(lm, _sweep_job, [dict(args, operations=g) for g in groups], n)
-    else:
-        parts = [_sweep(lm, operations, setups=setups, **args)]
+            _progress(f"{len(todo)} processes share the sweep: " + "; ".join(", ".join(g) for g in todo))
+            jobs = [dict(args, operations=g, checkpoint=ck.spec()) for g in todo]
+            saved.update(zip(todo, run_jobs(lm, _sweep_job, jobs, n)))  # each also saved its own checkpoint
+        else:
+            for g in todo:
+                saved[g] = _sweep(lm, g, setups=setups, checkpoint=ck if ck.dir else None, **args)
+                ck.save("-".join(g), saved[g], list(g))
+    except KeyboardInterrupt:
+        parts = [p for p in (saved[g] or ck.load("-".join(g), list(g)) for g in groups) if p is not None]
+        result = _state_result(lm, operations, where, ks, ladder, envelope, parts, n, env, t_start,
+                               {**partial_inputs(len(parts), len(groups), "half of the sweep"), **impl_extra}) if parts else None
+        raise Interrupted(result, len(parts), len(groups)) from None
+    return _state_result(lm, operations, where, ks, ladder, envelope, [saved[g] for g in groups], n, env, t_start,
+                         dict(impl_extra))
+
+
+def _state_result(lm, operations, where, ks, ladder, envelope, parts, n, env, t_start, extra) -> Result:
+    """The Result of :func:`measure_state` from its finished sweep parts."""
     rows = [row for part in parts for row in part["rows"]]
     lengths = parts[0]["lengths"]
     model_part = next((p for p in parts if p["computed_prefix"]), parts[0])
@@ -1315,8 +1377,9 @@ def measure_state(lm, *, operations: Sequence[str] = DEFAULT_OPERATIONS, where: 
                                     "computed_prefix": model_part["computed_prefix"],
                                     "prefix_seconds": model_part["prefix_seconds"],
                                     "window": window, "setups": {k: v for p in parts for k, v in p["setups"].items()},
-                                    "workers": n, **({"implementations": implementations} if implementations else {})},
-                   seconds)
+                                    "ladder_float32": next((p["fp32_probe"] for p in parts if p.get("fp32_probe")),
+                                                           None),
+                                    "workers": n, **extra}, seconds)
 
 
 # The sweep's two halves when it runs in two processes (about equal time on the embedded Gemma).
@@ -1337,7 +1400,14 @@ def _workers(lm, workers: int | None, groups: list[tuple[str, ...]], setups) -> 
 
 
 def _sweep_job(lm, **kwargs) -> dict[str, Any]:
-    return _sweep(lm, kwargs.pop("operations"), setups=None, **kwargs)
+    """One half of the sweep in a worker process; saved to its checkpoint there (the parent reads it back)."""
+    from .checkpoint import Checkpoints
+
+    ck = Checkpoints.from_spec(kwargs.pop("checkpoint", None))
+    ops = kwargs.pop("operations")
+    part = _sweep(lm, ops, setups=None, checkpoint=ck if ck.dir else None, **kwargs)
+    ck.save("-".join(ops), part, list(ops))
+    return part
 
 
 def _f32():

@@ -41,7 +41,26 @@ RESERVED = ("result.json", "meta.json", "summary.json", "figures.json", "details
 
 
 def write_result(result: Result, out: str | Path, *, draw: bool = True) -> dict[str, Path]:
-    """Write ``result`` to the directory ``out``; returns the paths written, by role."""
+    """Write ``result`` to the directory ``out``; returns the paths written, by role.
+
+    A write that fails (a full disk, a directory gone read-only since the check) loses nothing: the
+    Result goes to a fresh temporary directory instead, and the one-line error says where.
+    """
+    try:
+        return _write_result(result, out, draw)
+    except OSError as e:
+        import tempfile
+
+        try:
+            spare = tempfile.mkdtemp(prefix=f"gemmdrift-{result.kind}-")
+            _write_result(result, spare, False)
+        except OSError:
+            raise GemmdriftError(f"cannot write the result to {out} ({e}), nor to a temporary directory") from None
+        raise GemmdriftError(f"cannot write the result to {out} ({e.strerror or e}): it was saved to {spare}/ "
+                             "instead") from None
+
+
+def _write_result(result: Result, out: str | Path, draw: bool) -> dict[str, Path]:
     from . import summaries
 
     out = Path(out)
@@ -67,6 +86,10 @@ def write_result(result: Result, out: str | Path, *, draw: bool = True) -> dict[
             written[f"fig_{Path(name).stem}"] = files.save_figure(out / name, fig)
     written["marker"] = files.write_json(out / MARKER, {"format": FORMAT, "kind": result.kind,
                                                         "files": sorted(p.name for p in written.values())})
+    if not result.inputs.get("partial"):  # the whole Result now holds what the per-unit checkpoints did
+        from .checkpoint import Checkpoints
+
+        Checkpoints(out, result.kind, None).clear()
     return written
 
 
@@ -77,8 +100,16 @@ def _read_json(path: Path) -> Any:
 read_object = files.read_object
 
 
+# Text columns whose values can look like numbers: a tree digest such as '8041e123...' reads back as inf.
+TEXT_COLUMNS = {"fingerprints": ("fingerprint",)}
+
+
 def _read_csv(path: Path) -> pd.DataFrame:
     try:
+        text = TEXT_COLUMNS.get(path.stem, ())
+        if text:
+            head = pd.read_csv(path, nrows=0).columns
+            return pd.read_csv(path, converters={c: str for c in text if c in head})
         return pd.read_csv(path)
     except pd.errors.EmptyDataError:
         return pd.DataFrame()  # an empty table is written as an empty file

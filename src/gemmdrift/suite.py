@@ -37,6 +37,9 @@ class Sizes:
     kernel_rows: int  # distinct captured rows per projection
     diverge_prompt: int  # prompt tokens of the divergence probe
     diverge_n: int  # tokens generated
+    # FLOPs per (projection, path) of the kernel probe (kernels.plan_ts). The CPU's 2e9 (the reference BLAS
+    # at ~7 GFLOP/s in bf16) would stop a GPU's sweep at T=128 for the MLP and T=4 for the LM head.
+    flop_budget: float = 2e9
 
 
 SIZES = {
@@ -49,7 +52,7 @@ SIZES = {
                  kernel_ts=(1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 24, 32, 33, 64, 128, 512),
                  kernel_paths=("model", "dense:float16", "dense:float32", "quant:affine-q4-g64",
                                "quant:affine-q8-g64", "emulated:splitk4"),
-                 kernel_rows=64, diverge_prompt=1000, diverge_n=128),
+                 kernel_rows=64, diverge_prompt=1000, diverge_n=128, flop_budget=1e12),
     # For tests and smoke runs: no sliding-window crossing, seconds.
     "quick": Sizes(tokens=40, split=32, ladder=False, kernel_layers=(0,), kernel_ts=(1, 2, 3),
                    kernel_paths=("model", "emulated:splitk4"), kernel_rows=4, diverge_prompt=16, diverge_n=4),
@@ -99,7 +102,8 @@ def kernel_probe(lm, sizes: Sizes, checkpoint: Path | None = None, env: dict[str
     projs = kernels.projections(lm, layers=list(sizes.kernel_layers) + [lm.n_layers])
     inputs = kernels.capture_inputs(lm, stream(lm, min(sizes.tokens, 128)), projs, max_rows=sizes.kernel_rows)
     return kernels.measure_kernels(lm, inputs, projs, list(sizes.kernel_paths), sizes.kernel_ts,
-                                   checkpoint=checkpoint, env=env, record={"sizes": asdict(sizes)})
+                                   checkpoint=checkpoint, env=env, record={"sizes": asdict(sizes)},
+                                   flop_budget=sizes.flop_budget)
 
 
 def divergence_probe(lm, sizes: Sizes, env: dict[str, Any] | None = None):
@@ -205,10 +209,13 @@ def main_job(out: str | Path = "results/run", sizes: str | None = None, model: s
     Returns:
         The report's paths, ``{"markdown": ..., "html": ...}``.
     """
-    from . import report, state, store
+    from . import envinfo, report, state, store
     from .envinfo import environment
     from .models import describe, load_model
+    from .runenv import compute_record
 
+    if envinfo.TF32_POLICY != "keep":  # the CLI's --tf32 keep opts out
+        envinfo.force_true_float32()  # float32 paths and the ladder rung: before mlx's first matmul
     name = sizes or default_sizes()
     if name not in SIZES:
         raise GemmdriftError(f"unknown size {name!r} (choose {', '.join(SIZES)})")
@@ -218,7 +225,7 @@ def main_job(out: str | Path = "results/run", sizes: str | None = None, model: s
     from .models import parse_dtype
 
     run_inputs = {"model": model, "dtype": parse_dtype(dtype), "sizes": name, "mlx": _version("mlx"),
-                  "mlx_lm": _version("mlx-lm")}
+                  "mlx_lm": _version("mlx-lm"), "compute": compute_record()}  # another device or MLX_* setting: refused
     check_resume(out, run_inputs)  # before the model loads
     env = environment()
     lm = load_model(model, dtype=dtype)

@@ -209,8 +209,10 @@ def print_kernels(df: pd.DataFrame) -> str:
     return "\n".join(lines).lstrip("\n")
 
 
-SUMMARIES["kernels"] = lambda r: kernels_summary(r.tables["kernels"])
-TEXTS["kernels"] = lambda r: print_kernels(r.tables["kernels"])
+SUMMARIES["kernels"] = lambda r: {**kernels_summary(r.tables["kernels"]),
+                                   **({"skipped": r.tables["skipped"].to_dict("records")} if "skipped" in r.tables else {})}
+TEXTS["kernels"] = lambda r: "\n".join(filter(None, [print_kernels(r.tables["kernels"]),
+                                                     kernels.describe_skipped(r.tables.get("skipped"))]))
 
 
 
@@ -339,12 +341,15 @@ TEXTS["history"] = lambda r: text_table(r.tables["history_wide"])
 # ---- fingerprint
 
 
+_FP_UNMEASURED = ("not recoverable", "fp16 subnormals flushed on this device")  # fingerprint.FP16_FLUSHED
+
+
 def _fp_runs(table: pd.DataFrame) -> list[dict[str, Any]]:
     """One row per path and run of consecutive T with the same trees and the same predicted kernel."""
     out: list[dict[str, Any]] = []
     for path, s in table.groupby("path", sort=False):
-        if (s["status"] == "not recoverable").all():
-            out.append({"path": path, "T": "", "trees": "not recoverable", "predicted": "",
+        if s["status"].isin(_FP_UNMEASURED).all():  # not recoverable, or fp16 subnormals flushed here
+            out.append({"path": path, "T": "", "trees": s["status"].iloc[0], "predicted": "",
                         "description": s["description"].iloc[0]})
             continue
         prev = None
@@ -375,7 +380,7 @@ def fingerprint_summary(result: Result) -> dict[str, Any]:
     paths: dict[str, Any] = {}
     for path, s in table.groupby("path", sort=False):
         ok = s[s["status"] == "recovered"]
-        entry: dict[str, Any] = {"status": "not recoverable" if (s["status"] == "not recoverable").all()
+        entry: dict[str, Any] = {"status": s["status"].iloc[0] if s["status"].isin(_FP_UNMEASURED).all()
                                  else ("recovered" if len(ok) == len(s) else "partly not recovered"),
                                  "distinct_trees": int(ok["fingerprint"].nunique()),
                                  "not_recovered": int((s["status"] == "not recovered").sum())}
@@ -429,7 +434,7 @@ TEXTS["fingerprint"] = fingerprint_text
 def _state_cells(table: pd.DataFrame) -> pd.DataFrame:
     """One row per cache class and operation, one column per prefix position: 'EXACT 14', 'STATE BUG 10/14'."""
     order = ["below", "at", "past", "far", ""]
-    worst = ["STATE BUG", "refused", "rounding", "EXACT", "not applicable", "not checked"]
+    worst = ["STATE BUG", "refused", "unreliable", "rounding", "EXACT", "not applicable", "not checked"]
     rows = []
     for (cache, op), g in table.groupby(["cache", "operation"], sort=False):
         row = {"cache": cache, "operation": op}
@@ -558,3 +563,22 @@ def server_text(result: Result) -> str:
 
 SUMMARIES["server"] = server_summary
 TEXTS["server"] = server_text
+
+
+# ---- compare (issue 23): the words live in gemmdrift.goldview
+
+
+def _compare_summary(result: Result) -> dict[str, Any]:
+    from .goldview import compare_summary
+
+    return compare_summary(result)
+
+
+def _compare_text(result: Result) -> str:
+    from .goldview import compare_text
+
+    return compare_text(result)
+
+
+SUMMARIES["compare"] = _compare_summary
+TEXTS["compare"] = _compare_text

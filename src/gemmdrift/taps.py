@@ -118,6 +118,7 @@ def load_taps(path) -> Taps:
 # Blocks of at least this many rows start evaluating their taps layer by layer (see _Recorder.capture);
 # shorter blocks (decode, verification) keep one eval per block, as mlx-lm does.
 EAGER_ROWS = 64
+SINK_ROWS = 64  # logit rows handed to a logits_sink at a time
 
 
 class _Recorder:
@@ -356,6 +357,7 @@ def run_schedule(
     reference: Taps | None = None,
     progress: Callable[[int], None] | None = None,
     prefix: Prefix | None = None,
+    logits_sink: Callable[[np.ndarray, np.ndarray], None] | None = None,
 ) -> Taps:
     """Feed ``tokens`` through ``model`` block by block as ``schedule`` says.
 
@@ -372,6 +374,9 @@ def run_schedule(
         prefix: shared caches for the leading blocks (see :func:`common_prefix`);
             those blocks are skipped, so positions before ``prefix.length``
             cannot be tapped.
+        logits_sink: called with (positions, float32 logits) of each block instead of keeping them
+            (the returned ``logits`` is then None): a run reading every position's 262,144 logits
+            reduces them block by block rather than holding them all.
     """
     import mlx.core as mx
     from mlx_lm.models.cache import make_prompt_cache
@@ -418,7 +423,13 @@ def run_schedule(
                 if out.shape[1] != len(wanted):
                     raise GemmdriftError("the model's output rows do not match the requested logit rows")
                 logits_dtype = storage_dtype_name(out.dtype)
-                logit_rows.append(to_numpy(out[0]))
+                if logits_sink is not None:
+                    # Rows of the evaluated output in slices: a float32 copy of a whole prefill block's
+                    # 262,144 logits per row would be another GB.
+                    for s in range(0, len(wanted), SINK_ROWS):
+                        logits_sink(start + wanted[s:s + SINK_ROWS], to_numpy(out[0, s:s + SINK_ROWS]))
+                else:
+                    logit_rows.append(to_numpy(out[0]))
             if progress:
                 progress(stop - start)
     seconds = time.perf_counter() - t0

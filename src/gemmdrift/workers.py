@@ -71,10 +71,29 @@ def check_workers(lm, workers: int | None, parts: int) -> int:
     if workers > 1 and not can_reload(lm):
         raise GemmdriftError("a measurement in several processes needs a model it can load again "
                              "(one loaded by gemmdrift.models.load_model)")
-    return max(1, min(workers, parts))
+    n = max(1, min(workers, parts))
+    if n > 1:
+        _check_gpu_copies(lm, n)
+    return n
 
 
-def _init(recipe: dict[str, Any], tf32_off: bool, device: str) -> None:
+def _check_gpu_copies(lm, workers: int) -> None:
+    """On a GPU every worker's copy and this process's share one working set (Metal) or device memory (CUDA):
+    refuse an explicit ``--workers`` whose copies do not fit. (The CPU's default is checked by
+    :func:`_fits_twice`; an explicit CPU count is the user's to choose.)"""
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+
+    from .memory import check_copies, device_budget
+
+    if mx.default_device().type != mx.gpu:
+        return
+    budget, what = device_budget()
+    weights = sum(v.nbytes for _, v in tree_flatten(lm.model.parameters()))
+    check_copies(workers + 1, weights, budget, what, f"--workers {workers}")
+
+
+def _init(recipe: dict[str, Any], tf32_off: bool, device: tuple[str, int]) -> None:
     global _LM
     import mlx.core as mx
 
@@ -151,16 +170,22 @@ def run_tasks(fn: Callable[..., Any], jobs: Sequence[dict[str, Any]], workers: i
         return _collect([ex.submit(_call_task, fn, job) for job in jobs], None)
 
 
-def _device_name() -> str:
+def _device_name() -> tuple[str, int]:
+    """The default device as (type, index): a worker must use the same one, gpu:1 included."""
+    import re
+
     import mlx.core as mx
 
-    return "gpu" if mx.default_device() == mx.gpu else "cpu"
+    dev = mx.default_device()
+    m = re.search(r",\s*(\d+)\)", str(dev))  # Device(gpu, 1): mlx's Python Device exposes no index attribute
+    return ("gpu" if dev.type == mx.gpu else "cpu"), int(m.group(1)) if m else 0
 
 
-def _set_device(device: str) -> None:
+def _set_device(device: str | tuple[str, int]) -> None:
     import mlx.core as mx
 
-    mx.set_default_device(mx.gpu if device == "gpu" else mx.cpu)
+    kind, index = (device, 0) if isinstance(device, str) else device
+    mx.set_default_device(mx.Device(mx.gpu if kind == "gpu" else mx.cpu, index))
 
 
 def _call_job(fn: Callable[..., Any], job: dict[str, Any]) -> Any:

@@ -95,9 +95,11 @@ def _synthetic_dense(proj: Projection, dtype: str):
     scale = math.sqrt(1.0 / k)
     # Drawn directly in the compute dtype: no float32 copy of a vocabulary-sized matrix.
     dt = mx_dtype(dtype)
+    # Drawn on the CPU stream: a GPU's erfinv/log may differ in the last bits, and shape:NAME must mean the same
+    # weights on every device.
     if isinstance(proj.module, (nn.Embedding, nn.QuantizedEmbedding)):
-        return mx.random.normal((n, k), dtype=dt, scale=scale, key=key), None  # nn.Embedding's init
-    return mx.random.uniform(-scale, scale, (n, k), dtype=dt, key=key), None  # nn.Linear's init
+        return mx.random.normal((n, k), dtype=dt, scale=scale, key=key, stream=mx.cpu), None  # nn.Embedding's init
+    return mx.random.uniform(-scale, scale, (n, k), dtype=dt, key=key, stream=mx.cpu), None  # nn.Linear's init
 
 
 def dense_weights(lm, proj: Projection, dtype: str):

@@ -188,6 +188,7 @@ def sweep(lm, inputs: Mapping[tuple[int, str], np.ndarray], projs: Sequence[Proj
     """
     from tqdm.auto import tqdm
 
+    from ..runenv import compute_record
     from ..workers import check_workers, run_jobs
 
     specs = [parse_path(p) for p in paths]
@@ -204,7 +205,8 @@ def sweep(lm, inputs: Mapping[tuple[int, str], np.ndarray], projs: Sequence[Proj
     if ckpt is not None:
         _open_checkpoint(ckpt, {"model": lm.description.source, "dtype": lm.description.dtype,
                                 "quantization": lm.info["quantization"], "ts": ts, "max_t": max_t,
-                                "flop_budget": flop_budget, "always_t": always_t, "inputs": inputs_digest(inputs)})
+                                "flop_budget": flop_budget, "always_t": always_t, "inputs": inputs_digest(inputs),
+                                "compute": compute_record()})  # another device or MLX_* setting: not these units
     units = [(p, s) for p in projs for s in specs]
     frames: list[pd.DataFrame | None] = [None] * len(units)
     jobs, where = [], []

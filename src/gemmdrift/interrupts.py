@@ -1,0 +1,53 @@
+"""What Ctrl-C keeps, per command: the partial Result written, and a message that says exactly what resumes.
+
+Commands that checkpoint per unit raise :class:`gemmdrift.checkpoint.Interrupted`
+carrying the partial Result of the finished units; it is written to ``--out``
+(without figures: the user asked to stop) and `report` marks it partial. The
+message names what was kept and whether a rerun resumes, per command, never a
+blanket promise.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from .checkpoint import Interrupted
+
+# What a rerun with the same --out resumes (commands not listed keep nothing: they are short or read only).
+RESUMES = {
+    "run": "finished parts are kept (done.json); rerun with the same --out to resume",
+    "stack": "finished schedule runs are kept in {out}/checkpoint; rerun the same command to resume",
+    "kernels": "finished units are kept in {out}/checkpoint; rerun the same command to resume",
+    "state": ("finished rollback cells and halves of the sweep are kept in {out}/.checkpoints; rerun the same "
+              "command to resume"),
+    "batch": "finished rows are kept in {out}/.checkpoints; rerun the same command to resume",
+    "server": "finished cases are kept in {out}/.checkpoints; rerun the same command to resume",
+    "fingerprint": "finished paths x T are kept in {out}/.checkpoints; rerun the same command to resume",
+}
+DIVERGE_SET = "finished prompts are kept in {out}/prompts; rerun the same command to resume"
+
+
+def on_interrupt(args: Any, exc: KeyboardInterrupt) -> str:
+    """Write the partial Result ``exc`` carries (if any) and return the one-line message for ``args.command``."""
+    command = getattr(args, "command", None) or "gemmdrift"
+    out = getattr(args, "out", None)
+    if command == "diverge" and getattr(args, "prompts", None) is not None:
+        how = DIVERGE_SET
+    else:
+        how = RESUMES.get(command)
+    if how is None:
+        return f"gemmdrift {command}: interrupted: nothing was written (this command does not checkpoint; rerun it)"
+    said = how.format(out=out)
+    if isinstance(exc, Interrupted) and exc.result is not None and out is not None:
+        from . import store
+
+        try:
+            store.write_result(exc.result, out, draw=False)
+            said = (f"{exc.done} of {exc.total} finished, written to {Path(out)}/ as a partial result "
+                    f"(`gemmdrift report` marks it); " + said)
+        except Exception as e:  # a second failure must not hide the checkpoints, which are already on disk
+            said = f"the partial result could not be written ({e.__class__.__name__}: {e}); " + said
+    elif isinstance(exc, Interrupted):
+        said = "nothing had finished; " + said
+    return f"gemmdrift {command}: interrupted: {said}"

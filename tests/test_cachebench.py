@@ -427,3 +427,12 @@ def test_cli_state_and_report_on_a_refusing_implementation(tmp_path):
     assert any(row.get("past", "").startswith("refused") for row in s["grid"])
     page = build_report(tmp_path / "o")["markdown"].read_text()
     assert "refused" in page and "RuntimeError: this cache cannot trim" in page
+
+
+def test_the_server_checkpoint_key_names_the_plug_ins():
+    from gemmdrift.server import plugin_key
+
+    assert plugin_key(None) == "" and plugin_key({"cache_impl": None, "rollback": None}) == ""
+    a = plugin_key({"cache_impl": "m:f", "rollback": "m:r"})
+    assert a == plugin_key({"rollback": "m:r", "cache_impl": "m:f"}) and "m:f" in a and "m:r" in a
+    assert a != plugin_key({"cache_impl": "m:f"})

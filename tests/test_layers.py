@@ -17,8 +17,9 @@ SRC = Path(__file__).resolve().parent.parent / "src" / "gemmdrift"
 # Lower rank = lower in the house. A module may import only modules of a strictly lower rank.
 RANKS = {
     # foundations: no gemmdrift imports but errors
-    "errors": 0, "defaults": 0, "files": 1, "text": 1, "metrics": 1, "schedules": 1, "dispatch": 1, "checks": 1, "prompts": 2,
+    "errors": 0, "defaults": 0, "files": 1, "text": 1, "metrics": 1, "schedules": 1, "dispatch": 4, "checks": 1, "prompts": 2,
     "envinfo": 1,
+    "dispatch.base": 1, "dispatch.chips": 2, "dispatch.metal": 2, "dispatch.cuda": 2, "dispatch.cpu": 3,
     "result": 2, "gguf_gemma": 2,
     "models": 3,
     "taps": 4, "workers": 4,

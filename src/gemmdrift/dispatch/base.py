@@ -1,0 +1,126 @@
+"""The vocabulary of :mod:`gemmdrift.dispatch`: a device (:class:`Chip`), a kernel choice (:class:`Choice`),
+the mlx source files the rules were read from, and version parsing. Standard library only.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, Mapping
+
+from ..errors import GemmdriftError
+
+# The mlx checkout every rule was read from (ml-explore/mlx), and the release tags compared with it.
+MIRROR_REVISION = "846d176 (mlx 0.32.2)"
+MIRROR_VERSION = (0, 32, 2)
+VERIFIED_FROM = (0, 30, 5)
+TAGS_READ = ("v0.30.5", "v0.31.2", "v0.32.0", "v0.32.1", "846d176")
+
+METAL_MATMUL = "mlx/backend/metal/matmul.cpp"
+METAL_QUANTIZED = "mlx/backend/metal/quantized.cpp"
+METAL_SDPA = "mlx/backend/metal/scaled_dot_product_attention.cpp"
+METAL_DEVICE = "mlx/backend/metal/device.cpp"
+CUDA_MATMUL = "mlx/backend/cuda/matmul.cpp"
+CUDA_GEMV = "mlx/backend/cuda/gemms/gemv.cu"
+CUDA_QUANTIZED = "mlx/backend/cuda/quantized/quantized.cpp"
+CUDA_QMM = "mlx/backend/cuda/quantized/qmm/qmm.cu"
+CUDA_SDPA = "mlx/backend/cuda/scaled_dot_product_attention.cpp"
+CUDA_SDPA_VECTOR = "mlx/backend/cuda/scaled_dot_product_attention.cu"
+CPU_MATMUL = "mlx/backend/cpu/matmul.cpp"
+CPU_SIMD_GEMM = "mlx/backend/cpu/gemms/simd_gemm.h"
+CPU_CBLAS = "mlx/backend/cpu/gemms/cblas.cpp"
+CPU_QUANTIZED = "mlx/backend/cpu/quantized.cpp"
+FAST_SDPA = "mlx/fast.cpp"
+
+BACKENDS = ("metal", "cuda", "cpu")
+OPS = ("matmul", "quantized_matmul", "sdpa")
+
+Version = tuple[int, int, int]
+
+
+@dataclass(frozen=True)
+class Chip:
+    """A device as mlx's dispatch code sees it.
+
+    Metal: ``gen`` is the architecture generation of ``applegpu_gNNx`` (13 = M1
+    ... 17 = M5; ``Device::Device`` in mlx/backend/metal/device.cpp reads the two
+    digits before the last letter) and ``size`` that last letter (mlx's comments:
+    ``p`` phone, ``g`` "base, pro", ``s`` "max", ``d`` "ultra"). ``nax`` says
+    whether ``metal::is_nax_available()`` holds: gen >= 17 (18 for ``p``), macOS
+    26.2 or later and a wheel built with the NAX kernels; ``None`` when the
+    record cannot tell (the macOS version was not recorded).
+
+    CUDA: ``gen`` is the compute-capability major, ``minor`` its minor.
+
+    CPU: ``name`` is ``cpu-linux-x86`` (the platform the CPU rules were read
+    for) or ``cpu-other`` (any other platform: not read), ``gen`` 0.
+    """
+
+    name: str
+    backend: str
+    gen: int = 0
+    size: str = "g"
+    nax: bool | None = False
+    arch: str = ""  # the recorded architecture string, when built from a record
+    minor: int = 0
+    note: str = ""  # what the record left open (e.g. "macOS version not recorded: NAX unknown")
+
+
+@dataclass(frozen=True)
+class Choice:
+    """The kernel mlx dispatches for one call, in mlx's own spelling, with what decides its reduction order.
+
+    Attributes:
+        kernel: e.g. ``gemv``, ``gemv_wide``, ``steel_gemm``, ``steel_gemm_splitk``,
+            ``steel_gemm_nax``, ``steel_gemm_splitk_nax``, ``dot_product``, ``qmv``,
+            ``qmv_fast``, ``qmv_quad``, ``qmv_wide``, ``qmm_t``, ``qmm_t_splitk``,
+            ``qmm_t_nax``, ``sdpa_vector``, ``sdpa_vector_2pass``, ``sdpa_full``,
+            ``sdpa_full_nax``, ``sdpa_unfused``, ``cuda_gemv``, ``cublaslt``,
+            ``cuda_qmv``, ``cuda_fp_qmv``, ``cuda_qmm`` (params ``variant``: sm90, sm80,
+            naive), ``cudnn_sdpa``, ``cuda_sdpa_vector``, ``cpu_simd_gemm``,
+            ``cpu_cblas_sgemm``, ``cpu_qmm``, ``cpu_not_read``, ``unsupported``.
+        params: the tile/partition parameters that decide the order (see each rule).
+        source: the repo-relative mlx file and function the rule was read from.
+        note: what the source does not settle (e.g. "cuBLASLt: algorithm not knowable from source").
+    """
+
+    kernel: str
+    params: Mapping[str, Any] = field(default_factory=dict)
+    source: str = ""
+    note: str = ""
+
+    def __post_init__(self):
+        object.__setattr__(self, "params", MappingProxyType(dict(self.params)))
+
+    def as_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict (``params`` as a plain dict)."""
+        return {"kernel": self.kernel, "params": dict(self.params), "source": self.source, "note": self.note}
+
+
+def parse_version(text: str) -> Version:
+    """'0.32.4' (or '0.32.4.dev20260801+abc') -> (0, 32, 4)."""
+    m = re.match(r"\s*v?(\d+)\.(\d+)(?:\.(\d+))?", str(text))
+    if not m:
+        raise GemmdriftError(f"cannot read mlx version {text!r} (expected e.g. 0.31.2)")
+    return int(m.group(1)), int(m.group(2)), int(m.group(3) or 0)
+
+
+def next_power_of_2(n: int) -> int:
+    """mlx/utils.h next_power_of_2: n itself if a power of two, else 2**ceil(log2 n) (1 for n <= 1)."""
+    return 1 if n <= 1 else 2 ** math.ceil(math.log2(n))
+
+
+def cdiv(a: int, b: int) -> int:
+    """C++'s (a + b - 1) / b for positive ints."""
+    return -(-a // b)
+
+
+def pack_factor(bits: int, wsize: int = 8) -> int:
+    """get_pack_factor(bits, wsize) of mlx/backend/common/quantized.h (3 and 5 bits: 8, 6 bits: 4)."""
+    return 8 if bits in (3, 5) else (4 if bits == 6 else wsize // bits)
+
+
+__all__ = ["Chip", "Choice", "parse_version", "next_power_of_2", "cdiv", "pack_factor", "MIRROR_REVISION",
+           "MIRROR_VERSION", "VERIFIED_FROM", "TAGS_READ", "BACKENDS", "OPS", "Version"]

@@ -1,0 +1,171 @@
+"""Which chip a result ran on, from its environment record, or from a name the user gives.
+
+Metal: mlx reads the chip from the architecture string ``applegpu_gNNx``
+(``Device::Device`` in mlx/backend/metal/device.cpp at 846d176: ``arch_gen_``
+is the two digits before the last character, and the last character is the
+size class). NAX (the M5 matrix units) is ``metal::is_nax_available()``
+(device.cpp at 846d176, device.h at v0.30.5): gen >= 17 (18 for ``p``) and
+``__builtin_available(macOS 26.2)``, in a build without ``MLX_METAL_NO_NAX``
+(mlx/backend/metal/kernels/CMakeLists.txt: the NAX kernels need the macOS SDK
+26.2). So the architecture plus the macOS version decide it; the build is
+assumed to carry NAX (the note says so).
+
+CUDA: the architecture is ``sm_XY`` (mlx/backend/cuda/device_info.cpp), also
+recorded as ``compute_capability_major``/``minor``; dispatch reads the major
+only (``compute_capability_major()`` in cuda/quantized/qmm/qmm.cu).
+
+CPU: the rules were read for Linux x86_64 (``cpu-linux-x86``); every other
+platform is ``cpu-other``, "not read" (macOS uses Accelerate and BNNS,
+mlx/backend/cpu/CMakeLists.txt ``MLX_BUILD_ACCELERATE``; Linux aarch64 takes
+the NEON simd path).
+
+An architecture this module cannot read gives ``None``: said, never guessed.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Mapping
+
+from ..errors import GemmdriftError
+from .base import Chip, parse_version
+
+# mlx's own comments on the size letter (device.cpp). A third-party record shows an M4 Pro as
+# applegpu_g16s, so "s" may cover Pro chips too: the letter, not the marketing name, decides dispatch.
+SIZE_LABEL = {"p": "phone", "g": "base/Pro", "s": "Max", "d": "Ultra", "c": "c-class"}
+_METAL_ARCH = re.compile(r"^applegpu_g(\d\d)([a-z])$")
+_SM_ARCH = re.compile(r"^sm_?(\d+?)(\d)$")
+NAX_MACOS = (26, 2)
+NAX_MLX = (0, 30, 0)  # is_nax_available and the NAX kernels first appear in v0.30.0 (absent at v0.29.4)
+
+CPU_LINUX_X86 = "cpu-linux-x86"
+CPU_OTHER = "cpu-other"
+
+
+def _metal(gen: int, size: str, *, nax: bool | None = None, arch: str = "", note: str = "") -> Chip:
+    m_name = f"M{gen - 12}" if 13 <= gen <= 17 and size != "p" else f"applegpu_g{gen}{size}"
+    suffix = {"s": " Max", "d": " Ultra"}.get(size, "")
+    if nax is None and not note:
+        nax = nax_capable(gen, size)
+    return Chip(m_name + suffix, "metal", gen, size, nax, arch or f"applegpu_g{gen}{size}", note=note)
+
+
+def nax_capable(gen: int, size: str) -> bool:
+    """The hardware half of is_nax_available (device.cpp): gen >= 17, or >= 18 for phones."""
+    return gen >= (18 if size == "p" else 17)
+
+
+def _cuda(major: int, minor: int, arch: str = "") -> Chip:
+    return Chip(f"sm{major}{minor}", "cuda", major, minor=minor, arch=arch or f"sm_{major}{minor}")
+
+
+# Named chips for --chip. Names for M-series sizes are the common ones; Pro chips are not named
+# because their letter is not settled (see SIZE_LABEL). NAX chips are named with NAX on (macOS >= 26.2).
+CHIPS: dict[str, Chip] = {c.name: c for c in (
+    _metal(13, "g"), _metal(13, "s"), _metal(13, "d"),
+    _metal(14, "g"), _metal(14, "s"), _metal(14, "d"),
+    _metal(15, "g"), _metal(15, "s"), _metal(15, "d"),
+    _metal(16, "g"), _metal(16, "s"),
+    _metal(17, "g"), _metal(17, "s"),
+    _cuda(7, 5), _cuda(8, 0), _cuda(8, 6), _cuda(8, 9), _cuda(9, 0), _cuda(10, 0), _cuda(12, 0),
+    Chip(CPU_LINUX_X86, "cpu"),
+)}
+DEFAULT_CHIP = {"metal": "M3 Max", "cuda": "sm90"}  # only to label CPU data with a GPU's rules, as "reference"
+
+
+def _key(name: str) -> str:
+    return re.sub(r"[\s_\-]+", "", name.lower())
+
+
+def chip_named(name: str) -> Chip:
+    """The chip called ``name``: "M1", "M2 Ultra", "M3 Max", "M5", "sm80", "sm_90", "applegpu_g15s", "cpu"...
+
+    An architecture string (``applegpu_gNNx``, ``sm_XY``) gives that chip even
+    if it has no name here. Unknown names raise a one-line GemmdriftError.
+    """
+    text = str(name or "").strip()
+    if _key(text) in ("cpu", _key(CPU_LINUX_X86)):
+        return CHIPS[CPU_LINUX_X86]
+    if _key(text) == _key(CPU_OTHER):
+        return Chip(CPU_OTHER, "cpu", note="CPU dispatch not read for this platform")
+    for chip in CHIPS.values():
+        if _key(chip.name) == _key(text):
+            return chip
+    m = _METAL_ARCH.match(text.lower())
+    if m:
+        return _metal(int(m.group(1)), m.group(2))
+    m = _SM_ARCH.match(text.lower())
+    if m:
+        return _cuda(int(m.group(1)), int(m.group(2)))
+    known = ", ".join(CHIPS)
+    raise GemmdriftError(f"unknown chip {name!r} (known: {known}, or an architecture like applegpu_g15s or sm_86)")
+
+
+def _macos(env: Mapping[str, Any]) -> tuple[int, int] | None:
+    text = env.get("macos") or ""
+    m = re.match(r"\s*(\d+)(?:\.(\d+))?", str(text))
+    return (int(m.group(1)), int(m.group(2) or 0)) if m else None
+
+
+def chip_from_env(env: Mapping[str, Any]) -> Chip | None:
+    """The chip of an environment record (:func:`gemmdrift.envinfo.environment`), or None if it cannot be read.
+
+    Reads ``backend``, ``architecture`` (Metal ``applegpu_gNNx``, CUDA ``sm_XY``),
+    ``compute_capability_major``/``minor`` (CUDA), ``macos`` (the macOS version,
+    for NAX), ``mlx`` (NAX code exists from 0.30.0), and ``os``/``machine`` for the
+    CPU. ``MLX_METAL_GPU_ARCH`` in the record's ``env`` overrides the Metal
+    architecture, as it does in mlx (``env::metal_gpu_arch()`` in Device::Device).
+    """
+    backend = env.get("backend")
+    arch = str(env.get("architecture") or "").strip()
+    if backend == "metal":
+        override = (env.get("env") or {}).get("MLX_METAL_GPU_ARCH")
+        arch = str(override or arch)
+        m = _METAL_ARCH.match(arch)
+        if not m:
+            return None
+        gen, size = int(m.group(1)), m.group(2)
+        if not nax_capable(gen, size):
+            return _metal(gen, size, nax=False, arch=arch)
+        try:
+            new_enough = parse_version(env.get("mlx") or "") >= NAX_MLX
+        except GemmdriftError:
+            new_enough = None
+        macos = _macos(env)
+        if new_enough is False:
+            return _metal(gen, size, nax=False, arch=arch, note=f"mlx {env.get('mlx')} has no NAX kernels")
+        if macos is None or new_enough is None:
+            missing = "macOS version" if macos is None else "mlx version"
+            return _metal(gen, size, nax=None, arch=arch, note=f"{missing} not recorded: NAX unknown")
+        if macos < NAX_MACOS:
+            return _metal(gen, size, nax=False, arch=arch, note=f"macOS {env.get('macos')} < 26.2: no NAX")
+        return _metal(gen, size, nax=True, arch=arch,
+                      note=f"NAX: macOS {env.get('macos')}, assuming a wheel built with the NAX kernels (SDK 26.2+)")
+    if backend == "cuda":
+        major, minor = env.get("compute_capability_major"), env.get("compute_capability_minor")
+        if major is not None and minor is not None:
+            return _cuda(int(major), int(minor), arch)
+        m = _SM_ARCH.match(arch.lower())
+        return _cuda(int(m.group(1)), int(m.group(2)), arch) if m else None
+    if backend == "cpu":
+        system = str(env.get("os") or "").split(" ")[0]
+        machine = str(env.get("machine") or "")
+        if system == "Linux" and machine.lower() in ("x86_64", "amd64"):
+            return CHIPS[CPU_LINUX_X86]
+        where = f"{system or 'unknown system'} {machine or 'unknown machine'}"
+        return Chip(CPU_OTHER, "cpu", arch=machine, note=f"{where}: CPU dispatch not read for this platform")
+    return None
+
+
+def describe_chip(chip: Chip) -> str:
+    """'M5 Max (applegpu_g17s, gen 17, Max, NAX)', 'sm90 (sm_90)', 'cpu-other (Darwin arm64: ...)'."""
+    if chip.backend == "metal":
+        nax = {True: "NAX", False: "no NAX", None: "NAX unknown"}[chip.nax]
+        return f"{chip.name} ({chip.arch}, gen {chip.gen}, {SIZE_LABEL.get(chip.size, chip.size)}, {nax})"
+    if chip.backend == "cuda":
+        return f"{chip.name} ({chip.arch})"
+    return chip.name + (f" ({chip.note})" if chip.note else "")
+
+
+__all__ = ["CHIPS", "DEFAULT_CHIP", "SIZE_LABEL", "CPU_LINUX_X86", "CPU_OTHER", "chip_named", "chip_from_env",
+           "describe_chip", "nax_capable"]

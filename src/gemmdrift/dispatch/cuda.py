@@ -1,0 +1,89 @@
+"""CUDA dispatch, read from the mlx source (ml-explore/mlx v0.30.5, v0.31.2, v0.32.0, v0.32.1, HEAD 846d176).
+
+Where the library picks the algorithm (cuBLASLt's heuristic, cuDNN), the
+order is not knowable from mlx's source: the Choice says so in its note.
+"""
+
+from __future__ import annotations
+
+from .base import CUDA_GEMV, CUDA_MATMUL, CUDA_QMM, CUDA_QUANTIZED, CUDA_SDPA, CUDA_SDPA_VECTOR, Chip, Choice, Version
+
+CUBLAS_NOTE = "cuBLASLt: algorithm (tile, split-K, tensor-core order) chosen by its heuristic, not knowable from source"
+
+
+def matmul(chip: Chip, M: int, K: int, N: int, dtype: str, version: Version, *, tf32: bool = True) -> Choice:
+    """``x @ W.T`` without bias (gemm_and_bias in cuda/matmul.cpp).
+
+    cu::can_use_gemv (cuda/gemms/gemv.cu): ``M == 1 && b_transposed``; before
+    v0.31.2 also ``K % 32 == 0``. Lanes take 4 consecutive k when K % 128 == 0
+    (aligned), else 2 (K % 64 == 0) or 1; a warp reduces with cg::reduce.
+    Everything else goes to cuBLASLt (float32 as TF32 unless MLX_ENABLE_TF32=0).
+    """
+    gemv_ok = M == 1 and (version >= (0, 31, 2) or K % 32 == 0)
+    if gemv_ok:
+        n = 4 if K % 128 == 0 else (2 if K % 64 == 0 else 1)
+        return Choice("cuda_gemv", {"n_per_thread": n, "warp": 32}, f"{CUDA_GEMV} gemv",
+                      "assumes 16-byte aligned operands for the n_per_thread choice")
+    note = CUBLAS_NOTE + ("; float32 computed as TF32 (CUBLAS_COMPUTE_32F_FAST_TF32)"
+                          if dtype == "float32" and tf32 else "")
+    return Choice("cublaslt", {"compute": "32F_FAST_TF32" if dtype == "float32" and tf32 else "32F"},
+                  f"{CUDA_MATMUL} gemm_and_bias", note)
+
+
+def quantized_matmul(chip: Chip, M: int, K: int, N: int, dtype: str, version: Version, *, bits: int,
+                     group_size: int, mode: str = "affine", tf32: bool = True) -> Choice:
+    """QuantizedMatmul::eval_gpu (cuda/quantized/quantized.cpp) with the supports_* tests of qmm/qmm.cu.
+
+    Before v0.31.1 an affine quantized matmul raised "QMM NYI" on CUDA (only
+    fp modes with M <= 8 ran, through fp_qmv). From v0.31.1: sm90 uses qmv only
+    for M == 1 (N, K <= 16384) when qmm_sm90 applies; sm80+ and the naive qmm
+    use qmv for M < 8. Contiguous weights, scales and biases are assumed.
+    """
+    q = {"bits": bits, "group_size": group_size, "mode": mode}
+    if version < (0, 31, 1):
+        if mode == "affine" or M > 8:
+            return Choice("unsupported", q, f"{CUDA_QUANTIZED} QuantizedMatmul::eval_gpu",
+                          'mlx raises "QMM NYI" for this case before v0.31.1')
+        return Choice("cuda_fp_qmv", q, f"{CUDA_QUANTIZED} QuantizedMatmul::eval_gpu")
+    affine = mode == "affine"
+    can_sm90 = (chip.gen == 9 and (N * 2) % 16 == 0 and K % 64 == 0 and affine and bits in (4, 8)
+                and group_size >= K)  # supports_qmm_sm90 needs biases (affine) and one group over all of K
+    can_sm80 = (chip.gen >= 8 and N % 128 == 0 and K % max(64, group_size) == 0 and dtype in ("float16", "bfloat16")
+                and bits in (4, 8))
+    can_naive = K % max(64, group_size) == 0
+    can_fp_qmv = chip.gen > 9 and M <= 8 and not affine
+    can_qmv = K % 8 == 0 or can_fp_qmv
+    qmv = Choice("cuda_fp_qmv" if can_fp_qmv else "cuda_qmv",
+                 {**q, "accumulator": "float" if bits >= 8 else dtype}, f"{CUDA_QMM} supports_qmv",
+                 "" if can_fp_qmv else "per-slot accumulators in the input dtype for bits < 8 (qmv.cu)")
+    if can_sm90:
+        if can_qmv and M == 1 and N <= 16384 and K <= 16384:
+            return qmv
+        return Choice("cuda_qmm", {**q, "variant": "sm90"}, f"{CUDA_QMM} supports_qmm_sm90", "CUTLASS tile order")
+    for ok, variant in ((can_sm80, "sm80"), (can_naive, "naive")):
+        if ok:
+            if can_qmv and M < 8:
+                return qmv
+            return Choice("cuda_qmm", {**q, "variant": variant}, f"{CUDA_QMM} supports_qmm_{variant}")
+    if can_qmv:
+        return qmv
+    return Choice("unsupported", q, f"{CUDA_QUANTIZED} QuantizedMatmul::eval_gpu", "mlx raises: no implementation")
+
+
+def sdpa(chip: Chip, q_len: int, k_len: int, head_dim: int, n_heads: int, n_kv_heads: int, dtype: str,
+         version: Version, *, v_head_dim: int | None = None, causal: bool = True, tf32: bool = True) -> Choice:
+    """Read at 846d176 only (cuda/scaled_dot_product_attention.cpp supports_sdpa_cudnn, .cu supports_sdpa_vector).
+
+    cuDNN from sm80 for head dims <= 128 and % 8 == 0; a single query only from a
+    fixed-size cache (assumed when k_len >= 256, as mlx-lm's KVCache grows in
+    steps of 256); else sdpa_vector for head dims 64/96/128 and q_len < 4.
+    """
+    dv = head_dim if v_head_dim is None else v_head_dim
+    p = {"head_dim": head_dim, "v_head_dim": dv, "gqa": max(1, n_heads // max(1, n_kv_heads)), "k_len": k_len}
+    dims_ok = head_dim % 8 == 0 and head_dim <= 128 and dv % 8 == 0 and dv <= 128
+    if (chip.gen >= 8 and dims_ok and (q_len > 1 or k_len >= 256) and not (causal and q_len > k_len)):
+        return Choice("cudnn_sdpa", p, f"{CUDA_SDPA} supports_sdpa_cudnn", "cuDNN: order not knowable from source")
+    if head_dim == dv and head_dim in (64, 96, 128) and q_len < 4:
+        return Choice("cuda_sdpa_vector", p, f"{CUDA_SDPA_VECTOR} supports_sdpa_vector")
+    return Choice("sdpa_unfused", p, "mlx/fast.cpp scaled_dot_product_attention (fallback)",
+                  "matmul, softmax(precise), matmul")

@@ -1,0 +1,222 @@
+"""Metal dispatch, read from the mlx source: matmul (``x @ W.T``), quantized_matmul (transposed) and sdpa.
+
+Read at ml-explore/mlx v0.30.5, v0.31.2, v0.32.0, v0.32.1 and HEAD 846d176
+(0.32.2 in mlx/version.h); where a condition changed, the first tag that has
+the new one is named (``git tag --contains``). Every function returns a
+:class:`~gemmdrift.dispatch.base.Choice`.
+"""
+
+from __future__ import annotations
+
+from .base import (METAL_MATMUL, METAL_QUANTIZED, METAL_SDPA, Chip, Choice, Version, cdiv, next_power_of_2,
+                   pack_factor)
+
+_HALF = ("float16", "bfloat16")
+
+
+def _nax(chip: Chip, dtype: str, tf32: bool) -> bool:
+    # use_nax in steel_matmul_axpby (matmul.cpp): is_nax_available() && !complex && (enable_tf32() || !float32).
+    return bool(chip.nax) and (tf32 or dtype != "float32")
+
+
+def gemm_tparams(chip: Chip, M: int, N: int, K: int, dtype: str) -> dict[str, int]:
+    """GEMM_TPARAM_MACRO(devc) for the nt case (matmul.cpp; unchanged from v0.30.5 to 846d176)."""
+    size = chip.size
+    if size in ("g", "p"):
+        # nt: 64, 32, 32, 2, 2 for every real dtype (only complex64 differs).
+        return {"bm": 64, "bn": 32, "bk": 32, "wm": 2, "wn": 2}
+    if size == "d":
+        if M * N >= 1 << 20:  # batch_size_out * M * N, batch 1
+            if dtype != "float32":
+                if 2 * max(M, N) > K:
+                    return {"bm": 64, "bn": 64, "bk": 16, "wm": 1, "wn": 2}
+                return {"bm": 64, "bn": 32, "bk": 32, "wm": 2, "wn": 2}
+            return {"bm": 64, "bn": 64, "bk": 16, "wm": 2, "wn": 2}  # float takes the default
+        if dtype != "float32":
+            return {"bm": 64, "bn": 32, "bk": 32, "wm": 2, "wn": 2}
+        return {"bm": 32, "bn": 64, "bk": 16, "wm": 1, "wn": 2}
+    return {"bm": 64, "bn": 64, "bk": 16, "wm": 2, "wn": 2}  # medium device ('s' and anything else)
+
+
+def _splitk(M: int, N: int, K: int) -> dict[str, int]:
+    # steel_gemm_splitk_axpby (matmul.cpp): tiles of 32 for the partition count, K in steps of bk = 16.
+    tm, tn, tk = cdiv(M, 32), cdiv(N, 32), K // 16
+    parts = min(max(2, next_power_of_2(tk // (tm * tn))), 32)
+    return {"partitions": parts, "partition_size": ((K // 16) // parts) * 16, "bm": 16 if M < 40 else 32,
+            "bn": 16 if N < 40 else 32, "bk": 16, "wm": 2, "wn": 2}
+
+
+def _splitk_nax(M: int, N: int, K: int, version: Version) -> dict[str, int]:
+    # steel_gemm_splitk_axpby_nax: fixed 128/128/512 tiles and a 3072 partition at v0.30.5 (to v0.31.1);
+    # from v0.31.2 smaller tiles for small problems and a partition size that grows with K.
+    if version < (0, 31, 2):
+        ps = 3072
+        t = {"bm": 128, "bn": 128, "bk": 512, "wm": 4, "wn": 4}
+    else:
+        t = ({"bm": 64, "bn": 64, "bk": 256, "wm": 2, "wn": 2} if (M + N) // 2 < 512 or K <= 4096
+             else {"bm": 128, "bn": 128, "bk": 512, "wm": 4, "wn": 4})
+        ps = K // 2 if K <= 1024 else 1024 if K <= 2048 else 2048 if K <= 4096 else 4096
+    return {"partitions": cdiv(K, ps), "partition_size": ps, **t}
+
+
+def _gemm_nax(chip: Chip, M: int, N: int, K: int, version: Version) -> dict[str, int]:
+    # steel_matmul_regular_axpby_nax: 128/128/512/4/4; from v0.31.2 's', 'c', 'd' take bm 64, wm 2 and bk 64
+    # (K >= 8192 and K > M + N) or 256.
+    t = {"bm": 128, "bn": 128, "bk": 512, "wm": 4, "wn": 4}
+    if version >= (0, 31, 2) and chip.size in ("s", "c", "d"):
+        t.update(bm=64, wm=2, bk=64 if K >= 8192 and K > M + N else 256)
+    return t
+
+
+def gemv_params(M: int, N: int, K: int) -> dict[str, int]:
+    """gemv_axbpy for x @ W.T with one row (mat = W not transposed: the ``gemv_`` kernel), matmul.cpp."""
+    bm, bn, sm, sn, tm, tn = (8 if N >= 4096 else 4), 1, 1, 32, 4, 4
+    if K <= 64:
+        bm, sm, sn = 1, 8, 4
+    elif K >= 16 * N:
+        bm, bn = 1, 8  # 8 simdgroups split K, combined in order through threadgroup memory
+    if N < tm:
+        tm = 1
+    return {"bm": bm, "bn": bn, "sm": sm, "sn": sn, "tm": tm, "tn": tn}
+
+
+def matmul(chip: Chip, M: int, K: int, N: int, dtype: str, version: Version, *, tf32: bool = True) -> Choice:
+    """``x (M, K) @ W.T`` (nn.Linear without bias: a not transposed, b transposed), batch 1.
+
+    Matmul::eval_gpu (matmul.cpp): dot_product for M == N == 1 (from v0.32.1),
+    gemv_wide (from v0.32.1), gemv for min(M, N) == 1, else steel_matmul_axpby:
+    SIMD split-K ("Case 1"), NAX split-K ("Case 2"), or the fused kernel (NAX or not).
+    ``tf32``: MLX_ENABLE_TF32 (mlx's default 1), which lets float32 use NAX.
+    """
+    if M == 1 and N == 1 and version >= (0, 32, 1):
+        return Choice("dot_product", {"items_per_thread": 32, "threadgroup": 512}, f"{METAL_MATMUL} dot_product")
+    # gemv_wide_config (#3888, first tag v0.32.1): gen >= 15, M >= 2, N >= 2, K % 4 == 0, fp16/bf16,
+    # vec4-aligned offsets (contiguous rows assumed), passes = (M + 4) / 5 <= 3.
+    passes = (M + 4) // 5
+    if (version >= (0, 32, 1) and chip.gen >= 15 and M > 1 and N > 1 and K % 4 == 0 and dtype in _HALF
+            and passes <= 3):
+        lanes = 32 if passes == 1 or N <= 64 else 16
+        return Choice("gemv_wide", {"k_lanes": lanes, "passes": passes, "vecs_per_tg": cdiv(M, passes),
+                                    "grid_x": 1 if N >= 65536 else passes},
+                      f"{METAL_MATMUL} gemv_wide_config", "assumes contiguous, 8-element aligned rows")
+    if min(M, N) == 1:
+        return Choice("gemv", gemv_params(M, N, K), f"{METAL_MATMUL} gemv_axbpy")
+    tm, tn, tk = cdiv(M, 16), cdiv(N, 16), K // 16
+    use_nax = _nax(chip, dtype, tf32)
+    nax_note = "NAX: order inside matmul2d unknown" if use_nax else ""
+    min_tmn = 2048 if chip.size in ("s", "d") else 1024
+    # Case 1, SIMD split-K; `!use_nax &&` joined the condition in v0.31.2.
+    if (not use_nax or version < (0, 31, 2)) and tm * tn <= min_tmn and tk >= 8 and K >= max(M, N):
+        return Choice("steel_gemm_splitk", _splitk(M, N, K), f"{METAL_MATMUL} steel_matmul_axpby (Case 1)")
+    if use_nax:
+        if version >= (0, 31, 2):
+            split = K >= 3 * max(M, N) or (max(M, N) <= 1024 and K > 2 * max(M, N))
+        else:  # v0.30.5 .. v0.31.1: M*N >= 2048^2, K >= 10240 and K >= 3 max(M, N)
+            split = M * N >= 2048 * 2048 and K >= 10240 and K >= 3 * max(M, N)
+        if split:
+            return Choice("steel_gemm_splitk_nax", _splitk_nax(M, N, K, version),
+                          f"{METAL_MATMUL} steel_matmul_axpby (Case 2)", nax_note)
+        return Choice("steel_gemm_nax", _gemm_nax(chip, M, N, K, version),
+                      f"{METAL_MATMUL} steel_matmul_regular_axpby_nax", nax_note)
+    return Choice("steel_gemm", gemm_tparams(chip, M, N, K, dtype), f"{METAL_MATMUL} steel_matmul_regular_axpby")
+
+
+def qmv_batch_limit(K: int, N: int, chip: Chip, version: Version) -> int:
+    """get_qmv_batch_limit(D=K, O=N) in quantized.cpp; gen 15+ and gen 17+ rows added in v0.32.1 (#3791)."""
+    small, mid = K <= 2048 and N <= 2048, K <= 4096 and N <= 4096
+
+    def pick(a: int, b: int, c: int) -> int:
+        return a if small else (b if mid else c)
+
+    ultra = chip.size == "d"
+    if version >= (0, 32, 1):
+        if chip.gen >= 17 and not ultra:
+            return pick(33, 25, 13)
+        if chip.gen >= 15 and not ultra:
+            return pick(13, 15, 13)
+        if chip.gen >= 13:
+            return pick(32, 18, 12) if ultra else pick(14, 10, 6)
+    elif chip.gen in (13, 14):  # v0.30.5 compared the architecture's digits as a string, same result
+        return pick(32, 18, 12) if ultra else pick(14, 10, 6)
+    return pick(32, 18, 12) if ultra else pick(18, 12, 10)
+
+
+def qmv_fast_alignment(bits: int, version: Version) -> int:
+    """K alignment of qmv_fast: 512 for every bit width up to v0.32.0; qmv_fast_k_alignment from v0.32.1."""
+    if version < (0, 32, 1):
+        return 512
+    return pack_factor(bits, 32) * (1 if bits == 2 else 2) * 32
+
+
+def quantized_matmul(chip: Chip, M: int, K: int, N: int, dtype: str, version: Version, *, bits: int,
+                     group_size: int, mode: str = "affine", tf32: bool = True) -> Choice:
+    """``quantized_matmul(x, w, transpose=True)``, w non-batched (QuantizedMatmul::eval_gpu, quantized.cpp)."""
+    q = {"bits": bits, "group_size": group_size, "mode": mode}
+    limit = qmv_batch_limit(K, N, chip, version)
+    if M < limit:
+        src = f"{METAL_QUANTIZED} dispatch_qmv"
+        # qmv_quad for K in {64, 128} and power-of-2 bits.
+        if K in (64, 128) and bits & (bits - 1) == 0:
+            return Choice("qmv_quad", {**q, "batch_limit": limit, "split_k": 1}, src)
+        # qmv_wide (#3764, first tag v0.32.0) for M >= 2; affine only on gen >= 15 (use_qmv_wide).
+        if M >= 2 and version >= (0, 32, 0) and (mode != "affine" or chip.gen >= 15):
+            tiles = (M + 4) // 5
+            return Choice("qmv_wide", {**q, "batch_limit": limit, "split_k": 1, "vecs_per_tg": cdiv(M, tiles),
+                                       "k_lanes": 8 if mode == "affine" else 16}, f"{METAL_QUANTIZED} qmv_wide")
+        fast = N % 8 == 0 and K % qmv_fast_alignment(bits, version) == 0
+        return Choice("qmv_fast" if fast else "qmv", {**q, "batch_limit": limit, "split_k": 1},
+                      f"{METAL_QUANTIZED} qmv")
+    nax = bool(chip.nax) and K % 64 == 0 and (tf32 or dtype != "float32")
+    if version >= (0, 31, 2):
+        # qmm_splitk (#3120, first tag v0.31.2): ~512 threadgroups of 32x32 tiles, whole K-chunks of
+        # max(group_size, 32) from v0.32.1 (group_size before), K divisible by split_k * chunk.
+        split = max(1, 512 // (cdiv(N, 32) * cdiv(M, 32)))
+        k_align = max(group_size, 32) if version >= (0, 32, 1) else group_size
+        split = min(split, K // k_align)
+        while split > 1 and K % (split * k_align) != 0:
+            split -= 1
+        if split > 1:
+            return Choice("qmm_t_splitk", {**q, "batch_limit": limit, "split_k": split,
+                                           "partition_size": K // split}, f"{METAL_QUANTIZED} qmm_splitk",
+                          "partials in the input dtype, reduced by strided_reduce_general_dispatch")
+    if nax:
+        return Choice("qmm_t_nax", {**q, "batch_limit": limit, "split_k": 1}, f"{METAL_QUANTIZED} qmm (qmm_nax)",
+                      "NAX: order inside matmul2d unknown")
+    return Choice("qmm_t", {**q, "batch_limit": limit, "split_k": 1, "bm": 32, "bn": 32, "bk": 32},
+                  f"{METAL_QUANTIZED} qmm")
+
+
+def sdpa(chip: Chip, q_len: int, k_len: int, head_dim: int, n_heads: int, n_kv_heads: int, dtype: str,
+         version: Version, *, v_head_dim: int | None = None, causal: bool = True, tf32: bool = True) -> Choice:
+    """mx.fast.scaled_dot_product_attention at inference (no mask array, no logsumexp), as read in
+    ScaledDotProductAttention::use_fallback / has_fused_kernel / eval_gpu (scaled_dot_product_attention.cpp)."""
+    dv = head_dim if v_head_dim is None else v_head_dim
+    gqa = max(1, n_heads // max(1, n_kv_heads))
+    p = {"head_dim": head_dim, "v_head_dim": dv, "gqa": gqa, "k_len": k_len}
+    src = f"{METAL_SDPA} use_fallback"
+    unfused = Choice("sdpa_unfused", p, "mlx/fast.cpp scaled_dot_product_attention (fallback)",
+                     "matmul, softmax(precise), matmul: each is dispatched as a matmul")
+    nax = bool(chip.nax) and (tf32 or dtype != "float32")
+    if q_len <= 8:
+        # Vector head dims: {64, 96, 128, 256} with q == v; (192, 128) from v0.32.0; 192/192 is fused-capable
+        # after v0.32.1 but use_fallback still sends it to the unfused path.
+        ok = (head_dim == dv and head_dim in (64, 96, 128, 256)) or (
+            version >= (0, 32, 0) and head_dim == 192 and dv == 128)
+        if not ok or q_len > k_len or q_len * gqa > 32:
+            return unfused
+        # eval_gpu: 2-pass on 'd'/'s' from 1024 keys, or with GQA from 4096 keys (same at every tag read).
+        if (chip.size in ("s", "d") and k_len >= 1024) or (n_kv_heads < n_heads and k_len >= 4096):
+            return Choice("sdpa_vector_2pass", p, f"{METAL_SDPA} eval_gpu (sdpa_vector_2pass)",
+                          "blocks depend on q_len * gqa: see sdpa_vector_2pass")
+        return Choice("sdpa_vector", p, f"{METAL_SDPA} eval_gpu (sdpa_vector)")
+    # q_len > 8. After v0.32.1 (846d176): head dim 256, causal, q_len >= 1024 on NAX takes the fused kernel.
+    if version >= (0, 32, 2) and nax and head_dim == 256 and q_len >= 1024 and causal:
+        return Choice("sdpa_full_nax", {**p, "head_dim_split": True}, src, "NAX head-dim split kernel: order unknown")
+    full_dims = (64, 72, 80, 96, 128) if version >= (0, 32, 1) else (64, 80, 128)
+    if head_dim != dv or head_dim not in full_dims or (causal and q_len > k_len):
+        return unfused
+    # sdpa_full_self_attention_metal: NAX unless head dim 80 (and 72 from v0.32.1); at 846d176 only 64/96/128/256.
+    nax_dims = (64, 96, 128, 256) if version >= (0, 32, 2) else tuple(d for d in full_dims if d not in (72, 80))
+    if nax and head_dim in nax_dims:
+        return Choice("sdpa_full_nax", p, f"{METAL_SDPA} sdpa_full_self_attention_nax", "NAX: order unknown")
+    return Choice("sdpa_full", p, f"{METAL_SDPA} sdpa_full_self_attention_metal")

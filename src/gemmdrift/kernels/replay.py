@@ -96,10 +96,10 @@ RECIPES: dict[str, Recipe] = {r.kernel: r for r in (
        f"{METAL_REV}: mlx/backend/metal/kernels/quantized.h qmv_fast_impl L757-822", apple=True),
     _r("qmv_wide", "quantized_matmul", rq.metal_qmv_wide, HALF, {"contract": tuple(rq.CONTRACT)},
        f"{METAL_REV}: mlx/backend/metal/kernels/quantized.h qmv_wide_impl L985-1080", apple=True),
-    _r("qmm_t", "quantized_matmul", rq.metal_qmm_t, HALF, {**_MMA, "dequant": ("fma", "mul-add"),
+    _r("qmm_t", "quantized_matmul", rq.metal_qmm_t, HALF, {**_MMA, "dequant": ("fma",),
        "partials": ("dtype",)}, f"{METAL_REV}: mlx/backend/metal/kernels/quantized.h qmm_t_impl L1192-1318",
        apple=True),
-    _r("qmm_t_splitk", "quantized_matmul", rq.metal_qmm_t, HALF, {**_MMA, "dequant": ("fma", "mul-add"),
+    _r("qmm_t_splitk", "quantized_matmul", rq.metal_qmm_t, HALF, {**_MMA, "dequant": ("fma",),
        "partials": ("dtype",)}, f"{METAL_REV}: quantized.h affine_qmm_t_splitk L1965-2022; host quantized.cpp "
        "qmm_splitk L1120-1217; reduction/reduce_col.h col_reduce_small", apple=True),
 )}
@@ -165,7 +165,8 @@ def version_axes(recipe: Recipe, mlx_version: str) -> Recipe:
     if recipe.kernel in ("qmm_t", "qmm_t_splitk"):
         if v == (0, 32, 3):
             raise GemmdriftError("mlx 0.32.3's quantized Metal headers were not read; replay 0.32.2 or 0.32.4")
-        dq = ("dtype",) if v < (0, 32, 1) else ("fma", "mul-add")
+        # float math, one rounding (v0.32.1, 56e026d8a) vs bf16 arithmetic before; no contraction axis: s*q is exact.
+        dq = ("dtype",) if v < (0, 32, 1) else ("fma",)
         partials = ("float32",) if v >= (0, 32, 4) else ("dtype",)
         return Recipe(**{**recipe.__dict__, "axes": {**recipe.axes, "dequant": dq, "partials": partials}})
     return recipe

@@ -31,7 +31,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from ..errors import GemmdriftError
-from .replay_core import SIMD_SUMS, add, add_rounded, f32, fma, lane_tree, mul, round_to
+from .replay_core import SIMD_SUMS, add, add_rounded, f32, fma, lane_tree, mul, round_bf16_inplace, round_to
 from .replay_dense import mma8
 
 CONTRIB = {
@@ -39,7 +39,10 @@ CONTRIB = {
     "fma-bias": "fma(sum, bias, RN(scale*accum))",
     "mul-add": "RN(RN(scale*accum) + RN(sum*bias)): no contraction",
 }
-CONTRACT = {"fma": "both contracted", "none": "neither", "dq": "only w = fma(s, q, b)", "dot": "only fma(x, w, acc)"}
+# Whether qmv_wide's ``acc += x * w_dq`` is an FMA (w_dq is a float, not bf16-exact, so it matters). Its
+# ``w = s*q + b`` needs no axis: s*q is exact in float32 for bf16/fp16 scales (8 or 11 bits times <= 8 bits),
+# so fma(s, q, b) == RN(RN(s*q) + b). The same holds for qmm_t's dequantization.
+CONTRACT = {"fma": "acc = fma(x, w, acc)", "none": "acc = RN(acc + RN(x*w))"}
 
 
 def unpack(wq: np.ndarray, bits: int, K: int) -> np.ndarray:
@@ -68,11 +71,19 @@ def cpu_qmm_t(x, q, scales, biases, params: Mapping[str, Any], var, dtype: str, 
     s, b = _groups(scales, g, K), _groups(biases, g, K)
     # scale*q is exact in float32 (8 x 8 bits), then each bf16 operator rounds its float result.
     w = round_to(add(round_to(mul(s, q), dtype), b), dtype)
-    acc = np.zeros((x.shape[0], q.shape[0]), dtype=np.float32)
-    wt = np.ascontiguousarray(w.T)
+    # x*w: exact in float32 for bf16/fp16 (8+8, 11+11 bits), then the operator's rounding; all k at once.
+    t = round_to(np.multiply(f32(x).T[:, :, None], w.T[:, None, :], dtype=np.float32), dtype)  # (K, T, N)
+    acc = np.zeros(t.shape[1:], dtype=np.float32)
+    if dtype == "bfloat16" and np.isfinite(t).all():
+        tmp = np.empty(acc.shape, dtype=np.uint32)
+        for k in range(K):
+            np.add(acc, t[k], out=acc)  # float32 add, then the bf16 store: two roundings
+            round_bf16_inplace(acc, tmp)
+        if np.isfinite(acc).all():
+            return acc
+        acc[...] = 0  # an overflow on the way: redo with NaN-aware rounding
     for k in range(K):
-        t = round_to(np.multiply(x[:, k:k + 1], wt[k][None, :], dtype=np.float32), dtype)
-        acc = round_to(np.add(acc, t, dtype=np.float32), dtype)
+        acc = round_to(np.add(acc, t[k], out=acc), dtype)
     return acc
 
 
@@ -168,23 +179,21 @@ def metal_qmv_wide(x, q, scales, biases, params: Mapping[str, Any], var, dtype: 
     g = int(params["group_size"])
     T, K, N = x.shape[0], q.shape[1], q.shape[0]
     G = K // g
-    how = var["contract"]
-    dq_fma, dot_fma = how in ("fma", "dq"), how in ("fma", "dot")
+    dot_fma = var["contract"] == "fma"
+    # The float dequantization of every weight (the same for every lane that reads it), made once.
+    w = _dequant(_groups(scales, g, K), q, _groups(biases, g, K), True, ftz)  # (N, K)
+    xt = np.ascontiguousarray(f32(x).T)  # (K, T)
+    wt = np.ascontiguousarray(w.T)  # (K, N)
     r = np.zeros((8, T, N), dtype=np.float32)
-    sc, bi = f32(scales), f32(biases)
     for lo_g in range(0, G, 8):
         lanes = min(8, G - lo_g)
+        base = (lo_g + np.arange(lanes)) * g  # lane l's group starts here
         for sc_i in range(g // 8):
             acc = np.zeros((lanes, T, N), dtype=np.float32)
             for i in range(8):
-                ks = (lo_g + np.arange(lanes)) * g + sc_i * 8 + i  # one k per lane
-                w = _dequant(sc[:, lo_g:lo_g + lanes].T, q[:, ks].T, bi[:, lo_g:lo_g + lanes].T, dq_fma, ftz)
-                xv = x[:, ks].T[:, :, None]  # (lane, T, 1)
-                wv = w[:, None, :]  # (lane, 1, N)
-                if dot_fma:
-                    acc = fma(np.broadcast_to(xv, acc.shape), np.broadcast_to(wv, acc.shape), acc, ftz)
-                else:
-                    acc = add(acc, mul(xv, wv, ftz), ftz)
+                ks = base + sc_i * 8 + i  # one k per lane
+                xv, wv = xt[ks][:, :, None], wt[ks][:, None, :]  # (lane, T, 1), (lane, 1, N)
+                acc = fma(xv, wv, acc, ftz) if dot_fma else add(acc, mul(xv, wv, ftz), ftz)
             r[:lanes] = add(r[:lanes], acc, ftz)
     return lane_tree(r, axis=0, ftz=ftz)
 

@@ -267,7 +267,7 @@ def replay_quantized(recipe: Recipe | str, x: np.ndarray, wq: np.ndarray, scales
     sc, bi = f32(scales), f32(biases)
     ftz = rec.apple and needs_ftz(x, sc, bi)
     out = np.empty((T, N), dtype=np.float32)
-    step = max(1, CHUNK_ELEMENTS // max(1, 4 * T * K))
+    step = max(1, CHUNK_ELEMENTS // max(1, 4 * T * K))  # qmm_t and the CPU recipe hold (K, T, n) products
     for lo in range(0, N, step):
         hi = min(N, lo + step)
         acc = rec.fn(x, q[lo:hi], sc[lo:hi], bi[lo:hi], prm, var, dtype, ftz)

@@ -203,6 +203,51 @@ def summarize(table) -> list[dict[str, Any]]:
     return out
 
 
+def speed_ratio(kernel: str, T: int, K: int, N: int, *, reps: int = 5, params: Mapping[str, Any] | None = None,
+                seed: int = 0) -> dict[str, float]:
+    """Seconds of one replayed projection and of a numpy float32 matmul of the same shape, interleaved in one
+    run (shared cores are noisy: the ratio of medians is the figure), on seeded bf16 operands.
+
+    Quantized kernels are timed on 4-bit group-64 weights of the same shape.
+    """
+    from .replay import RECIPES, replay_matmul, replay_quantized
+    from .replay_core import round_to
+
+    if kernel not in RECIPES:
+        raise GemmdriftError(f"no recipe {kernel!r} (known: {', '.join(RECIPES)})")
+    rec = RECIPES[kernel]
+    rng = np.random.default_rng(seed)
+    x = round_to(rng.standard_normal((T, K)).astype(np.float32), "bfloat16")
+    w = round_to((rng.standard_normal((N, K)) * 0.05).astype(np.float32), "bfloat16")
+    wt = np.ascontiguousarray(w.T)
+    prm = dict(params or {"k_lanes": 32, "partitions": 4, "partition_size": K // 4, "bk": 16, "split_k": 1,
+                          "fast": K % 512 == 0})
+    dtype = "float32" if "float32" in rec.dtypes and "bfloat16" not in rec.dtypes else "bfloat16"
+    if rec.op == "matmul":
+        def run():
+            return replay_matmul(rec, x, w, dtype=dtype, params=prm)
+    else:
+        codes = rng.integers(0, 16, size=(N, K)).astype(np.uint32)
+        wq = np.zeros((N, K // 8), dtype=np.uint32)
+        for i in range(8):
+            wq |= codes[:, i::8] << np.uint32(4 * i)
+        sc = round_to(rng.random((N, K // 64)).astype(np.float32) * 0.01, "bfloat16")
+        bi = round_to(-rng.random((N, K // 64)).astype(np.float32) * 0.05, "bfloat16")
+
+        def run():
+            return replay_quantized(rec, x, wq, sc, bi, bits=4, group_size=64, dtype="bfloat16", params=prm)
+    t_np, t_rp = [], []
+    for _ in range(max(1, reps)):
+        t0 = time.perf_counter()
+        np.matmul(x, wt)  # the baseline: numpy's float32 matmul (its own order, not replayed)
+        t_np.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        run()
+        t_rp.append(time.perf_counter() - t0)
+    med_np, med_rp = float(np.median(t_np)), float(np.median(t_rp))
+    return {"replay_s": med_rp, "numpy_s": med_np, "ratio": med_rp / med_np if med_np > 0 else math.inf}
+
+
 def _jsonable(x: Any) -> Any:
     if isinstance(x, dict):
         return {str(k): _jsonable(v) for k, v in x.items()}
@@ -217,4 +262,4 @@ def _jsonable(x: Any) -> Any:
     return str(x)
 
 
-__all__ = ["DEFAULT_TS", "DEFAULT_PATHS", "check_paths", "check_replay", "summarize"]
+__all__ = ["DEFAULT_TS", "DEFAULT_PATHS", "check_paths", "check_replay", "summarize", "speed_ratio"]

@@ -388,3 +388,74 @@ def test_replay_cpu_is_bit_identical_to_mlx_on_the_embedded_gemma(embedded, gemm
     assert (table["max_ulp"] == 0).all()
     assert set(table["T"]) == set(TS) and table["projection"].nunique() == (1 if layer == embedded.n_layers else 7)
     assert all(rec["identical"] for rec in r.details["records"])
+
+
+# ------------------------------------------------------------------ dispatch Choice -> recipe, and the CLI
+
+
+def test_recipe_for_takes_a_dispatch_choice():
+    from gemmdrift.dispatch import Choice
+
+    plan = R.recipe_for(Choice("gemv_wide", {"k_lanes": 16, "passes": 2}, "matmul.cpp gemv_wide_config"),
+                        "dot4=pairwise")
+    assert plan.recipe.kernel == "gemv_wide" and plan.params["k_lanes"] == 16
+    assert plan.variant == {"dot4": "pairwise"} and plan.source == "matmul.cpp gemv_wide_config"
+    split = R.recipe_for(Choice("steel_gemm_splitk", {"partitions": 4, "partition_size": 512, "bk": 16}))
+    assert split.variant == {"mma": "H1"}  # the default: an FMA chain
+    for kernel, why in (("steel_gemm_nax", "NAX"), ("cublaslt", "cuBLASLt")):
+        with pytest.raises(GemmdriftError, match=why):
+            R.recipe_for(Choice(kernel, {}))
+    with pytest.raises(GemmdriftError, match="no recipe 'warp_drive'"):
+        R.recipe_for(Choice("warp_drive", {}))
+
+
+@pytest.mark.parametrize("argv, match", [
+    (["--chip", "M9"], "unknown replay chip"),
+    (["--variant", "mma=H7"], "unknown mma variant"),
+    (["--paths", "quant:affine-q3-g64"], "no recipe for path"),
+    (["--paths", "emulated:splitk4"], "no recipe for path"),
+    (["--ts", "0,1"], "must be positive"),
+    (["--head-rows", "0"], "--head-rows must be positive"),
+    (["--mlx-version", "abc"], "cannot read mlx version"),
+])
+def test_replay_check_bad_input_exits_2_before_loading(argv, match, capsys, monkeypatch):
+    from gemmdrift import cli, models
+
+    monkeypatch.setattr(models, "load_model", lambda *a, **k: pytest.fail("the model was loaded"))
+    assert cli.main(["replay", "check", *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert match in err and len(err.splitlines()) == 1
+
+
+def test_replay_check_cli_json_on_the_embedded_gemma(tmp_path, capsys):
+    import json
+
+    from gemmdrift import cli
+
+    base = ["replay", "check", "--layers", "0", "--projections", "k_proj", "--ts", "1,2", "--tokens", "16",
+            "--rows", "4", "--paths", "dense:bfloat16,quant:affine-q4-g64", "--json"]
+    assert cli.main(base + ["--out", str(tmp_path / "own")]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    recs = doc["records"]
+    assert {(r["path"], r["T"]) for r in recs} == {(p, t) for p in ("dense:bfloat16", "quant:affine-q4-g64")
+                                                   for t in (1, 2)}
+    assert all(r["identical"] and r["max_ulp"] == 0 and r["variant"] == "exact" for r in recs)
+    assert not doc["prediction"]
+    units = sorted((tmp_path / "own" / "checkpoint" / "units").glob("*.csv"))
+    assert len(units) == 2  # one per (projection, path): a rerun resumes from them
+    dense_unit = next(u for u in units if "dense" in u.name)
+    dense_unit.write_text(dense_unit.read_text().replace("cpu_simd_gemm", "cpu_simd_gemm_kept"))
+    assert cli.main(base + ["--out", str(tmp_path / "own")]) == 0  # resumes: reads the units, computes nothing
+    again = json.loads(capsys.readouterr().out)["records"]
+    assert {r["kernel"] for r in again if r["path"] == "dense:bfloat16"} == {"cpu_simd_gemm_kept"}
+    assert [r["identical"] for r in again] == [r["identical"] for r in recs]
+    assert cli.main(base[:-1] + ["--ts", "1", "--json", "--out", str(tmp_path / "own")]) == 2  # another config
+    assert "belongs to another replay check" in capsys.readouterr().err
+    # Another chip's recipes against this CPU: every variant gets a record, marked as a prediction.
+    assert cli.main(base + ["--chip", "M3", "--out", str(tmp_path / "m3")]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["prediction"]
+    dense = {(r["T"], r["variant"]): r for r in doc["records"] if r["path"] == "dense:bfloat16"}
+    assert set(dense) == {(1, "exact"), (2, "dot4=sequential"), (2, "dot4=pairwise")}
+    assert {r["kernel"] for r in doc["records"]} == {"gemv", "gemv_wide", "qmv", "qmv_wide"}
+    assert all(r["max_ulp"] is not None and r["max_ulp"] >= 0 for r in doc["records"])

@@ -40,7 +40,8 @@ def add_parser(sub) -> None:
     s.add_argument("--variant", default="all", help="'all' (default) or one variant, e.g. mma=H2,dot4=pairwise")
     s.add_argument("--head-rows", type=int, help="check only the first rows of the LM head (default: all of it)")
     s.add_argument("--mlx-version", help="the release whose recipes are replayed (default: the installed one)")
-    s.add_argument("--out", default="results/replay-check", help="output directory (default results/replay-check)")
+    s.add_argument("--out", default="results/replay-check",
+                   help="output directory (default results/replay-check; an interrupted run resumes from its checkpoint)")
     s.add_argument("--json", action="store_true",
                    help="print one JSON record per (path, T, variant) on stdout (progress goes to stderr)")
     s.set_defaults(func=cmd_replay_check)
@@ -100,7 +101,7 @@ def cmd_replay_check(args) -> int:
     progress = (lambda m: print("  " + m, file=sys.stderr, flush=True))
     result = check_replay(lm, inputs, projs, [p.text for p in paths], ts, chip=chip, variants=args.variant,
                           head_rows=args.head_rows, env=environment(), mlx_version=args.mlx_version,
-                          progress=progress)
+                          progress=progress, checkpoint=Path(args.out) / "checkpoint")
     store.write_result(result, args.out, draw=False)
     records = result.details["records"]
     if args.json:

@@ -12,13 +12,16 @@ this device's kernels (expected to differ: a negative control).
 
 from __future__ import annotations
 
+import json
 import math
+import re
 import time
+from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from .. import metrics
+from .. import files, metrics
 from ..errors import GemmdriftError
 from .capture import Projection
 from .paths import dense_weights, parse_path
@@ -101,7 +104,8 @@ class _Operands:
 def check_replay(lm, inputs: Mapping[tuple[int, str], np.ndarray], projs: Sequence[Projection],
                  paths: Sequence[str] = DEFAULT_PATHS, ts: Sequence[int] = DEFAULT_TS, *, chip: Any = None,
                  variants: str = "all", head_rows: int | None = None, env: Mapping[str, Any] | None = None,
-                 mlx_version: str | None = None, progress: Callable[[str], None] | None = None):
+                 mlx_version: str | None = None, progress: Callable[[str], None] | None = None,
+                 checkpoint: str | Path | None = None):
     """The replay check as a Result of kind ``replay_check``.
 
     Args:
@@ -114,6 +118,8 @@ def check_replay(lm, inputs: Mapping[tuple[int, str], np.ndarray], projs: Sequen
         variants: ``all`` (every variant of each recipe) or one variant text.
         head_rows: check only the first rows of the LM head (default: all of it).
         mlx_version: the release whose recipes are replayed (default: the installed one).
+        checkpoint: a directory where each finished (projection, path) unit is kept, so an interrupted run
+            resumes (a directory of another configuration is refused).
     """
     import pandas as pd
 
@@ -135,9 +141,25 @@ def check_replay(lm, inputs: Mapping[tuple[int, str], np.ndarray], projs: Sequen
     version = mlx_version or installed_mlx()
     rows: list[dict[str, Any]] = []
     t_start = time.perf_counter()
+    ckpt = None
+    if checkpoint is not None:
+        from .capture import inputs_digest
+
+        ckpt = Path(checkpoint)
+        _open_checkpoint(ckpt, {"ts": ts, "chip": describe_chip(chip), "mlx_version": version, "variants": variants,
+                                "head_rows": head_rows, "inputs": inputs_digest(inputs),
+                                "model": str(getattr(lm.description, "source", ""))})
     for proj in projs:
         captured = np.asarray(inputs[proj.key], dtype=np.float32)
         for spec in specs:
+            unit = None if ckpt is None else ckpt / "units" / (re.sub(r"[^A-Za-z0-9_.-]+", "_",
+                                                                      f"{proj.layer:04d}__{proj.name}__{spec.text}")
+                                                               + ".csv")
+            done = _read_unit(unit) if unit is not None and unit.exists() else None
+            if done is not None:
+                rows += done
+                continue
+            first = len(rows)
             ops = _Operands(lm, proj, spec, head_rows)
             for T in ts:
                 x = metrics.round_to(captured[np.arange(T) % len(captured)], ops.dtype).astype(np.float32)
@@ -169,6 +191,8 @@ def check_replay(lm, inputs: Mapping[tuple[int, str], np.ndarray], projs: Sequen
                     best = min(r["max_ulp"] for r in rows[-len(var_list):])
                     progress(f"layer {proj.layer} {proj.name} {spec.text} T={T}: {recipe.kernel}, "
                              f"{len(var_list)} variant(s), nearest {best:g} ulp")
+            if unit is not None:
+                files.write_csv(unit, pd.DataFrame(rows[first:]))
     table = pd.DataFrame(rows)
     records = summarize(table)
     tidy_rows = [{"pair": r["path"], "T": r["T"], "layer": r["layer"], "metric": "max_ulp", "value": r["max_ulp"],
@@ -187,6 +211,41 @@ def check_replay(lm, inputs: Mapping[tuple[int, str], np.ndarray], projs: Sequen
     details = {"records": records, "seconds": time.perf_counter() - t_start, "comparisons": checked}
     return Result(kind="replay_check", inputs=_jsonable(inputs_rec), env=env, frame=frame, figures=figures,
                   tables={"replay_check": table}, details=_jsonable(details))
+
+
+def _open_checkpoint(ckpt: Path, config: dict[str, Any]) -> None:
+    """Create the checkpoint's record, or check that an existing one is this configuration's."""
+    record = ckpt / "check.json"
+    now = json.loads(files.to_json(config))
+    if record.exists():
+        try:
+            saved = json.loads(record.read_text())
+        except (OSError, UnicodeDecodeError, ValueError) as e:
+            files.discard_checkpoint(ckpt / "units", f"its record {record.name} is unreadable: {e}")
+            saved = None
+        if saved is not None and saved != now:
+            diff = sorted(k for k in set(saved) | set(now) if saved.get(k) != now.get(k))
+            raise GemmdriftError(f"checkpoint {ckpt} belongs to another replay check (differs in {', '.join(diff)}); "
+                                 "use a new directory")
+        if saved is not None:
+            return
+    files.write_json(record, config)
+
+
+def _read_unit(path: Path) -> list[dict[str, Any]] | None:
+    """A finished unit's rows; None (after a warning, the file removed) when it is corrupt."""
+    import pandas as pd
+
+    try:
+        saved = pd.read_csv(path, dtype={"variant": str, "kernel": str, "note": str, "path": str})
+        if saved.empty or "max_ulp" not in saved or "identical" not in saved:
+            raise ValueError("missing columns")
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        files.discard_checkpoint(path, str(e)[:80])
+        return None
+    saved = saved.assign(variant=saved["variant"].fillna(""), kernel=saved["kernel"].fillna(""),
+                         note=saved["note"].fillna(""), identical=saved["identical"].astype(bool))
+    return saved.to_dict("records")
 
 
 def summarize(table) -> list[dict[str, Any]]:

@@ -459,3 +459,33 @@ def test_replay_check_cli_json_on_the_embedded_gemma(tmp_path, capsys):
     assert set(dense) == {(1, "exact"), (2, "dot4=sequential"), (2, "dot4=pairwise")}
     assert {r["kernel"] for r in doc["records"]} == {"gemv", "gemv_wide", "qmv", "qmv_wide"}
     assert all(r["max_ulp"] is not None and r["max_ulp"] >= 0 for r in doc["records"])
+
+
+# ------------------------------------------------------------------ the whole model under replay (library)
+
+
+def test_the_model_under_replay_cpu_is_the_model_bit_for_bit_and_under_m3_a_prediction(tiny):
+    import mlx.core as mx
+    from mlx_lm.models.cache import make_prompt_cache
+
+    from gemmdrift.kernels.replay_model import replayed
+
+    tokens = mx.array([[3, 14, 15, 92, 65, 35, 89, 79]])
+
+    def logits(t):
+        return np.array(tiny.model(t, cache=make_prompt_cache(tiny.model)).astype(mx.float32))
+
+    plain = logits(tokens)
+    with replayed(tiny, "cpu") as log:
+        same = logits(tokens)
+    assert _bits_equal(plain, same)
+    n_proj = 4 * 7 + 1
+    assert sum(log.calls.values()) == n_proj and {k[1] for k in log.calls} == {"cpu_simd_gemm"}
+    assert _bits_equal(logits(tokens), plain)  # the model is restored
+    with replayed(tiny, "M3", "dot4=pairwise") as log3:
+        logits(tokens[:, :1])  # T=1: gemv
+        logits(tokens[:, :3])  # T=3: gemv_wide, the named variant
+    kernels = {(k[1], k[2], k[3]) for k in log3.calls}
+    assert ("gemv", "exact", 1) in kernels and ("gemv_wide", "dot4=pairwise", 3) in kernels
+    rec = log3.record()
+    assert rec["prediction"] and rec["chip"] == "M3" and rec["variant"] == "dot4=pairwise"

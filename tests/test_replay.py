@@ -489,3 +489,39 @@ def test_the_model_under_replay_cpu_is_the_model_bit_for_bit_and_under_m3_a_pred
     assert ("gemv", "exact", 1) in kernels and ("gemv_wide", "dot4=pairwise", 3) in kernels
     rec = log3.record()
     assert rec["prediction"] and rec["chip"] == "M3" and rec["variant"] == "dot4=pairwise"
+
+
+def test_stack_under_replay_cpu_equals_stack_and_under_m3_says_it_is_a_prediction(tiny):
+    from gemmdrift.kernels.replay_model import KernelsOption
+    from gemmdrift.stack import measure_stack
+
+    toks = [3, 14, 15, 92, 65, 35, 89, 79, 32, 38, 46, 26, 43, 38, 32, 79]
+    scheds = ["prefill:8,decode", "prefill:8,verify:3"]
+    plain = measure_stack(tiny, toks, scheds, split=8, local=False, workers=1)
+    results = {}
+    for text in ("replay:cpu", "replay:M3@dot4=pairwise"):
+        opt = KernelsOption(text)
+        assert opt.workers == 1 and opt.checkpoint != "checkpoint"
+        with opt.installed(tiny):
+            results[text] = opt.label(measure_stack(tiny, toks, scheds, split=8, local=False, workers=opt.workers))
+    assert results["replay:cpu"].figures == plain.figures  # exact replay: the same measurement
+    rec = results["replay:M3@dot4=pairwise"].details["replay"]
+    assert rec["prediction"] and rec["chip"] == "M3" and rec["variant"] == "dot4=pairwise"
+    assert {c["kernel"] for c in rec["calls"]} >= {"gemv", "gemv_wide"}  # decode T=1, verify T=4
+    assert results["replay:M3@dot4=pairwise"].inputs["kernels"] == "replay:M3@dot4=pairwise"
+    assert KernelsOption(None).label(plain) is plain
+
+
+@pytest.mark.parametrize("argv, match", [
+    (["--kernels", "replay:M9"], "unknown replay chip"),
+    (["--kernels", "metal:M3"], "expected replay:<chip>"),
+    (["--kernels", "replay:M3@mma=H8"], "unknown mma variant"),
+    (["--kernels", "replay:M3", "--ladder"], "--ladder with --kernels"),
+])
+def test_stack_kernels_bad_input_exits_2_before_loading(argv, match, capsys, monkeypatch, tmp_path):
+    from gemmdrift import cli, models
+
+    monkeypatch.setattr(models, "load_model", lambda *a, **k: pytest.fail("the model was loaded"))
+    assert cli.main(["stack", "--out", str(tmp_path / "s"), *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert match in err and len(err.splitlines()) == 1

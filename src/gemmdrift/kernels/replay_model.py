@@ -6,7 +6,8 @@ from the call's T (rows = batch x sequence, as mlx folds a broadcast weight into
 kernels and variants ran. Attention, norms, RoPE and the cache stay on this machine's kernels. A replayed
 result is a prediction for that chip, not a measurement on it; :class:`ReplayLog` says so and what ran.
 
-Not yet wired to ``stack``/``kernels``/``diverge``/``triage`` (their ``--kernels`` flag is the next step).
+:class:`KernelsOption` is the ``--kernels`` flag; ``stack`` takes it (``kernels``, ``diverge`` and
+``triage`` not yet).
 """
 
 from __future__ import annotations
@@ -126,6 +127,64 @@ def replayed(lm, chip: str, variant: str | None = None, mlx_version: str | None 
         yield log
 
 
+class KernelsOption:
+    """``--kernels replay:<chip>[@variant]`` of a measuring command (or nothing: this machine's kernels).
+
+    Parsed and checked before any model loads; :meth:`installed` swaps the recipes in for the run,
+    ``workers`` keeps the run in this process (the proxies live here), ``checkpoint`` keeps a replayed
+    run's checkpoint apart from a measured one, and :meth:`label` puts the :class:`ReplayLog` into the
+    result (``details["replay"]``, ``inputs["kernels"]``): a prediction for that chip, not a measurement.
+    """
+
+    def __init__(self, text: str | None, *, ladder: bool = False):
+        self.text = (text or "").strip()
+        self.chip = self.variant = None
+        self.log: ReplayLog | None = None
+        if not self.text or self.text == "native":
+            self.text = ""
+            return
+        kind, _, rest = self.text.partition(":")
+        if kind != "replay" or not rest:
+            raise GemmdriftError(f"--kernels {text!r}: expected replay:<chip>[@<variant>] (chips: cpu, M1, M3, M5, "
+                                 "sm90 or any chip name) or native")
+        from .replay import check_variant_text
+
+        chip, _, variant = rest.partition("@")
+        parse_chip(chip)
+        check_variant_text(variant)
+        if ladder:
+            raise GemmdriftError("--ladder with --kernels: the float32 rung runs another model copy, not replayed")
+        self.chip, self.variant = chip, variant or None
+
+    @property
+    def workers(self) -> int | None:
+        return 1 if self.text else None
+
+    @property
+    def checkpoint(self) -> str:
+        import re
+
+        return "checkpoint" if not self.text else "checkpoint-" + re.sub(r"[^A-Za-z0-9_.-]+", "_", self.text)
+
+    @contextlib.contextmanager
+    def installed(self, lm) -> Iterator[ReplayLog | None]:
+        if not self.text:
+            yield None
+            return
+        with replayed(lm, self.chip, self.variant) as log:
+            self.log = log
+            yield log
+
+    def label(self, result):
+        """The result with what was replayed (unchanged without --kernels)."""
+        if not self.text or self.log is None:
+            return result
+        import dataclasses
+
+        return dataclasses.replace(result, inputs={**result.inputs, "kernels": self.text},
+                                   details={**result.details, "replay": self.log.record()})
+
+
 def _head_slot(lm, head) -> tuple[Any, str]:
     """(container, key) holding the LM head module: an ``lm_head`` linear or the tied ``embed_tokens``."""
     for _, mod in lm.model.named_modules():
@@ -136,4 +195,4 @@ def _head_slot(lm, head) -> tuple[Any, str]:
     raise GemmdriftError("cannot find the module holding the LM head")
 
 
-__all__ = ["ReplayLog", "replayed"]
+__all__ = ["ReplayLog", "replayed", "KernelsOption"]

@@ -19,7 +19,7 @@ RANKS = {
     # foundations: no gemmdrift imports but errors
     "errors": 0, "defaults": 0, "files": 1, "text": 1, "metrics": 1, "schedules": 1, "dispatch": 4, "checks": 1, "prompts": 2,
     "envinfo": 1,
-    "dispatch.base": 1, "dispatch.chips": 2, "dispatch.metal": 2, "dispatch.cuda": 2, "dispatch.cpu": 3,
+    "platforminfo": 0, "dispatch.base": 1, "dispatch.chips": 2, "dispatch.metal": 2, "dispatch.cuda": 2, "dispatch.cpu": 3,
     "result": 2, "gguf_gemma": 2,
     "models": 3,
     "taps": 4, "workers": 4,
@@ -35,6 +35,7 @@ RANKS = {
     "store": 14,
     "report": 15,
     "suite": 16,
+    "dispatch_cli": 16,
     "cli": 17, "__main__": 18, "": 19,  # "" is the package itself (gemmdrift/__init__.py)
 }
 

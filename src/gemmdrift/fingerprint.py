@@ -942,6 +942,8 @@ def _predict(spec: PathSpec, env: dict[str, Any], K: int, N: int, T: int) -> tup
     if not spec.dispatch_op:
         return "", ""
     target, version, chip, origin = _reference_backend(env, None)
+    if chip is None:  # a GPU whose architecture the record does not name: no prediction, not a default chip
+        return "", origin
     shape: dict[str, Any]
     if spec.op == "sdpa":
         shape = {"k_len": K, "head_dim": N, "n_heads": 1, "n_kv_heads": 1}

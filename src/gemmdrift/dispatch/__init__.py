@@ -51,6 +51,7 @@ from .metal import qmv_batch_limit
 CPU_NOTE = _cpu.ROW_INVARIANT + (" (Linux x86_64): mlx/backend/cpu/gemms/simd_gemm.h walks K in the same order "
                                  "for every row, fp32 uses cblas_sgemm, mlx/backend/cpu/quantized.cpp loops rows "
                                  "one by one")
+DTYPES = ("bfloat16", "float16", "float32")
 # mlx's quantization defaults per mode (quantization_params_from_mode in mlx/ops.cpp): (bits, group size).
 QUANT_DEFAULTS = {"affine": (4, 64), "nvfp4": (4, 16), "mxfp4": (4, 32), "mxfp8": (8, 32)}
 
@@ -96,6 +97,8 @@ def choose(chip: Chip, op: str, *, T: int, K: int, N: int, dtype: str, mlx_versi
         raise GemmdriftError(f"unknown op {op!r} (known: {', '.join(OPS)})")
     if chip.backend not in BACKENDS:
         raise GemmdriftError(f"unknown backend {chip.backend!r} (known: {', '.join(BACKENDS)})")
+    if dtype not in DTYPES:
+        raise GemmdriftError(f"unknown dtype {dtype!r} (known: {', '.join(DTYPES)})")
     if T < 1 or K < 1 or N < 1:
         raise GemmdriftError(f"T, K and N must be positive, got T={T}, K={K}, N={N}")
     version = _version(mlx_version)
@@ -162,7 +165,8 @@ def label(choice: Choice) -> str:
         return "sdpa_full_nax (head-dim split)"
     if k == "cuda_qmm":
         return f"qmm_{p['variant']}"
-    return {"steel_gemm": "steel GEMM", "steel_gemm_nax": "steel NAX GEMM", "steel_gemm_splitk_nax": "steel NAX split-K",
+    return {"steel_gemm": "steel GEMM", "steel_gemm_nax": "steel NAX GEMM",
+            "steel_gemm_splitk_nax": "steel NAX split-K",
             "sdpa_unfused": "unfused (matmul, softmax, matmul)", "sdpa_full_nax": "sdpa_full_nax",
             "cuda_gemv": "gemv", "cublaslt": "cuBLASLt (heuristic algorithm)", "cuda_qmv": "qmv",
             "cuda_fp_qmv": "fp_qmv", "cudnn_sdpa": "cuDNN SDPA", "cuda_sdpa_vector": "sdpa_vector",
@@ -201,13 +205,15 @@ def _lookup(backend: str, op: str) -> str:
 def _shape_args(op: str, T: int, shape: dict[str, Any]) -> dict[str, Any]:
     try:
         if op == "sdpa":
-            return {"T": T, "K": int(shape["k_len"]), "N": int(shape["head_dim"]), "dtype": shape.get("dtype", "bfloat16"),
+            return {"T": T, "K": int(shape["k_len"]), "N": int(shape["head_dim"]),
+                    "dtype": shape.get("dtype", "bfloat16"),
                     "n_heads": shape["n_heads"], "n_kv_heads": shape["n_kv_heads"],
                     **{k: shape[k] for k in ("v_head_dim", "causal", "tf32") if k in shape}}
         out = {"T": T, "K": int(shape["K"]), "N": int(shape["N"]), "dtype": shape.get("dtype", "bfloat16"),
                **({"tf32": shape["tf32"]} if "tf32" in shape else {})}
         if op == "quantized_matmul":
-            out.update(mode=shape.get("mode", "affine"), bits=shape.get("bits", 4), group_size=shape.get("group_size", 64))
+            out.update(mode=shape.get("mode", "affine"), bits=shape.get("bits", 4),
+                       group_size=shape.get("group_size", 64))
         return out
     except KeyError as e:
         raise GemmdriftError(f"dispatch for {op} needs the shape parameter {e.args[0]}") from None
@@ -303,7 +309,7 @@ def cuda_sdpa_kernel(q_len: int, k_len: int, head_dim: int, n_heads: int, n_kv_h
 
 __all__ = ["Chip", "Choice", "Threshold", "CHIPS", "DEFAULT_CHIP", "SIZE_LABEL", "CPU_LINUX_X86", "CPU_OTHER",
            "CPU_NOTE", "BACKENDS", "OPS", "MIRROR_REVISION", "MIRROR_VERSION", "VERIFIED_FROM", "TAGS_READ",
-           "QUANT_DEFAULTS", "chip_from_env", "chip_named", "describe_chip", "choose", "label", "kernel_for",
+           "QUANT_DEFAULTS", "DTYPES", "chip_from_env", "chip_named", "describe_chip", "choose", "label", "kernel_for",
            "thresholds", "resolve_chip", "parse_version", "qmv_batch_limit", "metal_matmul_kernel",
            "metal_qmm_kernel", "metal_sdpa_kernel", "cuda_matmul_kernel", "cuda_qmm_kernel", "cuda_sdpa_kernel",
            "METAL_MATMUL", "METAL_QUANTIZED", "METAL_SDPA", "METAL_DEVICE", "CUDA_MATMUL", "CUDA_GEMV",

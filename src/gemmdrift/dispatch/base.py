@@ -94,6 +94,9 @@ class Choice:
     def __post_init__(self):
         object.__setattr__(self, "params", MappingProxyType(dict(self.params)))
 
+    def __hash__(self) -> int:  # params is a read-only mapping: hash its items (all ints, strs and bools)
+        return hash((self.kernel, tuple(sorted(self.params.items())), self.source, self.note))
+
     def as_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (``params`` as a plain dict)."""
         return {"kernel": self.kernel, "params": dict(self.params), "source": self.source, "note": self.note}

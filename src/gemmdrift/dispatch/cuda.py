@@ -35,9 +35,12 @@ def quantized_matmul(chip: Chip, M: int, K: int, N: int, dtype: str, version: Ve
     """QuantizedMatmul::eval_gpu (cuda/quantized/quantized.cpp) with the supports_* tests of qmm/qmm.cu.
 
     Before v0.31.1 an affine quantized matmul raised "QMM NYI" on CUDA (only
-    fp modes with M <= 8 ran, through fp_qmv). From v0.31.1: sm90 uses qmv only
-    for M == 1 (N, K <= 16384) when qmm_sm90 applies; sm80+ and the naive qmm
-    use qmv for M < 8. Contiguous weights, scales and biases are assumed.
+    fp modes with M <= 8 ran, through fp_qmv). v0.31.1: qmm_sm90 where it
+    applies (qmv for M == 1), otherwise qmv for every M (there is no sm80 or
+    naive qmm yet). From v0.31.2: sm90 uses qmv only for M == 1 (N, K <= 16384)
+    when qmm_sm90 applies; sm80+ and the naive qmm use qmv for M < 8; qmm_sm90
+    takes 4 or 8 bits from v0.32.0 (any even width before). Contiguous
+    weights, scales and biases are assumed.
     """
     q = {"bits": bits, "group_size": group_size, "mode": mode}
     if version < (0, 31, 1):
@@ -46,7 +49,9 @@ def quantized_matmul(chip: Chip, M: int, K: int, N: int, dtype: str, version: Ve
                           'mlx raises "QMM NYI" for this case before v0.31.1')
         return Choice("cuda_fp_qmv", q, f"{CUDA_QUANTIZED} QuantizedMatmul::eval_gpu")
     affine = mode == "affine"
-    can_sm90 = (chip.gen == 9 and (N * 2) % 16 == 0 and K % 64 == 0 and affine and bits in (4, 8)
+    sm90_bits = bits in (4, 8) if version >= (0, 32, 0) else bits % 2 == 0
+    tma = version < (0, 32, 0) or (N * 4) % 16 == 0  # TMA alignment of the uint32 weights (n * itemsize % 16)
+    can_sm90 = (chip.gen == 9 and tma and K % 64 == 0 and affine and sm90_bits
                 and group_size >= K)  # supports_qmm_sm90 needs biases (affine) and one group over all of K
     can_sm80 = (chip.gen >= 8 and N % 128 == 0 and K % max(64, group_size) == 0 and dtype in ("float16", "bfloat16")
                 and bits in (4, 8))
@@ -60,6 +65,9 @@ def quantized_matmul(chip: Chip, M: int, K: int, N: int, dtype: str, version: Ve
         if can_qmv and M == 1 and N <= 16384 and K <= 16384:
             return qmv
         return Choice("cuda_qmm", {**q, "variant": "sm90"}, f"{CUDA_QMM} supports_qmm_sm90", "CUTLASS tile order")
+    if version < (0, 31, 2):  # v0.31.1: no sm80 or naive qmm, qmv for every M
+        return qmv if can_qmv else Choice("unsupported", q, f"{CUDA_QUANTIZED} QuantizedMatmul::eval_gpu",
+                                          "mlx raises: no implementation")
     for ok, variant in ((can_sm80, "sm80"), (can_naive, "naive")):
         if ok:
             if can_qmv and M < 8:
@@ -78,6 +86,15 @@ def sdpa(chip: Chip, q_len: int, k_len: int, head_dim: int, n_heads: int, n_kv_h
     fixed-size cache (assumed when k_len >= 256, as mlx-lm's KVCache grows in
     steps of 256); else sdpa_vector for head dims 64/96/128 and q_len < 4.
     """
+    c = _sdpa(chip, q_len, k_len, head_dim, n_heads, n_kv_heads, v_head_dim, causal)
+    if version < (0, 32, 2):
+        note = "; ".join(filter(None, (c.note, "CUDA sdpa rule read at 846d176 only")))
+        return Choice(c.kernel, c.params, c.source, note)
+    return c
+
+
+def _sdpa(chip: Chip, q_len: int, k_len: int, head_dim: int, n_heads: int, n_kv_heads: int, v_head_dim: int | None,
+          causal: bool) -> Choice:
     dv = head_dim if v_head_dim is None else v_head_dim
     p = {"head_dim": head_dim, "v_head_dim": dv, "gqa": max(1, n_heads // max(1, n_kv_heads)), "k_len": k_len}
     dims_ok = head_dim % 8 == 0 and head_dim <= 128 and dv % 8 == 0 and dv <= 128

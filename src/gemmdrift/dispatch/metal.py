@@ -60,10 +60,10 @@ def _splitk_nax(M: int, N: int, K: int, version: Version) -> dict[str, int]:
 
 
 def _gemm_nax(chip: Chip, M: int, N: int, K: int, version: Version) -> dict[str, int]:
-    # steel_matmul_regular_axpby_nax: 128/128/512/4/4; from v0.31.2 's', 'c', 'd' take bm 64, wm 2 and bk 64
+    # steel_matmul_regular_axpby_nax: 128/128/512/4/4; from v0.31.1 's', 'c', 'd' take bm 64, wm 2 and bk 64
     # (K >= 8192 and K > M + N) or 256.
     t = {"bm": 128, "bn": 128, "bk": 512, "wm": 4, "wn": 4}
-    if version >= (0, 31, 2) and chip.size in ("s", "c", "d"):
+    if version >= (0, 31, 1) and chip.size in ("s", "c", "d"):
         t.update(bm=64, wm=2, bk=64 if K >= 8192 and K > M + N else 256)
     return t
 
@@ -186,6 +186,24 @@ def quantized_matmul(chip: Chip, M: int, K: int, N: int, dtype: str, version: Ve
                   f"{METAL_QUANTIZED} qmm")
 
 
+def sdpa_blocks(chip: Chip, n_simds: int, k_len: int) -> int:
+    """Key blocks of the 2-pass vector kernel (sdpa_vector_2pass; the same rule at v0.30.5 and 846d176).
+
+    ``n_simds`` is gqa * q_len, so a verify step (q_len > 1) can get other blocks, i.e. another tree, than T=1.
+    """
+    if chip.size == "s":
+        if k_len > 1024 and n_simds > 4:
+            return 128 if k_len <= 8192 else 256 if k_len <= 32768 else 512 if k_len <= 65536 else 1024
+        return 64
+    if chip.size == "d":
+        if n_simds <= 2 and k_len > 8192:
+            return 256
+        if n_simds >= 6 and k_len >= 16384:
+            return 512 if k_len < 65536 else 1024
+        return 128
+    return 64 if n_simds >= 4 else 32
+
+
 def sdpa(chip: Chip, q_len: int, k_len: int, head_dim: int, n_heads: int, n_kv_heads: int, dtype: str,
          version: Version, *, v_head_dim: int | None = None, causal: bool = True, tf32: bool = True) -> Choice:
     """mx.fast.scaled_dot_product_attention at inference (no mask array, no logsumexp), as read in
@@ -206,8 +224,12 @@ def sdpa(chip: Chip, q_len: int, k_len: int, head_dim: int, n_heads: int, n_kv_h
             return unfused
         # eval_gpu: 2-pass on 'd'/'s' from 1024 keys, or with GQA from 4096 keys (same at every tag read).
         if (chip.size in ("s", "d") and k_len >= 1024) or (n_kv_heads < n_heads and k_len >= 4096):
-            return Choice("sdpa_vector_2pass", p, f"{METAL_SDPA} eval_gpu (sdpa_vector_2pass)",
-                          "blocks depend on q_len * gqa: see sdpa_vector_2pass")
+            blocks = sdpa_blocks(chip, gqa * q_len, k_len)
+            # The GQA-8 pass-1 variant (after v0.32.1): one query, no mask array, head dim 64 or 128, 8192+ keys.
+            gqa8 = version >= (0, 32, 2) and q_len == 1 and gqa == 8 and head_dim == dv in (64, 128) and k_len >= 8192
+            return Choice("sdpa_vector_2pass", {**p, "blocks": blocks, "pass1_gqa": gqa8},
+                          f"{METAL_SDPA} sdpa_vector_2pass",
+                          "blocks are the device default (MLX_SDPA_BLOCKS overrides them from v0.32.0)")
         return Choice("sdpa_vector", p, f"{METAL_SDPA} eval_gpu (sdpa_vector)")
     # q_len > 8. After v0.32.1 (846d176): head dim 256, causal, q_len >= 1024 on NAX takes the fused kernel.
     if version >= (0, 32, 2) and nax and head_dim == 256 and q_len >= 1024 and causal:

@@ -56,7 +56,7 @@ def normalize(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def plot_thresholds(df: pd.DataFrame, env: Mapping[str, Any],
-                    chip: str | None = None) -> tuple[dict[str, list[tuple[int, str, str]]], str]:
+                    chip: Any = None) -> tuple[dict[str, list[tuple[int, str, str]]], str]:
     """Dispatch switches per projection name for the backend and mlx version of ``env``, and their origin.
 
     On the CPU (row-invariant, no thresholds) Metal's are returned instead,
@@ -69,6 +69,8 @@ def plot_thresholds(df: pd.DataFrame, env: Mapping[str, Any],
     from ..dispatch import thresholds
 
     target, version, chip, origin = _reference_backend(env, chip)
+    if chip is None:
+        return {}, origin
     df = normalize(df)
     proj = df[~is_op(df) & ~df["emulated"]]
     out: dict[str, list[tuple[int, str, str]]] = {}
@@ -87,21 +89,43 @@ def plot_thresholds(df: pd.DataFrame, env: Mapping[str, Any],
     return out, origin
 
 
-def _reference_backend(env: Mapping[str, Any], chip: str | None) -> tuple[str, str, str, str]:
-    """(backend whose dispatch rules apply, mlx version, chip, description) for the recorded ``env``:
-    its own on Metal and CUDA; Metal's, labelled "Metal (reference)", on the CPU (which never switches)."""
-    from ..dispatch import DEFAULT_CHIP
+def _reference_backend(env: Mapping[str, Any], chip: Any = None) -> tuple[str, str, Any, str]:
+    """(backend whose dispatch rules apply, mlx version, :class:`~gemmdrift.dispatch.Chip` or None, description).
+
+    Metal and CUDA results use their own chip, read from the record's
+    architecture (and macOS version, for NAX) by ``dispatch.chip_from_env``; an
+    architecture it cannot read gives chip None ("no prediction"), never a
+    default chip. CPU results (which never switch kernels on Linux x86) get
+    Metal's rules for the reference chip, labelled "Metal (reference)", and say
+    when the CPU is not the platform whose rule was read. ``chip`` (a name or
+    Chip) overrides the record.
+    """
+    from ..dispatch import CPU_LINUX_X86, DEFAULT_CHIP, Chip, chip_from_env, chip_named
 
     backend = env.get("backend") or "cpu"
     version = env.get("mlx") or "0"
-    target = backend if backend in ("metal", "cuda") else "metal"
-    chip = chip or DEFAULT_CHIP[target]
-    origin = {"metal": "Metal", "cuda": "CUDA"}[target] if target == backend else "Metal (reference)"
-    return target, version, chip, f"{origin}, {chip}, mlx {version}"
+    names = {"metal": "Metal", "cuda": "CUDA", "cpu": "CPU"}
+    if chip is not None:
+        c = chip if isinstance(chip, Chip) else chip_named(chip)
+        return c.backend, version, c, f"{names[c.backend]}, {c.name}, mlx {version}"
+    if backend in ("metal", "cuda"):
+        c = chip_from_env(env)
+        if c is None:
+            return backend, version, None, (f"{names[backend]}, unknown architecture {env.get('architecture')!r}: "
+                                            f"no prediction, mlx {version}")
+        return backend, version, c, f"{names[backend]}, {c.name}" + (f" ({c.note})" if c.note else "") + \
+            f", mlx {version}"
+    if backend != "cpu":
+        return backend, version, None, f"backend {backend!r}: no prediction, mlx {version}"
+    cpu = chip_from_env(env)
+    ref = chip_named(DEFAULT_CHIP["metal"])
+    caveat = "" if cpu is not None and cpu.name == CPU_LINUX_X86 else \
+        f"; this CPU ({cpu.note if cpu else 'platform not recorded'}) is not known to be row-invariant"
+    return "metal", version, ref, f"Metal (reference), {ref.name}, mlx {version}{caveat}"
 
 
 def ops_thresholds(df: pd.DataFrame, env: Mapping[str, Any],
-                   chip: str | None = None) -> tuple[dict[str, list[tuple[int, str, str]]], str]:
+                   chip: Any = None) -> tuple[dict[str, list[tuple[int, str, str]]], str]:
     """Like :func:`plot_thresholds`, for the ops table: where the sdpa kernel changes with the query length.
 
     One set of switches per attention geometry (head dim, heads, KV heads) and
@@ -110,6 +134,8 @@ def ops_thresholds(df: pd.DataFrame, env: Mapping[str, Any],
     from ..dispatch import thresholds
 
     target, version, chip, origin = _reference_backend(env, chip)
+    if chip is None:
+        return {}, origin
     ops = df[is_op(df)]
     sdpa = ops[ops["projection"] == "sdpa"] if "heads" in ops.columns else ops.iloc[:0]
     marks: set[tuple[int, str, str]] = set()

@@ -204,7 +204,8 @@ def _check_dtype(recipe: Recipe, dtype: str) -> None:
 
 
 def replay_matmul(recipe: Recipe | str, x: np.ndarray, w: np.ndarray, bias: np.ndarray | None = None, *,
-                  dtype: str, params: Mapping[str, Any] | None = None, variant: Any = None) -> Replayed:
+                  dtype: str, params: Mapping[str, Any] | None = None, variant: Any = None,
+                  w_min: float | None = None) -> Replayed:
     """``x @ w.T (+ bias)`` as the kernel adds it.
 
     Args:
@@ -215,6 +216,7 @@ def replay_matmul(recipe: Recipe | str, x: np.ndarray, w: np.ndarray, bias: np.n
         dtype: the operands' and output's dtype.
         params: the kernel's order-deciding parameters (a dispatch Choice's ``params``).
         variant: text or mapping (see :func:`parse_variant`).
+        w_min: the smallest nonzero |w| if already known (it decides FTZ; a fixed weight's is computed once).
     """
     rec = get_recipe(recipe)
     if rec.op != "matmul":
@@ -228,7 +230,7 @@ def replay_matmul(recipe: Recipe | str, x: np.ndarray, w: np.ndarray, bias: np.n
     N = w.shape[0]
     if w.shape[1] != K:
         raise GemmdriftError(f"shapes do not match: x is {x.shape}, w is {w.shape}")
-    ftz = rec.apple and needs_ftz(x, w)
+    ftz = rec.apple and (needs_ftz(x, w) if w_min is None else needs_ftz(x, mins=(w_min,)))
     out = np.empty((T, N), dtype=np.float32)
     step = max(1, CHUNK_ELEMENTS // max(1, T * K))
     xt = np.ascontiguousarray(x.T)[:, :, None]

@@ -79,22 +79,32 @@ def flush(a: np.ndarray) -> np.ndarray:
     return np.where(np.abs(a) < TINY, np.copysign(np.float32(0), a), a).astype(np.float32)
 
 
-def needs_ftz(*operands: np.ndarray, quantum_bits: int = 24) -> bool:
+def min_nonzero(a: np.ndarray, rows: int = 1 << 14) -> float:
+    """The smallest nonzero |a| (inf if none), a slice of rows at a time (no full-size temporaries)."""
+    a = f32(a)
+    flat = a.reshape(-1, a.shape[-1]) if a.ndim > 1 else a.reshape(1, -1)
+    best = np.inf
+    for lo in range(0, flat.shape[0], rows):
+        blk = np.abs(flat[lo:lo + rows])
+        best = min(best, float(np.min(blk, initial=np.inf, where=blk > 0)))  # a minimum, not a sum
+    return best
+
+
+def needs_ftz(*operands: np.ndarray, quantum_bits: int = 24, mins: tuple[float, ...] = ()) -> bool:
     """True if a sum of products of these operands could ever hold a subnormal.
 
     Every nonzero partial sum of exact products is a multiple of the smallest
     quantum (the product of the operands' smallest nonzero ulps), and rounding
     keeps it one; if that quantum is at least the smallest normal, no partial
     can be subnormal and FTZ is a no-op. ``quantum_bits``: significant bits of
-    the operands (24 for float32; a safe bound for bf16/fp16 too).
+    the operands (24 for float32; a safe bound for bf16/fp16 too). ``mins``:
+    smallest nonzero magnitudes already known (e.g. of a weight, computed once).
     """
     q = 1.0
-    for a in operands:
-        a = np.abs(f32(a))
-        nz = a[a > 0]
-        if nz.size == 0:
-            return False
-        q *= float(nz.min()) * 2.0 ** -(quantum_bits - 1)
+    for m in [min_nonzero(a) for a in operands] + list(mins):
+        if not np.isfinite(m):
+            return False  # an all-zero operand: every product is 0
+        q *= m * 2.0 ** -(quantum_bits - 1)
     return q < float(TINY)
 
 
@@ -253,6 +263,6 @@ def aligned_sum(terms: Sequence[np.ndarray], frac_bits: int = 24) -> np.ndarray:
     return _to_f32(acc, "rz")
 
 
-__all__ = ["F32", "TINY", "OUT_DTYPES", "f32", "round_to", "round_bf16_inplace", "add_rounded", "flush", "needs_ftz", "add", "mul", "fma", "chain",
+__all__ = ["F32", "TINY", "OUT_DTYPES", "f32", "round_to", "round_bf16_inplace", "add_rounded", "flush", "min_nonzero", "needs_ftz", "add", "mul", "fma", "chain",
            "pairwise", "lane_tree", "adjacent_tree", "sequential_lanes", "SIMD_SUMS", "exact_then_round",
            "aligned_sum"]

@@ -23,6 +23,7 @@ from ..errors import GemmdriftError
 from ..taps import swapped, to_numpy
 from .capture import LM_HEAD, projections
 from .replay import variant_name
+from .replay_core import min_nonzero
 from .replay_paths import installed_mlx, parse_chip, plan_for, run_plan
 
 
@@ -65,6 +66,8 @@ class _Replay:
             self._quant = None
             self._w = to_numpy(module["weight"])
             self._n = self._w.shape[0]
+        # The weight's smallest magnitude decides FTZ together with x's: computed once, not per call.
+        self._w_min = None if self._w is None else min_nonzero(self._w)
         self._b = to_numpy(module["bias"]) if "bias" in module else None
 
     def __getattr__(self, name):
@@ -83,7 +86,7 @@ class _Replay:
         q = {} if self._quant is None else {"bits": self._quant[3], "group_size": self._quant[4]}
         plan = plan_for(self._chip, op, T=T, K=K, N=self._n, dtype=dtype, mlx_version=self._version,
                         variant=self._variant, **q)
-        y = run_plan(plan, rows, dtype=dtype, w=self._w, bias=self._b, quant=self._quant).y
+        y = run_plan(plan, rows, dtype=dtype, w=self._w, bias=self._b, quant=self._quant, w_min=self._w_min).y
         self._log.calls[(self._name, plan.recipe.kernel, variant_name(plan.variant), T)] += 1
         return mx.array(y.reshape(*shape[:-1], self._n)).astype(x.dtype)  # exact: y holds values of the dtype
 

@@ -94,10 +94,12 @@ def plan_for(chip: Any, op: str, *, T: int, K: int, N: int, dtype: str, mlx_vers
     return plan
 
 
-def run_plan(plan: Plan, x: np.ndarray, *, dtype: str, w: np.ndarray | None = None, bias=None, quant=None):
+def run_plan(plan: Plan, x: np.ndarray, *, dtype: str, w: np.ndarray | None = None, bias=None, quant=None,
+             w_min: float | None = None):
     """Run a plan on dense ``w`` (N, K) or ``quant = (wq, scales, biases, bits, group_size)``."""
     if plan.recipe.op == "matmul":
-        return replay_matmul(plan.recipe, x, w, bias, dtype=dtype, params=plan.params, variant=plan.variant)
+        return replay_matmul(plan.recipe, x, w, bias, dtype=dtype, params=plan.params, variant=plan.variant,
+                             w_min=w_min)
     wq, scales, biases, bits, group_size = quant
     return replay_quantized(plan.recipe, x, wq, scales, biases, bits=bits, group_size=group_size, dtype=dtype,
                             params=plan.params, variant=plan.variant)

@@ -257,6 +257,13 @@ def _gemv(K, sn=32):
     return _shuffle([_seq([128 * i + 4 * l + j for i in range(K // 128) for j in range(4)]) for l in range(sn)])
 
 
+def _gemv_split(K, bn=8, sn=32):
+    """gemv with K >= 16N: simdgroup s's lanes take k = 1024i + 128s + 4l + j; simdgroups added in order."""
+    per_sg = [_shuffle([_seq([sn * 4 * bn * i + sn * 4 * s_ + 4 * l + j for i in range(K // (sn * 4 * bn))
+                              for j in range(4)]) for l in range(sn)]) for s_ in range(bn)]
+    return _seq(per_sg)
+
+
 def _gemv_wide(K, kl, pairwise_dot=False):
     n_v4 = K // 4
     n_main = n_v4 - n_v4 % (kl * 8)
@@ -314,6 +321,7 @@ CASES = [
     ("replay:cpu:matmul:float32", 256, 8, 64, "cpu_cblas_sgemm", lambda: F.chain(list(range(256)))),
     ("replay:M3:matmul:bfloat16", 256, 1, 64, "gemv", lambda: _gemv(256)),
     ("replay:M1:matmul:bfloat16", 256, 1, 64, "gemv", lambda: _gemv(256)),
+    ("replay:M1:matmul:bfloat16", 1024, 1, 64, "gemv", lambda: _gemv_split(1024)),  # K >= 16N: bn = 8
     ("replay:sm90:matmul:bfloat16", 256, 1, 64, "cuda_gemv", lambda: _gemv(256)),
     ("replay:M3:matmul:bfloat16", 1280, 2, 128, "gemv_wide", lambda: _gemv_wide(1280, 32)),
     ("replay:M3@dot4=pairwise:matmul:bfloat16", 1280, 5, 128, "gemv_wide", lambda: _gemv_wide(1280, 32, True)),

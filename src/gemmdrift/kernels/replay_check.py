@@ -265,7 +265,7 @@ def summarize(table) -> list[dict[str, Any]]:
 def speed_ratio(kernel: str, T: int, K: int, N: int, *, reps: int = 5, params: Mapping[str, Any] | None = None,
                 seed: int = 0) -> dict[str, float]:
     """Seconds of one replayed projection and of a numpy float32 matmul of the same shape, interleaved in one
-    run (shared cores are noisy: the ratio of medians is the figure), on seeded bf16 operands.
+    run, on seeded bf16 operands; ``ratio`` compares the fastest of each (shared cores are noisy).
 
     Quantized kernels are timed on 4-bit group-64 weights of the same shape.
     """
@@ -303,8 +303,13 @@ def speed_ratio(kernel: str, T: int, K: int, N: int, *, reps: int = 5, params: M
         t0 = time.perf_counter()
         run()
         t_rp.append(time.perf_counter() - t0)
+    # The figure is the ratio of the fastest runs: numpy's multithreaded BLAS swings 30x on shared cores
+    # (0.8 to 23 ms for 33 x 640 x 2048 here), so a median compares against a contended numpy.
+    lo_np, lo_rp = float(np.min(t_np)), float(np.min(t_rp))
     med_np, med_rp = float(np.median(t_np)), float(np.median(t_rp))
-    return {"replay_s": med_rp, "numpy_s": med_np, "ratio": med_rp / med_np if med_np > 0 else math.inf}
+    return {"replay_s": lo_rp, "numpy_s": lo_np, "ratio": lo_rp / lo_np if lo_np > 0 else math.inf,
+            "median_replay_s": med_rp, "median_numpy_s": med_np,
+            "median_ratio": med_rp / med_np if med_np > 0 else math.inf}
 
 
 def _jsonable(x: Any) -> Any:

@@ -18,9 +18,9 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from benchmarks import (bench_diverge, bench_env, bench_golden, bench_kernels, bench_overhead,  # noqa: E402
-                        bench_stack, common)
+                        bench_replay, bench_stack, common)
 
-MODULES = [bench_diverge, bench_env, bench_golden, bench_kernels, bench_overhead, bench_stack]
+MODULES = [bench_diverge, bench_env, bench_golden, bench_kernels, bench_overhead, bench_replay, bench_stack]
 
 
 def tracked(module):
@@ -321,3 +321,12 @@ def test_long_benchmarks_are_skipped_on_the_cpu_unless_asked(monkeypatch):
     monkeypatch.setattr(suite, "default_sizes", lambda: "cpu")
     assert common.long_benchmarks()
     bench_state.ExactRollbackDivergence().setup({"exact": {}}, "exact")  # a measured cache is not skipped
+
+
+def test_replay_cost_benchmark_runs():
+    bench = bench_replay.ReplayCost()
+    for kernel in ("gemv", "qmv_fast"):
+        bench.setup(kernel, 1)
+        bench.time_replay(kernel, 1)
+        ratio = bench.track_ratio_to_numpy_matmul(kernel, 1)
+        assert math.isfinite(ratio) and ratio > 0

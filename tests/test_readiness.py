@@ -50,16 +50,22 @@ def test_every_measuring_command_forces_true_float32_before_its_handler(monkeypa
         seen["var"], seen["policy"] = os.environ.get("MLX_ENABLE_TF32"), envinfo.TF32_POLICY
         return 0
 
+    from gemmdrift import goldcli, replay_cli
+
     required = {"triage": ["--stream-a", "a", "--stream-b", "b"]}
+    # Commands whose handler lives in their own module.
+    handlers = {"logits": (goldcli, "cmd_logits"), "compare": (goldcli, "cmd_compare"),
+                "replay check": (replay_cli, "cmd_replay_check")}
     monkeypatch.setattr(envinfo, "TF32_POLICY", None)
     for name in runenv.MEASURING:
         monkeypatch.delenv("MLX_ENABLE_TF32", raising=False)
         monkeypatch.setattr(envinfo, "TF32_FORCED_OFF", False)
-        monkeypatch.setattr(cli, f"cmd_{name}", handler)
-        assert cli.main([name, *required.get(name, [])]) == 0
+        monkeypatch.setattr(*handlers.get(name, (cli, f"cmd_{name}")), handler)
+        argv = [*name.split(), *required.get(name, [])]
+        assert cli.main(argv) == 0
         assert seen == {"var": "0", "policy": "off"}, name
         monkeypatch.setenv("MLX_ENABLE_TF32", "1")
-        assert cli.main([name, *required.get(name, []), "--tf32", "keep"]) == 0
+        assert cli.main([*argv, "--tf32", "keep"]) == 0
         assert seen == {"var": "1", "policy": "keep"}, name
     for argv in (["report", "x"], ["history"], ["gate"]):  # they read results; they compute nothing
         assert not hasattr(cli.build_parser().parse_args(argv), "tf32")

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from . import cachebench
 from . import defaults as D
-from . import dispatch_cli, goldcli, runenv
+from . import dispatch_cli, goldcli, replay_cli, runenv
 from .errors import GemmdriftError
 
 
@@ -175,6 +175,9 @@ def cmd_stack(args) -> int:
     check_range_text(args.positions, "--positions")
     check_range_text(args.logit_positions, "--logit-positions")
     impl, _ = cachebench.precheck(args)
+    from .kernels.replay_model import KernelsOption
+
+    kopt = KernelsOption(args.kernels, ladder=args.ladder)  # replay:<chip>[@variant]: checked before loading
 
     from .envinfo import environment
     from .models import describe
@@ -187,12 +190,13 @@ def cmd_stack(args) -> int:
     positions = parse_range(args.positions, n, "--positions")
     logit_positions = parse_range(args.logit_positions, n, "--logit-positions")
     print(f"gemmdrift stack: {describe(lm.description)}; {n} tokens ({label}); split {split}", file=sys.stderr)
-    with cachebench.stack_caches(impl, lm) as impl_record:
+    with kopt.installed(lm), cachebench.stack_caches(impl, lm) as impl_record:
         result = measure_stack(lm, ids, args.schedules, split=split, positions=positions,
                                logit_positions=logit_positions, local=not args.no_local, ladder=args.ladder,
-                               checkpoint=Path(args.out) / "checkpoint", env=environment(),
-                               record={"prompt": label, **impl_record})
-    _write_and_print(args, result, args.out)
+                               checkpoint=Path(args.out) / kopt.checkpoint, env=environment(),
+                               record={"prompt": label, **impl_record},
+                               workers=1 if impl is not None else kopt.workers)  # the plug-in lives in this process
+    _write_and_print(args, kopt.label(result), args.out)
     return 0
 
 
@@ -631,6 +635,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--logit-positions", help="positions whose logits are compared, A:B or none (default: --positions)")
     s.add_argument("--no-local", action="store_true", help="skip local drift (saves one run per schedule)")
     s.add_argument("--ladder", action="store_true", help="rerun at float32: rounding shrinks, semantic differences do not")
+    s.add_argument("--kernels", help="replay:<chip>[@variant]: every projection and the LM head computed with that "
+                                     "chip's replayed kernel orders (a prediction; see README Replay)")
     cachebench.add_arguments(s, rollback=False)
     _add_output(s, "results/stack")
     s.set_defaults(func=cmd_stack)
@@ -792,6 +798,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     dispatch_cli.add_parser(sub)
     goldcli.add_parser(sub, sys.modules[__name__])  # logits, compare (issue 23)
+    replay_cli.add_parser(sub)
     runenv.add_flags(sub)  # --tf32 on every measuring command, --device on env
     return p
 

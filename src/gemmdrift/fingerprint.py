@@ -109,7 +109,8 @@ NOT_RECOVERABLE = {
 }
 PATH_HELP = ("matmul:<dtype>, quant:affine-q<bits>-g<group>[:<dtype>], sum:<dtype>, sdpa:<dtype>, "
              "emulated:splitk<P>[:<dtype>], numpy:float32, rms_norm:<dtype>, softmax:<dtype> "
-             "(dtype float32, float16, bfloat16)")
+             "(dtype float32, float16, bfloat16), replay:<chip>[@<variant>]:matmul:<dtype>, "
+             "replay:<chip>[@<variant>]:quant:affine-q<4|8>-g64[:<dtype>]")
 
 
 # --------------------------------------------------------------------------- construction
@@ -854,6 +855,11 @@ def parse_path(text: str) -> PathSpec:
     parts = text.strip().split(":")
     op = parts[0]
     bad = GemmdriftError(f"unsupported path {text!r} (known: {PATH_HELP})")
+    if op == "replay":  # a replayed kernel recipe (gemmdrift.kernels.replay_paths)
+        from .kernels.replay_paths import parse_replay_path
+
+        r = parse_replay_path(text)
+        return PathSpec(text.strip(), "replay", r.dtype, r.mode, r.bits, r.group_size)
     if op in ("matmul", "sum", "sdpa", "rms_norm", "softmax", "numpy") and len(parts) == 2:
         if parts[1] not in DTYPES or (op == "numpy" and parts[1] != "float32"):
             raise bad
@@ -905,6 +911,11 @@ def make_reducer(spec: PathSpec, K: int, T: int, N: int, window: int | None = No
         return splitk_reducer(spec.parts, spec.dtype, K, T, N, window)
     if spec.op == "numpy":
         return numpy_reducer(K)
+    if spec.op == "replay":
+        from .kernels.replay_paths import replay_probe
+
+        fn, batch, meta = replay_probe(spec.text, K, T, N)
+        return Reducer(spec.text, K, encoding_for(spec.dtype, K, window=window), fn, rows=T, batch=batch, meta=meta)
     raise GemmdriftError(f"{spec.text}: {NOT_RECOVERABLE.get(spec.op, 'unsupported')}")
 
 

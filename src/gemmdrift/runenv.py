@@ -18,6 +18,7 @@ setting, recomputes instead of reusing another machine's numbers.
 
 from __future__ import annotations
 
+import argparse
 import os
 from typing import Any
 
@@ -27,7 +28,8 @@ from .platforminfo import macos_version  # decides NAX on M5-class GPUs
 DEVICE_VAR = "GEMMDRIFT_DEVICE"
 
 # The commands that compute with mlx; env, report, history and gate only read or describe.
-MEASURING = ("stack", "kernels", "diverge", "triage", "state", "run", "fingerprint", "batch", "server")
+MEASURING = ("stack", "kernels", "diverge", "triage", "state", "run", "fingerprint", "batch", "server", "logits",
+             "compare", "replay check")
 
 TF32_HELP = ("off (default): set MLX_ENABLE_TF32=0 before the first matmul, so float32 is true float32 on CUDA "
              "and M5-class GPUs; keep: leave MLX_ENABLE_TF32 as it is (recorded)")
@@ -35,13 +37,22 @@ TF32_HELP = ("off (default): set MLX_ENABLE_TF32=0 before the first matmul, so f
 
 def add_flags(sub) -> None:
     """``--tf32`` on every measuring command of the CLI's subparsers ``sub``, and ``--device`` on ``env``."""
-    for name, p in sub.choices.items():
+    for name, p in _parsers(sub):
         if name in MEASURING:
             p.add_argument("--tf32", choices=["off", "keep"], default="off", help=TF32_HELP)
             p.set_defaults(measuring=True)
     if "env" in sub.choices:
         sub.choices["env"].add_argument("--device", choices=["cpu", "gpu"],
                                         help=f"describe this mlx device (default: ${DEVICE_VAR}, else mlx's choice)")
+
+
+def _parsers(sub, prefix: str = ""):
+    """(name, parser) of every command and nested subcommand ("replay check") of the subparsers ``sub``."""
+    for name, p in sub.choices.items():
+        yield prefix + name, p
+        for action in p._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                yield from _parsers(action, f"{prefix}{name} ")
 
 
 def env_device() -> str | None:

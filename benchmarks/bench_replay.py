@@ -1,0 +1,39 @@
+"""What a replayed projection costs: each replay recipe on one projection shape of the embedded Gemma (layer 0
+mlp.gate_proj, K=640, N=2048; seeded bf16 operands, 4-bit group-64 weights for the quantized recipes), and
+its cost as a multiple of a numpy float32 matmul of the same shape, both timed interleaved in one run, the
+fastest of each compared (gemmdrift.kernels.replay_check.speed_ratio; the issue's target is at most 10x,
+not met: see README Replay).
+"""
+
+REPLAY_KERNELS = ("cpu_simd_gemm", "gemv", "gemv_wide", "steel_gemm", "steel_gemm_splitk", "cuda_gemv",
+                  "cpu_qmm", "qmv_fast", "qmv_wide", "qmm_t")
+REPLAY_TS = (1, 8, 33)
+REPLAY_K, REPLAY_N = 640, 2048
+
+
+class ReplayCost:
+    """One replayed projection per case; the ratio to numpy's float32 matmul is tracked."""
+
+    params = (list(REPLAY_KERNELS), list(REPLAY_TS))
+    param_names = ["kernel", "T"]
+    timeout = 600
+    rounds = 1
+    repeat = (2, 5, 2.0)
+    warmup_time = 0.0
+
+    def setup(self, kernel, t):
+        from gemmdrift.kernels.replay_check import speed_ratio
+
+        self._ratio = speed_ratio
+        # One interleaved measurement per case (fastest of 5 pairs): the ratio is only meaningful within one run.
+        self.figures = speed_ratio(kernel, t, REPLAY_K, REPLAY_N, reps=5)
+
+    def time_replay(self, kernel, t):
+        self._ratio(kernel, t, REPLAY_K, REPLAY_N, reps=1)
+
+    def track_ratio_to_numpy_matmul(self, kernel, t):
+        """Seconds of the replay / seconds of numpy's float32 matmul of the same shape, same run."""
+        return self.figures["ratio"]
+
+    track_ratio_to_numpy_matmul.unit = "x numpy matmul"
+    track_ratio_to_numpy_matmul.version = "1"

@@ -1,0 +1,201 @@
+"""Replay, part 6: the whole model under replay (the library half of ``--kernels replay:<chip>[@variant]``).
+
+:func:`replayed` swaps every projection of every decoder layer and the LM head for a proxy (the one proxy
+mechanism, :func:`gemmdrift.taps.swapped`) that computes the call with the chip's recipe, picked per call
+from the call's T (rows = batch x sequence, as mlx folds a broadcast weight into M), and records which
+kernels and variants ran. Attention, norms, RoPE and the cache stay on this machine's kernels. A replayed
+result is a prediction for that chip, not a measurement on it; :class:`ReplayLog` says so and what ran.
+
+:class:`KernelsOption` is the ``--kernels`` flag; ``stack`` takes it (``kernels``, ``diverge`` and
+``triage`` not yet).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+import numpy as np
+
+from ..errors import GemmdriftError
+from ..taps import swapped, to_numpy
+from .capture import LM_HEAD, projections
+from .replay import variant_name
+from .replay_core import min_nonzero
+from .replay_paths import installed_mlx, parse_chip, plan_for, run_plan
+
+
+@dataclass
+class ReplayLog:
+    """What a replayed run computed: chip, release, variant, and (op, kernel, variant, T) call counts."""
+
+    chip: str
+    mlx_version: str
+    variant: str
+    calls: Counter = field(default_factory=Counter)
+
+    def record(self) -> dict[str, Any]:
+        return {"prediction": True, "chip": self.chip, "mlx_version": self.mlx_version,
+                "variant": self.variant or "default",
+                "replayed": "every projection of every decoder layer and the LM head",
+                "not_replayed": "attention, norms, RoPE, embeddings lookup and the cache (this machine's kernels)",
+                "calls": [{"projection": p, "kernel": k, "variant": v, "T": t, "count": n}
+                          for (p, k, v, t), n in sorted(self.calls.items())]}
+
+
+class _Replay:
+    """Stands in for one linear (or the tied embedding's ``as_linear``): the chip's recipe for every call."""
+
+    def __init__(self, module, name: str, chip, variant, version: str, log: ReplayLog, dtype: str):
+        import mlx.nn as nn
+
+        self._module = module
+        self._name, self._chip, self._variant, self._version, self._log = name, chip, variant, version, log
+        self._dtype = dtype
+        quantized = isinstance(module, (nn.QuantizedLinear, nn.QuantizedEmbedding))
+        if quantized and getattr(module, "mode", "affine") != "affine":
+            raise GemmdriftError(f"{name}: replay has affine recipes only, not {module.mode}")
+        if quantized:
+            self._quant = (np.array(module["weight"]), to_numpy(module["scales"]), to_numpy(module["biases"]),
+                           module.bits, module.group_size)
+            self._w = None
+            self._n = module["scales"].shape[0]
+        else:
+            self._quant = None
+            self._w = to_numpy(module["weight"])
+            self._n = self._w.shape[0]
+        # The weight's smallest magnitude decides FTZ together with x's: computed once, not per call.
+        self._w_min = None if self._w is None else min_nonzero(self._w)
+        self._b = to_numpy(module["bias"]) if "bias" in module else None
+
+    def __getattr__(self, name):
+        return getattr(self._module, name)
+
+    def _replay(self, x):
+        import mlx.core as mx
+
+        from ..taps import storage_dtype_name
+
+        shape = x.shape
+        rows = to_numpy(x).reshape(-1, shape[-1])
+        T, K = rows.shape
+        dtype = storage_dtype_name(x.dtype)
+        op = "matmul" if self._quant is None else "quantized_matmul"
+        q = {} if self._quant is None else {"bits": self._quant[3], "group_size": self._quant[4]}
+        plan = plan_for(self._chip, op, T=T, K=K, N=self._n, dtype=dtype, mlx_version=self._version,
+                        variant=self._variant, **q)
+        y = run_plan(plan, rows, dtype=dtype, w=self._w, bias=self._b, quant=self._quant, w_min=self._w_min).y
+        self._log.calls[(self._name, plan.recipe.kernel, variant_name(plan.variant), T)] += 1
+        return mx.array(y.reshape(*shape[:-1], self._n)).astype(x.dtype)  # exact: y holds values of the dtype
+
+    def __call__(self, x, *args, **kwargs):
+        return self._replay(x)
+
+
+class _ReplayHead(_Replay):
+    """The tied embedding: lookups stay the embedding's, ``as_linear`` is replayed."""
+
+    def __call__(self, x, *args, **kwargs):
+        return self._module(x, *args, **kwargs)
+
+    def as_linear(self, x):
+        return self._replay(x)
+
+
+@contextlib.contextmanager
+def replayed(lm, chip: str, variant: str | None = None, mlx_version: str | None = None) -> Iterator[ReplayLog]:
+    """Every projection and the LM head of ``lm`` computed with ``chip``'s recipes, for the duration.
+
+    Yields the :class:`ReplayLog` of the calls. The model is restored afterwards, even on error.
+    """
+    import mlx.nn as nn
+
+    c = parse_chip(chip)
+    version = mlx_version or installed_mlx()
+    log = ReplayLog(c.name, version, variant or "")
+    dtype = lm.description.dtype
+    slots = []
+    for p in projections(lm):
+        if p.name == LM_HEAD:
+            owner, key = _head_slot(lm, p.module)
+            proxy = _ReplayHead(p.module, p.name, c, variant, version, log, dtype) if isinstance(
+                p.module, (nn.Embedding, nn.QuantizedEmbedding)) else _Replay(p.module, p.name, c, variant, version,
+                                                                               log, dtype)
+            slots.append((owner, key, proxy))
+        else:
+            slots.append((p.parent, p.attr, _Replay(p.module, f"{p.layer}:{p.name}", c, variant, version, log, dtype)))
+    with swapped(slots):
+        yield log
+
+
+class KernelsOption:
+    """``--kernels replay:<chip>[@variant]`` of a measuring command (or nothing: this machine's kernels).
+
+    Parsed and checked before any model loads; :meth:`installed` swaps the recipes in for the run,
+    ``workers`` keeps the run in this process (the proxies live here), ``checkpoint`` keeps a replayed
+    run's checkpoint apart from a measured one, and :meth:`label` puts the :class:`ReplayLog` into the
+    result (``details["replay"]``, ``inputs["kernels"]``): a prediction for that chip, not a measurement.
+    """
+
+    def __init__(self, text: str | None, *, ladder: bool = False):
+        self.text = (text or "").strip()
+        self.chip = self.variant = None
+        self.log: ReplayLog | None = None
+        if not self.text or self.text == "native":
+            self.text = ""
+            return
+        kind, _, rest = self.text.partition(":")
+        if kind != "replay" or not rest:
+            raise GemmdriftError(f"--kernels {text!r}: expected replay:<chip>[@<variant>] (chips: cpu, M1, M3, M5, "
+                                 "sm90 or any chip name) or native")
+        from .replay import check_variant_text
+
+        chip, _, variant = rest.partition("@")
+        parse_chip(chip)
+        check_variant_text(variant)
+        if ladder:
+            raise GemmdriftError("--ladder with --kernels: the float32 rung runs another model copy, not replayed")
+        self.chip, self.variant = chip, variant or None
+
+    @property
+    def workers(self) -> int | None:
+        return 1 if self.text else None
+
+    @property
+    def checkpoint(self) -> str:
+        import re
+
+        return "checkpoint" if not self.text else "checkpoint-" + re.sub(r"[^A-Za-z0-9_.-]+", "_", self.text)
+
+    @contextlib.contextmanager
+    def installed(self, lm) -> Iterator[ReplayLog | None]:
+        if not self.text:
+            yield None
+            return
+        with replayed(lm, self.chip, self.variant) as log:
+            self.log = log
+            yield log
+
+    def label(self, result):
+        """The result with what was replayed (unchanged without --kernels)."""
+        if not self.text or self.log is None:
+            return result
+        import dataclasses
+
+        return dataclasses.replace(result, inputs={**result.inputs, "kernels": self.text},
+                                   details={**result.details, "replay": self.log.record()})
+
+
+def _head_slot(lm, head) -> tuple[Any, str]:
+    """(container, key) holding the LM head module: an ``lm_head`` linear or the tied ``embed_tokens``."""
+    for _, mod in lm.model.named_modules():
+        if isinstance(mod, dict):
+            for key, value in mod.items():
+                if value is head:
+                    return mod, key
+    raise GemmdriftError("cannot find the module holding the LM head")
+
+
+__all__ = ["ReplayLog", "replayed", "KernelsOption"]

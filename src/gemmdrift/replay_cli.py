@@ -1,0 +1,147 @@
+"""``gemmdrift replay check``: does this device's kernel bits equal a replay recipe, and which variant?
+
+On the device it runs on, the real kernels (``mx.matmul``, ``mx.quantized_matmul``) and every variant of
+the device's recipes run on the same rows captured from one forward pass of the model; per path and T the
+command says which variant is bit-identical, or how many ULPs the nearest is off. On a Mac this tells its
+user whether the predictions hold for their chip; on this Linux CPU it must find ``replay:cpu`` identical
+everywhere. ``--chip`` replays another chip's recipes against this device (a prediction, expected to
+differ). Every input error is a one-line message and exit 2 before the model loads.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from .errors import GemmdriftError
+
+DEFAULT_TOKENS = 96
+
+
+def add_parser(sub) -> None:
+    """Register ``replay`` (with its ``check`` subcommand) on the CLI's subparsers."""
+    p = sub.add_parser("replay", help="replay mlx's GPU/CPU reduction orders in float32; `replay check` tests them "
+                                      "against this device's kernels bit for bit")
+    rsub = p.add_subparsers(dest="replay_command", parser_class=type(p), metavar="SUBCOMMAND")
+    s = rsub.add_parser("check", help="real kernels vs every variant of the device's recipes on captured rows")
+    g = s.add_argument_group("model")
+    g.add_argument("--model", default="embedded", help="'embedded' (default), a Gemma 3 .gguf or an mlx-lm directory")
+    g.add_argument("--dtype", default="bfloat16", help="compute dtype (default bfloat16)")
+    g.add_argument("--device", choices=["cpu", "gpu"], help="mlx device (default: mlx's own choice)")
+    s.add_argument("--tokens", type=int, default=DEFAULT_TOKENS,
+                   help=f"tokens of the built-in essay prompt for the capture pass (default {DEFAULT_TOKENS})")
+    s.add_argument("--layers", help="decoder layers, e.g. 0,17 (default all; the LM head is layer N)")
+    s.add_argument("--projections", help="comma-separated names, e.g. q_proj,lm_head (default all)")
+    s.add_argument("--paths", default="dense:bfloat16,dense:float32,quant:affine-q4-g64,quant:affine-q8-g64",
+                   help="dense:<dtype> and quant:affine-q{4,8}-g64 (default: all four)")
+    s.add_argument("--ts", default="1,2,3,4,8,16,33", help="block sizes (default 1,2,3,4,8,16,33)")
+    s.add_argument("--rows", type=int, default=33, help="distinct captured rows per projection (default 33)")
+    s.add_argument("--chip", help="whose recipes (default: this device's; e.g. M3, M1, sm90, cpu)")
+    s.add_argument("--variant", default="all", help="'all' (default) or one variant, e.g. mma=H2,dot4=pairwise")
+    s.add_argument("--head-rows", type=int, help="check only the first rows of the LM head (default: all of it)")
+    s.add_argument("--mlx-version", help="the release whose recipes are replayed (default: the installed one)")
+    s.add_argument("--out", default="results/replay-check",
+                   help="output directory (default results/replay-check; an interrupted run resumes from its checkpoint)")
+    s.add_argument("--json", action="store_true",
+                   help="print one JSON record per (path, T, variant) on stdout (progress goes to stderr)")
+    s.set_defaults(func=cmd_replay_check)
+    p.set_defaults(func=lambda args: _no_subcommand(p))
+
+
+def _no_subcommand(p) -> int:
+    p.print_help()
+    return 2
+
+
+def _ints(text: str, flag: str) -> list[int]:
+    try:
+        out = [int(t) for t in str(text).split(",") if t.strip()]
+    except ValueError:
+        raise GemmdriftError(f"{flag}: expected numbers like 1,2,33, got {text!r}") from None
+    if not out:
+        raise GemmdriftError(f"{flag}: empty list")
+    return out
+
+
+def cmd_replay_check(args) -> int:
+    from . import checks
+    from .dispatch import parse_version
+    from .kernels.replay import check_variant_text
+    from .kernels.replay_check import check_paths
+    from .kernels.replay_paths import parse_chip
+
+    # Everything that needs no model, first.
+    ts = _ints(args.ts, "--ts")
+    if min(ts) < 1:
+        raise GemmdriftError(f"--ts: block sizes must be positive, got {min(ts)}")
+    layers = _ints(args.layers, "--layers") if args.layers else None
+    checks.check_positive(rows=args.rows, tokens=args.tokens, head_rows=args.head_rows)
+    paths = check_paths([p.strip() for p in args.paths.split(",") if p.strip()])
+    chip = parse_chip(args.chip) if args.chip else None
+    if args.variant != "all":
+        check_variant_text(args.variant)
+    if args.mlx_version:
+        parse_version(args.mlx_version)
+    checks.check_out_dir(args.out)
+
+    from . import kernels, store
+    from .envinfo import environment, select_device
+    from .kernels.replay_check import check_replay
+    from .models import load_model
+    from .prompts import builtin_text
+
+    select_device(args.device)
+    lm = load_model(args.model, dtype=args.dtype)
+    names = args.projections.split(",") if args.projections else None
+    projs = kernels.projections(lm, layers=layers, names=names)
+    if lm.tokenizer is None:
+        raise GemmdriftError("replay check captures rows from the built-in prompt: the model needs a tokenizer")
+    ids = lm.tokenizer.encode(builtin_text("essay"))[: args.tokens]
+    inputs = kernels.capture_inputs(lm, ids, projs, max_rows=args.rows)
+    progress = (lambda m: print("  " + m, file=sys.stderr, flush=True))
+    result = check_replay(lm, inputs, projs, [p.text for p in paths], ts, chip=chip, variants=args.variant,
+                          head_rows=args.head_rows, env=environment(), mlx_version=args.mlx_version,
+                          progress=progress, checkpoint=Path(args.out) / "checkpoint")
+    store.write_result(result, args.out, draw=False)
+    records = result.details["records"]
+    if args.json:
+        from .files import to_json
+
+        print(to_json({"chip": result.inputs["chip"], "device_chip": result.inputs["device_chip"],
+                       "mlx_version": result.inputs["mlx_version"], "prediction": result.inputs["prediction"],
+                       "records": records}))
+    else:
+        print(text(result) + f"\n\nwritten to {Path(args.out)}/")
+    return 0
+
+
+def text(result) -> str:
+    """Per path and T: the identical variants, else the nearest and its ULP distance."""
+    records = result.details["records"]
+    inp = result.inputs
+    head = (f"== replay check: recipes of {inp['chip']} (mlx {inp['mlx_version']}) against this device "
+            f"({inp['device_chip'] or 'unknown chip'})" + (" -- a prediction, not this device's own recipes"
+                                                            if inp["prediction"] else ""))
+    lines = [head]
+    by: dict[tuple[str, int], list[dict]] = {}
+    for r in records:
+        by.setdefault((r["path"], r["T"]), []).append(r)
+    for (path, T), rs in sorted(by.items()):
+        same = [r["variant"] for r in rs if r["identical"]]
+        kernel = rs[0]["kernel"] or "-"
+        if same:
+            lines.append(f"{path:22s} T={T:<4d} {kernel:18s} identical: {', '.join(same)}")
+        else:
+            done = [r for r in rs if r["max_ulp"] is not None]
+            if not done:
+                lines.append(f"{path:22s} T={T:<4d} {kernel:18s} not replayed: {rs[0]['note']}")
+                continue
+            best = min(done, key=lambda r: r["max_ulp"])
+            lines.append(f"{path:22s} T={T:<4d} {kernel:18s} none identical; nearest {best['variant']} at "
+                         f"{best['max_ulp']:g} ulp")
+    n_same = sum(1 for rs in by.values() if any(r["identical"] for r in rs))
+    lines.append(f"{n_same} of {len(by)} (path, T) cells have a bit-identical variant")
+    return "\n".join(lines)
+
+
+__all__ = ["add_parser", "cmd_replay_check", "text"]

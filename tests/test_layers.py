@@ -31,6 +31,7 @@ RANKS = {
     "kernels.capture": 5, "kernels.paths": 6, "kernels.table": 7, "kernels.ops": 8, "kernels.runs": 9,
     "kernels": 10, "stack": 5, "diverge": 5, "history": 5,
     "fingerprint": 11, "state": 5, "batch": 6, "server": 6,
+    "exact_cache": 0, "cache_designs": 0, "plugins": 1, "cachebench": 6, "serve_launch": 7, "draft_self": 4,
     # downstream of a Result
     "summaries": 12, "plots": 12,
     "legacy": 13,

@@ -410,7 +410,7 @@ def test_cli_diverge_rollback_exact(tmp_path):
     assert s["triage"]["stream_b_check"]["first_outside"] is None
     meta = json.loads((tmp_path / "out" / "meta.json").read_text())
     assert meta["inputs"]["rollback"] == "exact"
-    assert_user_error(gd("diverge", "--model", str(tmp_path / "m"), "--rollback", "undo"), "invalid choice")
+    assert_user_error(gd("diverge", "--model", str(tmp_path / "m"), "--rollback", "undo"), "mlx-lm, exact or module:function")
 
 
 def test_exact_rollback_benchmark_summarises_both_rollbacks(monkeypatch):

@@ -12,6 +12,7 @@ import json
 import sys
 from pathlib import Path
 
+from . import cachebench
 from . import defaults as D
 from . import dispatch_cli, goldcli, replay_cli, runenv
 from .errors import GemmdriftError
@@ -173,6 +174,7 @@ def cmd_stack(args) -> int:
     check_positive(split=args.split)
     check_range_text(args.positions, "--positions")
     check_range_text(args.logit_positions, "--logit-positions")
+    impl, _ = cachebench.precheck(args)
     from .kernels.replay_model import KernelsOption
 
     kopt = KernelsOption(args.kernels, ladder=args.ladder)  # replay:<chip>[@variant]: checked before loading
@@ -188,11 +190,12 @@ def cmd_stack(args) -> int:
     positions = parse_range(args.positions, n, "--positions")
     logit_positions = parse_range(args.logit_positions, n, "--logit-positions")
     print(f"gemmdrift stack: {describe(lm.description)}; {n} tokens ({label}); split {split}", file=sys.stderr)
-    with kopt.installed(lm):
+    with kopt.installed(lm), cachebench.stack_caches(impl, lm) as impl_record:
         result = measure_stack(lm, ids, args.schedules, split=split, positions=positions,
                                logit_positions=logit_positions, local=not args.no_local, ladder=args.ladder,
                                checkpoint=Path(args.out) / kopt.checkpoint, env=environment(),
-                               record={"prompt": label}, workers=kopt.workers)
+                               record={"prompt": label, **impl_record},
+                               workers=1 if impl is not None else kopt.workers)  # the plug-in lives in this process
     _write_and_print(args, kopt.label(result), args.out)
     return 0
 
@@ -288,6 +291,7 @@ def cmd_diverge(args) -> int:
         if value <= 0:
             raise GemmdriftError(f"{flag} must be positive, got {value}")
     _precheck(args)
+    impl, rb = cachebench.precheck(args)
     texts = None
     if args.prompts is not None:
         if any(x is not None for x in (args.prompt, args.prompt_file, args.prompt_ids)):
@@ -307,6 +311,7 @@ def cmd_diverge(args) -> int:
     if args.rollback != "mlx-lm":  # the default leaves resumable checkpoints of earlier runs valid
         opts["rollback"] = args.rollback
     record = {**opts, "draft": args.draft or "self", "draft_quantize": args.draft_quantize, "rollback": args.rollback}
+    cachebench.diverge_options(impl, rb, lm, draft, opts, record)
     out = Path(args.out)
     env = environment()
     print(f"gemmdrift diverge: {describe(lm.description)}", file=sys.stderr)
@@ -394,10 +399,11 @@ def cmd_state(args) -> int:
         raise GemmdriftError(f"--compute-limit must be positive, got {args.compute_limit}")
     if args.workers is not None and args.workers < 1:
         raise GemmdriftError(f"--workers must be at least 1, got {args.workers}")
+    impl, _ = cachebench.precheck(args)
     out = store.check_out_dir(args.out)
     lm = _load(args)
     print(f"gemmdrift state: {describe(lm.description)}", file=sys.stderr)
-    r = state.measure_state(lm, operations=ops, where=where, ks=ks, ladder=not args.no_ladder,
+    r = cachebench.state_measure(impl)(lm, operations=ops, where=where, ks=ks, ladder=not args.no_ladder,
                             envelope=args.envelope, compute_limit=args.compute_limit, caches=caches,
                             workers=args.workers, checkpoint=out)
     written = store.write_result(r, out)
@@ -598,15 +604,15 @@ def cmd_server(args) -> int:
     check_companions(args.companions)
     if args.model.startswith("shape:"):
         raise GemmdriftError("the server needs a real checkpoint: 'embedded', a Gemma 3 .gguf or an mlx-lm directory")
-    if args.draft is not None and not Path(args.draft).expanduser().is_dir():
-        raise GemmdriftError(f"--draft {args.draft}: not an mlx-lm directory")
+    impl, rb = cachebench.precheck(args)  # --cache-impl, --rollback and --draft self:N, before any server
     prompt = read_prompt_text(args.prompt, args.prompt_file)
     prompt = builtin_text("essay") if prompt is None else prompt
     store.check_out_dir(args.out)
     companions = (builtin_prompts() * args.companions)[: args.companions]
     r = measure_server(args.model, prompt, args.n, cases=cases, draft=args.draft, num_draft=args.num_draft,
                        companions=companions, triage=not args.no_triage,
-                       progress=lambda m: print("  " + m, file=sys.stderr, flush=True), checkpoint=args.out)
+                       progress=lambda m: print("  " + m, file=sys.stderr, flush=True), checkpoint=args.out,
+                       plugins={"cache_impl": args.cache_impl, "rollback": args.rollback}, records=cachebench.records(impl, rb))
     _write_and_print(args, r, args.out, note="(streams/*.json feed `gemmdrift triage`)")
     return 0
 
@@ -631,6 +637,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--ladder", action="store_true", help="rerun at float32: rounding shrinks, semantic differences do not")
     s.add_argument("--kernels", help="replay:<chip>[@variant]: every projection and the LM head computed with that "
                                      "chip's replayed kernel orders (a prediction; see README Replay)")
+    cachebench.add_arguments(s, rollback=False)
     _add_output(s, "results/stack")
     s.set_defaults(func=cmd_stack)
 
@@ -669,9 +676,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--context", help="prefix every prompt of --prompts with a built-in text (e.g. essay) to cross the sliding window")
     s.add_argument("--no-triage", action="store_true", help="only report the divergence")
     s.add_argument("--envelope", type=float, help="use this envelope (max |Δgap|, logits) instead of measuring it")
-    s.add_argument("--rollback", choices=["mlx-lm", "exact"], default="mlx-lm",
-                   help="speculative stream: mlx-lm's speculative_generate_step (default), or the same loop with an "
-                        "exact cache rollback (snapshots restored where trim_prompt_cache refuses)")
+    s.add_argument("--rollback", default="mlx-lm", help="speculative stream: mlx-lm's speculative_generate_step "
+                   "(default), exact (snapshots restored where trim_prompt_cache refuses) or module:function (its rewind)")
+    cachebench.add_arguments(s, rollback=False)
     _add_output(s, "results/diverge")
     s.set_defaults(func=cmd_diverge)
 
@@ -704,6 +711,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--workers", type=int,
                    help="processes sharing the sweep, each loading the model (default: 2 on a CPU with 2+ cores, "
                         "else 1; the table is the same)")
+    cachebench.add_arguments(s, rollback=False)
     _add_output(s, "results/state")
     s.set_defaults(func=cmd_state)
 
@@ -779,10 +787,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--prompt-file", help="file with the prompt text")
     s.add_argument("--n", type=int, default=64, help="tokens per request (default 64)")
     s.add_argument("--cases", default="draft,concurrent,conversation", help="which comparisons (default all three)")
-    s.add_argument("--draft", help="--draft-model directory (default: a 4-bit re-quantized copy of the target, cached)")
+    s.add_argument("--draft", help="--draft-model directory or self:N, the target's first N layers (default: a 4-bit "
+                                   "re-quantized copy of the target, cached)")
     s.add_argument("--num-draft", type=int, default=2, help="--num-draft-tokens (default 2)")
     s.add_argument("--companions", type=int, default=3, help="concurrent companion requests (default 3)")
     s.add_argument("--no-triage", action="store_true", help="only report the divergences")
+    cachebench.add_arguments(s, rollback=True)
     _add_output(s, "results/server")
     s.set_defaults(func=cmd_server)
 

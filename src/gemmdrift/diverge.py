@@ -339,14 +339,17 @@ def _teacher_forced(lm, *, tokens, schedule: str, split, positions, logit_positi
 def diverge(lm, prompt: Sequence[int], n: int, *, k: int = defaults.DIVERGE_K, draft=None,
             prefill_a: int = defaults.PREFILL_PLAIN, prefill_b: int = defaults.PREFILL_SPECULATIVE,
             plain_vs: str = "speculative", do_triage: bool = True, envelope: float | None = None,
-            rollback: str = "mlx-lm", workers: int | None = None) -> dict[str, Any]:
+            rollback: str = "mlx-lm", workers: int | None = None, cache_impl: str | None = None) -> dict[str, Any]:
     """Greedy generation of ``n`` tokens under two schedules, first divergence, and its triage.
 
     Args:
         plain_vs: 'speculative' (plain generate vs speculative generate, mlx-lm's defaults)
             or 'prefill' (plain generate with prefill_a vs plain generate with prefill_b).
-        rollback: 'mlx-lm' (speculative_generate_step itself) or 'exact' (the same loop with an
-            exact cache rollback, :func:`generate_speculative_exact`).
+        rollback: 'mlx-lm' (speculative_generate_step itself), 'exact' (the same loop with an
+            exact cache rollback, :func:`generate_speculative_exact`) or ``module:function``
+            (speculative_generate_step with that function as its rewind step, :mod:`gemmdrift.plugins`).
+        cache_impl: ``module:factory`` making the speculative stream's target and draft caches
+            (:mod:`gemmdrift.cachebench`); the plain stream keeps mlx-lm's own caches (the reference).
         workers: processes for the two streams and the triage's two teacher-forced runs
             (:mod:`gemmdrift.workers`; default 2 on a multi-core CPU, one elsewhere). When both streams
             prefill the prompt in the same chunks and the draft is the target itself, the prefill is computed
@@ -355,8 +358,8 @@ def diverge(lm, prompt: Sequence[int], n: int, *, k: int = defaults.DIVERGE_K, d
             leave; a copy sent to another process keeps its buffers). Each stream is the same computation
             either way.
     """
-    if rollback not in ("mlx-lm", "exact"):
-        raise GemmdriftError(f"unknown rollback {rollback!r} (mlx-lm or exact)")
+    if rollback not in ("mlx-lm", "exact") and ":" not in rollback:
+        raise GemmdriftError(f"unknown rollback {rollback!r} (mlx-lm, exact or module:function)")
     if plain_vs not in ("speculative", "prefill"):
         raise GemmdriftError(f"unknown comparison {plain_vs!r} (speculative or prefill)")
     from .workers import check_workers, pool, run_jobs
@@ -364,11 +367,13 @@ def diverge(lm, prompt: Sequence[int], n: int, *, k: int = defaults.DIVERGE_K, d
     prompt = [int(t) for t in prompt]
     _check_prompt(prompt, n)
     jobs = [dict(kind="plain", prompt=prompt, n=n, prefill=prefill_a),
-            dict(kind=plain_vs, prompt=prompt, n=n, prefill=prefill_b, k=k, rollback=rollback)]
+            dict(kind=plain_vs, prompt=prompt, n=n, prefill=prefill_b, k=k, rollback=rollback,
+                 **({"cache_impl": cache_impl} if cache_impl else {}))]
     schedules = [plain_schedule(prefill_a), speculative_schedule(prefill_b, k) if plain_vs == "speculative"
                  else plain_schedule(prefill_b)]
     n_workers = check_workers(lm, workers, 2) if draft is None else 1  # a separate draft lives here only
-    shareable = draft is None and _prefills_alike(prompt, schedules)
+    # A plug-in's caches start empty in its own stream (the shared prefill is mlx-lm's caches).
+    shareable = draft is None and cache_impl is None and ":" not in rollback and _prefills_alike(prompt, schedules)
     prefix = None
     with contextlib.ExitStack() as stack:
         # The other process starts (and loads the model) while this one prefills.
@@ -431,7 +436,7 @@ def _prompt_prefix(lm, prompt: list[int], schedules: Sequence[str]) -> Prefix | 
 
 
 def _stream_job(lm, *, kind: str, prompt: list[int], n: int, prefill: int, k: int = 0, rollback: str = "mlx-lm",
-                draft=None, prefix: Prefix | None = None):
+                draft=None, prefix: Prefix | None = None, cache_impl: str | None = None):
     """One greedy stream of :func:`diverge` (module level: the two streams may run in two processes).
 
     ``prefix``: the caches after ``prompt[:-1]``, prefilled in the chunks this stream's generator uses (the
@@ -452,6 +457,14 @@ def _stream_job(lm, *, kind: str, prompt: list[int], n: int, prefill: int, k: in
     if kind == "plain" or kind == "prefill":
         return generate_plain(lm.model, prompt, n, prefill_step=prefill, prompt_cache=cache)
     speculative = generate_speculative_exact if rollback == "exact" else generate_speculative
+    if cache_impl is not None or ":" in rollback:  # a plug-in under test (loaded here: this may be a worker)
+        from .plugins import load_cache_impl, load_rollback, make_caches, rollback_installed
+
+        if cache_impl is not None:
+            impl = load_cache_impl(cache_impl)
+            cache = make_caches(impl, lm.model) + make_caches(impl, draft if draft is not None else lm.model)
+        with rollback_installed(load_rollback(rollback).obj if ":" in rollback else None):
+            return speculative(lm.model, prompt, n, k=k, draft=draft, prefill_step=prefill, prompt_cache=cache)
     return speculative(lm.model, prompt, n, k=k, draft=draft, prefill_step=prefill,
                        prompt_cache=None if cache is None else cache + copy_cache(prefix.cache))
 

@@ -616,7 +616,7 @@ DRAW["fingerprint"] = fingerprint_figures
 # ---- state
 
 STATE_COLORS = {"EXACT": "#3a9d5d", "rounding": "#e3c542", "STATE BUG": "#c8423b", "not applicable": "#c9c9c9",
-                "not checked": "#8fb3d9"}
+                "not checked": "#8fb3d9", "refused": "#7a3b8f"}
 
 
 def state_grid(table: pd.DataFrame, title: str = ""):
@@ -625,7 +625,7 @@ def state_grid(table: pd.DataFrame, title: str = ""):
     from matplotlib.patches import Patch
 
     order = ["below", "at", "past", "far", ""]
-    worst = ["STATE BUG", "rounding", "EXACT", "not applicable", "not checked"]
+    worst = ["STATE BUG", "refused", "rounding", "EXACT", "not applicable", "not checked"]
     keys = list(dict.fromkeys(zip(table["cache"], table["operation"])))
     cols = [w for w in order if (table["where"].fillna("") == w).any()]
     fig, ax = plt.subplots(figsize=(2.2 + 1.3 * len(cols), 0.8 + 0.32 * len(keys)))

@@ -346,6 +346,9 @@ def _state_part(d: Path, env: dict[str, Any]) -> tuple[list[Block], list[str]]:
         wheres = ", ".join(dict.fromkeys(str(w) for w in g["where"]))
         reading.append(f"State: `{cache}` `{op}` is not exact in {len(g)} cases ({wheres}); first: "
                        f"{r0['params']} — {r0['reason']}.")
+    for (cache, op), g in t[t["verdict"] == "refused"].groupby(["cache", "operation"], sort=False):
+        reading.append(f"State: the implementation under test refused `{cache}` `{op}` in {len(g)} cases (it "
+                       f"raised); first: {g.iloc[0]['params']} — {g.iloc[0]['reason']}.")
     exact = t.groupby(["cache", "operation"])["verdict"].agg(lambda v: set(v) == {"EXACT"})
     clean = [f"{c} {o}" for (c, o), ok in exact.items() if ok]
     if clean:

@@ -72,6 +72,7 @@ class Verdict(str, enum.Enum):
     STATE_BUG = "STATE BUG"  # outside the envelope, or refused and carried on
     NOT_APPLICABLE = "not applicable"  # the model has no cache the operation applies to
     NOT_CHECKED = "not checked"  # a cache class this gemmdrift does not know
+    REFUSED = "refused"  # a plug-in cache under test raised, or broke the cache protocol, in this case
 
     def __str__(self) -> str:  # f"{verdict}" gives the value, as files and tables show it
         return self.value

@@ -119,7 +119,7 @@ class MlxLmServer:
 
     def __init__(self, model_dir: str | os.PathLike, *, draft_dir: str | os.PathLike | None = None,
                  num_draft: int = 2, prompt_cache_size: int | None = None, port: int | None = None,
-                 start_timeout: float = 180.0, max_tokens: int = 512):
+                 start_timeout: float = 180.0, max_tokens: int = 512, plugins: dict[str, str] | None = None):
         self.model_dir = Path(model_dir)
         self.draft_dir = Path(draft_dir) if draft_dir else None
         self.num_draft = int(num_draft)
@@ -130,10 +130,15 @@ class MlxLmServer:
         self.proc: subprocess.Popen | None = None
         self._log: Path | None = None
         self.chat = False
+        # {"cache_impl": spec, "rollback": spec}: installed in the server process by gemmdrift.serve_launch.
+        self.plugins = {k: v for k, v in (plugins or {}).items() if v}
 
     # ------------------------------------------------------------ lifecycle
     def command(self) -> list[str]:
-        cmd = [sys.executable, "-m", "mlx_lm.server", "--model", str(self.model_dir), "--host", "127.0.0.1",
+        launch = ["-m", "mlx_lm.server"] if not self.plugins else (
+            ["-m", "gemmdrift.serve_launch"] + [f"--{k.replace('_', '-')}={v}" for k, v in sorted(self.plugins.items())]
+            + ["--"])
+        cmd = [sys.executable, *launch, "--model", str(self.model_dir), "--host", "127.0.0.1",
                "--port", str(self.port), "--temp", "0", "--max-tokens", str(self.max_tokens),
                "--prefill-step-size", str(PREFILL_STEP), "--log-level", "WARNING"]
         if self.draft_dir is not None:
@@ -394,7 +399,7 @@ def _prompt_ids(lm, prompt: str | list[dict], reply: Reply, what: str) -> list[i
 def run_cases(lm, model_dir: str | os.PathLike, prompt: str, n: int, *, cases: Sequence[str] = ("draft",
               "concurrent", "conversation"), draft_dir: str | os.PathLike | None = None, num_draft: int = 2,
               companions: Sequence[str] = (), follow_up: str = "\n\nContinue in one sentence:", triage: bool = True,
-              progress=None, reload=None, checkpoint=None) -> list[StreamPair]:
+              progress=None, reload=None, checkpoint=None, plugins: dict[str, str] | None = None) -> list[StreamPair]:
     """Run the server cases on one prompt; return one :class:`StreamPair` per case.
 
     ``lm`` is gemmdrift's model on the same checkpoint in the server's dtype
@@ -404,6 +409,8 @@ def run_cases(lm, model_dir: str | os.PathLike, prompt: str, n: int, *, cases: S
     ``checkpoint``: a :class:`gemmdrift.checkpoint.Checkpoints`; each finished case (its requests, then
     its triage) is saved there, and a case saved before is loaded: a server starts only for the cases
     still to run.
+    ``plugins``: ``{"cache_impl", "rollback"}`` specs installed in the draft case's server (the one under test;
+    the reference servers keep mlx-lm's); they are part of the draft case's checkpoint key.
     """
     from .diverge import first_divergence
     from .diverge import triage as run_triage
@@ -411,7 +418,7 @@ def run_cases(lm, model_dir: str | os.PathLike, prompt: str, n: int, *, cases: S
     say = progress or (lambda msg: None)
     pairs: list[StreamPair] = []
     companions = list(companions)
-    draft_key = str(draft_dir)  # as given: the default draft is made later, under the same key
+    draft_key = str(draft_dir) + plugin_key(plugins)  # as given: the default draft is made later, same key
     unit = lambda case: (case, prompt, n, num_draft, draft_key, companions, follow_up)  # noqa: E731
     done = {}
     for case in cases:
@@ -459,11 +466,12 @@ def run_cases(lm, model_dir: str | os.PathLike, prompt: str, n: int, *, cases: S
                 draft_dir = requantized_draft(model_dir)
             say(f"starting mlx_lm.server --draft-model {draft_dir} --num-draft-tokens {num_draft}")
             with MlxLmServer(model_dir, draft_dir=draft_dir, num_draft=num_draft, prompt_cache_size=0,
-                             max_tokens=n) as srv:
+                             max_tokens=n, plugins=plugins) as srv:
                 spec = srv.complete(as_request(lm, prompt), n)
             pairs.append(StreamPair("draft", "no draft", f"draft, {num_draft} tokens", ids, plain_alone.tokens,
                                     spec.tokens, PLAIN_SCHEDULE, f"prefill:{PREFILL_STEP},verify:{num_draft}",
-                                    plain_alone.seconds, spec.seconds, notes={"draft": str(draft_dir)}))
+                                    plain_alone.seconds, spec.seconds,
+                                    notes={"draft": str(draft_dir), **{k: v for k, v in (plugins or {}).items() if v}}))
             _save(checkpoint, unit, pairs[-1])
     pairs = sorted([*done.values(), *pairs], key=lambda p: CASE_ORDER.index(p.case))
     if reload is not None and triage and pairs:
@@ -478,6 +486,12 @@ def run_cases(lm, model_dir: str | os.PathLike, prompt: str, n: int, *, cases: S
 
 
 CASE_ORDER = ("concurrent", "conversation", "draft")  # the order run_cases makes them in
+
+
+def plugin_key(plugins: dict[str, str] | None) -> str:
+    """The part of a draft case's checkpoint key that names the plug-ins its server ran ('' without)."""
+    given = sorted((k, v) for k, v in (plugins or {}).items() if v)
+    return "" if not given else " +" + ",".join(f"{k}={v}" for k, v in given)
 
 
 def _save(checkpoint, unit, pair: StreamPair) -> None:
@@ -521,7 +535,7 @@ def stored_dtype(model_dir: Path) -> str:
 def measure_server(source: str, prompt: str, n: int, *, cases: Sequence[str] = ("draft", "concurrent", "conversation"),
                    draft: str | None = None, num_draft: int = 2, companions: Sequence[str] = (),
                    follow_up: str = "\n\nContinue in one sentence:", triage: bool = True, progress=None,
-                   checkpoint=None):
+                   checkpoint=None, plugins: dict[str, str] | None = None, records: dict[str, Any] | None = None):
     """Greedy streams through the real ``mlx_lm.server``: a Result of kind ``server``.
 
     Also runs mlx-lm's ``generate_step`` in this process on the same prompt
@@ -542,9 +556,15 @@ def measure_server(source: str, prompt: str, n: int, *, cases: Sequence[str] = (
     bad = sorted(set(cases) - {"draft", "concurrent", "conversation"})
     if bad or not cases:
         raise GemmdriftError(f"unknown server case(s) {', '.join(bad) or '(none)'}: use draft, concurrent, conversation")
-    if draft is not None and not Path(draft).expanduser().is_dir():
+    from .draft_self import parse_self, self_draft
+
+    self_layers = parse_self(draft) if draft is not None else None
+    if draft is not None and self_layers is None and not Path(draft).expanduser().is_dir():
         raise GemmdriftError(f"--draft {draft}: not an mlx-lm directory")
     model_dir = checkpoint_dir(source)
+    if self_layers is not None:  # the target's first layers (a test instrument), written once and cached
+        draft_label, draft = draft, str(self_draft(model_dir, self_layers))
+        records = {**(records or {}), "draft_spec": draft_label}
     dtype = stored_dtype(model_dir)
     plan = _memory_plan(model_dir, dtype, draft if "draft" in cases else None, "draft" in cases)  # before any load
     lm = load_model(str(model_dir), dtype=dtype)
@@ -569,23 +589,23 @@ def measure_server(source: str, prompt: str, n: int, *, cases: Sequence[str] = (
         reload = _free_weights(lm, lambda: load_model(str(model_dir), dtype=dtype).model)
     ck = Checkpoints(checkpoint, "server", lm.description)
     kw = dict(cases=cases, draft_dir=draft, num_draft=num_draft, companions=companions, follow_up=follow_up,
-              triage=triage)
+              triage=triage, plugins=plugins)
     try:
         pairs = run_cases(lm, model_dir, prompt, n, progress=say, reload=reload, checkpoint=ck, **kw)
     except KeyboardInterrupt:
         kept = []
         for case in cases:  # read back what finished (requests done, triage perhaps not)
-            d = ck.load(case, prompt, n, num_draft, str(draft), list(companions), follow_up)
+            d = ck.load(case, prompt, n, num_draft, str(draft) + plugin_key(plugins), list(companions), follow_up)
             if d is not None:
                 kept.append(StreamPair(**d))
         kept.sort(key=lambda p: CASE_ORDER.index(p.case))
         for p in kept:
             p.first_divergence = first_divergence(p.tokens_a, p.tokens_b)
         result = _server_result(lm, info, model_dir, dtype, prompt, n, cases, draft, num_draft, companions,
-                                follow_up, kept, ref, partial_inputs(len(kept), len(cases), "case")) if kept else None
+                                follow_up, kept, ref, {**partial_inputs(len(kept), len(cases), "case"), **(records or {})}) if kept else None
         raise Interrupted(result, len(kept), len(cases)) from None
     return _server_result(lm, info, model_dir, dtype, prompt, n, cases, draft, num_draft, companions, follow_up,
-                          pairs, ref, {})
+                          pairs, ref, dict(records or {}))
 
 
 def _server_result(lm, info, model_dir, dtype, prompt, n, cases, draft, num_draft, companions, follow_up, pairs,

@@ -90,7 +90,10 @@ OPERATIONS = {
     "save_load": "cache.save_prompt_cache + cache.load_prompt_cache",
     "server_reuse": "cache.LRUPromptCache.fetch_nearest_cache (PromptTrie.search, trim_prompt_cache)",
     "batch": "cache.<class>.merge + extend/filter + extract",
+    # Not in the default sweep (the tracked counts stay comparable); run with --ops or --cache-impl.
+    "draft_trim": "generate.speculative_generate_step/_rewind_cache -> trim_prompt_cache(draft_cache) after T=1 drafts",
 }
+DEFAULT_OPERATIONS = tuple(o for o in OPERATIONS if o != "draft_trim")
 
 # Cache classes of mlx_lm.models.cache this module knows how to read in temporal order.
 KNOWN_CLASSES = ("KVCache", "RotatingKVCache", "QuantizedKVCache", "ConcatenateKVCache", "ChunkedKVCache",
@@ -170,7 +173,7 @@ def read_cache(c) -> dict[str, Any]:
         if c.offset.size != 1:
             raise GemmdriftError("read_cache reads one-sequence batch caches; extract() the sequence first")
         return read_cache(c.extract(0))
-    if isinstance(c, C.RotatingKVCache):
+    if isinstance(c, C.RotatingKVCache) or _rotating_like(c):
         if c.keys is None:
             return {"class": name, "offset": c.offset, "fields": (c.keep, c.max_size), "arrays": [], "short": False}
         n = min(c.offset, c.max_size - 1)
@@ -191,12 +194,27 @@ def read_cache(c) -> dict[str, Any]:
         arrays = [] if c.keys is None else [c.keys[..., :end, :], c.values[..., :end, :]]
         return {"class": name, "offset": c.offset, "fields": (c.chunk_size, c.start_position), "arrays": arrays,
                 "short": c.keys is not None and c.keys.shape[2] < end}
-    if type(c) is C.KVCache or (isinstance(c, C.KVCache) and name not in KNOWN_CLASSES):
+    if type(c) is C.KVCache or (isinstance(c, (C.KVCache, _Foreign)) and name not in KNOWN_CLASSES):
         # KVCache and subclasses (e.g. a planted one in the tests) are read as KVCache.
         arrays = [] if c.keys is None else [c.keys[..., : c.offset, :], c.values[..., : c.offset, :]]
         return {"class": name, "offset": c.offset, "fields": (), "arrays": arrays,
                 "short": c.keys is not None and c.keys.shape[2] < c.offset}
     raise KeyError(name)
+
+
+def _rotating_like(c) -> bool:
+    """A plug-in cache with RotatingKVCache's fields (read as one: temporal order, last max_size - 1 entries)."""
+    return all(hasattr(c, a) for a in ("keys", "values", "offset", "max_size", "keep", "_temporal_order"))
+
+
+class _ForeignMeta(type):
+    """isinstance(c, _Foreign) -- a plug-in cache with KVCache's fields (keys, values, offset): read as one."""
+
+    def __instancecheck__(cls, c):
+        return type(c).__name__ not in KNOWN_CLASSES and all(hasattr(c, a) for a in ("keys", "values", "offset"))
+
+
+_Foreign = _ForeignMeta("_Foreign", (), {})
 
 
 def read_caches(cache: Sequence[Any]) -> list[dict[str, Any]]:
@@ -481,6 +499,8 @@ class Setup:
     make: Callable[[Any], list] | None  # model -> fresh caches; None: not applicable
     note: str = ""
     post: Callable[[list], list] | None = None  # applied after the prefix is poured in (kv_bits path)
+    plugin: bool = False  # a --cache-impl under test: where it raises, the case is REFUSED
+    trim_makers: dict[str, Callable[[], Any]] | None = None  # its classes for the model-free trim cases
 
     def build(self, lm, prefix: Prefix, n: int, dtype=None) -> list:
         cache = self.make(lm.model)
@@ -642,7 +662,12 @@ def rollback_cases(lm, setup: Setup, prefix: Prefix, p: int, ks: Sequence[int] =
         for r in range(k + 1):
             n = k - r
             op = copy.deepcopy(fed[k])
-            trimmed = trim_prompt_cache(op, r)  # generate.py _rewind_cache: trim_prompt_cache(model_cache, k - n)
+            try:
+                trimmed = trim_prompt_cache(op, r)  # generate.py _rewind_cache: trim_prompt_cache(model_cache, k - n)
+            except Exception as e:  # a plug-in's trim that raises: this case is refused, the others still run
+                cases.append({"k": k, "r": r, "n": n, "trimmed": 0, "diff": None, "h": None, "mat": mat,
+                              "raised": f"trim_prompt_cache raised {type(e).__name__}: {str(e)[:120]}"})
+                continue
             after_op = read_caches(op)
             d = compare_readings(after_op, refs[n][0])
             try:
@@ -657,7 +682,7 @@ def rollback_cases(lm, setup: Setup, prefix: Prefix, p: int, ks: Sequence[int] =
             cases.append({"k": k, "r": r, "n": n, "trimmed": int(trimmed), "diff": d, "h": len(rows_h),
                           "h_ref": refs[n][2], "mat": mat})
             rows_h.append(h)
-    live = [c for c in cases if c["h"] is not None]
+    live = [c for c in cases if c["h"] is not None and c["diff"] is not None]
     for c, ld in zip(live, logit_diffs(lm.model, [(rows_h[c["h"]], rows_h[c["h_ref"]]) for c in live])):
         c["diff"] = merge_diffs(c["diff"], ld)
     return cases
@@ -712,13 +737,14 @@ def _feed_direct(c, k, v) -> None:
 
 
 def trim_case(make: Callable[[], Any], p: int, block: int, n: int, via: str, *, kv=None,
-              continuation: Sequence[int] = (CONTINUATION, 1)) -> dict[str, Any]:
+              continuation: Sequence[int] = (CONTINUATION, 1), single: bool = False) -> dict[str, Any]:
     """Trim a cache directly: fill ``p`` positions, feed a block of ``block``, trim ``n``, continue.
 
     Reference: the same fill, a block of ``block - n``, the same continuation blocks.
     No model: the keys and values are seeded random numbers, so any difference is a
     state difference (data movement cannot round). ``via`` is 'trim' (the method)
-    or 'trim_prompt_cache' (mlx-lm's list function on ``[cache]``).
+    or 'trim_prompt_cache' (mlx-lm's list function on ``[cache]``). ``single``: the block is fed one
+    token at a time (the draft model's T=1 drafting before its rewind).
     """
     from mlx_lm.models.cache import can_trim_prompt_cache, trim_prompt_cache
 
@@ -731,8 +757,8 @@ def trim_case(make: Callable[[], Any], p: int, block: int, n: int, via: str, *, 
             for s in range(0, p, PREFILL_STEP):
                 _feed_direct(c, k[..., s:min(s + PREFILL_STEP, p), :], v[..., s:min(s + PREFILL_STEP, p), :])
         fed = block if trimmed_side else block - n
-        if fed:
-            _feed_direct(c, k[..., p:p + fed, :], v[..., p:p + fed, :])
+        for s0, s1 in ([(p + j, p + j + 1) for j in range(fed)] if single else [(p, p + fed)] if fed else []):
+            _feed_direct(c, k[..., s0:s1, :], v[..., s0:s1, :])
         info = {}
         if trimmed_side:
             info["can_trim"] = bool(can_trim_prompt_cache([c]))
@@ -999,6 +1025,11 @@ class _Float32:
         return False
 
 
+def _raised(s: Setup) -> Verdict:
+    """The verdict of a case that raised: a plug-in refused it; mlx-lm's own classes keep today's STATE BUG."""
+    return Verdict.REFUSED if s.plugin else Verdict.STATE_BUG
+
+
 def _progress(msg: str) -> None:
     print(f"gemmdrift state: {msg}", file=sys.stderr, flush=True)
 
@@ -1067,7 +1098,18 @@ def _sweep(lm, operations: Sequence[str], where: Sequence[str] | None, ks: Seque
                 _progress(f"rollback {s.name} {w} (prefix {p}): done before (resumed)")
                 continue
             cell = []
-            for c in rollback_cases(lm, s, prefix, p, ks_for(s.name)):
+            try:
+                found = rollback_cases(lm, s, prefix, p, ks_for(s.name))
+            except Exception as e:  # the cache could not even take the prefix or the block
+                found = [{"k": k, "r": r, "raised": f"raised {type(e).__name__}: {str(e)[:120]}"}
+                         for k in ks_for(s.name) for r in range(k + 1)]
+            for c in found:
+                if "raised" in c:  # refused: kept like the others, without a ladder rerun
+                    row = _row(s.name, "rollback", w, p, window, f"k={c['k']} r={c['r']}", _raised(s), c["raised"],
+                               k=c["k"], r=c["r"], note=s.note)
+                    add(row, None, True)
+                    cell.append({"row": row, "diff": asdict(Diff()), "refused": True, "k": c["k"], "r": c["r"]})
+                    continue
                 refused = c["r"] > 0 and c["trimmed"] < c["r"]
                 v, why, _ = judge(c["diff"], refused=refused,
                                   envelope=envelope)
@@ -1081,14 +1123,19 @@ def _sweep(lm, operations: Sequence[str], where: Sequence[str] | None, ks: Seque
             _progress(f"rollback {s.name} {w} (prefix {p}): {time.perf_counter() - t0:.1f} s")
 
     # b. trim, directly and through trim_prompt_cache (no model: synthetic keys, window 16)
-    if "trim" in operations or "trim_prompt_cache" in operations:
+    if any(o in operations for o in ("trim", "trim_prompt_cache", "draft_trim")):
         syn_window = 16
         syn = prefix_lengths(syn_window, 2)
         facts = class_factories(syn_window)
-        wanted = [name for name in facts if caches is None or name.split("(")[0] in caches]
+        plug = {n: f for s in setups for n, f in (s.trim_makers or {}).items()}
+        if plug:  # a plug-in is judged on its own classes, at their own window
+            facts = plug
+        wanted = [name for name in facts if plug or caches is None or name.split("(")[0] in caches]
         for name in wanted:
             make = facts[name]
-            for via in ("trim", "trim_prompt_cache"):
+            syn_window = getattr(make, "window", None) or 16
+            syn = prefix_lengths(syn_window, 2)
+            for via in ("trim", "trim_prompt_cache", "draft_trim"):
                 if via not in operations:
                     continue
                 if make == "absent":
@@ -1103,12 +1150,19 @@ def _sweep(lm, operations: Sequence[str], where: Sequence[str] | None, ks: Seque
                 for w, p in syn.items():
                     if w not in where:
                         continue
-                    for n, m in ((1, CONTINUATION), (2, CONTINUATION), (1, 1), (2, 1)):
-                        params = f"block=3 trim={n} then T={m}"
+                    # draft_trim: k = 3 drafting steps of one token, the draft's rewind of k - n - 1, then T=1
+                    # (a rejection) or T=2 (all accepted: the last draft and the correction).
+                    shapes = (((1, CONTINUATION), (2, CONTINUATION), (1, 1), (2, 1)) if via != "draft_trim"
+                              else ((1, 1), (2, 1), (1, 2), (2, 2)))
+                    for n, m in shapes:
+                        params = (f"block=3 trim={n} then T={m}" if via != "draft_trim"
+                                  else f"3 x T=1 trim={n} then T={m}")
                         try:
-                            c = trim_case(make, p, 3, n, via, continuation=(m,))
+                            c = trim_case(make, p, 3, n, "trim_prompt_cache" if via == "draft_trim" else via,
+                                          continuation=(m,), single=via == "draft_trim")
                         except Exception as e:  # a class that cannot even run the case is reported, not fatal
-                            rows.append(_row(name, via, w, p, syn_window, params, Verdict.STATE_BUG,
+                            rows.append(_row(name, via, w, p, syn_window, params,
+                                             Verdict.REFUSED if name in plug else Verdict.STATE_BUG,
                                              f"raised {type(e).__name__}: {e}", note="model-free, synthetic keys"))
                             continue
                         refused = c["trimmed"] < n
@@ -1119,7 +1173,7 @@ def _sweep(lm, operations: Sequence[str], where: Sequence[str] | None, ks: Seque
                             why = f"trimmed {c['trimmed']} of {n}, yet the state matches"
                         why = (f"can_trim={c['can_trim']}, trimmed {c['trimmed']} of {n}; " + why)
                         rows.append(_row(name, via, w, p, syn_window, params, v, why, c["diff"],
-                                         trimmed=c["trimmed"], note="model-free, synthetic keys, window 16"))
+                                         trimmed=c["trimmed"], note=f"model-free, synthetic keys, window {syn_window}"))
         _progress("trim: done")
 
     # c. save / load round trip
@@ -1129,7 +1183,7 @@ def _sweep(lm, operations: Sequence[str], where: Sequence[str] | None, ks: Seque
                 try:
                     d, _ = save_load_case(lm, s, prefix, p, block)
                 except Exception as e:
-                    rows.append(_row(s.name, "save_load", w, p, window, f"continue T={block}", Verdict.STATE_BUG,
+                    rows.append(_row(s.name, "save_load", w, p, window, f"continue T={block}", _raised(s),
                                      f"raised {type(e).__name__}: {e}", note=s.note))
                     continue
                 v, why, _ = judge(d, envelope=envelope)
@@ -1157,7 +1211,7 @@ def _sweep(lm, operations: Sequence[str], where: Sequence[str] | None, ks: Seque
                     try:
                         r = server_case(lm, s, prefix, p, kind)
                     except Exception as e:
-                        rows.append(_row(s.name, "server_reuse", w, p, window, params, Verdict.STATE_BUG,
+                        rows.append(_row(s.name, "server_reuse", w, p, window, params, _raised(s),
                                          f"continuing from the fetched cache raised {type(e).__name__}: {str(e)[:120]}",
                                          note=s.note))
                         continue
@@ -1177,6 +1231,10 @@ def _sweep(lm, operations: Sequence[str], where: Sequence[str] | None, ks: Seque
     # e. batch caches
     if "batch" in operations:
         for s in setups:
+            if s.plugin:
+                rows.append(_row(s.name, "batch", "", None, window, "", Verdict.NOT_APPLICABLE,
+                                 "the batch case checks mlx-lm's Batch* classes (a plug-in's merge hands over to them)"))
+                continue
             if s.name not in ("KVCache", "RotatingKVCache"):
                 continue
             bname = "BatchKVCache" if s.name == "KVCache" else "BatchRotatingKVCache"
@@ -1220,10 +1278,11 @@ def _sweep(lm, operations: Sequence[str], where: Sequence[str] | None, ks: Seque
             "computed_prefix": prefix.computed if prefix else 0, "prefix_seconds": prefix.seconds if prefix else 0.0}
 
 
-def measure_state(lm, *, operations: Sequence[str] = tuple(OPERATIONS), where: Sequence[str] | None = None,
+def measure_state(lm, *, operations: Sequence[str] = DEFAULT_OPERATIONS, where: Sequence[str] | None = None,
                   ks: Sequence[int] | None = None, setups: Sequence[Setup] | None = None, ladder: bool = True,
                   envelope: float | None = None, compute_limit: int | None = None,
-                  caches: Sequence[str] | None = None, workers: int | None = None, checkpoint=None) -> Result:
+                  caches: Sequence[str] | None = None, workers: int | None = None, checkpoint=None,
+                  implementations: dict[str, Any] | None = None) -> Result:
     """Check every cache operation of ``operations`` on the model's caches; one row per case.
 
     Args:
@@ -1240,6 +1299,7 @@ def measure_state(lm, *, operations: Sequence[str] = tuple(OPERATIONS), where: S
         compute_limit: really compute at most this many prefix positions (default: the
             shortest prefix + 16); longer prefixes repeat the computed keys and values.
         caches: only these cache setups / classes (names as in the table).
+        implementations: recorded in the Result's inputs (a --cache-impl's spec, file and sha256).
         workers: processes sharing the sweep (the rollback in one, the other operations in another),
             each loading the model again. Default: 2 on a CPU device with at least 2 cores when the
             sweep has model work on both sides and the model can be loaded again; else 1 (on a GPU the
@@ -1263,6 +1323,7 @@ def measure_state(lm, *, operations: Sequence[str] = tuple(OPERATIONS), where: S
         raise GemmdriftError("gemmdrift state needs real weights or a small model (a shape: model is too big to run)")
     t_start = time.perf_counter()
     env = environment()
+    impl_extra = {"implementations": implementations} if implementations else {}
     args = dict(where=where, ks=ks, ladder=ladder, envelope=envelope, compute_limit=compute_limit, caches=caches)
     groups = [tuple(o for o in g if o in operations) for g in WORKER_GROUPS]
     groups = [g for g in groups if g]
@@ -1290,10 +1351,10 @@ def measure_state(lm, *, operations: Sequence[str] = tuple(OPERATIONS), where: S
     except KeyboardInterrupt:
         parts = [p for p in (saved[g] or ck.load("-".join(g), list(g)) for g in groups) if p is not None]
         result = _state_result(lm, operations, where, ks, ladder, envelope, parts, n, env, t_start,
-                               partial_inputs(len(parts), len(groups), "half of the sweep")) if parts else None
+                               {**partial_inputs(len(parts), len(groups), "half of the sweep"), **impl_extra}) if parts else None
         raise Interrupted(result, len(parts), len(groups)) from None
     return _state_result(lm, operations, where, ks, ladder, envelope, [saved[g] for g in groups], n, env, t_start,
-                         {})
+                         dict(impl_extra))
 
 
 def _state_result(lm, operations, where, ks, ladder, envelope, parts, n, env, t_start, extra) -> Result:
@@ -1322,7 +1383,7 @@ def _state_result(lm, operations, where, ks, ladder, envelope, parts, n, env, t_
 
 
 # The sweep's two halves when it runs in two processes (about equal time on the embedded Gemma).
-WORKER_GROUPS = (("rollback",), ("trim", "trim_prompt_cache", "save_load", "server_reuse", "batch"))
+WORKER_GROUPS = (("rollback",), ("trim", "trim_prompt_cache", "draft_trim", "save_load", "server_reuse", "batch"))
 _MODEL_OPERATIONS = ("rollback", "save_load", "server_reuse", "batch")
 
 
@@ -1355,7 +1416,7 @@ def _f32():
     return mx.float32
 
 
-NON_EXACT = (str(Verdict.ROUNDING), str(Verdict.STATE_BUG))
+NON_EXACT = (str(Verdict.ROUNDING), str(Verdict.STATE_BUG), str(Verdict.REFUSED))
 
 
 def figure_name(cache: str, operation: str) -> str:

@@ -434,7 +434,7 @@ TEXTS["fingerprint"] = fingerprint_text
 def _state_cells(table: pd.DataFrame) -> pd.DataFrame:
     """One row per cache class and operation, one column per prefix position: 'EXACT 14', 'STATE BUG 10/14'."""
     order = ["below", "at", "past", "far", ""]
-    worst = ["STATE BUG", "unreliable", "rounding", "EXACT", "not applicable", "not checked"]
+    worst = ["STATE BUG", "refused", "unreliable", "rounding", "EXACT", "not applicable", "not checked"]
     rows = []
     for (cache, op), g in table.groupby(["cache", "operation"], sort=False):
         row = {"cache": cache, "operation": op}

@@ -31,6 +31,8 @@ RANKS = {
     "kernels.capture": 5, "kernels.paths": 6, "kernels.table": 7, "kernels.ops": 8, "kernels.runs": 9,
     "kernels": 10, "stack": 5, "diverge": 5, "history": 5,
     "fingerprint": 11, "state": 5, "batch": 6, "server": 6,
+    "state.reading": 4.1, "state.common": 4.2, "state.rollback": 4.3, "state.trim": 4.3,  # state/ (issue 25)
+    "state.saveload": 4.3, "state.server_reuse": 4.3, "state.batch": 4.3, "state.sweep": 4.4,
     "exact_cache": 0, "cache_designs": 0, "plugins": 1, "cachebench": 6, "serve_launch": 7, "draft_self": 4,
     # downstream of a Result
     "summaries": 12, "plots": 12,

@@ -33,6 +33,7 @@ RANKS = {
     "fingerprint": 11, "state": 5, "batch": 6, "server": 6,
     "state.reading": 4.1, "state.common": 4.2, "state.rollback": 4.3, "state.trim": 4.3,  # state/ (issue 25)
     "state.saveload": 4.3, "state.server_reuse": 4.3, "state.batch": 4.3, "state.sweep": 4.4,
+    "fingerprint.probes": 10.1, "fingerprint.recovery": 10.2, "fingerprint.describe": 10.3,  # fingerprint/
     "exact_cache": 0, "cache_designs": 0, "plugins": 1, "cachebench": 6, "serve_launch": 7, "draft_self": 4,
     # downstream of a Result
     "summaries": 12, "plots": 12,

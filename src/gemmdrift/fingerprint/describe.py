@@ -154,11 +154,65 @@ def _describe_core(core) -> str:
         top = _shape(core, is_block)
         return (f"{len(blocks)} blocks of {size} combined {top}" + ("" if len(sizes) == 1 else
                 f" (sizes {dict(sorted(sizes.items()))})") + f"; in each block {lane}")
+    lanes = _strided_lanes(chains)
+    if lanes is not None:  # each lane a chain over runs of w at stride S (Metal's gemv: k = 128i + 4l + j)
+        w, stride = lanes
+        top = _shape(core, is_chain)
+        ladder = _shuffle_down(core, chains) if top == "pairwise" else None
+        how = f"{top} (shuffle-down {', '.join(map(str, ladder))})" if ladder else top
+        return f"{len(chains)} lanes, each sequential over runs of {w} at stride {stride}, lanes combined {how}"
     lens = Counter(l for l, _ in kinds)
     size = lens.most_common(1)[0][0]
     top = _shape(core, is_chain)
     irregular = "" if len(lens) == 1 else f" (lengths {dict(sorted(lens.items()))})"
     return f"sequential in {len(chains)} blocks of {size}{irregular}, blocks combined {top}"
+
+
+def _runs(order: list[int]) -> tuple[int, int] | None:
+    """(w, S) when ``order`` is runs of ``w`` consecutive terms (w >= 2), each run ``S > w`` after the last
+    (two runs at least), else None: one lane of an interleaved, strided sum."""
+    w = 1
+    while w < len(order) and order[w] == order[w - 1] + 1:
+        w += 1
+    if w < 2 or w == len(order) or len(order) % w:
+        return None
+    runs = [order[i:i + w] for i in range(0, len(order), w)]
+    if any(r != list(range(r[0], r[0] + w)) for r in runs):
+        return None
+    stride = _progression([r[0] for r in runs])
+    return (w, stride) if stride is not None and stride > w else None
+
+
+def _strided_lanes(chains: list[Any]) -> tuple[int, int] | None:
+    """The common (w, S) of :func:`_runs` when every chain is such a lane (two lanes at least), else None."""
+    if len(chains) < 2 or any(isinstance(c, int) for c in chains):
+        return None
+    kinds = {_runs(_chain_order(c)) for c in chains}
+    return kinds.pop() if len(kinds) == 1 and None not in kinds else None
+
+
+def _shuffle_down(core, chains: list[Any]) -> list[int] | None:
+    """The offsets of a shuffle-down ladder, first to last (16, 8, 4, 2, 1 for 32 lanes), when the pairwise
+    tree over the lanes is one: lane l adds lane l + off, off halving, and lane 0 holds the sum. Lanes are
+    numbered by their first term; at depth d below the root the two sides are lanes X and X + 2^d."""
+    lane = {id(c): i for i, c in enumerate(sorted(chains, key=lambda c: min(_leaves(c))))}
+    n = len(chains)
+    if n & (n - 1):
+        return None
+
+    def lanes(x, d) -> list[int] | None:
+        if id(x) in lane:
+            return [lane[id(x)]]
+        if len(x) != 2:
+            return None
+        a, b = (lanes(c, d + 1) for c in x)
+        if a is None or b is None:
+            return None
+        lo, hi = sorted((sorted(a), sorted(b)))
+        return lo + hi if hi == [v + 2 ** d for v in lo] else None
+    if lanes(core, 0) is None:
+        return None
+    return [n >> k for k in range(1, n.bit_length())]
 
 
 def _contiguous_blocks(t, marked: set[int]) -> list[Any]:

@@ -54,3 +54,35 @@ def test_the_replayed_metal_gemv_at_t1_reads_as_strided():
     row = t[(t["T"] == 1) & (t["status"] == "recovered")].iloc[0]
     assert row["description"] == fp.describe(_gemv_tree()[0])
     assert row["fingerprint"] == fp.fingerprint(_gemv_tree()[0])  # the same tree, not only the same words
+
+
+def _gemv_groups_tree(K: int, groups: int = 8, lanes: int = 32, w: int = 4):
+    """K >= 16N: lane l of simdgroup s adds k = B*i + 4*32*s + 4l + j (B = 1024), each simdgroup a shuffle-down,
+    then simdgroup 0 adds the others in order."""
+    block = groups * lanes * w
+    trees = []
+    for s in range(groups):
+        acc = [fp.chain([block * i + lanes * w * s + w * l + j for i in range(K // block) for j in range(w)])
+               for l in range(lanes)]
+        off = lanes // 2
+        while off:
+            acc = [(acc[l], acc[l + off]) for l in range(off)]
+            off //= 2
+        trees.append(acc[0])
+    return fp.canonical(fp.chain(trees))
+
+
+def test_simdgroups_added_in_order_are_described_as_groups_of_lanes():
+    assert fp.describe(_gemv_groups_tree(1024)) == (
+        "8 groups of 32 lanes added one after another; in each group, lanes of 4 contiguous terms combined "
+        "pairwise (shuffle-down 16, 8, 4, 2, 1)")
+    assert fp.describe(_gemv_groups_tree(2048)) == (
+        "8 groups of 32 lanes added one after another; in each group, lanes of runs of 4 at stride 1024 combined "
+        "pairwise (shuffle-down 16, 8, 4, 2, 1)")
+
+
+def test_the_replayed_metal_gemv_with_eight_simdgroups_is_that_tree():
+    r = fp.measure(["replay:M3:matmul:bfloat16"], K=1024, ts=[1], N=64, draw_k=0, workers=1)
+    row = r.tables["fingerprints"].iloc[0]
+    assert row["fingerprint"] == fp.fingerprint(_gemv_groups_tree(1024))
+    assert row["description"] == fp.describe(_gemv_groups_tree(1024))

@@ -154,6 +154,9 @@ def _describe_core(core) -> str:
         top = _shape(core, is_block)
         return (f"{len(blocks)} blocks of {size} combined {top}" + ("" if len(sizes) == 1 else
                 f" (sizes {dict(sorted(sizes.items()))})") + f"; in each block {lane}")
+    groups = _lane_groups(core, chains)
+    if groups is not None:  # Metal's gemv with K >= 16N: 8 simdgroups, each a shuffle-down, added in order
+        return groups
     lanes = _strided_lanes(chains)
     if lanes is not None:  # each lane a chain over runs of w at stride S (Metal's gemv: k = 128i + 4l + j)
         w, stride = lanes
@@ -213,6 +216,52 @@ def _shuffle_down(core, chains: list[Any]) -> list[int] | None:
     if lanes(core, 0) is None:
         return None
     return [n >> k for k in range(1, n.bit_length())]
+
+
+def _lane_groups(core, chains: list[Any]) -> str | None:
+    """The description when ``core`` adds two or more groups one after another (in the order of their terms),
+    each group a shuffle-down ladder over the same number of lanes, every lane contiguous or strided alike."""
+    ids = {id(c) for c in chains}
+
+    def under(x) -> list[Any]:
+        return [x] if id(x) in ids else [c for y in x for c in under(y)]
+
+    def is_group(x) -> bool:
+        return id(x) not in ids and not isinstance(x, int) and len(under(x)) >= 2 and \
+            _shuffle_down(x, under(x)) is not None
+
+    found, t = [], core
+    while not is_group(t):
+        if isinstance(t, int) or id(t) in ids or len(t) != 2:
+            return None
+        a, b = t
+        if is_group(b):
+            found.append(b)
+            t = a
+        elif is_group(a):
+            found.append(a)
+            t = b
+        else:
+            return None
+    found.append(t)
+    found.reverse()  # the first group added first
+    sizes = {len(under(g)) for g in found}
+    starts = [min(_leaves(g)) for g in found]
+    if len(found) < 2 or len(sizes) != 1 or starts != sorted(starts):
+        return None
+    orders = [_chain_order(c) for c in chains]
+    w = {len(o) for o in orders}
+    if all(_progression(o) == 1 for o in orders) and len(w) == 1:
+        lane = f"{w.pop()} contiguous terms"
+    else:
+        runs = _strided_lanes(chains)
+        if runs is None:
+            return None
+        lane = f"runs of {runs[0]} at stride {runs[1]}"
+    n = sizes.pop()
+    ladder = ", ".join(str(n >> k) for k in range(1, n.bit_length()))
+    return (f"{len(found)} groups of {n} lanes added one after another; in each group, lanes of {lane} "
+            f"combined pairwise (shuffle-down {ladder})")
 
 
 def _contiguous_blocks(t, marked: set[int]) -> list[Any]:

@@ -6,16 +6,11 @@ the fingerprint (sha256 of the canonical tree) as an integer, exact in
 float64. Two releases with the same identifier sum in the same order; a
 different identifier is a changed order (the identifier's size means
 nothing, so read it with `gemmdrift history`, not as a drift that grows).
-Inputs are pinned here; the measurement is gemmdrift.fingerprint.measure.
+Inputs are pinned in common (FP_*, where the shared Probes setup computes them); the measurement is gemmdrift.fingerprint.measure.
 """
 
 from . import common
-
-FP_PATHS = ("matmul:bfloat16", "matmul:float16", "matmul:float32", "quant:affine-q4-g64:bfloat16",
-            "sum:float32", "sdpa:bfloat16", "emulated:splitk4:bfloat16")
-FP_K = 512
-FP_TS = (1, 2, 3, 4, 8, 16, 33)
-FP_N = 64
+from .common import FP_K, FP_N, FP_PATHS, FP_TS  # noqa: F401  (pinned in common, where Probes computes them)
 
 
 class Fingerprint(common.Probes):

@@ -5,12 +5,9 @@ shows here as ``track_non_exact`` of ``RotatingKVCache/rollback`` dropping to 0.
 """
 
 from . import common
+from .common import STATE_KS, STATE_OPERATIONS, STATE_WHERE  # noqa: F401  (pinned in common, where Probes computes them)
 
-# Pinned inputs: the default sweep of `gemmdrift state` on the embedded Gemma (None: the library's
-# defaults, i.e. below/at/past/far and k = 1..4, with below/past and k = 2 for the QuantizedKVCache).
-STATE_OPERATIONS = ("rollback", "trim", "trim_prompt_cache", "save_load", "server_reuse", "batch")
-STATE_WHERE = None
-STATE_KS = None
+# The tracked cases of the pinned sweep (STATE_* in common: the default sweep of `gemmdrift state`).
 STATE_CASES = (
     [f"{c}/{op}" for op in ("rollback", "save_load", "server_reuse")
      for c in ("KVCache", "RotatingKVCache", "QuantizedKVCache")]

@@ -18,6 +18,18 @@ KERNEL_ROWS = 16
 SPEED_LAYER, SPEED_PROJECTION = 0, "mlp.gate_proj"
 SPEED_TS = (1, 2, 4, 8, 16, 32, 64)
 SPEED_PATHS = ("model", "dense:float32", "quant:affine-q4-g64", "quant:affine-q8-g64")
+# Fingerprints (bench_fingerprint.Fingerprint) and the cache-state sweep (bench_state.StateExactness): pinned
+# here, where Probes computes them; the two benchmark modules import them from here (no import back).
+FP_PATHS = ("matmul:bfloat16", "matmul:float16", "matmul:float32", "quant:affine-q4-g64:bfloat16",
+            "sum:float32", "sdpa:bfloat16", "emulated:splitk4:bfloat16")
+FP_K = 512
+FP_TS = (1, 2, 3, 4, 8, 16, 33)
+FP_N = 64
+# The default sweep of `gemmdrift state` on the embedded Gemma (None: the library's defaults, i.e.
+# below/at/past/far and k = 1..4, with below/past and k = 2 for the QuantizedKVCache).
+STATE_OPERATIONS = ("rollback", "trim", "trim_prompt_cache", "save_load", "server_reuse", "batch")
+STATE_WHERE = None
+STATE_KS = None
 
 
 @lru_cache(maxsize=None)
@@ -126,21 +138,18 @@ class Probes:
 
         from gemmdrift import kernels, state, suite
 
-        from . import bench_fingerprint as fp
-        from . import bench_state as st
-
         s = sizes()
         # The kernel probe on kernel_inputs() (128 tokens, KERNEL_* above), as suite.kernel_probe runs it.
         probe = replace(s, tokens=128, kernel_layers=KERNEL_LAYERS, kernel_ts=KERNEL_TS, kernel_paths=KERNEL_PATHS,
                         kernel_rows=KERNEL_ROWS)
         parts = {
             "decode": (suite.decode_family, dict(sizes=s)),
-            "state": (state.measure_state, dict(operations=st.STATE_OPERATIONS, where=st.STATE_WHERE, ks=st.STATE_KS)),
+            "state": (state.measure_state, dict(operations=STATE_OPERATIONS, where=STATE_WHERE, ks=STATE_KS)),
             "diverge": (suite.divergence_probe, dict(sizes=s)),
             "prefill": (suite.prefill_family, dict(sizes=s)),
             "kernels": (suite.kernel_probe, dict(sizes=probe)),
-            "fingerprint": (suite.fingerprint_part, dict(paths=list(fp.FP_PATHS), K=fp.FP_K, ts=fp.FP_TS,
-                                                         N=fp.FP_N, draw_k=0)),
+            "fingerprint": (suite.fingerprint_part, dict(paths=list(FP_PATHS), K=FP_K, ts=FP_TS, N=FP_N,
+                                                         draw_k=0)),
             "ops": (kernels.measure_ops, {}),
         }
         assert tuple(parts) == PROBE_PARTS

@@ -86,9 +86,10 @@ def _all_tracks(cls, cache):
 def small_fingerprints(monkeypatch):
     from benchmarks import bench_fingerprint
 
-    monkeypatch.setattr(bench_fingerprint, "FP_PATHS", ("matmul:float32", "emulated:splitk4:float32"))
-    monkeypatch.setattr(bench_fingerprint, "FP_K", 32)
-    monkeypatch.setattr(bench_fingerprint, "FP_TS", (1, 2))
+    for m in (common, bench_fingerprint):  # common.Probes computes with common's; the test reads the benchmark's
+        monkeypatch.setattr(m, "FP_PATHS", ("matmul:float32", "emulated:splitk4:float32"))
+        monkeypatch.setattr(m, "FP_K", 32)
+        monkeypatch.setattr(m, "FP_TS", (1, 2))
     return bench_fingerprint
 
 
@@ -96,9 +97,10 @@ def small_fingerprints(monkeypatch):
 def small_state(monkeypatch):
     from benchmarks import bench_state
 
-    monkeypatch.setattr(bench_state, "STATE_OPERATIONS", ("rollback", "trim_prompt_cache"))
-    monkeypatch.setattr(bench_state, "STATE_WHERE", ("below",))
-    monkeypatch.setattr(bench_state, "STATE_KS", (1,))
+    for m in (common, bench_state):  # as small_fingerprints
+        monkeypatch.setattr(m, "STATE_OPERATIONS", ("rollback", "trim_prompt_cache"))
+        monkeypatch.setattr(m, "STATE_WHERE", ("below",))
+        monkeypatch.setattr(m, "STATE_KS", (1,))
     return bench_state
 
 

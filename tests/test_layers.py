@@ -30,7 +30,11 @@ RANKS = {
     "kernels.replay_paths": 6, "kernels.replay_model": 7, "kernels.replay_check": 10, "replay_cli": 16,
     "kernels.capture": 5, "kernels.paths": 6, "kernels.table": 7, "kernels.ops": 8, "kernels.runs": 9,
     "kernels": 10, "stack": 5, "diverge": 5, "history": 5,
+    "speculative": 4,  # diverge's stream primitives and exact rollback (issue 25)
     "fingerprint": 11, "state": 5, "batch": 6, "server": 6,
+    "state.reading": 4.1, "state.common": 4.2, "state.rollback": 4.3, "state.trim": 4.3,  # state/ (issue 25)
+    "state.saveload": 4.3, "state.server_reuse": 4.3, "state.batch": 4.3, "state.sweep": 4.4,
+    "fingerprint.probes": 10.1, "fingerprint.recovery": 10.2, "fingerprint.describe": 10.3,  # fingerprint/
     "exact_cache": 0, "cache_designs": 0, "plugins": 1, "cachebench": 6, "serve_launch": 7, "draft_self": 4,
     # downstream of a Result
     "summaries": 12, "plots": 12,
@@ -40,6 +44,7 @@ RANKS = {
     "suite": 16,
     "dispatch_cli": 16,
     "twostats": 3, "golden": 5, "goldview": 11, "goldcli": 16,  # logits / compare (issue 23)
+    "cliargs": 2,  # the CLI's list and range arguments (issue 25)
     "cli": 17, "__main__": 18, "": 19,  # "" is the package itself (gemmdrift/__init__.py)
 }
 

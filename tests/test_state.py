@@ -366,9 +366,9 @@ def test_state_benchmark_tracks_counts_and_nan_for_missing_cases(monkeypatch):
 
     tiny = make_tiny()
     monkeypatch.setattr(common, "model", lambda dtype="bfloat16": tiny)
-    monkeypatch.setattr(bench_state, "STATE_OPERATIONS", ("rollback", "trim_prompt_cache"))
-    monkeypatch.setattr(bench_state, "STATE_WHERE", ("below", "past"))
-    monkeypatch.setattr(bench_state, "STATE_KS", (1,))
+    monkeypatch.setattr(common, "STATE_OPERATIONS", ("rollback", "trim_prompt_cache"))
+    monkeypatch.setattr(common, "STATE_WHERE", ("below", "past"))
+    monkeypatch.setattr(common, "STATE_KS", (1,))
     # The shared setup (common.Probes) computes only the state sweep when asked to.
     monkeypatch.setenv("GEMMDRIFT_BENCH_PARTS", "state")
     b = bench_state.StateExactness()

@@ -16,6 +16,7 @@ from . import cachebench
 from . import defaults as D
 from . import dispatch_cli, goldcli, replay_cli, runenv
 from .errors import GemmdriftError
+from .cliargs import default_split, parse_ints, parse_range  # noqa: F401  (moved; callers import them from here)
 
 
 
@@ -97,39 +98,6 @@ def _tokens(args, lm):
     return ids, label
 
 
-def parse_range(text: str | None, n: int, name: str):
-    """'A:B' (B exclusive, either side optional), 'A', or 'none' -> array of positions."""
-    import numpy as np
-
-    if text is None:
-        return None
-    if text == "none":
-        return np.zeros(0, dtype=np.int64)
-    try:
-        if ":" in text:
-            a, b = text.split(":", 1)
-            lo = int(a) if a else 0
-            hi = int(b) if b else n
-        else:
-            lo = int(text)
-            hi = lo + 1
-    except ValueError:
-        raise GemmdriftError(f"{name}: expected A:B, got {text!r}") from None
-    if lo < 0:
-        lo += n
-    if hi < 0:
-        hi += n
-    from .checks import check_positions
-
-    check_positions(lo, hi - 1 if hi > lo else n, n, f"{name} {text}")  # empty or reversed: out of range
-    return np.arange(lo, hi)
-
-
-def default_split(n: int) -> int:
-    """Compare the last 128 positions by default (half the stream if it is shorter)."""
-    return n - 128 if n > 256 else max(1, n // 2)
-
-
 def _write_and_print(args, result, out, note: str = "") -> None:
     """The one way a measuring command ends: the Result to ``out``, then its summary (or --json) printed."""
     from . import store, summaries
@@ -198,27 +166,6 @@ def cmd_stack(args) -> int:
                                workers=1 if impl is not None else kopt.workers)  # the plug-in lives in this process
     _write_and_print(args, kopt.label(result), args.out)
     return 0
-
-
-def parse_ints(text: str | None, name: str) -> list[int] | None:
-    """'1-17,24,32' -> [1, ..., 17, 24, 32]; 'all' or None -> None."""
-    if text is None or text == "all":
-        return None
-    out = []
-    try:
-        for part in text.split(","):
-            if "-" in part.strip("-"):
-                a, b = part.split("-", 1)
-                if int(b) < int(a):
-                    raise GemmdriftError(f"{name} {part}: the range is reversed (write {b}-{a})")
-                out += list(range(int(a), int(b) + 1))
-            else:
-                out.append(int(part))
-    except ValueError:
-        raise GemmdriftError(f"{name}: expected numbers like 1-17,24,32, got {text!r}") from None
-    if not out:
-        raise GemmdriftError(f"{name}: empty list")
-    return out
 
 
 def cmd_kernels(args) -> int:

@@ -419,3 +419,26 @@ def test_a_prefill_block_handed_to_the_sink_in_slices_gives_the_same_view(tiny, 
     sliced, _ = golden.run_view(tiny, tokens, "prefill:16", split=None, top_k=6)
     for name in ("positions", "targets", "values", "ids", "lse", "target_logit", "target_rank"):
         np.testing.assert_array_equal(getattr(sliced, name), getattr(whole, name))
+
+
+def test_kernels_replay_cpu_logits_equal_this_machines_and_say_so(tiny_dir, tmp_path):
+    """`--kernels replay:cpu` (this CPU's own orders, replayed) gives the native base bit for bit, labelled as
+    replayed; a compare of it against the native base is exact; bad or meaningless --kernels is refused."""
+    d, ids = tiny_dir
+    native, replayed = tmp_path / "native.npz", tmp_path / "replayed.npz"
+    for out, extra in ((native, []), (replayed, ["--kernels", "replay:cpu"])):
+        r = gd("logits", "--model", str(d), "--prompt-ids", str(ids), "--schedule", "decode", "--top-k", "8",
+               "--out", str(out), *extra)
+        assert r.returncode == 0, r.stderr
+    a, b = golden.read_logits(native), golden.read_logits(replayed)
+    assert a.header["kernels"] == "native" and b.header["kernels"] == "replay:cpu" and "replay" in b.header
+    assert np.array_equal(a.view.ids, b.view.ids) and np.array_equal(a.view.values, b.view.values)
+    assert np.array_equal(a.view.lse, b.view.lse)
+    r = gd("compare", "--base", str(native), "--model", str(d), "--kernels", "replay:cpu", "--json",
+           "--out", str(tmp_path / "c"))
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["figures"]["kld_mean"] == 0
+    assert_user_error(gd("compare", "--base", str(native), "--other", str(replayed), "--kernels", "replay:cpu"),
+                      "--kernels")
+    assert_user_error(gd("logits", "--model", str(d), "--kernels", "replay:M99", "--out", str(tmp_path / "x.npz")),
+                      "M99")

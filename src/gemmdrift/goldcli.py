@@ -78,6 +78,7 @@ def cmd_logits(args) -> int:
     if out.is_dir():
         raise GemmdriftError(f"--out {out} is a directory: give the base file's path (e.g. {out}/base.npz)")
 
+    kopt = _kernels(args)
     from .golden import base_from_run, write_logits
     from .models import describe
 
@@ -90,10 +91,12 @@ def cmd_logits(args) -> int:
           + (f", split {split}" if split is not None else ""), file=sys.stderr)
     bar, tick = _progress(len(ids), args.schedule)
     try:
-        lf = base_from_run(lm, ids, args.schedule, split=split, top_k=args.top_k, full=args.full, label=label,
-                           progress=tick)
+        with kopt.installed(lm):
+            lf = base_from_run(lm, ids, args.schedule, split=split, top_k=args.top_k, full=args.full, label=label,
+                               progress=tick)
     finally:
         bar.close()
+    _label_kernels(lf.header, kopt)
     size = write_logits(out, lf)
     kept = "every logit" if args.full else f"top-{lf.header['top_k']}"
     said = (f"wrote {out}: {size:,} bytes ({size / 2**20:.2f} MiB), {len(lf.view)} positions, "
@@ -126,8 +129,9 @@ def cmd_compare(args) -> int:
     base = read_logits(base_path)  # a missing, truncated or foreign base: refused before the model loads
     given = any(x is not None for x in (args.prompt, args.prompt_file, args.prompt_ids))
     if args.other is not None:
-        if given or args.schedule is not None or args.save is not None:
-            raise GemmdriftError("--other compares two saved files: give no prompt, --schedule or --save with it")
+        if given or args.schedule is not None or args.save is not None or args.kernels is not None:
+            raise GemmdriftError("--other compares two saved files: give no prompt, --schedule, --kernels or --save "
+                                 "with it")
         other = read_logits(args.other)
         if args.tokens is not None:
             base, other = prefix(base, args.tokens), prefix(other, args.tokens)
@@ -142,6 +146,7 @@ def cmd_compare(args) -> int:
         parse_schedule(args.schedule)
     if args.tokens is not None and not given:
         base = prefix(base, args.tokens)
+    kopt = _kernels(args)
 
     from .golden import compare_live, write_logits
     from .models import describe
@@ -149,20 +154,38 @@ def cmd_compare(args) -> int:
     lm = args.cli._load(args)
     ids, label = _stream(args, lm) if given else (None, "")
     print(f"gemmdrift compare: base = {base.label()} ({base.path})\n"
-          f"                   other = this run: {describe(lm.description)}, {args.schedule or base.header['schedule']}",
+          f"                   other = this run: {describe(lm.description)}, {args.schedule or base.header['schedule']}"
+          + (f", kernels {kopt.text} (a prediction)" if kopt.text else ""),
           file=sys.stderr)
     bar, tick = _progress(len(ids) if ids is not None else len(base.tokens), "this run")
     try:
-        result, other = compare_live(lm, base, tokens=ids, schedule=args.schedule, split=args.split,
-                                     envelope=args.envelope, allow_other_model=args.allow_other_model, label=label,
-                                     progress=tick)
+        with kopt.installed(lm):
+            result, other = compare_live(lm, base, tokens=ids, schedule=args.schedule, split=args.split,
+                                         envelope=args.envelope, allow_other_model=args.allow_other_model,
+                                         label=label, progress=tick)
     finally:
         bar.close()
+    result = kopt.label(result)
+    _label_kernels(other.header, kopt)
     note = ""
     if args.save is not None:
         size = write_logits(args.save, other)
         note = f"this run's logits (other): {args.save} ({size:,} bytes)"
     return _finish(args, result, note)
+
+
+def _kernels(args):
+    """``--kernels replay:<chip>[@variant]`` (or nothing), checked before the model loads."""
+    from .kernels.replay_model import KernelsOption
+
+    return KernelsOption(args.kernels)
+
+
+def _label_kernels(header: dict, kopt) -> None:
+    """A base file computed with replayed kernels says so (a prediction for that chip, not a measurement)."""
+    header["kernels"] = kopt.text or "native"
+    if kopt.log is not None:
+        header["replay"] = kopt.log.record()
 
 
 def _finish(args, result, note: str = "") -> int:
@@ -187,6 +210,8 @@ def add_parser(sub, cli) -> None:
                                              "(default: the last 128 tokens are the continuation)")
     s.add_argument("--top-k", type=int, default=64, help="token ids kept per position (default 64)")
     s.add_argument("--full", action="store_true", help="keep every logit (small runs: 1 MiB per position for Gemma)")
+    s.add_argument("--kernels", help="replay:<chip>[@variant]: every projection and the LM head computed with "
+                                     "that chip's replayed reduction orders (a prediction; see `gemmdrift replay`)")
     s.add_argument("--out", default=DEFAULT_BASE, help=f"the base file to write (default {DEFAULT_BASE})")
     s.add_argument("--json", action="store_true", help="print a JSON summary on stdout")
     s.set_defaults(func=cmd_logits, cli=cli)
@@ -206,5 +231,7 @@ def add_parser(sub, cli) -> None:
     s.add_argument("--allow-other-model", action="store_true",
                    help="compare across models (e.g. a quantized model against its original)")
     s.add_argument("--save", help="also write this run's logits as a base file")
+    s.add_argument("--kernels", help="replay:<chip>[@variant]: every projection and the LM head computed with "
+                                     "that chip's replayed reduction orders (a prediction; see `gemmdrift replay`)")
     cli._add_output(s, "results/compare")
     s.set_defaults(func=cmd_compare, cli=cli)

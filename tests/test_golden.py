@@ -4,9 +4,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import subprocess
-import sys
 import time
 
 import numpy as np
@@ -260,17 +257,7 @@ def test_foreign_streams_models_and_tokenizers_are_refused(base_file):
 # ------------------------------------------------------------------ the commands, on the tiny model saved as a checkpoint
 
 
-def gd(*args):
-    return subprocess.run([sys.executable, "-m", "gemmdrift", *args], capture_output=True, text=True,
-                          env={**os.environ}, timeout=600)
-
-
-def assert_user_error(r, needle):
-    assert r.returncode == 2, r.stderr
-    assert "Traceback" not in r.stderr, r.stderr
-    errors = [line for line in r.stderr.splitlines() if "error:" in line]
-    assert len(errors) == 1 and r.stderr.rstrip().endswith(errors[0]), r.stderr
-    assert needle in errors[0], errors[0]
+from test_cli import assert_user_error, gd  # noqa: E402  (the CLI helpers every command test uses)
 
 
 @pytest.fixture

@@ -120,7 +120,7 @@ def test_the_shared_probe_setup_serves_every_probe_as_each_alone(quick, small_fi
     # Speed (issue 25, item 7): setup_cache runs its parts in worker processes (each loads the model
     # itself; the parent's copy only gives their recipe, so the session's copy serves) while this process
     # computes the same parts alone, instead of one after the other: the two halves share no state, and the
-    # parts alone otherwise left a core idle for most of their ~70 s. Every figure is still compared.
+    # parts alone otherwise left a core idle for most of their run. Every figure is still compared.
     monkeypatch.setattr(common, "model", lambda dtype="bfloat16": embedded)
     with ThreadPoolExecutor(1) as side:
         probes = side.submit(common.Probes().setup_cache)

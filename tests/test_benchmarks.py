@@ -106,17 +106,42 @@ def small_state(monkeypatch):
 
 @pytest.mark.linux_cpu_reference
 @pytest.mark.slow
-def test_the_shared_probe_setup_serves_every_probe_as_each_alone(quick, small_fingerprints, small_state, embedded):
+def test_the_shared_probe_setup_serves_every_probe_as_each_alone(quick, small_fingerprints, small_state, embedded,
+                                                                  monkeypatch):
     """common.Probes computes the decode/verify stack, the state sweep, the divergence probe, the prefill
     chunks, the kernel probe, the fingerprints and the ops probe side by side, each in a process of its own;
     every figure is the one the part gives when run alone."""
+    from concurrent.futures import ThreadPoolExecutor
+
     from gemmdrift import fingerprint, kernels, state, suite
 
     classes = (bench_stack.DecodeVsVerify, bench_stack.DecodeVsVerifyLayers, small_state.StateExactness,
                bench_diverge.Divergence, bench_stack.PrefillChunks, bench_stack.PrefillChunksLayers,
                bench_kernels.KernelDrift, bench_kernels.OpsDrift, small_fingerprints.Fingerprint)
     assert len({cls.setup_cache for cls in classes}) == 1  # one source location: asv runs it once
-    cache = common.Probes().setup_cache()
+    # Speed (issue 25, item 7): setup_cache runs its parts in worker processes (each loads the model
+    # itself; the parent's copy only gives their recipe, so the session's copy serves) while this process
+    # computes the same parts alone, instead of one after the other: the two halves share no state, and the
+    # parts alone otherwise left a core idle for most of their run. Every figure is still compared.
+    monkeypatch.setattr(common, "model", lambda dtype="bfloat16": embedded)
+    with ThreadPoolExecutor(1) as side:
+        probes = side.submit(common.Probes().setup_cache)
+        sizes = common.sizes()
+        alone_parts = {
+            "decode": dict(suite.decode_family(embedded, sizes).figures),
+            "state": dict(state.measure_state(embedded, operations=small_state.STATE_OPERATIONS,
+                                              where=small_state.STATE_WHERE, ks=small_state.STATE_KS).figures),
+            "diverge": dict(suite.divergence_probe(embedded, sizes).figures),
+            "prefill": dict(suite.prefill_family(embedded, sizes).figures),
+        }
+        projs, inputs = common.kernel_inputs()
+        alone_parts["kernels"] = dict(kernels.measure_kernels(embedded, inputs, projs, common.KERNEL_PATHS,
+                                                              common.KERNEL_TS).figures)
+        alone_parts["fingerprint"] = dict(fingerprint.measure(
+            list(small_fingerprints.FP_PATHS), K=small_fingerprints.FP_K, ts=small_fingerprints.FP_TS,
+            N=small_fingerprints.FP_N, draw_k=0).figures)
+        alone_parts["ops"] = dict(kernels.measure_ops(embedded).figures)
+        cache = probes.result()
     assert tuple(cache) == common.PROBE_PARTS
     for cls in (bench_stack.PrefillChunks, bench_stack.PrefillChunksLayers, bench_diverge.Divergence,
                 bench_kernels.OpsDrift):
@@ -150,21 +175,15 @@ def test_the_shared_probe_setup_serves_every_probe_as_each_alone(quick, small_fi
     if div.track_diverged(cache) == 0.0:
         assert div.track_first_divergence(cache) == common.sizes().diverge_n
     # The same figures as each part alone, in this process (with the workers it would start itself).
-    sizes = common.sizes()
-    assert cache["decode"] == dict(suite.decode_family(embedded, sizes).figures)
-    alone = dict(state.measure_state(embedded, operations=small_state.STATE_OPERATIONS, where=small_state.STATE_WHERE,
-                                     ks=small_state.STATE_KS).figures)
+    assert cache["decode"] == alone_parts["decode"]
+    alone = alone_parts["state"]
     assert cache["state"].pop("seconds") > 0 and alone.pop("seconds") > 0  # the sweep's wall time
     assert cache["state"] == alone
-    assert cache["diverge"] == dict(suite.divergence_probe(embedded, sizes).figures)
-    assert cache["prefill"] == dict(suite.prefill_family(embedded, sizes).figures)
-    projs, inputs = common.kernel_inputs()
-    assert cache["kernels"] == dict(kernels.measure_kernels(embedded, inputs, projs, common.KERNEL_PATHS,
-                                                            common.KERNEL_TS).figures)
-    assert cache["fingerprint"] == dict(fingerprint.measure(
-        list(small_fingerprints.FP_PATHS), K=small_fingerprints.FP_K, ts=small_fingerprints.FP_TS,
-        N=small_fingerprints.FP_N, draw_k=0).figures)
-    assert cache["ops"] == dict(kernels.measure_ops(embedded).figures)
+    assert cache["diverge"] == alone_parts["diverge"]
+    assert cache["prefill"] == alone_parts["prefill"]
+    assert cache["kernels"] == alone_parts["kernels"]
+    assert cache["fingerprint"] == alone_parts["fingerprint"]
+    assert cache["ops"] == alone_parts["ops"]
 
 
 @pytest.mark.slow

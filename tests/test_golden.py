@@ -333,12 +333,10 @@ def test_bad_input_of_logits_and_compare(tiny_dir, tmp_path):
 
 
 @pytest.mark.slow
-def test_this_machine_against_the_shipped_linux_cpu_base():
+def test_this_machine_against_the_shipped_linux_cpu_base(embedded):
     """The shipped base was computed here (mlx 0.32.4, Linux CPU): a prefix of it reproduces bit for bit."""
-    from gemmdrift.models import load_model
-
     base = golden.prefix(golden.read_logits(golden.resolve_golden("linux-cpu")), 24)
-    lm = load_model("embedded")
+    lm = embedded  # the session's load_model("embedded") (bfloat16, load_model's default): one load less
     here = golden.header_for(lm, base.tokens.tolist(), base.header["schedule"], None, 64, False, "", 0.0, None)
     golden.check_pair(base.header, here)
     view, _ = golden.run_view(lm, base.tokens.tolist(), base.header["schedule"], split=None, top_k=64,

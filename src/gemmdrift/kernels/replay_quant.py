@@ -100,16 +100,11 @@ def qmv_geometry(bits: int, fast: bool) -> tuple[int, int]:
 def _partial_sum(xb: np.ndarray, bits: int, float_sums: bool, dtype: str, ftz: bool) -> np.ndarray:
     """``load_vector``'s sum over one lane's values (axis 0): 4-bit adds quads ``x0+x1+x2+x3`` (bf16 ops at
     0.32.2 and older, float at 0.32.4) into a float sum; 8-bit adds each x into a float sum."""
+    if bits == 8 or float_sums:  # the same float adds, in the same order, as qdot's accum
+        return _accum(xb, bits, ftz)
     s = np.zeros(xb.shape[1:], dtype=np.float32)
-    if bits == 8:
-        for i in range(xb.shape[0]):
-            s = add(s, xb[i], ftz)
-        return s
     for i in range(0, xb.shape[0], 4):
-        if float_sums:
-            quad = add(add(add(xb[i], xb[i + 1], ftz), xb[i + 2], ftz), xb[i + 3], ftz)
-        else:
-            quad = add_rounded(add_rounded(add_rounded(xb[i], xb[i + 1], dtype), xb[i + 2], dtype), xb[i + 3], dtype)
+        quad = add_rounded(add_rounded(add_rounded(xb[i], xb[i + 1], dtype), xb[i + 2], dtype), xb[i + 3], dtype)
         s = add(s, quad, ftz)
     return s
 

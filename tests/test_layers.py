@@ -25,6 +25,7 @@ RANKS = {
     "result": 2, "gguf_gemma": 2,
     "models": 3,
     "taps": 4, "workers": 4, "checkpoint": 4,
+    "native_kernels": 1,  # which models are replayed now; their shared prefix on this machine's kernels (issue 22)
     # measurements: each returns a Result
     "kernels.replay_core": 1, "kernels.replay_dense": 2, "kernels.replay_quant": 3, "kernels.replay": 5,
     "kernels.replay_paths": 6, "kernels.replay_model": 7, "kernels.replay_check": 10, "replay_cli": 16,

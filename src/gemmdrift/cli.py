@@ -145,7 +145,7 @@ def cmd_stack(args) -> int:
     impl, _ = cachebench.precheck(args)
     from .kernels.replay_model import KernelsOption
 
-    kopt = KernelsOption(args.kernels, ladder=args.ladder)  # replay:<chip>[@variant]: checked before loading
+    kopt = KernelsOption(args.kernels, ladder=args.ladder, replay_prefix=args.replay_prefix)  # checked before loading
 
     from .envinfo import environment
     from .models import describe
@@ -584,6 +584,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--ladder", action="store_true", help="rerun at float32: rounding shrinks, semantic differences do not")
     s.add_argument("--kernels", help="replay:<chip>[@variant]: every projection and the LM head computed with that "
                                      "chip's replayed kernel orders (a prediction; see README Replay)")
+    s.add_argument("--replay-prefix", action="store_true", help="with --kernels: replay the prefix the schedules "
+                   "share too (default: computed once with this machine's kernels, both schedules start from it)")
     cachebench.add_arguments(s, rollback=False)
     _add_output(s, "results/stack")
     s.set_defaults(func=cmd_stack)

@@ -96,3 +96,82 @@ def test_measure_stack_under_replay_refuses_workers_and_the_ladder(tiny):
             measure_stack(tiny, TOKS, SCHEDS, split=8, local=False, workers=2)
         with pytest.raises(GemmdriftError, match="ladder"):
             measure_stack(tiny, TOKS, SCHEDS, split=8, local=False, ladder=True, workers=1)
+
+
+def _kernel_inputs(lm, names=("q_proj", "mlp.down_proj", "lm_head")):
+    from gemmdrift import kernels
+
+    projs = kernels.projections(lm, layers=[0, lm.n_layers], names=list(names))
+    tokens = np.random.default_rng(0).integers(0, 97, 40).tolist()
+    return projs, kernels.capture_inputs(lm, tokens, projs, max_rows=8, synthetic=False)
+
+
+def test_kernels_replayed_on_cpu_is_the_measured_table_and_says_what_it_skipped(tiny):
+    from gemmdrift import kernels
+    from gemmdrift.kernels.replay_model import KernelsOption
+
+    projs, inputs = _kernel_inputs(tiny)
+    paths = ["model", "quant:affine-q4-g64", "emulated:splitk4"]
+    plain = kernels.measure_kernels(tiny, inputs, projs, paths, [1, 2, 3, 4, 8], workers=1)
+    opt = KernelsOption("replay:cpu")
+    r = kernels.measure_kernels(tiny, inputs, projs, paths, [1, 2, 3, 4, 8], workers=1, kernels=opt)
+    a, b = plain.tables["kernels"], r.tables["kernels"]
+    real = a[a["path"] != "emulated:splitk4"].reset_index(drop=True)
+    assert set(b["path"]) == {"model", "quant:affine-q4-g64"}  # the negative control is not replayed
+    cols = ["layer", "projection", "path", "T", "metric", "value"]
+    assert real[cols].equals(b[cols].reset_index(drop=True))  # replay:cpu is bit-exact: the very same table
+    rec = r.details["replay"]
+    assert rec["prediction"] and rec["chip"].startswith("cpu") and r.inputs["kernels"] == "replay:cpu"
+    skipped = {(s["projection"], s["path"], s["T"]) for s in rec["skipped"]}
+    assert skipped == {(p.name, "emulated:splitk4", "all") for p in projs}
+    assert all("negative control" in s["reason"] for s in rec["skipped"])
+    name = f"0:{projs[0].name}"
+    t1 = [c for c in rec["calls"] if c["projection"] == name and c["T"] == 1]
+    assert sum(c["count"] for c in t1) == 2 * (8 + 1)  # two paths: 8 distinct rows, and the repeat, each
+    assert {c["T"] for c in rec["calls"] if c["projection"] == name} == {1, 2, 3, 4, 8}
+    from gemmdrift import summaries
+
+    assert summaries.text(r).startswith("PREDICTION for cpu") and summaries.summary(r)["replay"]["prediction"]
+
+
+def test_kernels_replayed_on_sm90_and_m5_skip_the_unknowable_block_sizes(tiny):
+    from gemmdrift import kernels
+    from gemmdrift.kernels.replay_model import KernelsOption
+
+    projs, inputs = _kernel_inputs(tiny, ("q_proj",))
+    opt = KernelsOption("replay:sm90")
+    r = kernels.measure_kernels(tiny, inputs, projs, ["model", "quant:affine-q4-g64"], [1, 2, 3], workers=1,
+                                kernels=opt)
+    f = r.tables["kernels"]
+    assert set(f["T"]) == {1} and set(f["path"]) == {"model"}  # cuBLASLt at T > 1, no CUDA qmv recipe
+    reasons = {(s["path"], s["T"]): s["reason"] for s in r.details["replay"]["skipped"]}
+    assert "cuBLASLt" in reasons[("model", 2)] and ("model", 3) in reasons and ("quant:affine-q4-g64", "all") in reasons
+    r5 = kernels.measure_kernels(tiny, inputs, projs, ["model"], [1, 2, 15, 16, 17], workers=1,
+                                 kernels=KernelsOption("replay:M5"))
+    assert set(r5.tables["kernels"]["T"]) == {1, 2, 15}
+    assert "skipped" not in r5.tables  # not replayable is not 'over the FLOP budget'
+    assert {s["T"] for s in r5.details["replay"]["skipped"]} == {16, 17}
+    kinds = {c["kernel"] for c in r5.details["replay"]["calls"]}
+    assert kinds == {"gemv", "gemv_wide"}
+
+
+def test_a_replayed_kernels_unit_builds_its_own_proxy_from_the_text(tiny):
+    """What a worker process runs (the job carries replay:<chip> as text) is the unit the sweep measured."""
+    from gemmdrift import kernels
+    from gemmdrift.errors import GemmdriftError
+    from gemmdrift.kernels.replay_model import KernelsOption
+    from gemmdrift.kernels.runs import _unit_job
+
+    projs, inputs = _kernel_inputs(tiny, ("q_proj",))
+    text = "replay:M3@dot4=pairwise"
+    r = kernels.measure_kernels(tiny, inputs, projs, ["model"], [1, 2, 3], workers=1, kernels=KernelsOption(text))
+    p = projs[0]
+    unit = _unit_job(tiny, layer=p.layer, name=p.name, path="model", rows=inputs[p.key], plan=[2, 3],
+                     repeat_t1=True, synthetic=True, kind="captured", unit_file=None, kernels=text)
+    cols = ["T", "metric", "value"]
+    assert unit[cols].reset_index(drop=True).equals(r.tables["kernels"][cols].reset_index(drop=True))
+    # The proxy really computes the unit (here bf16 rounds M3's and this CPU's float32 sums alike): unplanned,
+    # sm90's T=2 reaches cuBLASLt, whose order nobody knows, and is refused rather than computed natively.
+    with pytest.raises(GemmdriftError, match="cuBLASLt"):
+        _unit_job(tiny, layer=p.layer, name=p.name, path="model", rows=inputs[p.key], plan=[2], repeat_t1=True,
+                  synthetic=True, kind="captured", unit_file=None, kernels="replay:sm90")

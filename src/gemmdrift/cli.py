@@ -192,6 +192,9 @@ def cmd_kernels(args) -> int:
     paths = args.paths.split(",")
     for p in paths:
         kernels.parse_path(p)  # a bad path fails before the model loads
+    from .kernels.replay_model import KernelsOption
+
+    kopt = KernelsOption(args.kernels, ops=args.ops)  # replay:<chip>[@variant]: checked before loading
     lm = _load(args)
     projs = kernels.projections(lm, layers=layers, names=names)
     print(f"gemmdrift kernels: {describe(lm.description)}; {len(projs)} projections x {len(paths)} paths", file=sys.stderr)
@@ -201,8 +204,8 @@ def cmd_kernels(args) -> int:
         ids, label = _tokens(args, lm)
     inputs = kernels.capture_inputs(lm, ids, projs, max_rows=args.rows)
     out = Path(args.out)
-    result = kernels.measure_kernels(lm, inputs, projs, paths, ts, ops=args.ops, max_t=args.max_t,
-                                     checkpoint=out / "checkpoint", env=environment(),
+    result = kernels.measure_kernels(lm, inputs, projs, paths, ts, ops=args.ops, max_t=args.max_t, kernels=kopt,
+                                     checkpoint=out / kopt.checkpoint, env=environment(),
                                      record={"prompt": label, "tokens": ids,
                                              "rows": inputs.describe() if hasattr(inputs, "describe") else None})
     _write_and_print(args, result, out)
@@ -603,6 +606,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--rows", type=int, default=D.KERNEL_MAX_ROWS,
                    help=f"distinct captured rows per projection (default {D.KERNEL_MAX_ROWS})")
     s.add_argument("--ops", action="store_true", help="also sdpa, rms_norm, rope and softmax with the model's geometry")
+    s.add_argument("--kernels", help=D.KERNELS_HELP)
     _add_output(s, "results/kernels")
     s.set_defaults(func=cmd_kernels)
 

@@ -34,12 +34,29 @@ TEXTS: dict[str, Callable[[Result], str]] = {}
 
 def summary(result: Result) -> dict[str, Any]:
     """The machine-readable summary of any Result."""
-    return SUMMARIES.get(result.kind, generic_summary)(result)
+    out = SUMMARIES.get(result.kind, generic_summary)(result)
+    rep = (result.details or {}).get("replay")
+    if rep:  # a replayed run (--kernels replay:<chip>): a prediction, and what was replayed
+        out = {**out, "replay": {k: rep.get(k) for k in ("prediction", "chip", "mlx_version", "variant", "replayed",
+                                                          "not_replayed", "prefix") if rep.get(k) is not None}
+               | {"skipped": len(rep.get("skipped") or [])}}
+    return out
 
 
 def text(result: Result) -> str:
-    """The printed summary of any Result."""
-    return TEXTS.get(result.kind, generic_text)(result)
+    """The printed summary of any Result (a replayed run says first that it is a prediction)."""
+    body = TEXTS.get(result.kind, generic_text)(result)
+    rep = (result.details or {}).get("replay")
+    if not rep:
+        return body
+    kernels = sorted({c["kernel"] for c in rep.get("calls") or []})
+    head = (f"PREDICTION for {rep['chip']} (replayed mlx {rep['mlx_version']} kernel orders, variant "
+            f"{rep['variant']}), not a measurement on it. Replayed: {rep['replayed']} ({', '.join(kernels) or 'none'})"
+            f"; on this machine's kernels: {rep['not_replayed']}."
+            + (f" Shared prefix: {rep['prefix']}." if rep.get("prefix") else "")
+            + (f" Not replayed, and not computed: {len(rep['skipped'])} (see details.replay.skipped)."
+               if rep.get("skipped") else ""))
+    return head + "\n\n" + body
 
 
 # ---- stack

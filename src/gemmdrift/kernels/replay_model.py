@@ -42,14 +42,15 @@ class ReplayLog:
     prefix: str | None = None  # how the prefix the schedules share was computed (stack, diverge, triage)
     prefix_native: bool = True  # that prefix on this machine's kernels (False: replayed, --replay-prefix)
     skipped: list = field(default_factory=list)  # what a replayed kernels sweep could not replay, and why
+    extra: dict = field(default_factory=dict)  # more to say in the record (e.g. where the input rows came from)
 
     def record(self) -> dict[str, Any]:
-        extra = {**({"prefix": self.prefix} if self.prefix else {}), **({"skipped": self.skipped} if self.skipped
-                                                                          else {})}
-        return {**extra, "prediction": True, "chip": self.chip, "mlx_version": self.mlx_version,
+        return {"prediction": True, "chip": self.chip, "mlx_version": self.mlx_version,
                 "variant": self.variant or "default",
                 "replayed": "every projection of every decoder layer and the LM head",
                 "not_replayed": "attention, norms, RoPE, embeddings lookup and the cache (this machine's kernels)",
+                **({"prefix": self.prefix} if self.prefix else {}),
+                **({"skipped": list(self.skipped)} if self.skipped else {}), **self.extra,
                 "calls": [{"projection": p, "kernel": k, "variant": v, "T": t, "count": n}
                           for (p, k, v, t), n in sorted(self.calls.items())]}
 
@@ -158,7 +159,14 @@ class KernelsOption:
     computed once natively.
     """
 
-    def __init__(self, text: str | None, *, ladder: bool = False, replay_prefix: bool = False):
+    # A flag given together with --kernels that cannot work with it: refused before the model loads.
+    REFUSED = {
+        "ladder": "--ladder with --kernels: the float32 rung runs another model copy, not replayed",
+        "ops": "--ops with --kernels: sdpa, rms_norm, rope and softmax have no replay recipe (run --ops without it)",
+        "draft": "--draft with --kernels: a separate draft model is not replayed (the target drafts for itself)",
+    }
+
+    def __init__(self, text: str | None, *, replay_prefix: bool = False, **given: Any):
         self.text = (text or "").strip()
         self.chip = self.variant = None
         self.log: ReplayLog | None = None
@@ -177,8 +185,9 @@ class KernelsOption:
         chip, _, variant = rest.partition("@")
         parse_chip(chip)
         check_variant_text(variant)
-        if ladder:
-            raise GemmdriftError("--ladder with --kernels: the float32 rung runs another model copy, not replayed")
+        for flag, value in given.items():
+            if value:
+                raise GemmdriftError(self.REFUSED[flag])
         self.chip, self.variant = chip, variant or None
 
     @property
@@ -207,6 +216,11 @@ class KernelsOption:
             self.log = log
             log.prefix_native = not self.replay_prefix
             yield log
+
+    def units_log(self) -> ReplayLog:
+        """A new log for a replayed ``kernels`` sweep (its operators are replayed, not the model)."""
+        self.log = ReplayLog(parse_chip(self.chip).name, installed_mlx(), self.variant or "")
+        return self.log
 
     def label(self, result):
         """The result with what was replayed (unchanged without --kernels)."""

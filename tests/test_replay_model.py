@@ -175,3 +175,56 @@ def test_a_replayed_kernels_unit_builds_its_own_proxy_from_the_text(tiny):
     with pytest.raises(GemmdriftError, match="cuBLASLt"):
         _unit_job(tiny, layer=p.layer, name=p.name, path="model", rows=inputs[p.key], plan=[2], repeat_t1=True,
                   synthetic=True, kind="captured", unit_file=None, kernels="replay:sm90")
+
+
+def test_diverge_and_triage_under_replay(monkeypatch):
+    from conftest import make_tiny
+    from gemmdrift import diverge as dv
+    from gemmdrift.errors import GemmdriftError
+    from gemmdrift.kernels.replay_model import KernelsOption
+
+    lm = make_tiny(seed=1, hidden_size=256, intermediate_size=512, sliding_window_pattern=1)
+    prompt = list(range(10, 22))
+    plain = dv.measure_diverge(lm, prompt, 20, k=2, workers=1)
+    opt = KernelsOption("replay:cpu")
+    with opt.installed(lm):
+        r = opt.label(dv.measure_diverge(lm, prompt, 20, k=2))  # workers: one process, by itself
+    for key in ("stream_a", "stream_b"):
+        assert r.details[key]["tokens"] == plain.details[key]["tokens"]
+    assert r.figures == plain.figures and r.details["triage"] == plain.details["triage"]
+    rec = r.details["replay"]
+    assert rec["prefix"].startswith("native, shared by both streams (11 tokens")
+    assert "native, shared by both teacher-forced runs" in rec["prefix"]
+    assert max(c["T"] for c in rec["calls"]) == 3  # T=1 decode and drafts, T=3 verification: no prefill replayed
+    with opt.installed(lm):
+        with pytest.raises(GemmdriftError, match="one process"):
+            dv.diverge(lm, prompt, 10, k=2, workers=2)
+    a, b = plain.details["stream_a"], plain.details["stream_b"]
+    m3 = KernelsOption("replay:M3")
+    with m3.installed(lm):
+        t = m3.label(dv.measure_triage(lm, prompt, a["tokens"], b["tokens"], a["schedule"], b["schedule"]))
+    rec = t.details["replay"]
+    assert rec["chip"] == "M3" and rec["prefix"].startswith("native, shared by both teacher-forced runs")
+    assert {c["kernel"] for c in rec["calls"]} == {"gemv", "gemv_wide"} and t.details["triage"]["verdict"]
+    assert t.inputs["kernels"] == "replay:M3"
+
+
+@pytest.mark.parametrize("argv, match", [
+    (["kernels", "--kernels", "replay:M9"], "unknown replay chip"),
+    (["kernels", "--kernels", "replay:M3", "--ops"], "--ops with --kernels"),
+    (["diverge", "--kernels", "replay:M3@dot4=nope"], "unknown dot4 variant"),
+    (["diverge", "--kernels", "replay:M3", "--draft", "embedded"], "--draft with --kernels"),
+    (["diverge", "--kernels", "cuda:sm90"], "expected replay:<chip>"),
+    (["triage", "--kernels", "replay:M9", "--stream-a", "{a}", "--stream-b", "{b}"], "unknown replay chip"),
+    (["stack", "--replay-prefix"], "--replay-prefix needs --kernels"),
+])
+def test_kernels_bad_input_exits_2_before_loading(argv, match, capsys, monkeypatch, tmp_path):
+    from gemmdrift import cli, models
+
+    monkeypatch.setattr(models, "load_model", lambda *a, **k: pytest.fail("the model was loaded"))
+    for name in ("a", "b"):
+        (tmp_path / name).write_text("[1, 2, 3]")
+    argv = [x.format(a=tmp_path / "a", b=tmp_path / "b") for x in argv]
+    assert cli.main([argv[0], "--out", str(tmp_path / "o"), *argv[1:]]) == 2
+    err = capsys.readouterr().err.strip()
+    assert match in err and len(err.splitlines()) == 1, err

@@ -59,15 +59,15 @@ def shared_prefix(model) -> Iterator[Any]:
 
 
 def say_prefix(log, prefix, shared_by: str = "both schedules") -> None:
-    """Record in a replayed run's log how the prefix its schedules share was computed (``prefix``: a
-    :class:`gemmdrift.taps.Prefix` or None)."""
+    """Record in a replayed run's log how the prefix its runs share was computed (``prefix``: a
+    :class:`gemmdrift.taps.Prefix`, or None when they share none); each distinct sentence once."""
     if log is None:
         return
-    if prefix is None:
-        log.prefix = log.prefix or "none shared: every block replayed in its own schedule"
-        return
     how = "native" if log.prefix_native else "replayed"
-    log.prefix = f"{how}, shared by {shared_by} ({prefix.length} tokens in {len(prefix.blocks)} passes)"
+    said = (f"{how}, shared by {shared_by} ({prefix.length} tokens in {len(prefix.blocks)} passes)"
+            if prefix is not None else f"none shared by {shared_by}: each replayed its own")
+    if said not in (log.prefix or "").split("; "):
+        log.prefix = f"{log.prefix}; {said}" if log.prefix else said
 
 
 def check_in_process(model, workers: int | None, what: str) -> int | None:

@@ -19,7 +19,6 @@ from ..taps import to_numpy
 from .capture import Projection, inputs_digest
 from .ops import ops_sweep
 from .paths import PathSpec, _Operator, build_operator, parse_path
-from .replay_units import plan_unit, replay_operator
 from .table import TABLE_COLUMNS, block_drift, kernels_result
 
 # T=1 is the reference (always computed). 2..17, 24, 32 and 33 bracket the
@@ -208,6 +207,8 @@ def sweep(lm, inputs: Mapping[tuple[int, str], np.ndarray], projs: Sequence[Proj
     ckpt = Path(checkpoint) if checkpoint is not None else None
     replay = kernels if kernels is not None and kernels.text else None
     log = replay.units_log() if replay is not None else None
+    if replay is not None:
+        from .replay_units import plan_unit  # the replay engine is imported only by a replayed sweep
     if ckpt is not None:
         _open_checkpoint(ckpt, {"model": lm.description.source, "dtype": lm.description.dtype,
                                 "quantization": lm.info["quantization"], "ts": ts, "max_t": max_t,
@@ -261,6 +262,8 @@ def _unit_job(lm, *, layer: int, name: str, path: str, rows: np.ndarray, plan: S
     proj = projections(lm, layers=[layer], names=[name])[0]
     op = build_operator(lm, proj, spec)
     if kernels:
+        from .replay_units import replay_operator
+
         op = replay_operator(lm, op, proj, kernels)
     labels = _label(proj, spec, op, synthetic, kind)
     measured = measure_unit(op, rows, plan, repeat_t1=repeat_t1)

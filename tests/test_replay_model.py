@@ -228,3 +228,17 @@ def test_kernels_bad_input_exits_2_before_loading(argv, match, capsys, monkeypat
     assert cli.main([argv[0], "--out", str(tmp_path / "o"), *argv[1:]]) == 2
     err = capsys.readouterr().err.strip()
     assert match in err and len(err.splitlines()) == 1, err
+
+
+def test_a_replayed_result_reads_as_a_prediction_in_its_report(tiny, tmp_path):
+    from gemmdrift import kernels, store
+    from gemmdrift.kernels.replay_model import KernelsOption
+    from gemmdrift.report import build_report
+
+    projs, inputs = _kernel_inputs(tiny, ("q_proj",))
+    r = kernels.measure_kernels(tiny, inputs, projs, ["model"], [1, 2], workers=1, kernels=KernelsOption("replay:M3"))
+    store.write_result(r, tmp_path / "k")
+    assert "PREDICTION for M3" in build_report(tmp_path / "k")["markdown"].read_text()
+    plain = kernels.measure_kernels(tiny, inputs, projs, ["model"], [1, 2], workers=1)
+    store.write_result(plain, tmp_path / "p")
+    assert "PREDICTION" not in build_report(tmp_path / "p")["markdown"].read_text()

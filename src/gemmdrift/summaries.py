@@ -46,9 +46,15 @@ def summary(result: Result) -> dict[str, Any]:
 def text(result: Result) -> str:
     """The printed summary of any Result (a replayed run says first that it is a prediction)."""
     body = TEXTS.get(result.kind, generic_text)(result)
+    note = replay_note(result)
+    return body if note is None else note + "\n\n" + body
+
+
+def replay_note(result: Result) -> str | None:
+    """What a replayed run (``--kernels replay:<chip>``) predicted and how, in one paragraph; None otherwise."""
     rep = (result.details or {}).get("replay")
     if not rep:
-        return body
+        return None
     kernels = sorted({c["kernel"] for c in rep.get("calls") or []})
     head = (f"PREDICTION for {rep['chip']} (replayed mlx {rep['mlx_version']} kernel orders, variant "
             f"{rep['variant']}), not a measurement on it. Replayed: {rep['replayed']} ({', '.join(kernels) or 'none'})"
@@ -56,7 +62,7 @@ def text(result: Result) -> str:
             + (f" Shared prefix: {rep['prefix']}." if rep.get("prefix") else "")
             + (f" Not replayed, and not computed: {len(rep['skipped'])} (see details.replay.skipped)."
                if rep.get("skipped") else ""))
-    return head + "\n\n" + body
+    return head
 
 
 # ---- stack

@@ -593,8 +593,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--logit-positions", help="positions whose logits are compared, A:B or none (default: --positions)")
     s.add_argument("--no-local", action="store_true", help="skip local drift (saves one run per schedule)")
     s.add_argument("--ladder", action="store_true", help="rerun at float32: rounding shrinks, semantic differences do not")
-    s.add_argument("--kernels", help="replay:<chip>[@variant]: every projection and the LM head computed with that "
-                                     "chip's replayed kernel orders (a prediction; see README Replay)")
+    s.add_argument("--kernels", help=D.KERNELS_HELP)
     s.add_argument("--replay-prefix", action="store_true", help="with --kernels: replay the prefix the schedules "
                    "share too (default: computed once with this machine's kernels, both schedules start from it)")
     cachebench.add_arguments(s, rollback=False)

@@ -323,6 +323,18 @@ def _fingerprint_part(d: Path, env: dict[str, Any]) -> tuple[list[Block], list[s
     return blocks, reading
 
 
+STATE_LEGEND = {  # every verdict a state cell can show (summaries._state_cells), in its order of severity
+    "STATE BUG": "different entries or offsets, or an operation refused while the generator carried on",
+    "refused": "a cache under test (--cache-impl) raised or broke the cache protocol in this case",
+    "unreliable": "a difference that did not shrink enough where the float32 rung was not true float32 (TF32 "
+                  "matmuls), so rounding and a bug cannot be told apart",
+    "rounding": "differs but shrinks at float32",
+    "EXACT": "bit-identical",
+    "not applicable": "the model has no cache the operation applies to",
+    "not checked": "a cache class gemmdrift does not know",
+}
+
+
 def _state_part(d: Path, env: dict[str, Any]) -> tuple[list[Block], list[str]]:
     from .store import read_result
     from .summaries import _state_cells, state_summary
@@ -334,9 +346,8 @@ def _state_part(d: Path, env: dict[str, Any]) -> tuple[list[Block], list[str]]:
     blocks: list[Block] = [
         ("p", f"Each case runs a cache operation of mlx-lm {s['mlx_lm']} and a reference that never did it, from the "
               f"same state and with the same blocks, and compares the cache contents in temporal order and the next "
-              f"position's logits. Prefix lengths: {pre} (sliding window {s['window']}). EXACT: bit-identical; "
-              "rounding: differs but shrinks at float32; STATE BUG: different entries or offsets, or an operation "
-              "refused while the generator carried on. The full table is state.csv."),
+              f"position's logits. Prefix lengths: {pre} (sliding window {s['window']}).  "
+              + "; ".join(f"{v}: {what}" for v, what in STATE_LEGEND.items()) + ". The full table is state.csv."),
         ("table", _state_cells(t).to_dict(orient="records")),
     ]
     reading = []

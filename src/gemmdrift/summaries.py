@@ -431,10 +431,13 @@ TEXTS["fingerprint"] = fingerprint_text
 # ---- state
 
 
+STATE_SEVERITY = ["STATE BUG", "refused", "unreliable", "rounding", "EXACT", "not applicable", "not checked"]
+
+
 def _state_cells(table: pd.DataFrame) -> pd.DataFrame:
     """One row per cache class and operation, one column per prefix position: 'EXACT 14', 'STATE BUG 10/14'."""
     order = ["below", "at", "past", "far", ""]
-    worst = ["STATE BUG", "refused", "unreliable", "rounding", "EXACT", "not applicable", "not checked"]
+    worst = STATE_SEVERITY
     rows = []
     for (cache, op), g in table.groupby(["cache", "operation"], sort=False):
         row = {"cache": cache, "operation": op}
@@ -511,8 +514,10 @@ def batch_text(result: Result) -> str:
                  + (f", single-sequence reference envelope {f['reference_envelope']:.4g}"
                     if "reference_envelope" in f else ""))
     if "batch_outside_rounding" in f:
-        lines.append(f"precision ladder (float32 rerun) of the rows outside: {int(f['batch_outside_rounding'])} "
-                     f"rounding, {int(f['batch_outside_semantic'])} semantic")
+        counts = ", ".join(f"{int(f[k])} {k.removeprefix('batch_outside_')}" for k in
+                           ("batch_outside_rounding", "batch_outside_semantic", "batch_outside_unclear",
+                            "batch_outside_unreliable", "batch_outside_identical") if k in f)  # runs before 'unclear'/'unreliable' were counted
+        lines.append(f"precision ladder (float32 rerun) of the rows outside: {counts}")
     if "batch_speedup" in f:
         lines.append(f"largest batch: {f['batch_speedup']:.2f}x the speed of the same streams one by one")
     lt = result.tables.get("batch_layers")

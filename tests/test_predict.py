@@ -163,3 +163,16 @@ def test_report_renders_the_part_and_an_older_run_without_it(lm, run, tmp_path):
     assert "not knowable" in md
     back = store.read_result(new / "predict")  # read back from disk: the same figures
     assert dict(back.figures) == dict(result.figures)
+
+
+def test_the_main_job_keys_the_part_by_its_own_sizes_and_leaves_the_other_keys_alone(lm, monkeypatch):
+    from dataclasses import asdict, replace
+
+    from gemmdrift import suite
+    from gemmdrift.models import resume_key
+
+    s = suite.SIZES["quick"]
+    assert suite._key("stack-decode", lm, s) == resume_key(lm.description, "stack-decode", asdict(s))
+    a = suite._key("predict", lm, s, asdict(predict.SIZES["quick"]))
+    b = suite._key("predict", lm, s, asdict(replace(predict.SIZES["quick"], tokens=6)))
+    assert a != b

@@ -167,7 +167,7 @@ def _share_reference(lm, tokens, sizes: PredictSizes, ref: str, src: Path, dst: 
 def _layer_rows(table: pd.DataFrame, labels: dict[str, Any]) -> list[dict]:
     t = table[(table["mode"] == "accumulated") & table["metric"].isin(METRICS)]
     wide = t.pivot_table(index=["pair", "schedule", "tap", "layer", "layer_type"], columns="metric",
-                         values="value", aggfunc="first").reset_index()
+                         values="value", aggfunc="first").reset_index().sort_values(["schedule", "layer"])
     return [{**labels, **{k: r[k] for k in ("pair", "schedule", "tap", "layer", "layer_type")},
              **{m: float(r[m]) for m in METRICS if m in r}} for _, r in wide.iterrows()]
 

@@ -22,9 +22,22 @@ def _label(result: Result, chip: str) -> str:
     """'prediction for M1 (mlx 0.32.4, variant mma=H1; band over mma=H1..mma=H4), not a measurement'."""
     variants = (result.inputs.get("variants") or {}).get(chip) or []
     version = result.inputs.get("mlx_replayed")
-    default = variants[0] if variants else "exact"
+    default = variants[0] if variants else ""
+    which = ("no variant: its recipes leave no order open" if default in ("", "exact") else f"variant {default}")
     band = f"; band over {len(variants)} variants {', '.join(variants)}" if len(variants) > 1 else ""
-    return f"prediction for {chip} (mlx {version}, variant {default or 'exact'}{band}), not a measurement"
+    return f"prediction for {chip} (mlx {version}, {which}{band}), not a measurement"
+
+
+def _pair(schedule: str) -> str:
+    from .predict import CUDA_PAIR
+
+    return "decode: CUDA gemv vs this CPU" if schedule == CUDA_PAIR else schedule
+
+
+def _not_knowable(reason: str) -> str:
+    """'... mlx 0.32.4 dispatches cublaslt, which ...' -> 'not knowable (mlx 0.32.4 dispatches cublaslt)'."""
+    head = str(reason).split(", which", 1)[0]
+    return "not knowable (" + head.split(": ", 1)[-1] + ")"
 
 
 def predict_summary(result: Result) -> dict[str, Any]:
@@ -48,8 +61,9 @@ def envelope_table(result: Result) -> list[dict[str, Any]]:
     rows = []
     for _, r in env.iterrows() if len(env) else []:
         row = {"chip": r["chip"] if r["source"] == "prediction" else "this CPU (measured)",
-               "pair": r["schedule"], "variants": int(r["variants"])}
-        for m, name in (("max_abs_dlogit", "max |Δlogit|"), ("max_abs_dgap", "max |Δgap|"), ("flips", "flips"),
+               "pair": _pair(r["schedule"]), "variants": int(r["variants"])}
+        # (no '|' in a column name: it would split the markdown table)
+        for m, name in (("max_abs_dlogit", "max Δlogit"), ("max_abs_dgap", "max Δgap"), ("flips", "flips"),
                         ("same_top1_share", "same top-1")):
             if f"{m}_default" not in r or pd.isna(r[f"{m}_default"]):
                 continue
@@ -58,8 +72,8 @@ def envelope_table(result: Result) -> list[dict[str, Any]]:
         rows.append(row)
     refused = result.tables.get("refused", pd.DataFrame())
     for _, r in refused.iterrows() if len(refused) else []:
-        rows.append({"chip": r["chip"], "pair": r["schedule"], "variants": 0,
-                     "max |Δlogit|": "not knowable: " + str(r["reason"]).split("(", 1)[-1].rstrip(")")[:90]})
+        rows.append({"chip": r["chip"], "pair": _pair(r["schedule"]), "variants": 0,
+                     "max Δlogit": _not_knowable(r["reason"])})
     return rows
 
 
@@ -79,7 +93,7 @@ def reading(result: Result) -> list[str]:
     out = []
     for chip, c in s["chips"].items():
         for r in c["envelope"]:
-            out.append(f"`{chip}` `{r['schedule']}`: max |Δlogit| {fmt(r.get('max_abs_dlogit_default'))} "
+            out.append(f"`{chip}` {_pair(r['schedule'])}: max |Δlogit| {fmt(r.get('max_abs_dlogit_default'))} "
                        f"(variants {fmt(r.get('max_abs_dlogit_min'))}..{fmt(r.get('max_abs_dlogit_max'))}), "
                        f"{fmt(r.get('flips_default'))} flips: a {c['label']}.")
         for r in c["refused"]:
@@ -125,7 +139,7 @@ def predict_figure(result: Result):
         for i, (sched, g) in enumerate(mine.groupby("schedule", sort=False) if len(mine) else []):
             g = g.sort_values("layer")
             x = g["layer"].to_numpy()
-            ax.plot(x, g["rel_l2_default"], marker="o", ms=3, color=f"C{i}", label=f"{sched} (predicted)")
+            ax.plot(x, g["rel_l2_default"], marker="o", ms=3, color=f"C{i}", label=f"{_pair(sched)} (predicted)")
             if (g["rel_l2_min"] != g["rel_l2_max"]).any() or int(g["variants"].max()) > 1:
                 ax.fill_between(x, g["rel_l2_min"], g["rel_l2_max"], color=f"C{i}", alpha=0.25,
                                 label=f"{sched}: min..max over variants")
@@ -138,7 +152,10 @@ def predict_figure(result: Result):
         taps = sorted(set(zip(lay["layer"], lay["tap"]))) if len(lay) else []
         ax.set_xticks([t[0] for t in taps], [str(t[1]).replace("layer ", "") for t in taps], fontsize=6)
         ax.set_ylabel("rel L2 vs decode", fontsize=8)
-        ax.set_title(_label(result, chip), fontsize=8)
+        refused = result.tables.get("refused", pd.DataFrame())
+        no = refused[refused["chip"] == chip] if len(refused) else refused
+        ax.set_title(_label(result, chip) + (f"; {', '.join(no['schedule'])}: {_not_knowable(no['reason'].iloc[0])}"
+                                             if len(no) else ""), fontsize=7)
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=6, loc="upper left")
     axes[-1, 0].set_xlabel("tap (decoder layer, norm, logits)", fontsize=8)

@@ -28,10 +28,15 @@ def _label(result: Result, chip: str) -> str:
     return f"prediction for {chip} (mlx {version}, {which}{band}), not a measurement"
 
 
+def _here(result: Result) -> str:
+    """'this machine (cpu)': the measured line is this machine's own kernels, whatever its backend."""
+    return f"this machine ({(result.env or {}).get('backend') or 'unknown backend'})"
+
+
 def _pair(schedule: str) -> str:
     from .predict import CUDA_PAIR
 
-    return "decode: CUDA gemv vs this CPU" if schedule == CUDA_PAIR else schedule
+    return "decode: CUDA gemv vs this machine's" if schedule == CUDA_PAIR else schedule
 
 
 def _not_knowable(reason: str) -> str:
@@ -60,7 +65,7 @@ def envelope_table(result: Result) -> list[dict[str, Any]]:
     env = result.tables.get("spread_envelope", pd.DataFrame())
     rows = []
     for _, r in env.iterrows() if len(env) else []:
-        row = {"chip": r["chip"] if r["source"] == "prediction" else "this CPU (measured)",
+        row = {"chip": r["chip"] if r["source"] == "prediction" else f"{_here(result)}, measured",
                "pair": _pair(r["schedule"]), "variants": int(r["variants"])}
         # (no '|' in a column name: it would split the markdown table)
         for m, name in (("max_abs_dlogit", "max Δlogit"), ("max_abs_dgap", "max Δgap"), ("flips", "flips"),
@@ -99,7 +104,8 @@ def reading(result: Result) -> list[str]:
         for r in c["refused"]:
             out.append(f"`{chip}` `{r['schedule']}`: not predicted, its kernel order is not knowable ({r['reason']}).")
     for r in s["measured"]:
-        out.append(f"this CPU, measured, `{r['schedule']}`: max |Δlogit| {fmt(r.get('max_abs_dlogit_default'))}, "
+        out.append(f"{_here(result)}, measured, `{r['schedule']}`: "
+                   f"max |Δlogit| {fmt(r.get('max_abs_dlogit_default'))}, "
                    f"{fmt(r.get('flips_default'))} flips.")
     return out
 
@@ -114,7 +120,7 @@ def report_part(result: Result) -> tuple[list[tuple], list[str]]:
               "compared, logits at every one, below the sliding window), every projection and the LM head "
               f"replayed with each chip's kernel orders (mlx {result.inputs.get('mlx_replayed')}); attention, "
               "norms and the cache stay on this machine's kernels. **These are predictions, not measurements "
-              "on those chips**; the measured CPU line (this machine's kernels, the same pairs) is beside "
+              "on those chips**; the measured line (this machine's own kernels, the same pairs) is beside "
               f"them. Cost here: {sum(secs.values()):.0f} s."),
         ("ul", [_label(result, c) for c in sizes.get("chips", [])]),
         ("table", envelope_table(result)),
@@ -146,7 +152,7 @@ def predict_figure(result: Result):
         for j, (sched, g) in enumerate(measured.groupby("schedule", sort=False) if len(measured) else []):
             g = g.sort_values("layer")
             ax.plot(g["layer"], g["rel_l2_default"], color="k", ls=":", marker="x", ms=3,
-                    label=f"{sched}: this CPU, measured")
+                    label=f"{sched}: {_here(result)}, measured")
         if not len(mine):
             ax.text(0.5, 0.5, "nothing knowable to predict", transform=ax.transAxes, ha="center")
         taps = sorted(set(zip(lay["layer"], lay["tap"]))) if len(lay) else []

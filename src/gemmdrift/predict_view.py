@@ -25,6 +25,8 @@ def _label(result: Result, chip: str) -> str:
     default = variants[0] if variants else ""
     which = ("no variant: its recipes leave no order open" if default in ("", "exact") else f"variant {default}")
     band = f"; band over {len(variants)} variants {', '.join(variants)}" if len(variants) > 1 else ""
+    if (result.inputs.get("sizes") or {}).get("variants") == "default" and which.startswith("variant"):
+        band = "; the default only, other variants not run"
     return f"prediction for {chip} (mlx {version}, {which}{band}), not a measurement"
 
 

@@ -421,7 +421,7 @@ def _predict_part(d: Path, env: dict[str, Any]) -> tuple[list[Block], list[str]]
 PARTS["predict"] = _predict_part  # issue 22
 PART_TITLES["predict"] = KIND_TITLES["predict"] = "Predicted GPU drift (replay)"
 FIGURES["predict"] = [("predict_drift.png", "per-layer drift predicted per chip (band: min..max over the variants) "
-                                            "beside this CPU's measured line; predictions, not measurements")]
+                                            "beside this machine's measured line; predictions, not measurements")]
 
 
 def _environment(d: Path, parts: list[tuple[Path, str]]) -> tuple[dict[str, Any], dict[str, Any]]:

@@ -154,7 +154,12 @@ def _share_reference(lm, tokens, sizes: PredictSizes, ref: str, src: Path, dst: 
     from .stack import _run_key
 
     positions = np.arange(sizes.split, sizes.tokens)
-    name = _run_key(lm, tokens, ref, "reference", lm.description.dtype, sizes.split, positions, positions) + ".npz"
+    try:
+        name = _run_key(lm, tokens, ref, "reference", lm.description.dtype, sizes.split, positions, positions)
+    except TypeError:  # stack's run key changed shape: recompute the reference rather than guess its file
+        _say("the decode reference is not shared (stack's run key changed): computed again")
+        return False
+    name += ".npz"
     if not (src / name).is_file():
         return False
     dst.mkdir(parents=True, exist_ok=True)

@@ -163,6 +163,10 @@ def test_report_renders_the_part_and_an_older_run_without_it(lm, run, tmp_path):
     assert "not knowable" in md
     back = store.read_result(new / "predict")  # read back from disk: the same figures
     assert dict(back.figures) == dict(result.figures)
+    from gemmdrift import summaries
+
+    text = summaries.text(back)
+    assert "Predicted GPU drift (replay)" in text and "not knowable (mlx" in text
 
 
 def test_the_main_job_keys_the_part_by_its_own_sizes_and_leaves_the_other_keys_alone(lm, monkeypatch):

@@ -123,7 +123,9 @@ def report_part(result: Result) -> tuple[list[tuple], list[str]]:
               f"replayed with each chip's kernel orders (mlx {result.inputs.get('mlx_replayed')}); attention, "
               "norms and the cache stay on this machine's kernels. **These are predictions, not measurements "
               "on those chips**; the measured line (this machine's own kernels, the same pairs) is beside "
-              f"them. Cost here: {sum(secs.values()):.0f} s."),
+              f"them. A small sample: a kernel pair whose orders rarely disagree (M3's gemv_wide against gemv: "
+              "a few outputs in 10^4) can show no drift at these positions. "
+              f"Cost here: {sum(secs.values()):.0f} s."),
         ("ul", [_label(result, c) for c in sizes.get("chips", [])]),
         ("table", envelope_table(result)),
     ]

@@ -119,6 +119,20 @@ def test_resume_reruns_nothing_and_gives_the_same_tables(lm, run, monkeypatch):
     again = predict.predict_drift(lm, SIZES, tokens=TOKENS, checkpoint=ck)
     pd.testing.assert_frame_equal(again.tables["layers"], result.tables["layers"])
     assert dict(again.figures) == dict(result.figures)
+    # What ran is still recorded, from the plans: the CUDA decode is gemv at every T it feeds.
+    cuda = [r for r in again.details["replay"] if r["chip"] == "sm90"][0]
+    assert cuda["calls"] == [] and cuda["planned"] == [{"T": 1, "kernel": "cuda_gemv", "variant": "exact"}]
+
+
+def test_a_corrupt_saved_run_is_set_aside_and_made_again(lm, run, tmp_path):
+    import shutil
+
+    result, ck = run
+    mine = tmp_path / "checkpoint"
+    shutil.copytree(ck, mine)
+    (mine / "replay-sm90-decode.npz").write_bytes(b"not a zip")
+    again = predict.predict_drift(lm, SIZES, tokens=TOKENS, checkpoint=mine)
+    assert dict(again.figures) == dict(result.figures)
 
 
 def test_the_decode_reference_is_shared_only_where_every_call_plans_alike(lm):

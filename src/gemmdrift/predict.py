@@ -209,7 +209,7 @@ def predict_drift(lm, sizes: PredictSizes, *, checkpoint: str | Path | None = No
     from .kernels.replay_paths import installed_mlx
     from .prompts import builtin_stream
     from .stack import compare_taps, measure_stack
-    from .taps import load_taps, run_schedule, save_taps
+    from .taps import run_schedule, save_taps
 
     check_sizes(sizes)
     env = env if env is not None else environment()
@@ -267,7 +267,7 @@ def predict_drift(lm, sizes: PredictSizes, *, checkpoint: str | Path | None = No
                 labels = {"chip": chip, "variant": v or "exact", "default": i == 0, "source": "prediction"}
                 layers += _layer_rows(r.tables["stack"], labels)
                 envs += _envelope_rows(r.tables["envelope"], labels)
-                logs.append({"label": label, **log.record()})
+                logs.append({"label": label, **log.record(), "planned": _planned(lm, chip, ts, run, v)})
         if chip in CUDA_CHIPS or not knowable:
             # What is knowable: the chip's T=1 kernels decoding the same stream, against this machine's decode.
             why = refusal(lm, chip, ts[scheds[0]])
@@ -277,9 +277,8 @@ def predict_drift(lm, sizes: PredictSizes, *, checkpoint: str | Path | None = No
             path = ck / f"replay-{chip}-decode.npz" if ck else None
             t0 = time.perf_counter()
             with replayed(lm, chip, None, version) as log:
-                if path is not None and path.is_file():
-                    other = load_taps(path)
-                else:
+                other = _load(path)
+                if other is None:
                     other = run_schedule(lm.model, tokens, scheds[0], split=split, positions=positions,
                                          logit_positions=positions)
                     if path is not None:
@@ -295,7 +294,7 @@ def predict_drift(lm, sizes: PredictSizes, *, checkpoint: str | Path | None = No
             envs += _envelope_rows(pd.DataFrame([{"pair": pair, "schedule": CUDA_PAIR, "mode": "accumulated",
                                                   **envelope}]), labels)
             variants_run.setdefault(chip, ["exact"])
-            logs.append({"label": f"{chip} decode", **log.record()})
+            logs.append({"label": f"{chip} decode", **log.record(), "planned": _planned(lm, chip, ts, scheds[:1], "")})
 
     tables = {"layers": pd.DataFrame(layers), "envelope": pd.DataFrame(envs)}
     tables["spread_layers"], tables["spread_envelope"] = spread(tables["layers"], tables["envelope"])
@@ -308,6 +307,32 @@ def predict_drift(lm, sizes: PredictSizes, *, checkpoint: str | Path | None = No
                  model=lm.info.get("source", ""), dtype=lm.description.dtype)
     return Result(kind="predict", inputs=inputs, env=env, frame=frame, figures=predict_figures(tables),
                   tables=tables, details={"replay": logs, "seconds": seconds})
+
+
+def _load(path: Path | None):
+    """A run's saved taps, or None (not saved yet; a corrupt file is set aside and the run made again)."""
+    import zipfile
+
+    from .files import discard_checkpoint
+    from .taps import load_taps
+
+    if path is None or not path.is_file():
+        return None
+    try:
+        return load_taps(path)
+    except (OSError, ValueError, KeyError, TypeError, EOFError, zipfile.BadZipFile) as e:
+        discard_checkpoint(path, e.__class__.__name__)
+        return None
+
+
+def _planned(lm, chip: str, ts: dict[str, list[int]], run: Sequence[str], variant: str) -> list[dict[str, Any]]:
+    """Which kernel and variant every call of these schedules plans, by T: the record of a run even when its
+    taps were resumed from a checkpoint (the replay log counts only the calls made in this process)."""
+    out = set()
+    for t in sorted({t for s in run for t in ts[s]}):
+        for p in _plans(lm, chip, [t], variant or None):
+            out.add((t, p.recipe.kernel, ",".join(f"{k}={v}" for k, v in p.variant.items()) or "exact"))
+    return [{"T": t, "kernel": k, "variant": v} for t, k, v in sorted(out)]
 
 
 def spread(layers: pd.DataFrame, envelope: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:

@@ -423,6 +423,18 @@ KIND_TITLES["compare"] = "Two runs compared: KLD, Δp, same top-1 against a base
 FIGURES["compare"] = [("compare.png", "KLD(base ‖ other) and Δp of the correct token per position")]
 
 
+def _predict_part(d: Path, env: dict[str, Any]) -> tuple[list[Block], list[str]]:
+    from .predict_view import report_part
+
+    return report_part(_result(d))
+
+
+PARTS["predict"] = _predict_part  # issue 22
+PART_TITLES["predict"] = KIND_TITLES["predict"] = "Predicted GPU drift (replay)"
+FIGURES["predict"] = [("predict_drift.png", "per-layer drift predicted per chip (band: min..max over the variants) "
+                                            "beside this machine's measured line; predictions, not measurements")]
+
+
 def _environment(d: Path, parts: list[tuple[Path, str]]) -> tuple[dict[str, Any], dict[str, Any]]:
     """The environment record and the model description found in a results directory."""
     env = _json(d / "env.json") or {}

@@ -587,3 +587,22 @@ def _compare_text(result: Result) -> str:
 
 SUMMARIES["compare"] = _compare_summary
 TEXTS["compare"] = _compare_text
+
+
+# ---- predict (issue 22): the words live in gemmdrift.predict_view
+
+
+def _predict_summary(result: Result) -> dict[str, Any]:
+    from .predict_view import predict_summary
+
+    return predict_summary(result)
+
+
+def _predict_text(result: Result) -> str:
+    from .predict_view import predict_text
+
+    return predict_text(result)
+
+
+SUMMARIES["predict"] = _predict_summary
+TEXTS["predict"] = _predict_text

@@ -230,3 +230,25 @@ def test_measure_batch_with_layers_tables_figure_and_text(tiny, tmp_path):
     assert len(back.tables["batch_layers"]) == len(lt)
     streams = sorted(p.name for p in (tmp_path / "b" / "streams").glob("*.json"))  # for `gemmdrift triage`
     assert len(streams) == 2 * len(r.tables["batch"]) and streams[0].endswith("_a.json")
+
+
+def test_ladder_counts_count_every_verdict_of_the_rows_the_ladder_judged():
+    import pandas as pd
+
+    from gemmdrift.batch import ladder_counts
+    from types import SimpleNamespace
+
+    from gemmdrift.summaries import BATCH_COLUMNS, batch_text
+
+    assert ladder_counts(pd.DataFrame({"ladder": ["", ""]})) == {}  # no ladder ran: no figures
+    assert ladder_counts(pd.DataFrame({"verdict": ["IDENTICAL"]})) == {}
+    t = pd.DataFrame({"ladder": ["rounding", "", "unreliable", "semantic", "unreliable", "unclear", "rounding"]})
+    counts = ladder_counts(t)
+    assert counts == {"batch_outside_rounding": 2.0, "batch_outside_semantic": 1.0, "batch_outside_unclear": 1.0,
+                      "batch_outside_unreliable": 2.0, "batch_outside_identical": 0.0}
+    assert sum(counts.values()) == (t["ladder"] != "").sum()
+    figures = {"batch_rows": 7.0, "batch_identical": 1.0, "batch_flips": 6.0, "batch_outside": 6.0,
+               "batch_envelope": 0.5, **counts}
+    table = pd.DataFrame({c: [1] for c in BATCH_COLUMNS}).assign(ladder="rounding", ladder_envelope=0.1)
+    text = batch_text(SimpleNamespace(tables={"batch": table}, figures=figures))
+    assert "2 rounding, 1 semantic, 1 unclear, 2 unreliable, 0 identical" in text

@@ -18,9 +18,10 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from benchmarks import (bench_diverge, bench_env, bench_golden, bench_kernels, bench_overhead,  # noqa: E402
-                        bench_replay, bench_stack, common)
+                        bench_predict, bench_replay, bench_stack, common)
 
-MODULES = [bench_diverge, bench_env, bench_golden, bench_kernels, bench_overhead, bench_replay, bench_stack]
+MODULES = [bench_diverge, bench_env, bench_golden, bench_kernels, bench_overhead, bench_predict, bench_replay,
+           bench_stack]
 
 
 def tracked(module):
@@ -351,3 +352,24 @@ def test_replay_cost_benchmark_runs():
         bench.time_replay(kernel, 1)
         ratio = bench.track_ratio_to_numpy_matmul(kernel, 1)
         assert math.isfinite(ratio) and ratio > 0
+
+
+@pytest.mark.slow
+def test_predicted_drift_benchmarks_at_quick_sizes(monkeypatch, embedded):
+    """bench_predict at a smaller size (M3's default variant and the CUDA gemv decode): every predicted figure
+    is finite, what was not predicted (M1 here; CUDA's cuBLASLt verify) is NaN (skipped), never 0."""
+    from gemmdrift.predict import SIZES
+
+    monkeypatch.setattr(bench_predict, "PREDICT_SIZES", {**bench_predict.PREDICT_SIZES, "chips": ("M3", "sm90"),
+                                                         "variants": "default"})
+    assert SIZES["quick"].chips == ("M3", "sm90")
+    bench = bench_predict.PredictedDrift()
+    cache = bench.setup_cache()
+    values = _all_tracks(bench_predict.PredictedDrift, cache)
+    for (name, (chip, schedule, stat)), v in values.items():
+        if chip == "M3" and schedule != "decode-vs-cpu" or chip == "sm90" and schedule == "decode-vs-cpu":
+            finite(v)
+        else:
+            assert math.isnan(v), (name, chip, schedule, stat)
+    assert values[("track_max_dlogit", ("M3", "verify:2", "max"))] == values[("track_max_dlogit",
+                                                                               ("M3", "verify:2", "default"))]

@@ -296,3 +296,19 @@ def test_gate_compares_two_mlx_lm_releases_of_one_mlx(lm_axis):
 def test_release_labels_sort_by_mlx_then_mlx_lm():
     labels = ["0.32.4+lm0.32.2", "0.9.0", "0.32.4+lm0.31.3", "0.31.2"]
     assert sorted(labels, key=history.release_key) == ["0.9.0", "0.31.2", "0.32.4+lm0.31.3", "0.32.4+lm0.32.2"]
+
+
+def test_history_picks_up_the_predicted_drift_per_chip(tmp_path):
+    """bench_predict's series (chip x schedule x stat) are ordinary track_ series: one row per chip and pair,
+    one column per mlx release, so a release that changes a recipe shows as a changed prediction."""
+    root = tmp_path / "r"
+    params = [["'M1'", "'M3'"], ["'verify:2'"], ["'max'"]]
+    bench = "bench_predict.PredictedDrift.track_max_dlogit"
+    write_result(root, "m1", "aaaaaaaa", "0.32.2", 1, (0.5, 0.25), [0.0, 0.01], 0.6,
+                 extra={bench: entry([0.42, 0.25], params)})
+    write_result(root, "m1", "bbbbbbbb", "0.32.4", 2, (0.5, 0.25), [0.0, 0.01], 0.6,
+                 extra={bench: entry([0.42, 0.5], params)})
+    wide = history.history_table(history.read_results(root))
+    rows = wide[wide["series"].str.startswith(bench)].set_index("series")
+    assert rows.loc[f"{bench}[M1, verify:2, max]", ["0.32.2", "0.32.4"]].tolist() == [0.42, 0.42]
+    assert rows.loc[f"{bench}[M3, verify:2, max]", ["0.32.2", "0.32.4"]].tolist() == [0.25, 0.5]

@@ -242,3 +242,21 @@ def test_a_replayed_result_reads_as_a_prediction_in_its_report(tiny, tmp_path):
     plain = kernels.measure_kernels(tiny, inputs, projs, ["model"], [1, 2], workers=1)
     store.write_result(plain, tmp_path / "p")
     assert "PREDICTION" not in build_report(tmp_path / "p")["markdown"].read_text()
+
+
+def test_a_replayed_run_resumes_only_from_its_own_checkpoints(tiny):
+    """A replayed run with its prefix computed natively has other run keys than this machine's run and than a run
+    whose prefix was replayed too (checkpoints made before the prefix was native), so neither is resumed."""
+    from gemmdrift.kernels.replay_model import KernelsOption
+    from gemmdrift.stack import _run_key
+
+    pos = np.arange(8, 16)
+    key = lambda: _run_key(tiny, TOKS, SCHEDS[1], "accumulated", "bfloat16", 8, pos, pos)  # noqa: E731
+    native = key()
+    keys = {}
+    for rp in (False, True):
+        opt = KernelsOption("replay:M3", replay_prefix=rp)
+        with opt.installed(tiny):
+            keys[rp] = key()
+    assert keys[False] != native and keys[True] == native  # the replayed-prefix key is the one used before
+    assert KernelsOption("replay:M3", replay_prefix=True).checkpoint != KernelsOption("replay:M3").checkpoint

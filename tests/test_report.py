@@ -201,8 +201,8 @@ def test_a_partial_run_directory_says_what_is_missing(tiny, tmp_path):
     files.write_json(tmp_path / "kernels" / "done.json", {"key": "k", "seconds": 1.0})
     (tmp_path / "stack-decode").mkdir()  # started, interrupted before any result
     lines = reading(report.report_blocks(tmp_path))
-    assert lines[-4:] == [f"`{name}/` has not finished: rerun `gemmdrift run` with the same `--out` to resume it."
-                          for name in ("stack-decode", "stack-prefill", "diverge", "state")]
+    assert lines[-5:] == [f"`{name}/` has not finished: rerun `gemmdrift run` with the same `--out` to resume it."
+                          for name in ("stack-decode", "stack-prefill", "diverge", "state", "predict")]
     assert [b[1] for b in report.report_blocks(tmp_path) if b[0] == "h2"][1] == report.PART_TITLES["kernels"]
 
 
@@ -219,3 +219,15 @@ def test_report_refuses_a_corrupt_json_file_by_name(tmp_path, name, content):
     with pytest.raises(GemmdriftError, match=re.escape(str(tmp_path / name)) + " is corrupt"):
         report.build_report(tmp_path)
     assert not (tmp_path / "report.md").exists()
+
+
+def test_the_state_legend_explains_every_verdict_a_state_cell_can_show():
+    from gemmdrift.report import STATE_LEGEND
+    from gemmdrift.result import Verdict
+    from gemmdrift.summaries import STATE_SEVERITY
+
+    assert list(STATE_LEGEND) == STATE_SEVERITY  # the legend in the cells' order, nothing missing or extra
+    state_verdicts = {Verdict.EXACT, Verdict.ROUNDING, Verdict.STATE_BUG, Verdict.UNRELIABLE, Verdict.REFUSED,
+                      Verdict.NOT_APPLICABLE, Verdict.NOT_CHECKED}
+    assert {v.value for v in state_verdicts} == set(STATE_LEGEND)
+    assert all(STATE_LEGEND.values())

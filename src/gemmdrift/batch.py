@@ -64,6 +64,7 @@ import numpy as np
 from . import metrics
 from .errors import GemmdriftError
 from .prompts import BATCH_SCHEDULE  # a batch row's schedule in its stream file (`gemmdrift triage` reads it)
+from .result import Verdict
 
 PLAIN = "prefill:2048,decode"
 REFERENCE = "prefill:2048,verify:2"
@@ -515,6 +516,20 @@ def measure_batch(lm, targets: dict[str, Sequence[int]], companion_sets: dict[st
     return _batch_result(lm, targets, companion_sets, finished, **info)
 
 
+
+LADDER_VERDICTS = tuple(v.value for v in (Verdict.ROUNDING, Verdict.SEMANTIC, Verdict.UNCLEAR, Verdict.UNRELIABLE,
+                                          Verdict.NO_DRIFT))
+
+
+def ladder_counts(table: pd.DataFrame) -> dict[str, float]:
+    """The precision ladder's verdicts of the rows outside the envelope, counted (nothing without a ladder).
+
+    Every verdict the ladder can give is counted, so the counts add up to the rows the ladder judged.
+    """
+    if "ladder" not in table.columns or not (table["ladder"].fillna("") != "").any():
+        return {}
+    return {f"batch_outside_{v}": float((table["ladder"] == v).sum()) for v in LADDER_VERDICTS}
+
 def _batch_result(lm, targets, companion_sets, finished, *, n, batch_sizes, rows, prefill_step, plant, inputs,
                   layers):
     """The Result of the rows ``finished`` ((target label, RowComparison) in sweep order)."""
@@ -566,9 +581,7 @@ def _batch_result(lm, targets, companion_sets, finished, *, n, batch_sizes, rows
         "batch_outside": float((table["verdict"] == OUTSIDE).sum()),
         "batch_identical": float((table["verdict"] == IDENTICAL).sum()),
     }
-    if "ladder" in table.columns and (table["ladder"] != "").any():
-        figures["batch_outside_rounding"] = float((table["ladder"] == "rounding").sum())
-        figures["batch_outside_semantic"] = float((table["ladder"] == "semantic").sum())
+    figures.update(ladder_counts(table))
     refs = table["reference_envelope"].dropna()
     if len(refs):
         figures["reference_envelope"] = float(refs.max())

@@ -70,6 +70,13 @@ def say_prefix(log, prefix, shared_by: str = "both schedules") -> None:
         log.prefix = f"{log.prefix}; {said}" if log.prefix else said
 
 
+def key_tag(model) -> str:
+    """What a resumable run's key adds for a replayed ``model`` whose shared prefix is computed natively ("" when
+    it is not replayed, or its prefix is replayed too: those keys are the ones made before the prefix was native)."""
+    log = active(model)
+    return "native-prefix-" if log is not None and log.prefix_native else ""
+
+
 def check_in_process(model, workers: int | None, what: str) -> int | None:
     """``workers`` for a measurement of ``model``: 1 when it is replayed (the proxies live in this process; a
     worker would load the model afresh and compute natively), refused when more were asked for."""
@@ -83,4 +90,4 @@ def check_in_process(model, workers: int | None, what: str) -> int | None:
     return 1
 
 
-__all__ = ["register", "unregister", "active", "native", "shared_prefix", "say_prefix", "check_in_process"]
+__all__ = ["register", "unregister", "active", "native", "shared_prefix", "say_prefix", "key_tag", "check_in_process"]

@@ -764,3 +764,12 @@ def _draw_compare(result) -> dict:
 
 
 DRAW["compare"] = _draw_compare
+
+
+def _draw_predict(result) -> dict:  # issue 22: the figure lives in gemmdrift.predict_view
+    from .predict_view import FIGURE, predict_figure
+
+    return {FIGURE: predict_figure(result)}
+
+
+DRAW["predict"] = _draw_predict

@@ -323,6 +323,18 @@ def _fingerprint_part(d: Path, env: dict[str, Any]) -> tuple[list[Block], list[s
     return blocks, reading
 
 
+STATE_LEGEND = {  # every verdict a state cell can show (summaries._state_cells), in its order of severity
+    "STATE BUG": "different entries or offsets, or an operation refused while the generator carried on",
+    "refused": "a cache under test (--cache-impl) raised or broke the cache protocol in this case",
+    "unreliable": "a difference that did not shrink enough where the float32 rung was not true float32 (TF32 "
+                  "matmuls), so rounding and a bug cannot be told apart",
+    "rounding": "differs but shrinks at float32",
+    "EXACT": "bit-identical",
+    "not applicable": "the model has no cache the operation applies to",
+    "not checked": "a cache class gemmdrift does not know",
+}
+
+
 def _state_part(d: Path, env: dict[str, Any]) -> tuple[list[Block], list[str]]:
     from .store import read_result
     from .summaries import _state_cells, state_summary
@@ -334,9 +346,8 @@ def _state_part(d: Path, env: dict[str, Any]) -> tuple[list[Block], list[str]]:
     blocks: list[Block] = [
         ("p", f"Each case runs a cache operation of mlx-lm {s['mlx_lm']} and a reference that never did it, from the "
               f"same state and with the same blocks, and compares the cache contents in temporal order and the next "
-              f"position's logits. Prefix lengths: {pre} (sliding window {s['window']}). EXACT: bit-identical; "
-              "rounding: differs but shrinks at float32; STATE BUG: different entries or offsets, or an operation "
-              "refused while the generator carried on. The full table is state.csv."),
+              f"position's logits. Prefix lengths: {pre} (sliding window {s['window']}).  "
+              + "; ".join(f"{v}: {what}" for v, what in STATE_LEGEND.items()) + ". The full table is state.csv."),
         ("table", _state_cells(t).to_dict(orient="records")),
     ]
     reading = []
@@ -410,6 +421,18 @@ def _compare_part(d: Path, env: dict[str, Any]) -> tuple[list[Block], list[str]]
 PARTS["compare"] = _compare_part  # issue 23
 KIND_TITLES["compare"] = "Two runs compared: KLD, Δp, same top-1 against a base file"
 FIGURES["compare"] = [("compare.png", "KLD(base ‖ other) and Δp of the correct token per position")]
+
+
+def _predict_part(d: Path, env: dict[str, Any]) -> tuple[list[Block], list[str]]:
+    from .predict_view import report_part
+
+    return report_part(_result(d))
+
+
+PARTS["predict"] = _predict_part  # issue 22
+PART_TITLES["predict"] = KIND_TITLES["predict"] = "Predicted GPU drift (replay)"
+FIGURES["predict"] = [("predict_drift.png", "per-layer drift predicted per chip (band: min..max over the variants) "
+                                            "beside this machine's measured line; predictions, not measurements")]
 
 
 def _environment(d: Path, parts: list[tuple[Path, str]]) -> tuple[dict[str, Any], dict[str, Any]]:

@@ -77,7 +77,7 @@ def _run_key(lm, tokens, schedule: str, mode: str, dtype: str, split, positions,
     """What a run's taps depend on, for resuming: model, versions, inputs, schedule, mode, dtype."""
     from .models import resume_key
 
-    return f"{mode}-{dtype}-" + resume_key(lm.description, [int(t) for t in tokens], schedule, mode, dtype, split,
+    return f"{mode}-{dtype}-{native_kernels.key_tag(lm.model)}" + resume_key(lm.description, [int(t) for t in tokens], schedule, mode, dtype, split,
                                            [int(p) for p in positions], [int(p) for p in logit_positions])
 
 

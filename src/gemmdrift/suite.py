@@ -149,11 +149,18 @@ def fingerprint_part(lm, **kwargs):
     return measure(**kwargs)
 
 
-def _key(part: str, lm, sizes: Sizes) -> str:
+def _key(part: str, lm, sizes: Sizes, *more: Any) -> str:
     """What a finished part depends on: its sizes, the model, and the mlx/mlx-lm versions."""
     from .models import resume_key
 
-    return resume_key(lm.description, part, asdict(sizes))
+    return resume_key(lm.description, part, asdict(sizes), *more)
+
+
+def predict_part(lm, name: str, checkpoint: Path | None = None, env: dict[str, Any] | None = None):
+    """Decode vs verify:2 / verify:3 predicted for M1, M3 and the CUDA gemv (:mod:`gemmdrift.predict`)."""
+    from .predict import SIZES as PREDICT_SIZES, predict_drift
+
+    return predict_drift(lm, PREDICT_SIZES[name], checkpoint=checkpoint, env=env)
 
 
 def _done(out: Path, key: str) -> bool:
@@ -239,10 +246,15 @@ def main_job(out: str | Path = "results/run", sizes: str | None = None, model: s
         ("kernels", "GEMV vs GEMM per projection", lambda d: kernel_probe(lm, s, d / "checkpoint", env)),
         ("diverge", "mlx-lm generate vs speculative generate", lambda d: divergence_probe(lm, s, env)),
         ("state", "cache state exactness (short sweep)", lambda d: state.short_sweep(lm, name)),
+        ("predict", "predicted GPU drift (replay: M1, M3, CUDA gemv)",
+         lambda d: predict_part(lm, name, d / "checkpoint", env)),
     ]
+    from .predict import SIZES as PREDICT_SIZES
+
+    more = {"predict": [asdict(PREDICT_SIZES[name])]}  # its own sizes, beside the job's
     for i, (part, title, measure) in enumerate(parts, 1):
         d = out / part
-        key = _key(part, lm, s)
+        key = _key(part, lm, s, *more.get(part, []))
         if _done(d, key):
             print(f"gemmdrift run: [{i}/{len(parts)}] {title}: done before (resumed)", file=sys.stderr, flush=True)
             continue

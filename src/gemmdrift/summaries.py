@@ -8,7 +8,7 @@ the Result only.
 from __future__ import annotations
 
 import math
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import pandas as pd
 
@@ -35,7 +35,7 @@ TEXTS: dict[str, Callable[[Result], str]] = {}
 def summary(result: Result) -> dict[str, Any]:
     """The machine-readable summary of any Result."""
     out = SUMMARIES.get(result.kind, generic_summary)(result)
-    rep = (result.details or {}).get("replay")
+    rep = _replay_record(result)
     if rep:  # a replayed run (--kernels replay:<chip>): a prediction, and what was replayed
         out = {**out, "replay": {k: rep.get(k) for k in ("prediction", "chip", "mlx_version", "variant", "replayed",
                                                           "not_replayed", "prefix") if rep.get(k) is not None}
@@ -50,9 +50,16 @@ def text(result: Result) -> str:
     return body if note is None else note + "\n\n" + body
 
 
+def _replay_record(result: Result) -> Mapping[str, Any] | None:
+    """The ReplayLog record of a run made under ``--kernels replay:<chip>`` (``predict`` keeps a list of its
+    own runs' records there, and says what they are itself)."""
+    rep = (result.details or {}).get("replay")
+    return rep if isinstance(rep, Mapping) and "chip" in rep else None
+
+
 def replay_note(result: Result) -> str | None:
     """What a replayed run (``--kernels replay:<chip>``) predicted and how, in one paragraph; None otherwise."""
-    rep = (result.details or {}).get("replay")
+    rep = _replay_record(result)
     if not rep:
         return None
     kernels = sorted({c["kernel"] for c in rep.get("calls") or []})
@@ -454,10 +461,13 @@ TEXTS["fingerprint"] = fingerprint_text
 # ---- state
 
 
+STATE_SEVERITY = ["STATE BUG", "refused", "unreliable", "rounding", "EXACT", "not applicable", "not checked"]
+
+
 def _state_cells(table: pd.DataFrame) -> pd.DataFrame:
     """One row per cache class and operation, one column per prefix position: 'EXACT 14', 'STATE BUG 10/14'."""
     order = ["below", "at", "past", "far", ""]
-    worst = ["STATE BUG", "refused", "unreliable", "rounding", "EXACT", "not applicable", "not checked"]
+    worst = STATE_SEVERITY
     rows = []
     for (cache, op), g in table.groupby(["cache", "operation"], sort=False):
         row = {"cache": cache, "operation": op}
@@ -534,8 +544,10 @@ def batch_text(result: Result) -> str:
                  + (f", single-sequence reference envelope {f['reference_envelope']:.4g}"
                     if "reference_envelope" in f else ""))
     if "batch_outside_rounding" in f:
-        lines.append(f"precision ladder (float32 rerun) of the rows outside: {int(f['batch_outside_rounding'])} "
-                     f"rounding, {int(f['batch_outside_semantic'])} semantic")
+        counts = ", ".join(f"{int(f[k])} {k.removeprefix('batch_outside_')}" for k in
+                           ("batch_outside_rounding", "batch_outside_semantic", "batch_outside_unclear",
+                            "batch_outside_unreliable", "batch_outside_identical") if k in f)  # runs before 'unclear'/'unreliable' were counted
+        lines.append(f"precision ladder (float32 rerun) of the rows outside: {counts}")
     if "batch_speedup" in f:
         lines.append(f"largest batch: {f['batch_speedup']:.2f}x the speed of the same streams one by one")
     lt = result.tables.get("batch_layers")
@@ -605,3 +617,22 @@ def _compare_text(result: Result) -> str:
 
 SUMMARIES["compare"] = _compare_summary
 TEXTS["compare"] = _compare_text
+
+
+# ---- predict (issue 22): the words live in gemmdrift.predict_view
+
+
+def _predict_summary(result: Result) -> dict[str, Any]:
+    from .predict_view import predict_summary
+
+    return predict_summary(result)
+
+
+def _predict_text(result: Result) -> str:
+    from .predict_view import predict_text
+
+    return predict_text(result)
+
+
+SUMMARIES["predict"] = _predict_summary
+TEXTS["predict"] = _predict_text

@@ -1,0 +1,250 @@
+"""Replay, compiled engine, part 3: the affine-quantized recipes' loops (numpy reference: :mod:`.replay_quant`).
+
+As in :mod:`.replay_jit`: the output axis innermost, NB columns of independent
+accumulators, the same operations in the same order as the numpy recipe of
+each kernel. The packed codes are unpacked (:func:`k_unpack`) and, where the
+recipe dequantizes once (the CPU's ``T(T(s*q) + b)``, qmv_wide's float
+``fma(s, q, b)``, qmm_t's threadgroup weights), dequantized by
+:func:`k_dequant` into (N, K) float32 weights first, exactly as the numpy
+recipes do before their loops; qmm_t then runs :func:`.replay_jit.k_mma`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from ..errors import GemmdriftError
+from . import replay_quant as rq
+from .replay_jit import _ladder, _mma, _tile
+from .replay_jitcore import DTYPE_CODE, NB, ZERO, add_rounded, fl, fma32, njit, np, rnd
+
+DEQUANT = {"cpu": 0, "fma": 1, "mul-add": 2, "dtype": 3}
+CONTRIB = {name: i for i, name in enumerate(rq.CONTRIB)}  # fma, fma-bias, mul-add
+SIMD = {"xor16": 0, "xor1": 1, "sequential": 2}
+
+
+@njit(cache=True)
+def k_unpack(wq, bits, K, out):
+    """rq.unpack: code i of a uint32 word sits in bits [bits*i, bits*(i+1)); out (N, K) float32."""
+    per = 32 // bits
+    mask = np.uint32((1 << bits) - 1)
+    for n in range(wq.shape[0]):
+        for k in range(K):
+            out[n, k] = np.float32((wq[n, k // per] >> np.uint32(bits * (k % per))) & mask)
+
+
+@njit(cache=True)
+def k_dequant(q, scales, biases, gs, mode, code, ftz, out):
+    """The dequantized weights of q (N, K) with per-group scales/biases (N, K/gs):
+    mode 0 ``T(T(s*q) + b)`` (rq.cpu_qmm_t: float32 add, then the dtype), 1 ``T(ftz(fma(s, q, b)))``
+    (qmv_wide with T = float32, qmm_t's ``fma``), 2 ``T(ftz(ftz(s*q) + b))`` (qmm_t ``mul-add``),
+    3 ``add_rounded(T(s*q), b)`` (qmm_t ``dtype``, before v0.32.1)."""
+    N, K = q.shape
+    for n in range(N):
+        for k in range(K):
+            s, b, c = scales[n, k // gs], biases[n, k // gs], q[n, k]
+            if mode == 0:
+                v = rnd(rnd(s * c, code) + b, code)
+            elif mode == 1:
+                v = rnd(fl(fma32(s, c, b), ftz), code)
+            elif mode == 2:
+                v = rnd(fl(fl(s * c, ftz) + b, ftz), code)
+            else:
+                v = add_rounded(rnd(s * c, code), b, code)
+            out[n, k] = v
+
+
+@njit(cache=True)
+def k_cpu_qmm(x, w, code, out):
+    """rq.cpu_qmm_t's loop: ``sum = T(float32(sum + T(x*w)))``, k = 0..K-1 from 0 (w already ``T(T(s*q)+b)``)."""
+    T, K = x.shape
+    N = w.shape[0]
+    wt = np.zeros((K + 1, NB), np.float32)
+    acc = np.empty(NB, np.float32)
+    for n0 in range(0, N, NB):
+        _tile(w, n0, wt)
+        for t in range(T):
+            acc[:] = ZERO
+            for k in range(K):
+                xv = x[t, k]
+                for j in range(NB):
+                    acc[j] = rnd(acc[j] + rnd(xv * wt[k, j], code), code)
+            for j in range(min(NB, N - n0)):
+                out[t, n0 + j] = acc[j]
+
+
+@njit(inline="always")
+def _xsum(x, t, k0, vpt, bits, float_sums, code, ftz):
+    """rq._partial_sum of one lane's x values (a scalar per row and lane)."""
+    s = ZERO
+    if bits == 8:
+        for i in range(vpt):
+            s = fl(s + x[t, k0 + i], ftz)
+    elif float_sums:
+        for i in range(0, vpt, 4):
+            s = fl(s + fl(fl(fl(x[t, k0 + i] + x[t, k0 + i + 1], ftz) + x[t, k0 + i + 2], ftz)
+                          + x[t, k0 + i + 3], ftz), ftz)
+    else:  # bf16/fp16 quads (0.32.2 and older): native dtype adds, into a float sum
+        for i in range(0, vpt, 4):
+            quad = add_rounded(add_rounded(add_rounded(x[t, k0 + i], x[t, k0 + i + 1], code), x[t, k0 + i + 2],
+                                           code), x[t, k0 + i + 3], code)
+            s = fl(s + quad, ftz)
+    return s
+
+
+@njit(cache=True)
+def k_qmv(x, q, scales, biases, bits, gs, vpt, float_sums, code, contrib, simd, ftz, out):
+    """rq.metal_qmv: lane l of block b covers ``k = 32*vpt*b + vpt*l + [0, vpt)``; its ``accum`` (8-bit: each
+    product; 4-bit: quads ``((p0+p1)+p2)+p3``) and x-sum make ``r += contrib(scale, accum, sum, bias)``; lanes
+    past K add nothing; then simd_sum (xor16 ladder, xor1 butterfly, or sequential)."""
+    T, K = x.shape
+    N = q.shape[0]
+    G = scales.shape[1]
+    block = 32 * vpt
+    qt = np.zeros((K + 1, NB), np.float32)
+    st = np.zeros((G + 1, NB), np.float32)
+    bt = np.zeros((G + 1, NB), np.float32)
+    r = np.empty((32, NB), np.float32)
+    a = np.empty(NB, np.float32)
+    for n0 in range(0, N, NB):
+        _tile(q, n0, qt)
+        _tile(scales, n0, st)
+        _tile(biases, n0, bt)
+        for t in range(T):
+            r[:, :] = ZERO
+            for lo in range(0, K, block):
+                for l in range(min(32, (K - lo) // vpt)):
+                    k0 = lo + vpt * l
+                    g = k0 // gs
+                    sx = _xsum(x, t, k0, vpt, bits, float_sums, code, ftz)
+                    a[:] = ZERO
+                    if bits == 8:
+                        for i in range(vpt):
+                            xv = x[t, k0 + i]
+                            for j in range(NB):
+                                a[j] = fl(a[j] + xv * qt[k0 + i, j], ftz)
+                    else:
+                        for i in range(k0, k0 + vpt, 4):
+                            x0, x1, x2, x3 = x[t, i], x[t, i + 1], x[t, i + 2], x[t, i + 3]
+                            for j in range(NB):
+                                quad = fl(fl(fl(x0 * qt[i, j] + x1 * qt[i + 1, j], ftz) + x2 * qt[i + 2, j], ftz)
+                                          + x3 * qt[i + 3, j], ftz)
+                                a[j] = fl(a[j] + quad, ftz)
+                    for j in range(NB):
+                        s, b = st[g, j], bt[g, j]
+                        if contrib == 0:
+                            c = fl(fma32(s, a[j], fl(sx * b, ftz)), ftz)
+                        elif contrib == 1:
+                            c = fl(fma32(sx, b, fl(s * a[j], ftz)), ftz)
+                        else:
+                            c = fl(fl(s * a[j], ftz) + fl(sx * b, ftz), ftz)
+                        r[l, j] = fl(r[l, j] + c, ftz)
+            if simd == 0:
+                _ladder(r, 0, 32, ftz)
+            elif simd == 1:
+                h = 16
+                while h >= 1:  # xor 1, 2, 4, ...: neighbours first (in place: row l reads rows 2l, 2l+1 >= l)
+                    for l in range(h):
+                        for j in range(NB):
+                            r[l, j] = fl(r[2 * l, j] + r[2 * l + 1, j], ftz)
+                    h //= 2
+            else:
+                for l in range(1, 32):
+                    for j in range(NB):
+                        r[0, j] = fl(r[0, j] + r[l, j], ftz)
+            for j in range(min(NB, N - n0)):
+                out[t, n0 + j] = r[0, j]
+
+
+@njit(cache=True)
+def k_qmv_wide(x, w, gs, contract, ftz, out):
+    """rq.metal_qmv_wide: lane l takes groups l, l+8, ...; per 8-value sub-chunk ``acc = sum x*w`` from +0
+    (``fma(x, w, acc)`` or ``acc + RN(x*w)``), then ``r += acc``; then the ladder 4, 2, 1."""
+    T, K = x.shape
+    N = w.shape[0]
+    G = K // gs
+    wt = np.zeros((K + 1, NB), np.float32)
+    r = np.empty((8, NB), np.float32)
+    acc = np.empty(NB, np.float32)
+    for n0 in range(0, N, NB):
+        _tile(w, n0, wt)
+        for t in range(T):
+            r[:, :] = ZERO
+            for lo_g in range(0, G, 8):
+                for sc in range(gs // 8):
+                    for l in range(min(8, G - lo_g)):
+                        base = (lo_g + l) * gs + sc * 8
+                        acc[:] = ZERO
+                        for k in range(base, base + 8):
+                            xv = x[t, k]
+                            if contract:
+                                for j in range(NB):
+                                    acc[j] = fl(fma32(xv, wt[k, j], acc[j]), ftz)
+                            else:
+                                for j in range(NB):
+                                    acc[j] = fl(acc[j] + fl(xv * wt[k, j], ftz), ftz)
+                        for j in range(NB):
+                            r[l, j] = fl(r[l, j] + acc[j], ftz)
+            _ladder(r, 0, 8, ftz)
+            for j in range(min(NB, N - n0)):
+                out[t, n0 + j] = r[0, j]
+
+
+def _c(a) -> np.ndarray:
+    return np.ascontiguousarray(a, dtype=np.float32)
+
+
+def codes(wq: np.ndarray, bits: int, K: int) -> np.ndarray:
+    """rq.unpack, compiled."""
+    if bits not in (4, 8):
+        raise GemmdriftError(f"replay has affine recipes for 4 and 8 bits, not {bits}")
+    wq = np.ascontiguousarray(wq, dtype=np.uint32)
+    out = np.empty((wq.shape[0], K), dtype=np.float32)
+    k_unpack(wq, bits, K, out)
+    return out
+
+
+def _dequant(q, sc, bi, g: int, mode: str, dtype: str, ftz: bool) -> np.ndarray:
+    out = np.empty(q.shape, dtype=np.float32)
+    k_dequant(q, _c(sc), _c(bi), g, DEQUANT[mode], DTYPE_CODE[dtype], bool(ftz), out)
+    return out
+
+
+def quant_acc(fn, x, q, scales, biases, params: Mapping[str, Any], var: Mapping[str, str], dtype: str,
+              ftz: bool) -> np.ndarray | None:
+    """The pre-rounding float32 result (T, N) on codes ``q`` (N, K) of the quantized recipe whose numpy function
+    is ``fn``, or None where it is not compiled (qmm_t with MMA8 H3/H4, a recipe this module does not know)."""
+    x, q = _c(x), _c(q)
+    T, K = x.shape
+    N = q.shape[0]
+    g = int(params["group_size"])
+    out = np.empty((T, N), dtype=np.float32)
+    ftz = bool(ftz)
+    if fn is rq.cpu_qmm_t:
+        k_cpu_qmm(x, _dequant(q, scales, biases, g, "cpu", dtype, False), DTYPE_CODE[dtype], out)
+    elif fn is rq.metal_qmv:
+        bits = int(params["bits"])
+        fast = bool(params.get("fast", False))
+        vpt, block = rq.qmv_geometry(bits, fast)
+        if fast and K % block:
+            raise GemmdriftError(f"qmv_fast {bits}-bit needs K % {block} == 0, got K={K}")
+        k_qmv(x, q, _c(scales), _c(biases), bits, g, vpt, bool(params.get("float_sums", True)), DTYPE_CODE[dtype],
+              CONTRIB[var["contrib"]], SIMD[var["simd_sum"]], ftz, out)
+    elif fn is rq.metal_qmv_wide:
+        k_qmv_wide(x, _dequant(q, scales, biases, g, "fma", "float32", ftz), g, var["contract"] == "fma", ftz, out)
+    elif fn is rq.metal_qmm_t and var["mma"] in ("H1", "H2"):
+        split = int(params.get("split_k", 1))
+        if var["dequant"] not in ("fma", "mul-add", "dtype"):
+            raise GemmdriftError(f"unknown dequantization variant {var['dequant']!r} (known: fma, mul-add, dtype)")
+        w = _dequant(q, scales, biases, g, var["dequant"], dtype, ftz)
+        if K % (32 * split):
+            raise GemmdriftError(f"qmm_t with split_k={split} needs K % {32 * split} == 0, got K={K}")
+        ps = K // split
+        parts = _mma(x, w, [[(p * ps, (p + 1) * ps)] for p in range(split)], var["mma"], ftz)
+        return rq.qmm_partials(list(parts), var, dtype, ftz)
+    else:
+        return None
+    return out
+
+
+__all__ = ["k_unpack", "k_dequant", "k_cpu_qmm", "k_qmv", "k_qmv_wide", "codes", "quant_acc"]

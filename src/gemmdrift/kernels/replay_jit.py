@@ -29,7 +29,7 @@ from . import replay_dense as rd
 from .replay_jitcore import DTYPE_CODE, NB, ZERO, add_rounded, fl, fma32, njit, np, rnd
 
 
-@njit(inline="always")
+@njit
 def _tile(w, n0, wt):
     """Rows n0..n0+NB of w (N, K), transposed into wt (K+1, NB); missing rows and row K stay +0."""
     N, K = w.shape
@@ -44,7 +44,7 @@ def _tile(w, n0, wt):
             wt[k, j] = ZERO
 
 
-@njit(inline="always")
+@njit
 def _ladder(r, base, n, ftz):
     """lane_tree over rows base..base+n of r, in place: row base holds lane 0's result."""
     h = n // 2
@@ -71,7 +71,20 @@ def k_lanes(x, w, block, tn, kend, sn, bn, ftz, out):
         _tile(w, n0, wt)
         for t in range(T):
             r[:, :] = ZERO
-            for k in range(kend):
+            quads = kend // 4 if (tn % 4 == 0 or block == tn) else 0  # 4 consecutive k in one lane
+            for k0 in range(0, 4 * quads, 4):
+                lane = (k0 % block) // tn
+                ka, kb, kc, kd = min(k0, K), min(k0 + 1, K), min(k0 + 2, K), min(k0 + 3, K)  # K: the zero row
+                xa = x[t, k0] if k0 < K else ZERO
+                xb = x[t, k0 + 1] if k0 + 1 < K else ZERO
+                xc = x[t, k0 + 2] if k0 + 2 < K else ZERO
+                xd = x[t, k0 + 3] if k0 + 3 < K else ZERO
+                for j in range(NB):
+                    v = fl(r[lane, j] + xa * wt[ka, j], ftz)
+                    v = fl(v + xb * wt[kb, j], ftz)
+                    v = fl(v + xc * wt[kc, j], ftz)
+                    r[lane, j] = fl(v + xd * wt[kd, j], ftz)
+            for k in range(4 * quads, kend):
                 lane = (k % block) // tn
                 kk = k if k < K else K
                 xv = x[t, k] if k < K else ZERO
@@ -87,7 +100,7 @@ def k_lanes(x, w, block, tn, kend, sn, bn, ftz, out):
                 out[t, n0 + j] = r[0, j]
 
 
-@njit(inline="always")
+@njit
 def _dot4(x0, x1, x2, x3, wt, k, j, pairwise, ftz):
     p0, p1, p2, p3 = x0 * wt[k, j], x1 * wt[k + 1, j], x2 * wt[k + 2, j], x3 * wt[k + 3, j]
     if pairwise:
@@ -156,14 +169,17 @@ def k_mma(x, w, ranges, pstart, h2, ftz, out):
                             xs[i] = x[t, c + i] if c + i < hi else ZERO
                         x0, x1, x2, x3, x4, x5, x6, x7 = xs[0], xs[1], xs[2], xs[3], xs[4], xs[5], xs[6], xs[7]
                         k0, k1, k2, k3, k4, k5, k6, k7 = ks[0], ks[1], ks[2], ks[3], ks[4], ks[5], ks[6], ks[7]
-                        for j in range(NB):
-                            p0, p1, p2, p3 = x0 * wt[k0, j], x1 * wt[k1, j], x2 * wt[k2, j], x3 * wt[k3, j]
-                            p4, p5, p6, p7 = x4 * wt[k4, j], x5 * wt[k5, j], x6 * wt[k6, j], x7 * wt[k7, j]
-                            if h2:
+                        if h2:  # two loops, not a branch per column: each vectorises on its own
+                            for j in range(NB):
+                                p0, p1, p2, p3 = x0 * wt[k0, j], x1 * wt[k1, j], x2 * wt[k2, j], x3 * wt[k3, j]
+                                p4, p5, p6, p7 = x4 * wt[k4, j], x5 * wt[k5, j], x6 * wt[k6, j], x7 * wt[k7, j]
                                 s = fl(fl(fl(p0 + p1, ftz) + fl(p2 + p3, ftz), ftz)
                                        + fl(fl(p4 + p5, ftz) + fl(p6 + p7, ftz), ftz), ftz)
                                 acc[j] = fl(acc[j] + s, ftz)
-                            else:
+                        else:
+                            for j in range(NB):
+                                p0, p1, p2, p3 = x0 * wt[k0, j], x1 * wt[k1, j], x2 * wt[k2, j], x3 * wt[k3, j]
+                                p4, p5, p6, p7 = x4 * wt[k4, j], x5 * wt[k5, j], x6 * wt[k6, j], x7 * wt[k7, j]
                                 v = fl(acc[j] + p0, ftz)
                                 v = fl(v + p1, ftz)
                                 v = fl(v + p2, ftz)

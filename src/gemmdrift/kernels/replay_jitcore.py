@@ -86,7 +86,7 @@ def from_bits32(typingctx, u):
     return sig, codegen
 
 
-@njit(inline="always")
+@njit
 def fl(v, ftz):
     """FTZ when ``ftz``: ``v * 0`` is a zero with v's sign (as replay_core.flush's copysign)."""
     if ftz and v < TINY and v > -TINY:
@@ -94,7 +94,7 @@ def fl(v, ftz):
     return v
 
 
-@njit(inline="always")
+@njit
 def _bf16(v):
     if v != v:
         return from_bits32(QNAN)
@@ -103,7 +103,7 @@ def _bf16(v):
     return from_bits32(np.uint32(u))
 
 
-@njit(inline="always")
+@njit
 def _f16(v):
     """RNE to IEEE half (subnormals, overflow to inf), as numpy's float32 -> float16 cast."""
     if v != v:
@@ -122,7 +122,7 @@ def _f16(v):
     return from_bits32(np.uint32(r | sign))
 
 
-@njit(inline="always")
+@njit
 def rnd(v, code):
     """``v`` rounded to the dtype of ``code`` (0 float32: unchanged, 1 bfloat16, 2 float16)."""
     if code == 1:
@@ -132,7 +132,7 @@ def rnd(v, code):
     return v
 
 
-@njit(inline="always")
+@njit
 def _round_odd_sum(p, c):
     """replay_core._round_odd_sum for float64 scalars."""
     s = p + c
@@ -146,7 +146,7 @@ def _round_odd_sum(p, c):
     return s
 
 
-@njit(inline="always")
+@njit
 def _odd_f32(s):
     """replay_core._odd_f32 for a float64 scalar."""
     r = np.float32(s)
@@ -157,7 +157,7 @@ def _odd_f32(s):
     return r
 
 
-@njit(inline="always")
+@njit
 def add_rounded(a, b, code):
     """replay_core.add_rounded: ``a + b`` of two dtype values, rounded once to the dtype."""
     if code == 0:

@@ -16,7 +16,7 @@ from typing import Any, Mapping
 from ..errors import GemmdriftError
 from . import replay_quant as rq
 from .replay_jit import _ladder, _mma, _tile
-from .replay_jitcore import DTYPE_CODE, NB, ZERO, add_rounded, fl, fma32, njit, np, rnd
+from .replay_jitcore import DTYPE_CODE, NB, ZERO, _bf16, _f16, add_rounded, fl, fma32, njit, np, rnd
 
 DEQUANT = {"cpu": 0, "fma": 1, "mul-add": 2, "dtype": 3}
 CONTRIB = {name: i for i, name in enumerate(rq.CONTRIB)}  # fma, fma-bias, mul-add
@@ -29,8 +29,10 @@ def k_unpack(wq, bits, K, out):
     per = 32 // bits
     mask = np.uint32((1 << bits) - 1)
     for n in range(wq.shape[0]):
-        for k in range(K):
-            out[n, k] = np.float32((wq[n, k // per] >> np.uint32(bits * (k % per))) & mask)
+        for i in range(-(-K // per)):
+            word = wq[n, i]
+            for e in range(min(per, K - i * per)):
+                out[n, i * per + e] = np.float32((word >> np.uint32(bits * e)) & mask)
 
 
 @njit(cache=True)
@@ -41,17 +43,22 @@ def k_dequant(q, scales, biases, gs, mode, code, ftz, out):
     3 ``add_rounded(T(s*q), b)`` (qmm_t ``dtype``, before v0.32.1)."""
     N, K = q.shape
     for n in range(N):
-        for k in range(K):
-            s, b, c = scales[n, k // gs], biases[n, k // gs], q[n, k]
+        for g in range(-(-K // gs)):
+            s, b = scales[n, g], biases[n, g]
+            lo, hi = g * gs, min(K, (g + 1) * gs)
+            # One loop per mode (the mode is the same for every weight): each vectorises.
             if mode == 0:
-                v = rnd(rnd(s * c, code) + b, code)
+                for k in range(lo, hi):
+                    out[n, k] = rnd(rnd(s * q[n, k], code) + b, code)
             elif mode == 1:
-                v = rnd(fl(fma32(s, c, b), ftz), code)
+                for k in range(lo, hi):
+                    out[n, k] = rnd(fl(fma32(s, q[n, k], b), ftz), code)
             elif mode == 2:
-                v = rnd(fl(fl(s * c, ftz) + b, ftz), code)
+                for k in range(lo, hi):
+                    out[n, k] = rnd(fl(fl(s * q[n, k], ftz) + b, ftz), code)
             else:
-                v = add_rounded(rnd(s * c, code), b, code)
-            out[n, k] = v
+                for k in range(lo, hi):
+                    out[n, k] = add_rounded(rnd(s * q[n, k], code), b, code)
 
 
 @njit(cache=True)
@@ -67,13 +74,20 @@ def k_cpu_qmm(x, w, code, out):
             acc[:] = ZERO
             for k in range(K):
                 xv = x[t, k]
-                for j in range(NB):
-                    acc[j] = rnd(acc[j] + rnd(xv * wt[k, j], code), code)
+                if code == 1:  # one loop per dtype, not a branch per element: each vectorises
+                    for j in range(NB):
+                        acc[j] = _bf16(acc[j] + _bf16(xv * wt[k, j]))
+                elif code == 2:
+                    for j in range(NB):
+                        acc[j] = _f16(acc[j] + _f16(xv * wt[k, j]))
+                else:
+                    for j in range(NB):
+                        acc[j] = acc[j] + xv * wt[k, j]
             for j in range(min(NB, N - n0)):
                 out[t, n0 + j] = acc[j]
 
 
-@njit(inline="always")
+@njit
 def _xsum(x, t, k0, vpt, bits, float_sums, code, ftz):
     """rq._partial_sum of one lane's x values (a scalar per row and lane)."""
     s = ZERO

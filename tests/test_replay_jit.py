@@ -233,3 +233,15 @@ def test_fma_is_correctly_rounded_where_the_addend_is_below_half_an_ulp():
         ties += abs(m - F(float(near))) * 2 == F(float(np.spacing(np.abs(near))))  # a*b on a float32 midpoint
         assert _same(got[i], want) and _same(compiled[i], want), i
     assert ties > 100  # many a*b are float32 midpoints: the case is exercised
+
+
+def test_compiled_min_nonzero_decides_ftz_as_numpy_does():
+    from gemmdrift.kernels import replay_core as C
+    from gemmdrift.kernels.replay_jitcore import min_nonzero
+
+    cases = [np.zeros((3, 4)), [[0.0, -0.0, np.nan, 3e-45, -1e-40]], [[np.inf, 0.0]], [[np.nan, -2.5, 7.0]],
+             np.random.default_rng(0).standard_normal((64, 33)) * 1e-39]
+    want = [np.inf, 2.802596928649634e-45, np.inf, 2.5, None]
+    for a, w in zip(cases, want):
+        a = np.asarray(a, dtype=np.float32)
+        assert min_nonzero(a) == C.min_nonzero(a) and (w is None or min_nonzero(a) == w)

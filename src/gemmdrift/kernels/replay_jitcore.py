@@ -166,15 +166,23 @@ def add_rounded(a, b, code):
 
 
 @njit(cache=True)
-def min_nonzero(a):
-    """The smallest nonzero |a| of a 2-D float32 array (inf if none), as replay_core.min_nonzero."""
-    best = np.inf
-    for i in range(a.shape[0]):
-        for j in range(a.shape[1]):
-            v = abs(np.float64(a[i, j]))
-            if v > 0 and v < best:
-                best = v
+def _min_key(a):
+    """min over a (contiguous float32, flat) of ``(bits & 0x7FFFFFFF) - 1`` as uint32, NaN keyed highest:
+    zero wraps to the top, so the minimum is the smallest nonzero magnitude (an integer min: vectorises)."""
+    best = np.uint32(0xFFFFFFFF)
+    for i in range(a.size):
+        u = bits32(a[i]) & np.uint32(0x7FFFFFFF)
+        key = np.uint32(0xFFFFFFFF) if u > np.uint32(0x7F800000) else u - np.uint32(1)
+        best = min(best, key)
     return best
+
+
+def min_nonzero(a) -> float:
+    """The smallest nonzero |a| of a float32 array (inf if none, NaN ignored), as replay_core.min_nonzero."""
+    key = _min_key(np.ascontiguousarray(a, dtype=np.float32).reshape(-1))
+    if key >= 0x7F800000:  # only zeros and NaN (or inf: the key of inf is 0x7F7FFFFF)
+        return float(np.inf)
+    return float(np.uint32(key + 1).view(np.float32))
 
 
 __all__ = ["NB", "TINY", "ZERO", "DTYPE_CODE", "fma32", "bits32", "from_bits32", "fl", "rnd", "add_rounded",

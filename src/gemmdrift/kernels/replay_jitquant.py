@@ -132,18 +132,24 @@ def k_qmv(x, q, scales, biases, bits, gs, vpt, float_sums, code, contrib, simd, 
                     g = k0 // gs
                     sx = _xsum(x, t, k0, vpt, bits, float_sums, code, ftz)
                     a[:] = ZERO
-                    if bits == 8:
-                        for i in range(vpt):
-                            xv = x[t, k0 + i]
-                            for j in range(NB):
-                                a[j] = fl(a[j] + xv * qt[k0 + i, j], ftz)
-                    else:
+                    if bits == 8:  # vpt 4 or 8: four products per pass over a
                         for i in range(k0, k0 + vpt, 4):
                             x0, x1, x2, x3 = x[t, i], x[t, i + 1], x[t, i + 2], x[t, i + 3]
                             for j in range(NB):
-                                quad = fl(fl(fl(x0 * qt[i, j] + x1 * qt[i + 1, j], ftz) + x2 * qt[i + 2, j], ftz)
-                                          + x3 * qt[i + 3, j], ftz)
-                                a[j] = fl(a[j] + quad, ftz)
+                                v = fl(a[j] + x0 * qt[i, j], ftz)
+                                v = fl(v + x1 * qt[i + 1, j], ftz)
+                                v = fl(v + x2 * qt[i + 2, j], ftz)
+                                a[j] = fl(v + x3 * qt[i + 3, j], ftz)
+                    else:  # vpt 8 or 16: two quads per pass over a
+                        for i in range(k0, k0 + vpt, 8):
+                            x0, x1, x2, x3 = x[t, i], x[t, i + 1], x[t, i + 2], x[t, i + 3]
+                            x4, x5, x6, x7 = x[t, i + 4], x[t, i + 5], x[t, i + 6], x[t, i + 7]
+                            for j in range(NB):
+                                q0 = fl(fl(fl(x0 * qt[i, j] + x1 * qt[i + 1, j], ftz) + x2 * qt[i + 2, j], ftz)
+                                        + x3 * qt[i + 3, j], ftz)
+                                q1 = fl(fl(fl(x4 * qt[i + 4, j] + x5 * qt[i + 5, j], ftz) + x6 * qt[i + 6, j], ftz)
+                                        + x7 * qt[i + 7, j], ftz)
+                                a[j] = fl(fl(a[j] + q0, ftz) + q1, ftz)
                     for j in range(NB):
                         s, b = st[g, j], bt[g, j]
                         if contrib == 0:
@@ -179,7 +185,6 @@ def k_qmv_wide(x, w, gs, contract, ftz, out):
     G = K // gs
     wt = np.zeros((K + 1, NB), np.float32)
     r = np.empty((8, NB), np.float32)
-    acc = np.empty(NB, np.float32)
     for n0 in range(0, N, NB):
         _tile(w, n0, wt)
         for t in range(T):
@@ -187,18 +192,31 @@ def k_qmv_wide(x, w, gs, contract, ftz, out):
             for lo_g in range(0, G, 8):
                 for sc in range(gs // 8):
                     for l in range(min(8, G - lo_g)):
-                        base = (lo_g + l) * gs + sc * 8
-                        acc[:] = ZERO
-                        for k in range(base, base + 8):
-                            xv = x[t, k]
-                            if contract:
-                                for j in range(NB):
-                                    acc[j] = fl(fma32(xv, wt[k, j], acc[j]), ftz)
-                            else:
-                                for j in range(NB):
-                                    acc[j] = fl(acc[j] + fl(xv * wt[k, j], ftz), ftz)
-                        for j in range(NB):
-                            r[l, j] = fl(r[l, j] + acc[j], ftz)
+                        b = (lo_g + l) * gs + sc * 8
+                        x0, x1, x2, x3 = x[t, b], x[t, b + 1], x[t, b + 2], x[t, b + 3]
+                        x4, x5, x6, x7 = x[t, b + 4], x[t, b + 5], x[t, b + 6], x[t, b + 7]
+                        if contract:  # the 8 steps of one sub-chunk in registers, i = 0..7 in order
+                            for j in range(NB):
+                                a = fl(fma32(x0, wt[b, j], ZERO), ftz)
+                                a = fl(fma32(x1, wt[b + 1, j], a), ftz)
+                                a = fl(fma32(x2, wt[b + 2, j], a), ftz)
+                                a = fl(fma32(x3, wt[b + 3, j], a), ftz)
+                                a = fl(fma32(x4, wt[b + 4, j], a), ftz)
+                                a = fl(fma32(x5, wt[b + 5, j], a), ftz)
+                                a = fl(fma32(x6, wt[b + 6, j], a), ftz)
+                                a = fl(fma32(x7, wt[b + 7, j], a), ftz)
+                                r[l, j] = fl(r[l, j] + a, ftz)
+                        else:
+                            for j in range(NB):
+                                a = fl(ZERO + fl(x0 * wt[b, j], ftz), ftz)
+                                a = fl(a + fl(x1 * wt[b + 1, j], ftz), ftz)
+                                a = fl(a + fl(x2 * wt[b + 2, j], ftz), ftz)
+                                a = fl(a + fl(x3 * wt[b + 3, j], ftz), ftz)
+                                a = fl(a + fl(x4 * wt[b + 4, j], ftz), ftz)
+                                a = fl(a + fl(x5 * wt[b + 5, j], ftz), ftz)
+                                a = fl(a + fl(x6 * wt[b + 6, j], ftz), ftz)
+                                a = fl(a + fl(x7 * wt[b + 7, j], ftz), ftz)
+                                r[l, j] = fl(r[l, j] + a, ftz)
             _ladder(r, 0, 8, ftz)
             for j in range(min(NB, N - n0)):
                 out[t, n0 + j] = r[0, j]

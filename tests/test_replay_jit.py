@@ -166,7 +166,7 @@ def test_quantized_accumulators_are_the_numpy_recipes_bit_for_bit(kernel, params
                     for var in variants:
                         for ftz in ((False, True) if rec.apple else (False,)):
                             want = rec.fn(x, q, sc, bi, prm, var, dtype, ftz)
-                            got = quant_acc(rec.fn, x, q, sc, bi, prm, var, dtype, ftz)
+                            got = quant_acc(rec.fn, x, wq, sc, bi, prm, var, dtype, ftz)
                             assert got is not None and _same(got, want), (K, dtype, T, kind, var, ftz)
 
 

@@ -301,13 +301,13 @@ def replay_quantized(recipe: Recipe | str, x: np.ndarray, wq: np.ndarray, scales
     sc, bi = f32(scales), f32(biases)
     ftz = rec.apple and needs_ftz(x, sc, bi)
     if replay_engine(engine) == "compiled":
-        from .replay_jitquant import codes, quant_acc
+        from .replay_jitquant import quant_acc
 
         out = np.empty((T, wq.shape[0]), dtype=np.float32)
         step = max(1, CHUNK_ELEMENTS // K)  # rows whose float32 codes (and dequantized weights) fit 16 MB
         for lo in range(0, wq.shape[0], step):
             hi = min(wq.shape[0], lo + step)
-            acc = quant_acc(rec.fn, x, codes(wq[lo:hi], bits, K), sc[lo:hi], bi[lo:hi], prm, var, dtype, ftz)
+            acc = quant_acc(rec.fn, x, wq[lo:hi], sc[lo:hi], bi[lo:hi], prm, var, dtype, ftz)
             if acc is None:
                 break  # not compiled: the numpy recipe below
             out[:, lo:hi] = round_to(acc, dtype)

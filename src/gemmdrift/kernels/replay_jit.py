@@ -34,11 +34,17 @@ def _tile(w, n0, wt):
     """Rows n0..n0+NB of w (N, K), transposed into wt (K+1, NB); missing rows and row K stay +0."""
     N, K = w.shape
     nb = min(NB, N - n0)
-    for k0 in range(0, K, 16):  # 16-wide K blocks: the rows read and the lines written stay in L1
-        k1 = min(k0 + 16, K)
+    k8 = K - K % 8
+    for k0 in range(0, k8, 8):  # 8 values of a row read at once, 8 lines written: both stay in L1
         for j in range(nb):
-            for k in range(k0, k1):
-                wt[k, j] = w[n0 + j, k]
+            n = n0 + j
+            a0, a1, a2, a3 = w[n, k0], w[n, k0 + 1], w[n, k0 + 2], w[n, k0 + 3]
+            a4, a5, a6, a7 = w[n, k0 + 4], w[n, k0 + 5], w[n, k0 + 6], w[n, k0 + 7]
+            wt[k0, j], wt[k0 + 1, j], wt[k0 + 2, j], wt[k0 + 3, j] = a0, a1, a2, a3
+            wt[k0 + 4, j], wt[k0 + 5, j], wt[k0 + 6, j], wt[k0 + 7, j] = a4, a5, a6, a7
+    for k in range(k8, K):
+        for j in range(nb):
+            wt[k, j] = w[n0 + j, k]
     for j in range(nb, NB):
         for k in range(K):
             wt[k, j] = ZERO

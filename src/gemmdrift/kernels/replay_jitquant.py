@@ -2,11 +2,11 @@
 
 As in :mod:`.replay_jit`: the output axis innermost, NB columns of independent
 accumulators, the same operations in the same order as the numpy recipe of
-each kernel. The packed codes are unpacked (:func:`k_unpack`) and, where the
-recipe dequantizes once (the CPU's ``T(T(s*q) + b)``, qmv_wide's float
-``fma(s, q, b)``, qmm_t's threadgroup weights), dequantized by
-:func:`k_dequant` into (N, K) float32 weights first, exactly as the numpy
-recipes do before their loops; qmm_t then runs :func:`.replay_jit.k_mma`.
+each kernel. Where the recipe dequantizes once (the CPU's ``T(T(s*q) + b)``,
+qmv_wide's float ``fma(s, q, b)``, qmm_t's threadgroup weights),
+:func:`k_dequant` turns the packed codes straight into (N, K) float32 weights,
+exactly as the numpy recipes do before their loops (qmm_t then runs
+:func:`.replay_jit.k_mma`); qmv reads the codes (:func:`k_unpack`).
 """
 
 from __future__ import annotations
@@ -36,29 +36,36 @@ def k_unpack(wq, bits, K, out):
 
 
 @njit(cache=True)
-def k_dequant(q, scales, biases, gs, mode, code, ftz, out):
-    """The dequantized weights of q (N, K) with per-group scales/biases (N, K/gs):
+def k_dequant(wq, bits, scales, biases, gs, mode, code, ftz, out):
+    """The dequantized weights (N, K) of the packed codes wq (as rq.unpack) with per-group scales/biases:
     mode 0 ``T(T(s*q) + b)`` (rq.cpu_qmm_t: float32 add, then the dtype), 1 ``T(ftz(fma(s, q, b)))``
     (qmv_wide with T = float32, qmm_t's ``fma``), 2 ``T(ftz(ftz(s*q) + b))`` (qmm_t ``mul-add``),
     3 ``add_rounded(T(s*q), b)`` (qmm_t ``dtype``, before v0.32.1)."""
-    N, K = q.shape
+    N, K = out.shape
+    per = 32 // bits
+    mask = np.uint32((1 << bits) - 1)
     for n in range(N):
-        for g in range(-(-K // gs)):
+        for g in range(K // gs):  # K % gs == 0 and gs % per == 0: whole words per group
             s, b = scales[n, g], biases[n, g]
-            lo, hi = g * gs, min(K, (g + 1) * gs)
-            # One loop per mode (the mode is the same for every weight): each vectorises.
-            if mode == 0:
-                for k in range(lo, hi):
-                    out[n, k] = rnd(rnd(s * q[n, k], code) + b, code)
-            elif mode == 1:
-                for k in range(lo, hi):
-                    out[n, k] = rnd(fl(fma32(s, q[n, k], b), ftz), code)
-            elif mode == 2:
-                for k in range(lo, hi):
-                    out[n, k] = rnd(fl(fl(s * q[n, k], ftz) + b, ftz), code)
-            else:
-                for k in range(lo, hi):
-                    out[n, k] = add_rounded(rnd(s * q[n, k], code), b, code)
+            # One loop per mode (the mode is the same for every weight); the codes as rq.unpack.
+            for i in range(g * gs // per, (g + 1) * gs // per):
+                word = wq[n, i]
+                if mode == 0:
+                    for e in range(per):
+                        c = np.float32((word >> np.uint32(bits * e)) & mask)
+                        out[n, i * per + e] = rnd(rnd(s * c, code) + b, code)
+                elif mode == 1:
+                    for e in range(per):
+                        c = np.float32((word >> np.uint32(bits * e)) & mask)
+                        out[n, i * per + e] = rnd(fl(fma32(s, c, b), ftz), code)
+                elif mode == 2:
+                    for e in range(per):
+                        c = np.float32((word >> np.uint32(bits * e)) & mask)
+                        out[n, i * per + e] = rnd(fl(fl(s * c, ftz) + b, ftz), code)
+                else:
+                    for e in range(per):
+                        c = np.float32((word >> np.uint32(bits * e)) & mask)
+                        out[n, i * per + e] = add_rounded(rnd(s * c, code), b, code)
 
 
 @njit(cache=True)
@@ -236,39 +243,42 @@ def codes(wq: np.ndarray, bits: int, K: int) -> np.ndarray:
     return out
 
 
-def _dequant(q, sc, bi, g: int, mode: str, dtype: str, ftz: bool) -> np.ndarray:
-    out = np.empty(q.shape, dtype=np.float32)
-    k_dequant(q, _c(sc), _c(bi), g, DEQUANT[mode], DTYPE_CODE[dtype], bool(ftz), out)
+def _dequant(wq, bits: int, K: int, sc, bi, g: int, mode: str, dtype: str, ftz: bool) -> np.ndarray:
+    out = np.empty((wq.shape[0], K), dtype=np.float32)
+    k_dequant(wq, bits, _c(sc), _c(bi), g, DEQUANT[mode], DTYPE_CODE[dtype], bool(ftz), out)
     return out
 
 
-def quant_acc(fn, x, q, scales, biases, params: Mapping[str, Any], var: Mapping[str, str], dtype: str,
+def quant_acc(fn, x, wq, scales, biases, params: Mapping[str, Any], var: Mapping[str, str], dtype: str,
               ftz: bool) -> np.ndarray | None:
-    """The pre-rounding float32 result (T, N) on codes ``q`` (N, K) of the quantized recipe whose numpy function
-    is ``fn``, or None where it is not compiled (qmm_t with MMA8 H3/H4, a recipe this module does not know)."""
-    x, q = _c(x), _c(q)
+    """The pre-rounding float32 result (T, N) on packed codes ``wq`` of the quantized recipe whose numpy
+    function is ``fn``, or None where it is not compiled (qmm_t with MMA8 H3/H4, a recipe this module does not know)."""
+    x = _c(x)
     T, K = x.shape
-    N = q.shape[0]
-    g = int(params["group_size"])
+    bits, g = int(params["bits"]), int(params["group_size"])
+    if bits not in (4, 8):
+        raise GemmdriftError(f"replay has affine recipes for 4 and 8 bits, not {bits}")
+    wq = np.ascontiguousarray(wq, dtype=np.uint32)
+    N = wq.shape[0]
     out = np.empty((T, N), dtype=np.float32)
     ftz = bool(ftz)
     if fn is rq.cpu_qmm_t:
-        k_cpu_qmm(x, _dequant(q, scales, biases, g, "cpu", dtype, False), DTYPE_CODE[dtype], out)
+        k_cpu_qmm(x, _dequant(wq, bits, K, scales, biases, g, "cpu", dtype, False), DTYPE_CODE[dtype], out)
     elif fn is rq.metal_qmv:
-        bits = int(params["bits"])
         fast = bool(params.get("fast", False))
         vpt, block = rq.qmv_geometry(bits, fast)
         if fast and K % block:
             raise GemmdriftError(f"qmv_fast {bits}-bit needs K % {block} == 0, got K={K}")
-        k_qmv(x, q, _c(scales), _c(biases), bits, g, vpt, bool(params.get("float_sums", True)), DTYPE_CODE[dtype],
+        k_qmv(x, codes(wq, bits, K), _c(scales), _c(biases), bits, g, vpt, bool(params.get("float_sums", True)), DTYPE_CODE[dtype],
               CONTRIB[var["contrib"]], SIMD[var["simd_sum"]], ftz, out)
     elif fn is rq.metal_qmv_wide:
-        k_qmv_wide(x, _dequant(q, scales, biases, g, "fma", "float32", ftz), g, var["contract"] == "fma", ftz, out)
+        w = _dequant(wq, bits, K, scales, biases, g, "fma", "float32", ftz)
+        k_qmv_wide(x, w, g, var["contract"] == "fma", ftz, out)
     elif fn is rq.metal_qmm_t and var["mma"] in ("H1", "H2"):
         split = int(params.get("split_k", 1))
         if var["dequant"] not in ("fma", "mul-add", "dtype"):
             raise GemmdriftError(f"unknown dequantization variant {var['dequant']!r} (known: fma, mul-add, dtype)")
-        w = _dequant(q, scales, biases, g, var["dequant"], dtype, ftz)
+        w = _dequant(wq, bits, K, scales, biases, g, var["dequant"], dtype, ftz)
         if K % (32 * split):
             raise GemmdriftError(f"qmm_t with split_k={split} needs K % {32 * split} == 0, got K={K}")
         ps = K // split

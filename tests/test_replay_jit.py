@@ -18,7 +18,7 @@ from gemmdrift.kernels import replay_dense as rd
 from gemmdrift.kernels import replay_quant as rq
 from gemmdrift.kernels.replay_core import round_to
 from gemmdrift.kernels.replay_jit import dense_acc
-from gemmdrift.kernels.replay_jitquant import codes, quant_acc
+from gemmdrift.kernels.replay_jitquant import quant_acc
 
 TS = (1, 3, 8, 16, 33)  # T classes: the GEMV, the small batches 2..8, 16, and a block past 32
 
@@ -162,7 +162,6 @@ def test_quantized_accumulators_are_the_numpy_recipes_bit_for_bit(kernel, params
                 for kind in kinds:
                     x, wq, sc, bi = _quant_operands(kind, T, K, 21, params["bits"], dtype, seed=K + T)
                     q = rq.unpack(wq, params["bits"], K)
-                    assert _same(codes(wq, params["bits"], K), q)
                     for var in variants:
                         for ftz in ((False, True) if rec.apple else (False,)):
                             want = rec.fn(x, q, sc, bi, prm, var, dtype, ftz)

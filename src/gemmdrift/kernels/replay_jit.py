@@ -50,6 +50,69 @@ def _tile(w, n0, wt):
             wt[k, j] = ZERO
 
 
+@njit(inline="always")  # inlined in numba's IR: LLVM may not inline it into the large k_mma on its own
+def _deq(c, s, b, mode, code, ftz):
+    """One weight from its code c, scale s and bias b: mode -1 the code itself (qmv); 0 ``T(T(s*c) + b)``
+    (rq.cpu_qmm_t: a float32 add, then the dtype); 1 ``T(ftz(fma(s, c, b)))`` (qmv_wide with T = float32,
+    qmm_t's ``fma``); 2 ``T(ftz(ftz(s*c) + b))`` (qmm_t ``mul-add``); 3 ``add_rounded(T(s*c), b)`` (qmm_t
+    ``dtype``, before v0.32.1): the numpy recipes' dequantizations, element by element."""
+    if mode == -1:
+        return c
+    if mode == 0:
+        return rnd(rnd(s * c, code) + b, code)
+    if mode == 1:
+        return rnd(fl(fma32(s, c, b), ftz), code)
+    if mode == 2:
+        return rnd(fl(fl(s * c, ftz) + b, ftz), code)
+    return add_rounded(rnd(s * c, code), b, code)
+
+
+@njit(inline="always")
+def _deq_row(wt, st, bt, k, g, mode, code, ftz):
+    for j in range(NB):
+        wt[k, j] = _deq(wt[k, j], st[g, j], bt[g, j], mode, code, ftz)
+
+
+@njit
+def _qtile(wq, scales, biases, bits, gs, mode, code, ftz, n0, wt, st, bt):
+    """As :func:`_tile`, for the weights of packed affine codes ``wq`` (rq.unpack's layout: code e of a
+    uint32 word in bits [bits*e, bits*(e+1))): the codes are transposed into wt, then (mode >= 0)
+    dequantized in place by :func:`_deq` with the scales and biases tiled into st, bt (G+1, NB)."""
+    N = wq.shape[0]
+    K = wt.shape[0] - 1
+    nb = min(NB, N - n0)
+    per = 32 // bits
+    mask = np.uint32((1 << bits) - 1)
+    for i0 in range(0, K // per, 2):  # two words (8 or 16 codes) of a row at a time
+        for j in range(nb):
+            for i in range(i0, min(i0 + 2, K // per)):
+                word = wq[n0 + j, i]
+                for e in range(per):
+                    wt[i * per + e, j] = np.float32((word >> np.uint32(bits * e)) & mask)
+    for j in range(nb, NB):
+        for k in range(K):
+            wt[k, j] = ZERO
+    if mode < 0:
+        return
+    _tile(scales, n0, st)
+    _tile(biases, n0, bt)
+    for k in range(K):
+        g = k // gs
+        # Literal modes and dtypes for the combinations the recipes use: each row loop then vectorises.
+        if mode == 0 and code == 1:
+            _deq_row(wt, st, bt, k, g, 0, 1, ftz)
+        elif mode == 0 and code == 0:
+            _deq_row(wt, st, bt, k, g, 0, 0, ftz)
+        elif mode == 1 and code == 0:
+            _deq_row(wt, st, bt, k, g, 1, 0, ftz)
+        elif mode == 1 and code == 1:
+            _deq_row(wt, st, bt, k, g, 1, 1, ftz)
+        elif mode == 2 and code == 1:
+            _deq_row(wt, st, bt, k, g, 2, 1, ftz)
+        else:
+            _deq_row(wt, st, bt, k, g, mode, code, ftz)
+
+
 @njit
 def _ladder(r, base, n, ftz):
     """lane_tree over rows base..base+n of r, in place: row base holds lane 0's result."""
@@ -152,18 +215,24 @@ def k_wide(x, w, kl, pairwise, ftz, out):
 
 
 @njit(cache=True)
-def k_mma(x, w, ranges, pstart, h2, ftz, out):
+def k_mma(x, w, wq, scales, biases, bits, gs, mode, code, ranges, pstart, h2, ftz, out):
     """rd._mma_chain per partition (steel fused, split-K, qmm_t): partition p chains its K ranges
     ``ranges[pstart[p]:pstart[p+1]]`` from +0, one MMA8 step per 8 products (H1: acc + p0 + ... + p7 in
-    order; H2: acc + pairwise(p0..p7)), a range's last step zero-padded; out[p] is its float32 result."""
+    order; H2: acc + pairwise(p0..p7)), a range's last step zero-padded; out[p] is its float32 result.
+    Weights: w (N, K) when bits == 0, else the codes wq dequantized by :func:`_deq` (qmm_t)."""
     T, K = x.shape
-    N = w.shape[0]
+    N = w.shape[0] if bits == 0 else wq.shape[0]
     wt = np.zeros((K + 1, NB), np.float32)
     acc = np.empty(NB, np.float32)
     xs = np.empty(8, np.float32)
     ks = np.empty(8, np.int64)
+    st = np.zeros((scales.shape[1] + 1, NB), np.float32)
+    bt = np.zeros((scales.shape[1] + 1, NB), np.float32)
     for n0 in range(0, N, NB):
-        _tile(w, n0, wt)
+        if bits == 0:
+            _tile(w, n0, wt)
+        else:
+            _qtile(wq, scales, biases, bits, gs, mode, code, ftz, n0, wt, st, bt)
         for t in range(T):
             for p in range(len(pstart) - 1):
                 acc[:] = ZERO
@@ -202,11 +271,18 @@ def _c(a) -> np.ndarray:
     return np.ascontiguousarray(a, dtype=np.float32)
 
 
-def _mma(x, w, parts: list[list[tuple[int, int]]], how: str, ftz: bool) -> np.ndarray:
+_NO_CODES = np.zeros((1, 1), dtype=np.uint32)
+_NO_SCALES = np.zeros((1, 1), dtype=np.float32)
+
+
+def _mma(x, w, parts: list[list[tuple[int, int]]], how: str, ftz: bool, quant: tuple | None = None) -> np.ndarray:
+    """k_mma on dense w, or (w None) on ``quant = (wq, scales, biases, bits, group_size, mode, dtype code)``."""
     ranges = np.array([r for p in parts for r in p], dtype=np.int64).reshape(-1, 2)
     pstart = np.cumsum([0] + [len(p) for p in parts]).astype(np.int64)
-    out = np.empty((len(parts), x.shape[0], w.shape[0]), dtype=np.float32)
-    k_mma(x, w, ranges, pstart, how == "H2", bool(ftz), out)
+    wq, sc, bi, bits, gs, mode, code = quant or (_NO_CODES, _NO_SCALES, _NO_SCALES, 0, 1, 0, 0)
+    w = _NO_SCALES if w is None else w
+    out = np.empty((len(parts), x.shape[0], w.shape[0] if bits == 0 else wq.shape[0]), dtype=np.float32)
+    k_mma(x, w, wq, sc, bi, bits, gs, mode, code, ranges, pstart, how == "H2", bool(ftz), out)
     return out
 
 

@@ -2,11 +2,11 @@
 
 As in :mod:`.replay_jit`: the output axis innermost, NB columns of independent
 accumulators, the same operations in the same order as the numpy recipe of
-each kernel. Where the recipe dequantizes once (the CPU's ``T(T(s*q) + b)``,
-qmv_wide's float ``fma(s, q, b)``, qmm_t's threadgroup weights),
-:func:`k_dequant` turns the packed codes straight into (N, K) float32 weights,
-exactly as the numpy recipes do before their loops (qmm_t then runs
-:func:`.replay_jit.k_mma`); qmv reads the codes (:func:`k_unpack`).
+each kernel. The packed codes are decoded, and where the recipe dequantizes
+(the CPU's ``T(T(s*q) + b)``, qmv_wide's float ``fma(s, q, b)``, qmm_t's
+threadgroup weights) dequantized, while each tile of weight rows is
+transposed (:func:`.replay_jit._qtile`), exactly as the numpy recipes do before
+their loops; qmm_t then runs :func:`.replay_jit.k_mma`.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any, Mapping
 
 from ..errors import GemmdriftError
 from . import replay_quant as rq
-from .replay_jit import _ladder, _mma, _tile
+from .replay_jit import _ladder, _mma, _qtile, _tile
 from .replay_jitcore import DTYPE_CODE, NB, ZERO, _bf16, _f16, add_rounded, fl, fma32, njit, np, rnd
 
 DEQUANT = {"cpu": 0, "fma": 1, "mul-add": 2, "dtype": 3}
@@ -24,59 +24,16 @@ SIMD = {"xor16": 0, "xor1": 1, "sequential": 2}
 
 
 @njit(cache=True)
-def k_unpack(wq, bits, K, out):
-    """rq.unpack: code i of a uint32 word sits in bits [bits*i, bits*(i+1)); out (N, K) float32."""
-    per = 32 // bits
-    mask = np.uint32((1 << bits) - 1)
-    for n in range(wq.shape[0]):
-        for i in range(-(-K // per)):
-            word = wq[n, i]
-            for e in range(min(per, K - i * per)):
-                out[n, i * per + e] = np.float32((word >> np.uint32(bits * e)) & mask)
-
-
-@njit(cache=True)
-def k_dequant(wq, bits, scales, biases, gs, mode, code, ftz, out):
-    """The dequantized weights (N, K) of the packed codes wq (as rq.unpack) with per-group scales/biases:
-    mode 0 ``T(T(s*q) + b)`` (rq.cpu_qmm_t: float32 add, then the dtype), 1 ``T(ftz(fma(s, q, b)))``
-    (qmv_wide with T = float32, qmm_t's ``fma``), 2 ``T(ftz(ftz(s*q) + b))`` (qmm_t ``mul-add``),
-    3 ``add_rounded(T(s*q), b)`` (qmm_t ``dtype``, before v0.32.1)."""
-    N, K = out.shape
-    per = 32 // bits
-    mask = np.uint32((1 << bits) - 1)
-    for n in range(N):
-        for g in range(K // gs):  # K % gs == 0 and gs % per == 0: whole words per group
-            s, b = scales[n, g], biases[n, g]
-            # One loop per mode (the mode is the same for every weight); the codes as rq.unpack.
-            for i in range(g * gs // per, (g + 1) * gs // per):
-                word = wq[n, i]
-                if mode == 0:
-                    for e in range(per):
-                        c = np.float32((word >> np.uint32(bits * e)) & mask)
-                        out[n, i * per + e] = rnd(rnd(s * c, code) + b, code)
-                elif mode == 1:
-                    for e in range(per):
-                        c = np.float32((word >> np.uint32(bits * e)) & mask)
-                        out[n, i * per + e] = rnd(fl(fma32(s, c, b), ftz), code)
-                elif mode == 2:
-                    for e in range(per):
-                        c = np.float32((word >> np.uint32(bits * e)) & mask)
-                        out[n, i * per + e] = rnd(fl(fl(s * c, ftz) + b, ftz), code)
-                else:
-                    for e in range(per):
-                        c = np.float32((word >> np.uint32(bits * e)) & mask)
-                        out[n, i * per + e] = add_rounded(rnd(s * c, code), b, code)
-
-
-@njit(cache=True)
-def k_cpu_qmm(x, w, code, out):
-    """rq.cpu_qmm_t's loop: ``sum = T(float32(sum + T(x*w)))``, k = 0..K-1 from 0 (w already ``T(T(s*q)+b)``)."""
+def k_cpu_qmm(x, wq, scales, biases, bits, gs, code, out):
+    """rq.cpu_qmm_t's loop: ``sum = T(float32(sum + T(x*w)))``, k = 0..K-1 from 0, ``w = T(T(s*q)+b)``."""
     T, K = x.shape
-    N = w.shape[0]
+    N = wq.shape[0]
     wt = np.zeros((K + 1, NB), np.float32)
+    st = np.zeros((scales.shape[1] + 1, NB), np.float32)
+    bt = np.zeros((scales.shape[1] + 1, NB), np.float32)
     acc = np.empty(NB, np.float32)
     for n0 in range(0, N, NB):
-        _tile(w, n0, wt)
+        _qtile(wq, scales, biases, bits, gs, 0, code, False, n0, wt, st, bt)
         for t in range(T):
             acc[:] = ZERO
             for k in range(K):
@@ -114,12 +71,12 @@ def _xsum(x, t, k0, vpt, bits, float_sums, code, ftz):
 
 
 @njit(cache=True)
-def k_qmv(x, q, scales, biases, bits, gs, vpt, float_sums, code, contrib, simd, ftz, out):
+def k_qmv(x, wq, scales, biases, bits, gs, vpt, float_sums, code, contrib, simd, ftz, out):
     """rq.metal_qmv: lane l of block b covers ``k = 32*vpt*b + vpt*l + [0, vpt)``; its ``accum`` (8-bit: each
     product; 4-bit: quads ``((p0+p1)+p2)+p3``) and x-sum make ``r += contrib(scale, accum, sum, bias)``; lanes
     past K add nothing; then simd_sum (xor16 ladder, xor1 butterfly, or sequential)."""
     T, K = x.shape
-    N = q.shape[0]
+    N = wq.shape[0]
     G = scales.shape[1]
     block = 32 * vpt
     qt = np.zeros((K + 1, NB), np.float32)
@@ -128,7 +85,7 @@ def k_qmv(x, q, scales, biases, bits, gs, vpt, float_sums, code, contrib, simd, 
     r = np.empty((32, NB), np.float32)
     a = np.empty(NB, np.float32)
     for n0 in range(0, N, NB):
-        _tile(q, n0, qt)
+        _qtile(wq, scales, biases, bits, gs, -1, 0, False, n0, qt, st, bt)  # the codes
         _tile(scales, n0, st)
         _tile(biases, n0, bt)
         for t in range(T):
@@ -184,16 +141,18 @@ def k_qmv(x, q, scales, biases, bits, gs, vpt, float_sums, code, contrib, simd, 
 
 
 @njit(cache=True)
-def k_qmv_wide(x, w, gs, contract, ftz, out):
+def k_qmv_wide(x, wq, scales, biases, bits, gs, contract, ftz, out):
     """rq.metal_qmv_wide: lane l takes groups l, l+8, ...; per 8-value sub-chunk ``acc = sum x*w`` from +0
     (``fma(x, w, acc)`` or ``acc + RN(x*w)``), then ``r += acc``; then the ladder 4, 2, 1."""
     T, K = x.shape
-    N = w.shape[0]
+    N = wq.shape[0]
     G = K // gs
     wt = np.zeros((K + 1, NB), np.float32)
+    st = np.zeros((G + 1, NB), np.float32)
+    bt = np.zeros((G + 1, NB), np.float32)
     r = np.empty((8, NB), np.float32)
     for n0 in range(0, N, NB):
-        _tile(w, n0, wt)
+        _qtile(wq, scales, biases, bits, gs, 1, 0, ftz, n0, wt, st, bt)  # w = ftz(fma(s, q, b)) in float
         for t in range(T):
             r[:, :] = ZERO
             for lo_g in range(0, G, 8):
@@ -233,22 +192,6 @@ def _c(a) -> np.ndarray:
     return np.ascontiguousarray(a, dtype=np.float32)
 
 
-def codes(wq: np.ndarray, bits: int, K: int) -> np.ndarray:
-    """rq.unpack, compiled."""
-    if bits not in (4, 8):
-        raise GemmdriftError(f"replay has affine recipes for 4 and 8 bits, not {bits}")
-    wq = np.ascontiguousarray(wq, dtype=np.uint32)
-    out = np.empty((wq.shape[0], K), dtype=np.float32)
-    k_unpack(wq, bits, K, out)
-    return out
-
-
-def _dequant(wq, bits: int, K: int, sc, bi, g: int, mode: str, dtype: str, ftz: bool) -> np.ndarray:
-    out = np.empty((wq.shape[0], K), dtype=np.float32)
-    k_dequant(wq, bits, _c(sc), _c(bi), g, DEQUANT[mode], DTYPE_CODE[dtype], bool(ftz), out)
-    return out
-
-
 def quant_acc(fn, x, wq, scales, biases, params: Mapping[str, Any], var: Mapping[str, str], dtype: str,
               ftz: bool) -> np.ndarray | None:
     """The pre-rounding float32 result (T, N) on packed codes ``wq`` of the quantized recipe whose numpy
@@ -263,30 +206,29 @@ def quant_acc(fn, x, wq, scales, biases, params: Mapping[str, Any], var: Mapping
     out = np.empty((T, N), dtype=np.float32)
     ftz = bool(ftz)
     if fn is rq.cpu_qmm_t:
-        k_cpu_qmm(x, _dequant(wq, bits, K, scales, biases, g, "cpu", dtype, False), DTYPE_CODE[dtype], out)
+        k_cpu_qmm(x, wq, _c(scales), _c(biases), bits, g, DTYPE_CODE[dtype], out)
     elif fn is rq.metal_qmv:
         fast = bool(params.get("fast", False))
         vpt, block = rq.qmv_geometry(bits, fast)
         if fast and K % block:
             raise GemmdriftError(f"qmv_fast {bits}-bit needs K % {block} == 0, got K={K}")
-        k_qmv(x, codes(wq, bits, K), _c(scales), _c(biases), bits, g, vpt, bool(params.get("float_sums", True)), DTYPE_CODE[dtype],
+        k_qmv(x, wq, _c(scales), _c(biases), bits, g, vpt, bool(params.get("float_sums", True)), DTYPE_CODE[dtype],
               CONTRIB[var["contrib"]], SIMD[var["simd_sum"]], ftz, out)
     elif fn is rq.metal_qmv_wide:
-        w = _dequant(wq, bits, K, scales, biases, g, "fma", "float32", ftz)
-        k_qmv_wide(x, w, g, var["contract"] == "fma", ftz, out)
+        k_qmv_wide(x, wq, _c(scales), _c(biases), bits, g, var["contract"] == "fma", ftz, out)
     elif fn is rq.metal_qmm_t and var["mma"] in ("H1", "H2"):
         split = int(params.get("split_k", 1))
         if var["dequant"] not in ("fma", "mul-add", "dtype"):
             raise GemmdriftError(f"unknown dequantization variant {var['dequant']!r} (known: fma, mul-add, dtype)")
-        w = _dequant(wq, bits, K, scales, biases, g, var["dequant"], dtype, ftz)
         if K % (32 * split):
             raise GemmdriftError(f"qmm_t with split_k={split} needs K % {32 * split} == 0, got K={K}")
         ps = K // split
-        parts = _mma(x, w, [[(p * ps, (p + 1) * ps)] for p in range(split)], var["mma"], ftz)
+        quant = (wq, _c(scales), _c(biases), bits, g, DEQUANT[var["dequant"]], DTYPE_CODE[dtype])
+        parts = _mma(x, None, [[(p * ps, (p + 1) * ps)] for p in range(split)], var["mma"], ftz, quant)
         return rq.qmm_partials(list(parts), var, dtype, ftz)
     else:
         return None
     return out
 
 
-__all__ = ["k_unpack", "k_dequant", "k_cpu_qmm", "k_qmv", "k_qmv_wide", "codes", "quant_acc"]
+__all__ = ["k_cpu_qmm", "k_qmv", "k_qmv_wide", "quant_acc"]

@@ -244,3 +244,21 @@ def test_compiled_min_nonzero_decides_ftz_as_numpy_does():
     for a, w in zip(cases, want):
         a = np.asarray(a, dtype=np.float32)
         assert min_nonzero(a) == C.min_nonzero(a) and (w is None or min_nonzero(a) == w)
+
+
+def test_numba_caches_under_gemmdrift_s_cache_unless_the_user_chose(tmp_path):
+    """The kernels' cache lands in <GEMMDRIFT_CACHE>/numba (set before numba is imported), and a user's
+    NUMBA_CACHE_DIR is kept."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("from gemmdrift.kernels import replay as R; R.replay_engine(); import numba; "
+            "print(numba.config.CACHE_DIR)")
+    env = {k: v for k, v in os.environ.items() if k not in ("NUMBA_CACHE_DIR", "GEMMDRIFT_REPLAY_ENGINE")}
+    env["GEMMDRIFT_CACHE"] = str(tmp_path / "g")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == str(tmp_path / "g" / "numba")
+    env["NUMBA_CACHE_DIR"] = str(tmp_path / "mine")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == str(tmp_path / "mine")

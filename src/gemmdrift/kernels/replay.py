@@ -52,7 +52,7 @@ def replay_engine(engine: str | None = None) -> str:
         raise GemmdriftError(f"unknown replay engine {name!r} (known: {', '.join(ENGINES)})")
     if name == "compiled" and not asked:
         try:
-            import numba  # noqa: F401
+            from . import replay_jitcore  # noqa: F401  (imports numba after setting its cache directory)
         except ImportError:
             return "numpy"
     return name

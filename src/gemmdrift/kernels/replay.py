@@ -377,6 +377,6 @@ def recipe_for(choice: Any, variant: Any = None, *, mlx_version: str | None = No
     return Plan(rec, params, parse_variant(rec, variant), getattr(choice, "source", ""), getattr(choice, "note", ""))
 
 
-__all__ = ["METAL_REV", "CPU_REV", "ENGINES", "replay_engine", "Recipe", "RECIPES", "UNKNOWN", "parse_variant", "check_variant_text",
-           "variant_name", "version_axes", "version_params", "Replayed", "replay_matmul", "replay_quantized",
-           "get_recipe", "cpu_recipe", "Plan", "recipe_for"]
+__all__ = ["METAL_REV", "CPU_REV", "ENGINES", "replay_engine", "Recipe", "RECIPES", "UNKNOWN", "parse_variant",
+           "check_variant_text", "variant_name", "version_axes", "version_params", "Replayed", "replay_matmul",
+           "replay_quantized", "get_recipe", "cpu_recipe", "Plan", "recipe_for"]

@@ -247,5 +247,5 @@ def epilogue(acc: np.ndarray, bias: np.ndarray | None, rule: str, dtype: str) ->
 
 
 __all__ = ["MMA8", "DOT4", "mma8", "cpu_sequential", "metal_gemv", "dot4", "metal_gemv_wide", "steel_ranges",
-           "metal_steel_gemm", "splitk_partitions", "metal_steel_gemm_splitk", "splitk_sum", "cuda_n_per_thread", "cuda_gemv",
-           "epilogue"]
+           "metal_steel_gemm", "splitk_partitions", "metal_steel_gemm_splitk", "splitk_sum", "cuda_n_per_thread",
+           "cuda_gemv", "epilogue"]

@@ -67,7 +67,7 @@ def _deq(c, s, b, mode, code, ftz):
     return add_rounded(rnd(s * c, code), b, code)
 
 
-@njit(inline="always")
+@njit(inline="always")  # inlined with literal mode and dtype: LLVM folds the branches, the row loop vectorises
 def _deq_row(wt, st, bt, k, g, mode, code, ftz):
     for j in range(NB):
         wt[k, j] = _deq(wt[k, j], st[g, j], bt[g, j], mode, code, ftz)

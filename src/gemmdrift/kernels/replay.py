@@ -23,6 +23,7 @@ Which recipe runs for a shape comes from :func:`recipe_for` (a dispatch
 from __future__ import annotations
 
 import itertools
+import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, NamedTuple, Sequence
 
@@ -36,6 +37,25 @@ from .replay_core import SIMD_SUMS, f32, needs_ftz, round_to
 METAL_REV = "ml-explore/mlx@846d176 (0.32.2-dev; kernel headers as in the 0.32.4 wheel, METAL-ORDERS §9)"
 CPU_REV = "ml-explore/mlx v0.32.1 (CPU sources; simd_gemm.h identical to the installed 0.32.4 headers)"
 CHUNK_ELEMENTS = 4 << 20  # float32 products per N chunk (16 MB): bounds memory on a 262144-row LM head
+ENGINES = ("compiled", "numpy")  # compiled: replay_jit (numba), the same adds; numpy: the reference recipes
+
+
+def replay_engine(engine: str | None = None) -> str:
+    """The engine that runs a recipe: ``engine``, else ``$GEMMDRIFT_REPLAY_ENGINE``, else ``compiled``.
+
+    Both give the same bits (tests/test_replay_jit.py); ``compiled`` falls back to numpy only where numba is
+    not installed and no engine was asked for by name.
+    """
+    asked = engine or os.environ.get("GEMMDRIFT_REPLAY_ENGINE") or ""
+    name = asked or "compiled"
+    if name not in ENGINES:
+        raise GemmdriftError(f"unknown replay engine {name!r} (known: {', '.join(ENGINES)})")
+    if name == "compiled" and not asked:
+        try:
+            from . import replay_jitcore  # noqa: F401  (imports numba after setting its cache directory)
+        except ImportError:
+            return "numpy"
+    return name
 
 
 @dataclass(frozen=True)
@@ -205,7 +225,7 @@ def _check_dtype(recipe: Recipe, dtype: str) -> None:
 
 def replay_matmul(recipe: Recipe | str, x: np.ndarray, w: np.ndarray, bias: np.ndarray | None = None, *,
                   dtype: str, params: Mapping[str, Any] | None = None, variant: Any = None,
-                  w_min: float | None = None) -> Replayed:
+                  w_min: float | None = None, engine: str | None = None) -> Replayed:
     """``x @ w.T (+ bias)`` as the kernel adds it.
 
     Args:
@@ -217,6 +237,7 @@ def replay_matmul(recipe: Recipe | str, x: np.ndarray, w: np.ndarray, bias: np.n
         params: the kernel's order-deciding parameters (a dispatch Choice's ``params``).
         variant: text or mapping (see :func:`parse_variant`).
         w_min: the smallest nonzero |w| if already known (it decides FTZ; a fixed weight's is computed once).
+        engine: ``compiled`` or ``numpy`` (see :func:`replay_engine`; the same bits).
     """
     rec = get_recipe(recipe)
     if rec.op != "matmul":
@@ -230,7 +251,19 @@ def replay_matmul(recipe: Recipe | str, x: np.ndarray, w: np.ndarray, bias: np.n
     N = w.shape[0]
     if w.shape[1] != K:
         raise GemmdriftError(f"shapes do not match: x is {x.shape}, w is {w.shape}")
+    compiled = replay_engine(engine) == "compiled"
+    if compiled and w_min is None and rec.apple:
+        from .replay_jitcore import min_nonzero
+
+        w_min = min_nonzero(np.ascontiguousarray(w))  # the same minimum as replay_core.min_nonzero, one pass
     ftz = rec.apple and (needs_ftz(x, w) if w_min is None else needs_ftz(x, mins=(w_min,)))
+    if compiled:
+        from .replay_jit import dense_acc
+
+        acc = dense_acc(rec.fn, x, w, dict(params or {}), var, ftz)
+        if acc is not None:
+            y = rd.epilogue(acc, None if bias is None else f32(bias), rec.bias, dtype)
+            return Replayed(y, rec.kernel, variant_name(var), ftz, rec.source, rec.prediction)
     out = np.empty((T, N), dtype=np.float32)
     step = max(1, CHUNK_ELEMENTS // max(1, T * K))
     xt = np.ascontiguousarray(x.T)[:, :, None]
@@ -247,8 +280,9 @@ def replay_matmul(recipe: Recipe | str, x: np.ndarray, w: np.ndarray, bias: np.n
 def replay_quantized(recipe: Recipe | str, x: np.ndarray, wq: np.ndarray, scales: np.ndarray,
                      biases: np.ndarray, *, bits: int, group_size: int, dtype: str,
                      params: Mapping[str, Any] | None = None, variant: Any = None,
-                     mlx_version: str | None = None) -> Replayed:
-    """``quantized_matmul(x, wq, scales, biases, transpose=True)`` (affine) as the kernel adds it."""
+                     mlx_version: str | None = None, engine: str | None = None) -> Replayed:
+    """``quantized_matmul(x, wq, scales, biases, transpose=True)`` (affine) as the kernel adds it (``engine``:
+    as :func:`replay_matmul`)."""
     rec = get_recipe(recipe)
     if rec.op != "quantized_matmul":
         raise GemmdriftError(f"{rec.kernel} is a {rec.op} recipe")
@@ -264,10 +298,23 @@ def replay_quantized(recipe: Recipe | str, x: np.ndarray, wq: np.ndarray, scales
     T, K = x.shape
     if K % group_size:
         raise GemmdriftError(f"K={K} is not a multiple of the group size {group_size}")
-    q = rq.unpack(wq, bits, K)
-    N = q.shape[0]
     sc, bi = f32(scales), f32(biases)
     ftz = rec.apple and needs_ftz(x, sc, bi)
+    if replay_engine(engine) == "compiled":
+        from .replay_jitquant import quant_acc
+
+        out = np.empty((T, wq.shape[0]), dtype=np.float32)
+        step = max(1, CHUNK_ELEMENTS // K)  # rows whose float32 codes (and dequantized weights) fit 16 MB
+        for lo in range(0, wq.shape[0], step):
+            hi = min(wq.shape[0], lo + step)
+            acc = quant_acc(rec.fn, x, wq[lo:hi], sc[lo:hi], bi[lo:hi], prm, var, dtype, ftz)
+            if acc is None:
+                break  # not compiled: the numpy recipe below
+            out[:, lo:hi] = round_to(acc, dtype)
+        else:
+            return Replayed(out, rec.kernel, variant_name(var), ftz, rec.source, rec.prediction)
+    q = rq.unpack(wq, bits, K)
+    N = q.shape[0]
     out = np.empty((T, N), dtype=np.float32)
     step = max(1, CHUNK_ELEMENTS // max(1, 4 * T * K))  # qmm_t and the CPU recipe hold (K, T, n) products
     for lo in range(0, N, step):
@@ -330,6 +377,6 @@ def recipe_for(choice: Any, variant: Any = None, *, mlx_version: str | None = No
     return Plan(rec, params, parse_variant(rec, variant), getattr(choice, "source", ""), getattr(choice, "note", ""))
 
 
-__all__ = ["METAL_REV", "CPU_REV", "Recipe", "RECIPES", "UNKNOWN", "parse_variant", "check_variant_text",
-           "variant_name", "version_axes", "version_params", "Replayed", "replay_matmul", "replay_quantized",
-           "get_recipe", "cpu_recipe", "Plan", "recipe_for"]
+__all__ = ["METAL_REV", "CPU_REV", "ENGINES", "replay_engine", "Recipe", "RECIPES", "UNKNOWN", "parse_variant",
+           "check_variant_text", "variant_name", "version_axes", "version_params", "Replayed", "replay_matmul",
+           "replay_quantized", "get_recipe", "cpu_recipe", "Plan", "recipe_for"]

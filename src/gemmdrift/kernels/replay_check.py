@@ -263,11 +263,12 @@ def summarize(table) -> list[dict[str, Any]]:
 
 
 def speed_ratio(kernel: str, T: int, K: int, N: int, *, reps: int = 5, params: Mapping[str, Any] | None = None,
-                seed: int = 0) -> dict[str, float]:
+                seed: int = 0, engine: str | None = None) -> dict[str, float]:
     """Seconds of one replayed projection and of a numpy float32 matmul of the same shape, interleaved in one
     run, on seeded bf16 operands; ``ratio`` compares the fastest of each (shared cores are noisy).
 
-    Quantized kernels are timed on 4-bit group-64 weights of the same shape.
+    Quantized kernels are timed on 4-bit group-64 weights of the same shape. ``engine``: the replay engine
+    (default: :func:`gemmdrift.kernels.replay.replay_engine`'s choice, the compiled one).
     """
     from .replay import RECIPES, replay_matmul, replay_quantized
     from .replay_core import round_to
@@ -284,7 +285,7 @@ def speed_ratio(kernel: str, T: int, K: int, N: int, *, reps: int = 5, params: M
     dtype = "float32" if "float32" in rec.dtypes and "bfloat16" not in rec.dtypes else "bfloat16"
     if rec.op == "matmul":
         def run():
-            return replay_matmul(rec, x, w, dtype=dtype, params=prm)
+            return replay_matmul(rec, x, w, dtype=dtype, params=prm, engine=engine)
     else:
         codes = rng.integers(0, 16, size=(N, K)).astype(np.uint32)
         wq = np.zeros((N, K // 8), dtype=np.uint32)
@@ -294,7 +295,8 @@ def speed_ratio(kernel: str, T: int, K: int, N: int, *, reps: int = 5, params: M
         bi = round_to(-rng.random((N, K // 64)).astype(np.float32) * 0.05, "bfloat16")
 
         def run():
-            return replay_quantized(rec, x, wq, sc, bi, bits=4, group_size=64, dtype="bfloat16", params=prm)
+            return replay_quantized(rec, x, wq, sc, bi, bits=4, group_size=64, dtype="bfloat16", params=prm,
+                                    engine=engine)
     t_np, t_rp = [], []
     for _ in range(max(1, reps)):
         t0 = time.perf_counter()

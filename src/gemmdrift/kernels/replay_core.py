@@ -151,7 +151,7 @@ def _round_odd_sum(p: np.ndarray, c: np.ndarray) -> np.ndarray:
     cross one, so RN32(RN64(x)) differs from RN32(x) only where the float64
     sum is exactly a float32 midpoint (low 29 bits 1 followed by zeros) or
     float32-subnormal: only there is the exact TwoSum error computed, and the
-    sum moved one float64 ulp toward the exact value (its sticky bit).
+    sum rounded to odd (moved one float64 ulp toward the exact value where its last bit is even).
     """
     s = p + c
     bits = s.view(np.int64)
@@ -162,9 +162,11 @@ def _round_odd_sum(p: np.ndarray, c: np.ndarray) -> np.ndarray:
     ps, cs, ss = p[idx], c[idx], s[idx]
     bp = ss - cs
     e = (ps - bp) + (cs - (ss - bp))
-    fix = (e != 0) & np.isfinite(ss)
+    # Round to odd: an inexact sum with an even last bit moves one ulp toward the exact value (aimed at the
+    # infinity of e: ss + e rounds back to ss when |e| is below half an ulp); an odd one is already right.
+    fix = (e != 0) & np.isfinite(ss) & ((ss.view(np.int64) & np.int64(1)) == 0)
     s = s.copy()
-    s[idx] = np.where(fix, np.nextafter(ss, ss + e), ss)
+    s[idx] = np.where(fix, np.nextafter(ss, np.copysign(np.inf, e)), ss)
     return s
 
 

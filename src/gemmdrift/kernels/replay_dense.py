@@ -187,10 +187,15 @@ def metal_steel_gemm_splitk(P: np.ndarray, params: Mapping[str, Any], var: Mappi
     bk = int(params.get("bk", 16))
     if parts < 1 or ps < 1 or parts * ps > K:
         raise GemmdriftError(f"split-K: {parts} partitions of {ps} do not fit K={K}")
-    out = np.zeros(P.shape[1:], dtype=np.float32)
-    for p in range(parts):
-        hi = K if p == parts - 1 else (p + 1) * ps
-        out = add(out, _mma_chain(P, steel_ranges(p * ps, hi, bk, tail_first=False), var["mma"], ftz), ftz)
+    return splitk_sum([_mma_chain(P, steel_ranges(p * ps, K if p == parts - 1 else (p + 1) * ps, bk,
+                                                  tail_first=False), var["mma"], ftz) for p in range(parts)], ftz)
+
+
+def splitk_sum(partials, ftz: bool) -> np.ndarray:
+    """The accumulate kernel: the float32 partials added in order from +0."""
+    out = np.zeros(partials[0].shape, dtype=np.float32)
+    for a in partials:
+        out = add(out, a, ftz)
     return out
 
 
@@ -242,5 +247,5 @@ def epilogue(acc: np.ndarray, bias: np.ndarray | None, rule: str, dtype: str) ->
 
 
 __all__ = ["MMA8", "DOT4", "mma8", "cpu_sequential", "metal_gemv", "dot4", "metal_gemv_wide", "steel_ranges",
-           "metal_steel_gemm", "splitk_partitions", "metal_steel_gemm_splitk", "cuda_n_per_thread", "cuda_gemv",
-           "epilogue"]
+           "metal_steel_gemm", "splitk_partitions", "metal_steel_gemm_splitk", "splitk_sum", "cuda_n_per_thread",
+           "cuda_gemv", "epilogue"]

@@ -239,6 +239,12 @@ def metal_qmm_t(x, q, scales, biases, params: Mapping[str, Any], var, dtype: str
         for c in range(p * ps, (p + 1) * ps, 8):
             acc = mma8(acc, P[c:c + 8], var["mma"], ftz)
         parts.append(acc)
+    return qmm_partials(parts, var, dtype, ftz)
+
+
+def qmm_partials(parts, var, dtype: str, ftz: bool) -> np.ndarray:
+    """qmm_t's split-K reduction of the partitions' float32 chains (one partition: its chain)."""
+    split = len(parts)
     if split == 1:
         return parts[0]
     if var["partials"] == "float32":
@@ -263,4 +269,4 @@ def metal_qmm_t(x, q, scales, biases, params: Mapping[str, Any], var, dtype: str
 
 
 __all__ = ["CONTRIB", "CONTRACT", "unpack", "cpu_qmm_t", "qmv_geometry", "metal_qmv", "metal_qmv_wide",
-           "qmm_split_k", "metal_qmm_t"]
+           "qmm_split_k", "metal_qmm_t", "qmm_partials"]

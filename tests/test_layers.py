@@ -25,10 +25,11 @@ RANKS = {
     "result": 2, "gguf_gemma": 2,
     "models": 3,
     "taps": 4, "workers": 4, "checkpoint": 4,
+    "native_kernels": 1,  # which models are replayed now; their shared prefix on this machine's kernels (issue 22)
     # measurements: each returns a Result
     "kernels.replay_core": 1, "kernels.replay_dense": 2, "kernels.replay_quant": 3, "kernels.replay": 5,
     "kernels.replay_jitcore": 1.5, "kernels.replay_jit": 2.5, "kernels.replay_jitquant": 4,  # compiled replay
-    "kernels.replay_paths": 6, "kernels.replay_model": 7, "kernels.replay_check": 10, "replay_cli": 16,
+    "kernels.replay_paths": 6, "kernels.replay_model": 7, "kernels.replay_units": 8.5, "kernels.replay_check": 10, "replay_cli": 16,
     "kernels.capture": 5, "kernels.paths": 6, "kernels.table": 7, "kernels.ops": 8, "kernels.runs": 9,
     "kernels": 10, "stack": 5, "diverge": 5, "history": 5,
     "speculative": 4,  # diverge's stream primitives and exact rollback (issue 25)

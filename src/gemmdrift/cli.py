@@ -145,7 +145,7 @@ def cmd_stack(args) -> int:
     impl, _ = cachebench.precheck(args)
     from .kernels.replay_model import KernelsOption
 
-    kopt = KernelsOption(args.kernels, ladder=args.ladder)  # replay:<chip>[@variant]: checked before loading
+    kopt = KernelsOption(args.kernels, ladder=args.ladder, replay_prefix=args.replay_prefix)  # checked before loading
 
     from .envinfo import environment
     from .models import describe
@@ -192,6 +192,9 @@ def cmd_kernels(args) -> int:
     paths = args.paths.split(",")
     for p in paths:
         kernels.parse_path(p)  # a bad path fails before the model loads
+    from .kernels.replay_model import KernelsOption
+
+    kopt = KernelsOption(args.kernels, ops=args.ops)  # replay:<chip>[@variant]: checked before loading
     lm = _load(args)
     projs = kernels.projections(lm, layers=layers, names=names)
     print(f"gemmdrift kernels: {describe(lm.description)}; {len(projs)} projections x {len(paths)} paths", file=sys.stderr)
@@ -201,8 +204,8 @@ def cmd_kernels(args) -> int:
         ids, label = _tokens(args, lm)
     inputs = kernels.capture_inputs(lm, ids, projs, max_rows=args.rows)
     out = Path(args.out)
-    result = kernels.measure_kernels(lm, inputs, projs, paths, ts, ops=args.ops, max_t=args.max_t,
-                                     checkpoint=out / "checkpoint", env=environment(),
+    result = kernels.measure_kernels(lm, inputs, projs, paths, ts, ops=args.ops, max_t=args.max_t, kernels=kopt,
+                                     checkpoint=out / kopt.checkpoint, env=environment(),
                                      record={"prompt": label, "tokens": ids,
                                              "rows": inputs.describe() if hasattr(inputs, "describe") else None})
     _write_and_print(args, result, out)
@@ -246,7 +249,9 @@ def cmd_diverge(args) -> int:
         texts = builtin_prompts() if args.prompts == "builtin" else read_prompts(args.prompts)
         if args.context is not None:
             _context_text(args.context)
+    from .kernels.replay_model import KernelsOption
 
+    kopt = KernelsOption(args.kernels, draft=args.draft)  # replay:<chip>[@variant]: checked before loading
     from .diverge import measure_divergence_stats, measure_diverge
     from .envinfo import environment
     from .models import describe
@@ -269,17 +274,19 @@ def cmd_diverge(args) -> int:
         ids = [lm.tokenizer.encode(prefix + t) for t in texts]
         for i, x in enumerate(ids):
             check_length(lm.description, len(x) + args.n, f"prompt {i} with --n {args.n}")
-        result = measure_divergence_stats(lm, ids, args.n, checkpoint=out / "prompts",
-                                          labels=[str(i) for i in range(len(ids))], do_triage=not args.no_triage,
-                                          record={"prompts": texts, "context": args.context, **record}, env=env,
-                                          **opts)
-        _write_and_print(args, result, out)
+        with kopt.installed(lm):
+            result = measure_divergence_stats(lm, ids, args.n, checkpoint=out / kopt.dirname("prompts"),
+                                              labels=[str(i) for i in range(len(ids))], do_triage=not args.no_triage,
+                                              record={"prompts": texts, "context": args.context, **record}, env=env,
+                                              **opts)
+        _write_and_print(args, kopt.label(result), out)
         return 0
     ids, label = _tokens(args, lm)
     check_length(lm.description, len(ids) + args.n, f"the prompt with --n {args.n}")
-    result = measure_diverge(lm, ids, args.n, do_triage=not args.no_triage, record={"prompt": label, **record},
-                             env=env, **opts)
-    _write_and_print(args, result, out, "(stream_a.json and stream_b.json feed `gemmdrift triage`)")
+    with kopt.installed(lm):
+        result = measure_diverge(lm, ids, args.n, do_triage=not args.no_triage, record={"prompt": label, **record},
+                                 env=env, **opts)
+    _write_and_print(args, kopt.label(result), out, "(stream_a.json and stream_b.json feed `gemmdrift triage`)")
     return 0
 
 
@@ -292,6 +299,9 @@ def cmd_triage(args) -> int:
     pb, sb = read_stream(args.stream_b)
     if pa is not None and pb is not None and pa != pb:
         raise GemmdriftError("the two stream files have unequal prompts")
+    from .kernels.replay_model import KernelsOption
+
+    kopt = KernelsOption(args.kernels)  # replay:<chip>[@variant]: checked before loading
     args.schedule_a, why_a = stream_schedule(args.schedule_a, args.stream_a, D.SCHEDULE_PLAIN, "--schedule-a")
     args.schedule_b, why_b = stream_schedule(args.schedule_b, args.stream_b, D.SCHEDULE_SPECULATIVE, "--schedule-b")
     print(f"gemmdrift triage: stream A under {args.schedule_a} ({why_a}); stream B under {args.schedule_b} "
@@ -312,9 +322,10 @@ def cmd_triage(args) -> int:
         if prompt is None:
             raise GemmdriftError("the stream files carry no prompt: give --prompt, --prompt-file or --prompt-ids")
     check_length(lm.description, len(prompt) + max(len(sa), len(sb)), "the prompt and the longer stream")
-    result = measure_triage(lm, prompt, sa, sb, args.schedule_a, args.schedule_b, envelope=args.envelope,
-                            env=environment())
-    _write_and_print(args, result, args.out)
+    with kopt.installed(lm):
+        result = measure_triage(lm, prompt, sa, sb, args.schedule_a, args.schedule_b, envelope=args.envelope,
+                                env=environment())
+    _write_and_print(args, kopt.label(result), args.out)
     return 0
 
 
@@ -582,8 +593,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--logit-positions", help="positions whose logits are compared, A:B or none (default: --positions)")
     s.add_argument("--no-local", action="store_true", help="skip local drift (saves one run per schedule)")
     s.add_argument("--ladder", action="store_true", help="rerun at float32: rounding shrinks, semantic differences do not")
-    s.add_argument("--kernels", help="replay:<chip>[@variant]: every projection and the LM head computed with that "
-                                     "chip's replayed kernel orders (a prediction; see README Replay)")
+    s.add_argument("--kernels", help=D.KERNELS_HELP)
+    s.add_argument("--replay-prefix", action="store_true", help="with --kernels: replay the prefix the schedules "
+                   "share too (default: computed once with this machine's kernels, both schedules start from it)")
     cachebench.add_arguments(s, rollback=False)
     _add_output(s, "results/stack")
     s.set_defaults(func=cmd_stack)
@@ -601,6 +613,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--rows", type=int, default=D.KERNEL_MAX_ROWS,
                    help=f"distinct captured rows per projection (default {D.KERNEL_MAX_ROWS})")
     s.add_argument("--ops", action="store_true", help="also sdpa, rms_norm, rope and softmax with the model's geometry")
+    s.add_argument("--kernels", help=D.KERNELS_HELP)
     _add_output(s, "results/kernels")
     s.set_defaults(func=cmd_kernels)
 
@@ -625,6 +638,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--envelope", type=float, help="use this envelope (max |Δgap|, logits) instead of measuring it")
     s.add_argument("--rollback", default="mlx-lm", help="speculative stream: mlx-lm's speculative_generate_step "
                    "(default), exact (snapshots restored where trim_prompt_cache refuses) or module:function (its rewind)")
+    s.add_argument("--kernels", help=D.KERNELS_HELP)
     cachebench.add_arguments(s, rollback=False)
     _add_output(s, "results/diverge")
     s.set_defaults(func=cmd_diverge)
@@ -639,6 +653,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--schedule-b", help="how stream B was computed (default: the schedule its file names, else "
                                         f"speculative, {D.SCHEDULE_SPECULATIVE})")
     s.add_argument("--envelope", type=float, help="use this envelope instead of measuring it on the shared prefix")
+    s.add_argument("--kernels", help=D.KERNELS_HELP)
     _add_output(s, "results/triage")
     s.set_defaults(func=cmd_triage)
 

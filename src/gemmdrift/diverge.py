@@ -30,7 +30,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from . import defaults, metrics
+from . import defaults, metrics, native_kernels
 from .errors import GemmdriftError
 from .result import Verdict
 from .prompts import read_stream  # noqa: F401  (read before the model loads; kept here for callers)
@@ -237,8 +237,10 @@ def triage(lm, prompt: Sequence[int], stream_a: Sequence[int], stream_b: Sequenc
     # its own schedule), and the envelope needs `lo`.. : start at the earlier.
     first = min(lo, split)
     # Blocks before `first` cover prompt tokens only, the same for both streams: run once.
-    shared = common_prefix(lm.model, prompt + stream_a[:-1], [x.text for x in scheds], split_arg, int(first),
-                           reuse=prefix)
+    with native_kernels.shared_prefix(lm.model) as replay:  # replayed kernels: the shared prefix natively
+        shared = common_prefix(lm.model, prompt + stream_a[:-1], [x.text for x in scheds], split_arg, int(first),
+                               reuse=prefix)
+    native_kernels.say_prefix(replay, shared, "both teacher-forced runs")
     jobs = [dict(tokens=prompt + stream[:-1], schedule=sched.text, split=split_arg, positions=[tap_at],
                  logit_positions=np.arange(first, split + len(stream)), prefix=shared)
             for sched, stream in zip(scheds, (stream_a, stream_b))]
@@ -347,6 +349,7 @@ def diverge(lm, prompt: Sequence[int], n: int, *, k: int = defaults.DIVERGE_K, d
                  **({"cache_impl": cache_impl} if cache_impl else {}))]
     schedules = [plain_schedule(prefill_a), speculative_schedule(prefill_b, k) if plain_vs == "speculative"
                  else plain_schedule(prefill_b)]
+    workers = native_kernels.check_in_process(lm.model, workers, "diverge")
     n_workers = check_workers(lm, workers, 2) if draft is None else 1  # a separate draft lives here only
     # A plug-in's caches start empty in its own stream (the shared prefill is mlx-lm's caches).
     shareable = draft is None and cache_impl is None and ":" not in rollback and _prefills_alike(prompt, schedules)
@@ -405,7 +408,9 @@ def _prompt_prefix(lm, prompt: list[int], schedules: Sequence[str]) -> Prefix | 
     """The caches after ``prompt[:-1]`` when every schedule prefills it in the same chunks, else None."""
     if not _prefills_alike(prompt, schedules):
         return None
-    prefix = common_prefix(lm.model, prompt, schedules, len(prompt) - 1, len(prompt) - 1)
+    with native_kernels.shared_prefix(lm.model) as replay:  # replayed kernels: the prompt's prefill natively
+        prefix = common_prefix(lm.model, prompt, schedules, len(prompt) - 1, len(prompt) - 1)
+    native_kernels.say_prefix(replay, prefix, "both streams")
     print(f"  prompt prefill (shared) {prefix.length} tokens in {len(prefix.blocks)} passes  {prefix.seconds:6.1f} s",
           file=sys.stderr, flush=True)
     return prefix

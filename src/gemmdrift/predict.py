@@ -255,10 +255,10 @@ def predict_drift(lm, sizes: PredictSizes, *, checkpoint: str | Path | None = No
                 label = f"{chip}@{v}" if v else chip
                 d = ck / ("replay-" + label.replace("=", "-").replace(",", "+")) if ck else None
                 sig = _signature(lm, chip, ts[scheds[0]], v)
-                if d is not None and sig in shared:
-                    _share_reference(lm, tokens, sizes, scheds[0], shared[sig], d)
                 t0 = time.perf_counter()
                 with replayed(lm, chip, v or None, version) as log:
+                    if d is not None and sig in shared:  # under the replay: its run key is the replayed one
+                        _share_reference(lm, tokens, sizes, scheds[0], shared[sig], d)
                     r = measure_stack(lm, tokens, run, checkpoint=d, **common)
                 seconds[label] = time.perf_counter() - t0
                 _say(f"replay:{label}: {seconds[label]:.1f} s")

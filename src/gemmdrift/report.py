@@ -18,7 +18,7 @@ import pandas as pd
 from . import files, store
 from .errors import GemmdriftError
 from .result import Verdict
-from .summaries import stack_summary, triage_items
+from .summaries import replay_note, stack_summary, triage_items
 from .text import cell as _cell
 from .text import fmt, md_table as _md_table, text_table  # noqa: F401  (text_table: kept importable from here)
 
@@ -480,6 +480,10 @@ def report_blocks(d: str | Path) -> list[Block]:
                     f"{part.get('unit', 'units')}; rerun the same command with the same `--out` to resume it.")
             sections.append(("p", note))
             reading.append(note)
+        predicted = replay_note(_result(p)) if (p / store.MARKER).is_file() else None
+        if predicted:  # replayed kernels (--kernels replay:<chip>): a prediction, said before any number
+            sections.append(("p", predicted))
+            reading.append(predicted)
         sections += blocks + _figures(p, d, kind)
         reading += said
     if (d / "env.json").is_file():  # a `gemmdrift run` directory: say which parts are still missing

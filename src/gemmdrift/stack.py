@@ -23,7 +23,7 @@ from typing import Any, Sequence
 import numpy as np
 import pandas as pd
 
-from . import metrics
+from . import metrics, native_kernels
 from .checks import check_positions
 from .errors import GemmdriftError
 from .result import Result, Verdict, env_labels, figure_name, tidy
@@ -77,7 +77,7 @@ def _run_key(lm, tokens, schedule: str, mode: str, dtype: str, split, positions,
     """What a run's taps depend on, for resuming: model, versions, inputs, schedule, mode, dtype."""
     from .models import resume_key
 
-    return f"{mode}-{dtype}-" + resume_key(lm.description, [int(t) for t in tokens], schedule, mode, dtype, split,
+    return f"{mode}-{dtype}-{native_kernels.key_tag(lm.model)}" + resume_key(lm.description, [int(t) for t in tokens], schedule, mode, dtype, split,
                                            [int(p) for p in positions], [int(p) for p in logit_positions])
 
 
@@ -259,7 +259,9 @@ def _rung_runs(lm, *, dtype: str, tokens: list[int], schedules: list[str], split
         print(f"gemmdrift stack: {dtype}, {n} tokens, reference {ref_text}", file=sys.stderr, flush=True)
         # Blocks every schedule shares before the first compared position run once.
         limit = int(min(positions[0], logit_positions[0] if logit_positions.size else positions[0]))
-        prefix = common_prefix(lm.model, tokens, [s.text for s in parsed], split, limit) if share_prefix else None
+        with native_kernels.shared_prefix(lm.model) as replay:  # replayed kernels: the prefix natively, once
+            prefix = common_prefix(lm.model, tokens, [s.text for s in parsed], split, limit) if share_prefix else None
+        native_kernels.say_prefix(replay, prefix, "every schedule")
         if prefix is not None:
             print(f"  shared prefix: {prefix.length} tokens in {len(prefix.blocks)} passes  {prefix.seconds:7.1f} s",
                   file=sys.stderr, flush=True)
@@ -373,6 +375,9 @@ def measure_stack(
     dtypes = [base] + (["float32"] if ladder else [])
     from .workers import check_workers, run_jobs
 
+    workers = native_kernels.check_in_process(lm.model, workers, "stack")
+    if ladder and native_kernels.active(lm.model) is not None:
+        raise GemmdriftError("the ladder with replayed kernels: the float32 rung runs another model copy, not replayed")
     jobs = [dict(dtype=d, tokens=[int(t) for t in tokens], schedules=[p.text for p in parsed], split=split,
                  positions=positions, logit_positions=logit_positions, local=local, share_prefix=share_prefix,
                  checkpoint=str(checkpoint) if checkpoint is not None else None, keep=keep_taps is not None)

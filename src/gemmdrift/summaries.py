@@ -8,7 +8,7 @@ the Result only.
 from __future__ import annotations
 
 import math
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import pandas as pd
 
@@ -34,12 +34,42 @@ TEXTS: dict[str, Callable[[Result], str]] = {}
 
 def summary(result: Result) -> dict[str, Any]:
     """The machine-readable summary of any Result."""
-    return SUMMARIES.get(result.kind, generic_summary)(result)
+    out = SUMMARIES.get(result.kind, generic_summary)(result)
+    rep = _replay_record(result)
+    if rep:  # a replayed run (--kernels replay:<chip>): a prediction, and what was replayed
+        out = {**out, "replay": {k: rep.get(k) for k in ("prediction", "chip", "mlx_version", "variant", "replayed",
+                                                          "not_replayed", "prefix") if rep.get(k) is not None}
+               | {"skipped": len(rep.get("skipped") or [])}}
+    return out
 
 
 def text(result: Result) -> str:
-    """The printed summary of any Result."""
-    return TEXTS.get(result.kind, generic_text)(result)
+    """The printed summary of any Result (a replayed run says first that it is a prediction)."""
+    body = TEXTS.get(result.kind, generic_text)(result)
+    note = replay_note(result)
+    return body if note is None else note + "\n\n" + body
+
+
+def _replay_record(result: Result) -> Mapping[str, Any] | None:
+    """The ReplayLog record of a run made under ``--kernels replay:<chip>`` (``predict`` keeps a list of its
+    own runs' records there, and says what they are itself)."""
+    rep = (result.details or {}).get("replay")
+    return rep if isinstance(rep, Mapping) and "chip" in rep else None
+
+
+def replay_note(result: Result) -> str | None:
+    """What a replayed run (``--kernels replay:<chip>``) predicted and how, in one paragraph; None otherwise."""
+    rep = _replay_record(result)
+    if not rep:
+        return None
+    kernels = sorted({c["kernel"] for c in rep.get("calls") or []})
+    head = (f"PREDICTION for {rep['chip']} (replayed mlx {rep['mlx_version']} kernel orders, variant "
+            f"{rep['variant']}), not a measurement on it. Replayed: {rep['replayed']} ({', '.join(kernels) or 'none'})"
+            f"; on this machine's kernels: {rep['not_replayed']}."
+            + (f" Shared prefix: {rep['prefix']}." if rep.get("prefix") else "")
+            + (f" Not replayed, and not computed: {len(rep['skipped'])} (see details.replay.skipped)."
+               if rep.get("skipped") else ""))
+    return head
 
 
 # ---- stack

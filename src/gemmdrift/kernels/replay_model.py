@@ -6,8 +6,11 @@ from the call's T (rows = batch x sequence, as mlx folds a broadcast weight into
 kernels and variants ran. Attention, norms, RoPE and the cache stay on this machine's kernels. A replayed
 result is a prediction for that chip, not a measurement on it; :class:`ReplayLog` says so and what ran.
 
-:class:`KernelsOption` is the ``--kernels`` flag; ``stack`` takes it (``kernels``, ``diverge`` and
-``triage`` not yet).
+:class:`KernelsOption` is the ``--kernels`` flag of ``stack``, ``logits``, ``compare``, ``kernels``, ``diverge`` and
+``triage``. While the proxies are in, :func:`gemmdrift.native_kernels.native` makes them call the modules they
+stand in for: ``stack`` and ``diverge`` compute the prefix every schedule shares that way, once, on this
+machine's kernels (``ReplayLog.prefix`` says so). ``kernels`` replays its per-projection operators through the
+same proxy (:mod:`.replay_units`).
 """
 
 from __future__ import annotations
@@ -35,12 +38,19 @@ class ReplayLog:
     mlx_version: str
     variant: str
     calls: Counter = field(default_factory=Counter)
+    paused: bool = False  # under native_kernels.native: the proxies call the modules they stand in for
+    prefix: str | None = None  # how the prefix the schedules share was computed (stack, diverge, triage)
+    prefix_native: bool = True  # that prefix on this machine's kernels (False: replayed, --replay-prefix)
+    skipped: list = field(default_factory=list)  # what a replayed kernels sweep could not replay, and why
+    extra: dict = field(default_factory=dict)  # more to say in the record (e.g. where the input rows came from)
 
     def record(self) -> dict[str, Any]:
         return {"prediction": True, "chip": self.chip, "mlx_version": self.mlx_version,
                 "variant": self.variant or "default",
                 "replayed": "every projection of every decoder layer and the LM head",
                 "not_replayed": "attention, norms, RoPE, embeddings lookup and the cache (this machine's kernels)",
+                **({"prefix": self.prefix} if self.prefix else {}),
+                **({"skipped": list(self.skipped)} if self.skipped else {}), **self.extra,
                 "calls": [{"projection": p, "kernel": k, "variant": v, "T": t, "count": n}
                           for (p, k, v, t), n in sorted(self.calls.items())]}
 
@@ -91,7 +101,7 @@ class _Replay:
         return mx.array(y.reshape(*shape[:-1], self._n)).astype(x.dtype)  # exact: y holds values of the dtype
 
     def __call__(self, x, *args, **kwargs):
-        return self._replay(x)
+        return self._module(x, *args, **kwargs) if self._log.paused else self._replay(x)
 
 
 class _ReplayHead(_Replay):
@@ -101,7 +111,7 @@ class _ReplayHead(_Replay):
         return self._module(x, *args, **kwargs)
 
     def as_linear(self, x):
-        return self._replay(x)
+        return self._module.as_linear(x) if self._log.paused else self._replay(x)
 
 
 @contextlib.contextmanager
@@ -126,8 +136,16 @@ def replayed(lm, chip: str, variant: str | None = None, mlx_version: str | None 
             slots.append((owner, key, proxy))
         else:
             slots.append((p.parent, p.attr, _Replay(p.module, f"{p.layer}:{p.name}", c, variant, version, log, dtype)))
+    from .. import native_kernels
+
+    if native_kernels.active(lm.model) is not None:
+        raise GemmdriftError("this model's kernels are replayed already")
     with swapped(slots):
-        yield log
+        native_kernels.register(lm.model, log)
+        try:
+            yield log
+        finally:
+            native_kernels.unregister(lm.model)
 
 
 class KernelsOption:
@@ -137,14 +155,26 @@ class KernelsOption:
     ``workers`` keeps the run in this process (the proxies live here), ``checkpoint`` keeps a replayed
     run's checkpoint apart from a measured one, and :meth:`label` puts the :class:`ReplayLog` into the
     result (``details["replay"]``, ``inputs["kernels"]``): a prediction for that chip, not a measurement.
+    ``replay_prefix`` (``stack --replay-prefix``): the shared prefix is replayed in every schedule too, not
+    computed once natively.
     """
 
-    def __init__(self, text: str | None, *, ladder: bool = False):
+    # A flag given together with --kernels that cannot work with it: refused before the model loads.
+    REFUSED = {
+        "ladder": "--ladder with --kernels: the float32 rung runs another model copy, not replayed",
+        "ops": "--ops with --kernels: sdpa, rms_norm, rope and softmax have no replay recipe (run --ops without it)",
+        "draft": "--draft with --kernels: a separate draft model is not replayed (the target drafts for itself)",
+    }
+
+    def __init__(self, text: str | None, *, replay_prefix: bool = False, **given: Any):
         self.text = (text or "").strip()
         self.chip = self.variant = None
         self.log: ReplayLog | None = None
+        self.replay_prefix = bool(replay_prefix)
         if not self.text or self.text == "native":
             self.text = ""
+            if replay_prefix:
+                raise GemmdriftError("--replay-prefix needs --kernels replay:<chip>[@<variant>]")
             return
         kind, _, rest = self.text.partition(":")
         if kind != "replay" or not rest:
@@ -155,8 +185,9 @@ class KernelsOption:
         chip, _, variant = rest.partition("@")
         parse_chip(chip)
         check_variant_text(variant)
-        if ladder:
-            raise GemmdriftError("--ladder with --kernels: the float32 rung runs another model copy, not replayed")
+        for flag, value in given.items():
+            if value:
+                raise GemmdriftError(self.REFUSED[flag])
         self.chip, self.variant = chip, variant or None
 
     @property
@@ -165,9 +196,16 @@ class KernelsOption:
 
     @property
     def checkpoint(self) -> str:
+        return self.dirname("checkpoint")
+
+    def dirname(self, base: str) -> str:
+        """``base`` for this machine's kernels, ``base-replay_<chip>...`` for a replayed run (never mixed)."""
         import re
 
-        return "checkpoint" if not self.text else "checkpoint-" + re.sub(r"[^A-Za-z0-9_.-]+", "_", self.text)
+        if not self.text:
+            return base
+        return f"{base}-" + re.sub(r"[^A-Za-z0-9_.-]+", "_", self.text) + ("-replayed-prefix" if self.replay_prefix
+                                                                            else "")
 
     @contextlib.contextmanager
     def installed(self, lm) -> Iterator[ReplayLog | None]:
@@ -176,7 +214,13 @@ class KernelsOption:
             return
         with replayed(lm, self.chip, self.variant) as log:
             self.log = log
+            log.prefix_native = not self.replay_prefix
             yield log
+
+    def units_log(self) -> ReplayLog:
+        """A new log for a replayed ``kernels`` sweep (its operators are replayed, not the model)."""
+        self.log = ReplayLog(parse_chip(self.chip).name, installed_mlx(), self.variant or "")
+        return self.log
 
     def label(self, result):
         """The result with what was replayed (unchanged without --kernels)."""

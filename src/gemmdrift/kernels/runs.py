@@ -162,7 +162,7 @@ def _open_checkpoint(checkpoint: Path, config: dict[str, Any]) -> None:
 def sweep(lm, inputs: Mapping[tuple[int, str], np.ndarray], projs: Sequence[Projection],
           paths: Sequence[str] = DEFAULT_PATHS, ts: Iterable[int] = DEFAULT_TS, *, max_t: int = DEFAULT_MAX_T,
           flop_budget: float = DEFAULT_FLOP_BUDGET, always_t: int = DEFAULT_ALWAYS_T,
-          checkpoint: str | Path | None = None, workers: int | None = None) -> pd.DataFrame:
+          checkpoint: str | Path | None = None, workers: int | None = None, kernels=None) -> pd.DataFrame:
     """GEMV against GEMM for every projection and path, as a tidy table.
 
     Args:
@@ -180,6 +180,9 @@ def sweep(lm, inputs: Mapping[tuple[int, str], np.ndarray], projs: Sequence[Proj
             an interrupted sweep resumes.
         workers: processes for the units (:mod:`gemmdrift.workers`; default 2 on a multi-core CPU). Every
             unit computes the same in any process; the longest start first.
+        kernels: a :class:`.replay_model.KernelsOption` (``replay:<chip>[@variant]``): every unit's operator
+            replays that chip's recipes, what cannot be replayed is skipped (:mod:`.replay_units`); its
+            ``log`` gets the record.
 
     Returns:
         :data:`TABLE_COLUMNS`: layer, projection, path, dtype, quant,
@@ -202,24 +205,34 @@ def sweep(lm, inputs: Mapping[tuple[int, str], np.ndarray], projs: Sequence[Proj
     synthetic = bool(lm.synthetic or getattr(inputs, "synthetic", False))
     kind = {True: "synthetic", False: "captured", None: "given"}[getattr(inputs, "synthetic", None)]
     ckpt = Path(checkpoint) if checkpoint is not None else None
+    replay = kernels if kernels is not None and kernels.text else None
+    log = replay.units_log() if replay is not None else None
+    if replay is not None:
+        from .replay_units import plan_unit  # the replay engine is imported only by a replayed sweep
     if ckpt is not None:
         _open_checkpoint(ckpt, {"model": lm.description.source, "dtype": lm.description.dtype,
                                 "quantization": lm.info["quantization"], "ts": ts, "max_t": max_t,
                                 "flop_budget": flop_budget, "always_t": always_t, "inputs": inputs_digest(inputs),
-                                "compute": compute_record()})  # another device or MLX_* setting: not these units
+                                "compute": compute_record(),  # another device or MLX_* setting: not these units
+                                **({"kernels": replay.text} if replay is not None else {})})
     units = [(p, s) for p in projs for s in specs]
     frames: list[pd.DataFrame | None] = [None] * len(units)
     jobs, where = [], []
     for i, (proj, spec) in enumerate(units):
+        rows = inputs[proj.key]
+        plan = plan_ts(ts, proj.flops_per_row, len(rows), flop_budget, max_t, always_t)
+        if log is not None:  # what the chip's recipes cannot replay is skipped (and said), never run natively
+            plan = plan_unit(log, lm, proj, spec, plan, len(rows), 1 in ts)
+            if plan is None:
+                continue
         unit_file = _unit_file(ckpt, proj, spec) if ckpt is not None else None
         if unit_file is not None and unit_file.exists():
             frames[i] = _read_unit(unit_file)
             if frames[i] is not None:
                 continue
-        rows = inputs[proj.key]
-        plan = plan_ts(ts, proj.flops_per_row, len(rows), flop_budget, max_t, always_t)
         jobs.append(dict(layer=proj.layer, name=proj.name, path=spec.text, rows=rows, plan=plan, repeat_t1=1 in ts,
-                         synthetic=synthetic, kind=kind, unit_file=unit_file))
+                         synthetic=synthetic, kind=kind, unit_file=unit_file,
+                         **({"kernels": replay.text} if replay is not None else {})))
         # Longest first (quantized matmuls are ~20x slower on the reference CPU), so two processes end together.
         where.append((i, proj.flops_per_row * (len(rows) + sum(plan)) * (20 if spec.quant is not None else 1)))
     order = sorted(range(len(jobs)), key=lambda j: -where[j][1])
@@ -232,13 +245,15 @@ def sweep(lm, inputs: Mapping[tuple[int, str], np.ndarray], projs: Sequence[Proj
         bar.close()
     for j, frame in zip(order, done):
         frames[where[j][0]] = frame
+    frames = [f for f in frames if f is not None]  # units a replay skipped have none
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=TABLE_COLUMNS)
 
 
 def _unit_job(lm, *, layer: int, name: str, path: str, rows: np.ndarray, plan: Sequence[int], repeat_t1: bool,
-              synthetic: bool, kind: str, unit_file: Path | None) -> pd.DataFrame:
+              synthetic: bool, kind: str, unit_file: Path | None, kernels: str | None = None) -> pd.DataFrame:
     """One (projection, path) unit of :func:`sweep`, saved to ``unit_file`` when given (module level: units
-    may run in other processes, each with its own model)."""
+    may run in other processes, each with its own model). ``kernels``: replay:<chip>[@variant], the
+    operator replayed (:func:`.replay_units.replay_operator`)."""
     import mlx.core as mx
 
     from .capture import projections
@@ -246,6 +261,10 @@ def _unit_job(lm, *, layer: int, name: str, path: str, rows: np.ndarray, plan: S
     spec = parse_path(path)
     proj = projections(lm, layers=[layer], names=[name])[0]
     op = build_operator(lm, proj, spec)
+    if kernels:
+        from .replay_units import replay_operator
+
+        op = replay_operator(lm, op, proj, kernels)
     labels = _label(proj, spec, op, synthetic, kind)
     measured = measure_unit(op, rows, plan, repeat_t1=repeat_t1)
     del op  # one projection's weights and quantized copies alive at a time
@@ -272,13 +291,30 @@ def measure_kernels(lm, inputs: Mapping[tuple[int, str], np.ndarray], projs: Seq
 
     env = {**(env if env is not None else environment()), **weights_record(lm.description)}
     ts = list(ts)
+    kernels = kw.get("kernels")
+    if ops and kernels is not None and kernels.text:
+        raise GemmdriftError("--ops with --kernels: sdpa, rms_norm, rope and softmax have no replay recipe")
     df = sweep(lm, inputs, projs, paths, ts, **kw)
     if ops:
         df = pd.concat([df, ops_sweep(lm)], ignore_index=True)
     rec = {"model": lm.info, "paths": list(paths), "ts": ts, **(record or {})}
     if hasattr(inputs, "describe") and "rows" not in rec:
         rec["rows"] = inputs.describe()
-    return kernels_result(df, rec, env)
+    result = kernels_result(df, rec, env)
+    if kernels is None or not kernels.text:
+        return result
+    kernels.log.extra.update(replayed="every unit's T=1 and block kernels, on paths model, dense and quant",
+                             not_replayed="the input rows: captured with this machine's kernels (the same rows "
+                                          "for every chip); the float64 reference")
+    skipped = result.tables.get("skipped")
+    said = {(s["layer"], s["projection"], s["path"], s["T"]) for s in kernels.log.skipped if s["T"] != "all"}
+    if skipped is not None and said:  # those block sizes were not replayable, not over the budget: said there
+        import dataclasses
+
+        keep = [(r.layer, r.projection, r.path, r.T) not in said for r in skipped.itertuples()]
+        tables = {**result.tables, "skipped": skipped[keep].reset_index(drop=True)}
+        result = dataclasses.replace(result, tables={k: v for k, v in tables.items() if k != "skipped" or len(v)})
+    return kernels.label(result)
 
 
 def measure_ops(lm, *, env: Mapping[str, Any] | None = None, **kw):

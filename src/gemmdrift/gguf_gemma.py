@@ -2,7 +2,8 @@
 
 ``mx.load`` cannot read the K-quant GGUF types, so every tensor is dequantized
 with the ``gguf`` package (F32, F16, BF16, Q4_K, Q5_0, Q6_K, Q8_0, ...) to
-float32 and written as a plain mlx-lm directory (``config.json`` +
+float32 (the file is read by :mod:`gemmdrift.gguf_read`) and written as a
+plain mlx-lm directory (``config.json`` +
 ``model.safetensors`` + ``tokenizer.model`` + the transformers tokenizer files
 that stock mlx-lm tools read, see :func:`hf_tokenizer_files`). The directory is
 cached; later runs load it in seconds.
@@ -62,37 +63,28 @@ CONVERTER_VERSION = 3
 
 
 def _reader(path: Path):
-    import gguf
+    # gemmdrift's own reader (gguf_read): gguf-py's GGUFReader spent 20-70 s on the vocabulary (issue 25, item 7).
+    from .gguf_read import GGUFFile
 
     if not path.exists():
         raise GemmdriftError(f"GGUF file not found: {path}")
     try:
-        return gguf.GGUFReader(str(path))
-    except Exception as e:  # gguf raises ValueError, struct.error, IndexError...
+        return GGUFFile(path)
+    except Exception as e:  # ValueError, struct.error, IndexError, UnicodeDecodeError...
         raise GemmdriftError(f"cannot read GGUF file {path} (truncated or corrupt?): {e}") from None
 
 
 def _field(reader, key: str, default: Any = None) -> Any:
-    f = reader.fields.get(key)
-    if f is None:
-        return default
-    if not f.data:
-        return default
-    part = f.parts[f.data[0]]
-    if f.types and f.types[0].name == "STRING":
-        return bytes(part).decode("utf-8")
-    value = part.tolist()
-    return value[0] if len(value) == 1 else value
+    value = reader.fields.get(key)
+    return default if value is None or value == [] else value
 
 
 def _string_list(reader, key: str) -> list[str]:
-    f = reader.fields[key]
-    return [bytes(f.parts[i]).decode("utf-8", errors="replace") for i in f.data]
+    return list(reader.fields[key])
 
 
 def _number_list(reader, key: str) -> list:
-    f = reader.fields[key]
-    return [f.parts[i].tolist()[0] for i in f.data]
+    return list(reader.fields[key])
 
 
 def gguf_config(reader) -> dict[str, Any]:
@@ -124,7 +116,7 @@ def gguf_config(reader) -> dict[str, Any]:
             "sliding_window": int(_field(reader, p + "attention.sliding_window", 512)),
             "sliding_window_pattern": 6,
             "max_position_embeddings": int(_field(reader, p + "context_length", 32768)),
-            "vocab_size": len(reader.fields["tokenizer.ggml.tokens"].data),
+            "vocab_size": len(reader.fields["tokenizer.ggml.tokens"]),
             # As llama.cpp does: 1/sqrt(hidden/heads) for the 27B (62 layers), else 1/sqrt(head_dim).
             "query_pre_attn_scalar": hidden // heads if layers == 62 else head_dim,
         }

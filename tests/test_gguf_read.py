@@ -108,3 +108,34 @@ def test_a_file_that_is_not_gguf_is_refused(tmp_path):
     bad.write_bytes(b"GGML" + bytes(100))
     with pytest.raises(GemmdriftError, match="magic"):
         gguf_gemma._reader(bad)
+
+
+def test_two_conversions_at_once_convert_once(tmp_path, monkeypatch):
+    """Two test workers (or two commands) on a fresh cache: the second waits for the first's lock and uses its
+    directory, instead of converting again and replacing the finished one under the first's feet."""
+    import threading
+    import time
+
+    monkeypatch.setenv("GEMMDRIFT_CACHE", str(tmp_path / "cache"))
+    path = tmp_path / "s.gguf"
+    write_sample(path)
+    calls = []
+
+    def slow_convert(gguf_path, target, progress):
+        calls.append(target)
+        time.sleep(0.5)  # long enough for the other thread to arrive at the lock
+        tmp = target.with_name(".tmp-" + target.name)
+        tmp.mkdir()
+        (tmp / "config.json").write_text("{}")
+        (tmp / "model.safetensors").write_bytes(b"")
+        tmp.rename(target)
+        return target
+
+    monkeypatch.setattr(gguf_gemma, "_convert", slow_convert)
+    got = []
+    threads = [threading.Thread(target=lambda: got.append(gguf_gemma.converted_dir(path))) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(calls) == 1 and got == [calls[0], calls[0]]

@@ -27,6 +27,7 @@ import os
 import shutil
 import sys
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -280,6 +281,18 @@ def hf_tokenizer_files(proto: bytes) -> dict[str, str]:
     }
 
 
+@contextmanager
+def _one_at_a_time(target: Path):
+    """Hold an exclusive lock on ``target``'s cache entry across processes: two commands, or two test workers,
+    on a fresh cache would otherwise both build it and replace each other's finished directory."""
+    import fcntl
+
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with open(target.parent / f".{target.name}.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        yield
+
+
 def _file_key(path: Path) -> str:
     """The conversion cache key: the GGUF file, the converter and the gguf package that dequantized it."""
     from .envinfo import _version
@@ -310,6 +323,13 @@ def converted_dir(gguf_path: str | os.PathLike, progress: bool = True) -> Path:
     target = cache_dir() / "models" / f"{gguf_path.stem}-{_file_key(gguf_path)}"
     if (target / "config.json").exists() and (target / "model.safetensors").exists():
         return target
+    with _one_at_a_time(target):
+        if (target / "config.json").exists() and (target / "model.safetensors").exists():
+            return target  # another process converted it while this one waited
+        return _convert(gguf_path, target, progress)
+
+
+def _convert(gguf_path: Path, target: Path, progress: bool) -> Path:
     import mlx.core as mx
 
     if progress:
@@ -370,14 +390,16 @@ def embedded_gguf() -> Path:
     target = cache_dir() / "gguf" / pkg.MODEL_NAME
     if target.exists():
         return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_name(f".{target.name}.partial")
-    try:
-        pkg.assemble(tmp, overwrite=True)  # verifies the sha256 of the assembled file
-        os.replace(tmp, target)
-    except (OSError, ValueError) as e:
-        raise GemmdriftError(f"cannot assemble the embedded Gemma GGUF: {e}") from None
-    finally:
-        if tmp.exists():
-            tmp.unlink()
+    with _one_at_a_time(target):
+        if target.exists():  # assembled by another process while this one waited
+            return target
+        tmp = target.with_name(f".{target.name}.partial")
+        try:
+            pkg.assemble(tmp, overwrite=True)  # verifies the sha256 of the assembled file
+            os.replace(tmp, target)
+        except (OSError, ValueError) as e:
+            raise GemmdriftError(f"cannot assemble the embedded Gemma GGUF: {e}") from None
+        finally:
+            if tmp.exists():
+                tmp.unlink()
     return target

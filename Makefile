@@ -50,8 +50,11 @@ env: $(BIN)/.installed-$(EXTRAS)
 run: env
 	$(BIN)/gemmdrift run --out $(OUT)
 
+# Two test processes (pytest-xdist), each test file whole in one of them: most tests compute on one core
+# (the reference BLAS is single-threaded), so one process left the second core idle. TEST_WORKERS=0: one process.
+TEST_WORKERS ?= 2
 test: env
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile)
 
 bench: env
 	$(BIN)/asv machine --config $(ASV_CONFIG) --yes

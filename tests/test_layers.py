@@ -22,7 +22,7 @@ RANKS = {
     "platforminfo": 0, "dispatch.base": 1, "dispatch.chips": 2, "dispatch.metal": 2, "dispatch.cuda": 2, "dispatch.cpu": 3,
     "backends": 0, "memory": 1,
     "runenv": 2,  # the CLI's pre-measurement settings and the compute record of resume keys
-    "result": 2, "gguf_gemma": 2,
+    "result": 2, "gguf_gemma": 2, "gguf_read": 0,
     "models": 3,
     "taps": 4, "workers": 4, "checkpoint": 4,
     "native_kernels": 1,  # which models are replayed now; their shared prefix on this machine's kernels (issue 22)

@@ -110,16 +110,5 @@ def test_the_server_frees_its_copy_while_the_servers_run_and_reloads_it(monkeypa
     assert np.array_equal(again.tokens, r.details["inprocess"]["tokens"])
 
 
-@pytest.mark.slow
-def test_a_freed_copy_is_reloaded_for_the_triage_through_the_real_server(monkeypatch, capsys):
-    from gemmdrift import server
-
-    target = memory.checkpoint_bytes(server.checkpoint_dir("embedded"))
-    monkeypatch.setattr(memory, "device_budget", lambda: (int(1.5 * target), "the physical memory"))
-    said = []
-    r = server.measure_server("embedded", "The capital of France is", 3, cases=("concurrent",),
-                              companions=["Once upon a time"], progress=said.append)
-    assert any(m.startswith("freeing gemmdrift's copy") for m in said)
-    assert r.figure("server_matches_inprocess") == 1.0  # the server computed what gemmdrift did before freeing
-    (pair,) = r.details["pairs"]
-    assert pair["triage"]["verdict"]  # the triage ran, on the reloaded model
+# test_a_freed_copy_is_reloaded_for_the_triage_through_the_real_server: in tests/test_server.py, where it shares
+# one real server run (freed_run) with the lone-stream test.

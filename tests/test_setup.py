@@ -123,6 +123,19 @@ def test_an_unknown_backend_is_refused_in_one_line():
     assert r.returncode != 0 and "BACKEND=rocm is not a backend" in r.stderr
 
 
+@needs_make
+@pytest.mark.parametrize("workers, tail", [(None, "-m pytest -n 2 --dist loadfile"),
+                                           ("3", "-m pytest -n 3 --dist loadfile"), ("0", "-m pytest")])
+def test_make_test_runs_two_test_processes_unless_told(workers, tail):
+    # Issue 25, item 7: one pytest process left the second core idle; each test file runs whole in one worker,
+    # so module and session fixtures are shared as in one process.
+    env = {k: v for k, v in _clean_env().items() if k != "TEST_WORKERS"}
+    args = [MAKE, "-C", str(ROOT), "-n", "test"] + ([f"TEST_WORKERS={workers}"] if workers else [])
+    out = subprocess.run(args, env=env, capture_output=True, text=True, timeout=60).stdout
+    runs = [line.rstrip() for line in out.splitlines() if "-m pytest" in line]
+    assert runs and runs[-1].endswith(tail), out
+
+
 # ------------------------------------------------------------------ asv CUDA matrices
 
 

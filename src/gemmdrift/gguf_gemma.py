@@ -2,7 +2,8 @@
 
 ``mx.load`` cannot read the K-quant GGUF types, so every tensor is dequantized
 with the ``gguf`` package (F32, F16, BF16, Q4_K, Q5_0, Q6_K, Q8_0, ...) to
-float32 and written as a plain mlx-lm directory (``config.json`` +
+float32 (the file is read by :mod:`gemmdrift.gguf_read`) and written as a
+plain mlx-lm directory (``config.json`` +
 ``model.safetensors`` + ``tokenizer.model`` + the transformers tokenizer files
 that stock mlx-lm tools read, see :func:`hf_tokenizer_files`). The directory is
 cached; later runs load it in seconds.
@@ -26,6 +27,7 @@ import os
 import shutil
 import sys
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -62,37 +64,28 @@ CONVERTER_VERSION = 3
 
 
 def _reader(path: Path):
-    import gguf
+    # gemmdrift's own reader (gguf_read): gguf-py's GGUFReader spent 20-70 s on the vocabulary (issue 25, item 7).
+    from .gguf_read import GGUFFile
 
     if not path.exists():
         raise GemmdriftError(f"GGUF file not found: {path}")
     try:
-        return gguf.GGUFReader(str(path))
-    except Exception as e:  # gguf raises ValueError, struct.error, IndexError...
+        return GGUFFile(path)
+    except Exception as e:  # ValueError, struct.error, IndexError, UnicodeDecodeError...
         raise GemmdriftError(f"cannot read GGUF file {path} (truncated or corrupt?): {e}") from None
 
 
 def _field(reader, key: str, default: Any = None) -> Any:
-    f = reader.fields.get(key)
-    if f is None:
-        return default
-    if not f.data:
-        return default
-    part = f.parts[f.data[0]]
-    if f.types and f.types[0].name == "STRING":
-        return bytes(part).decode("utf-8")
-    value = part.tolist()
-    return value[0] if len(value) == 1 else value
+    value = reader.fields.get(key)
+    return default if value is None or value == [] else value
 
 
 def _string_list(reader, key: str) -> list[str]:
-    f = reader.fields[key]
-    return [bytes(f.parts[i]).decode("utf-8", errors="replace") for i in f.data]
+    return list(reader.fields[key])
 
 
 def _number_list(reader, key: str) -> list:
-    f = reader.fields[key]
-    return [f.parts[i].tolist()[0] for i in f.data]
+    return list(reader.fields[key])
 
 
 def gguf_config(reader) -> dict[str, Any]:
@@ -124,7 +117,7 @@ def gguf_config(reader) -> dict[str, Any]:
             "sliding_window": int(_field(reader, p + "attention.sliding_window", 512)),
             "sliding_window_pattern": 6,
             "max_position_embeddings": int(_field(reader, p + "context_length", 32768)),
-            "vocab_size": len(reader.fields["tokenizer.ggml.tokens"].data),
+            "vocab_size": len(reader.fields["tokenizer.ggml.tokens"]),
             # As llama.cpp does: 1/sqrt(hidden/heads) for the 27B (62 layers), else 1/sqrt(head_dim).
             "query_pre_attn_scalar": hidden // heads if layers == 62 else head_dim,
         }
@@ -288,6 +281,18 @@ def hf_tokenizer_files(proto: bytes) -> dict[str, str]:
     }
 
 
+@contextmanager
+def _one_at_a_time(target: Path):
+    """Hold an exclusive lock on ``target``'s cache entry across processes: two commands, or two test workers,
+    on a fresh cache would otherwise both build it and replace each other's finished directory."""
+    import fcntl
+
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with open(target.parent / f".{target.name}.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        yield
+
+
 def _file_key(path: Path) -> str:
     """The conversion cache key: the GGUF file, the converter and the gguf package that dequantized it."""
     from .envinfo import _version
@@ -318,6 +323,13 @@ def converted_dir(gguf_path: str | os.PathLike, progress: bool = True) -> Path:
     target = cache_dir() / "models" / f"{gguf_path.stem}-{_file_key(gguf_path)}"
     if (target / "config.json").exists() and (target / "model.safetensors").exists():
         return target
+    with _one_at_a_time(target):
+        if (target / "config.json").exists() and (target / "model.safetensors").exists():
+            return target  # another process converted it while this one waited
+        return _convert(gguf_path, target, progress)
+
+
+def _convert(gguf_path: Path, target: Path, progress: bool) -> Path:
     import mlx.core as mx
 
     if progress:
@@ -378,14 +390,16 @@ def embedded_gguf() -> Path:
     target = cache_dir() / "gguf" / pkg.MODEL_NAME
     if target.exists():
         return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_name(f".{target.name}.partial")
-    try:
-        pkg.assemble(tmp, overwrite=True)  # verifies the sha256 of the assembled file
-        os.replace(tmp, target)
-    except (OSError, ValueError) as e:
-        raise GemmdriftError(f"cannot assemble the embedded Gemma GGUF: {e}") from None
-    finally:
-        if tmp.exists():
-            tmp.unlink()
+    with _one_at_a_time(target):
+        if target.exists():  # assembled by another process while this one waited
+            return target
+        tmp = target.with_name(f".{target.name}.partial")
+        try:
+            pkg.assemble(tmp, overwrite=True)  # verifies the sha256 of the assembled file
+            os.replace(tmp, target)
+        except (OSError, ValueError) as e:
+            raise GemmdriftError(f"cannot assemble the embedded Gemma GGUF: {e}") from None
+        finally:
+            if tmp.exists():
+                tmp.unlink()
     return target

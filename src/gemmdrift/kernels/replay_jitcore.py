@@ -31,7 +31,7 @@ if "NUMBA_CACHE_DIR" not in os.environ:  # must precede the first numba import t
 
 import numpy as np  # noqa: E402
 from llvmlite import ir  # noqa: E402
-from numba import njit, types  # noqa: E402
+from numba import njit, prange, types  # noqa: E402
 from numba.extending import intrinsic  # noqa: E402
 
 NB = 64  # output columns per vector step: independent accumulators, contiguous (what LLVM vectorises)
@@ -186,4 +186,4 @@ def min_nonzero(a) -> float:
 
 
 __all__ = ["NB", "TINY", "ZERO", "DTYPE_CODE", "fma32", "bits32", "from_bits32", "fl", "rnd", "add_rounded",
-           "min_nonzero", "njit", "np"]
+           "min_nonzero", "njit", "np", "prange"]

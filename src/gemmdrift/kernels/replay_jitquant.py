@@ -87,6 +87,68 @@ def _xsum(x, t, k0, vpt, bits, float_sums, code, ftz):
     return s
 
 
+@njit(inline="always")  # inlined with a literal ftz (as _deq_row): the flush tests fold away when off
+def _qmv_tile(x, qt, st, bt, n0, N, bits, gs, vpt, float_sums, code, contrib, simd, ftz, r, a, out):
+    """k_qmv on one tile (its rows t0..t0+TB side by side)."""
+    T, K = x.shape
+    block = 32 * vpt
+    for t0 in range(0, T, TB):
+        nt = min(TB, T - t0)
+        r[:, :, :] = ZERO
+        for lo in range(0, K, block):
+            for l in range(min(32, (K - lo) // vpt)):
+                k0 = lo + vpt * l
+                g = k0 // gs
+                for tt in range(nt):
+                    t = t0 + tt
+                    sx = _xsum(x, t, k0, vpt, bits, float_sums, code, ftz)
+                    a[:] = ZERO
+                    if bits == 8:  # vpt 4 or 8: four products per pass over a
+                        for i4 in range(k0, k0 + vpt, 4):
+                            x0, x1, x2, x3 = x[t, i4], x[t, i4 + 1], x[t, i4 + 2], x[t, i4 + 3]
+                            for j in range(NB):
+                                v = fl(a[j] + x0 * qt[i4, j], ftz)
+                                v = fl(v + x1 * qt[i4 + 1, j], ftz)
+                                v = fl(v + x2 * qt[i4 + 2, j], ftz)
+                                a[j] = fl(v + x3 * qt[i4 + 3, j], ftz)
+                    else:  # vpt 8 or 16: two quads per pass over a
+                        for i8 in range(k0, k0 + vpt, 8):
+                            x0, x1, x2, x3 = x[t, i8], x[t, i8 + 1], x[t, i8 + 2], x[t, i8 + 3]
+                            x4, x5, x6, x7 = x[t, i8 + 4], x[t, i8 + 5], x[t, i8 + 6], x[t, i8 + 7]
+                            for j in range(NB):
+                                q0 = fl(fl(fl(x0 * qt[i8, j] + x1 * qt[i8 + 1, j], ftz) + x2 * qt[i8 + 2, j],
+                                           ftz) + x3 * qt[i8 + 3, j], ftz)
+                                q1 = fl(fl(fl(x4 * qt[i8 + 4, j] + x5 * qt[i8 + 5, j], ftz)
+                                           + x6 * qt[i8 + 6, j], ftz) + x7 * qt[i8 + 7, j], ftz)
+                                a[j] = fl(fl(a[j] + q0, ftz) + q1, ftz)
+                    for j in range(NB):
+                        s, b = st[g, j], bt[g, j]
+                        if contrib == 0:
+                            c = fl(fma32(s, a[j], fl(sx * b, ftz)), ftz)
+                        elif contrib == 1:
+                            c = fl(fma32(sx, b, fl(s * a[j], ftz)), ftz)
+                        else:
+                            c = fl(fl(s * a[j], ftz) + fl(sx * b, ftz), ftz)
+                        r[tt, l, j] = fl(r[tt, l, j] + c, ftz)
+        for tt in range(nt):
+            rt = r[tt]
+            if simd == 0:
+                _ladder(rt, 0, 32, ftz)
+            elif simd == 1:
+                h = 16
+                while h >= 1:  # xor 1, 2, 4, ...: neighbours first (in place: row l reads rows 2l, 2l+1 >= l)
+                    for l in range(h):
+                        for j in range(NB):
+                            rt[l, j] = fl(rt[2 * l, j] + rt[2 * l + 1, j], ftz)
+                    h //= 2
+            else:
+                for l in range(1, 32):
+                    for j in range(NB):
+                        rt[0, j] = fl(rt[0, j] + rt[l, j], ftz)
+            for j in range(min(NB, N - n0)):
+                out[t0 + tt, n0 + j] = rt[0, j]
+
+
 @njit(cache=True, parallel=True)
 def k_qmv(x, W, S, B, N, bits, gs, vpt, float_sums, code, contrib, simd, ftz, out):
     """rq.metal_qmv on the code tiles W (mode -1): lane l of block b covers ``k = 32*vpt*b + vpt*l + [0, vpt)``;
@@ -94,68 +156,61 @@ def k_qmv(x, W, S, B, N, bits, gs, vpt, float_sums, code, contrib, simd, ftz, ou
     ``r += contrib(scale, accum, sum, bias)``; lanes past K add nothing; then simd_sum (xor16 ladder, xor1
     butterfly, or sequential). Rows t0..t0+TB run side by side inside each lane (its vpt code rows stay in
     L1); every row's lane registers take the same adds in the same order."""
-    T, K = x.shape
-    block = 32 * vpt
     for i in prange(W.shape[0]):  # as k_cpu_qmm: one thread per tile
         r = np.empty((TB, 32, NB), np.float32)
         a = np.empty(NB, np.float32)
-        qt, st, bt = W[i], S[i], B[i]
-        n0 = i * NB
-        for t0 in range(0, T, TB):
-            nt = min(TB, T - t0)
-            r[:, :, :] = ZERO
-            for lo in range(0, K, block):
-                for l in range(min(32, (K - lo) // vpt)):
-                    k0 = lo + vpt * l
-                    g = k0 // gs
+        if ftz:  # a literal FTZ in each copy of the tile loop: LLVM drops the flush tests where they are off
+            _qmv_tile(x, W[i], S[i], B[i], i * NB, N, bits, gs, vpt, float_sums, code, contrib, simd, True, r, a, out)
+        else:
+            _qmv_tile(x, W[i], S[i], B[i], i * NB, N, bits, gs, vpt, float_sums, code, contrib, simd, False, r, a,
+                      out)
+
+
+@njit(inline="always")  # inlined with a literal ftz, as _qmv_tile
+def _wide_tile(x, W, i, N, gs, contract, ftz, r, out):
+    """k_qmv_wide on tile i."""
+    T, K = x.shape
+    G = K // gs
+    wt = W[i]
+    n0 = i * NB
+    for t0 in range(0, T, TB):
+        nt = min(TB, T - t0)
+        r[:, :, :] = ZERO
+        for lo_g in range(0, G, 8):
+            for sc in range(gs // 8):
+                for l in range(min(8, G - lo_g)):
+                    b = (lo_g + l) * gs + sc * 8
                     for tt in range(nt):
                         t = t0 + tt
-                        sx = _xsum(x, t, k0, vpt, bits, float_sums, code, ftz)
-                        a[:] = ZERO
-                        if bits == 8:  # vpt 4 or 8: four products per pass over a
-                            for i4 in range(k0, k0 + vpt, 4):
-                                x0, x1, x2, x3 = x[t, i4], x[t, i4 + 1], x[t, i4 + 2], x[t, i4 + 3]
-                                for j in range(NB):
-                                    v = fl(a[j] + x0 * qt[i4, j], ftz)
-                                    v = fl(v + x1 * qt[i4 + 1, j], ftz)
-                                    v = fl(v + x2 * qt[i4 + 2, j], ftz)
-                                    a[j] = fl(v + x3 * qt[i4 + 3, j], ftz)
-                        else:  # vpt 8 or 16: two quads per pass over a
-                            for i8 in range(k0, k0 + vpt, 8):
-                                x0, x1, x2, x3 = x[t, i8], x[t, i8 + 1], x[t, i8 + 2], x[t, i8 + 3]
-                                x4, x5, x6, x7 = x[t, i8 + 4], x[t, i8 + 5], x[t, i8 + 6], x[t, i8 + 7]
-                                for j in range(NB):
-                                    q0 = fl(fl(fl(x0 * qt[i8, j] + x1 * qt[i8 + 1, j], ftz) + x2 * qt[i8 + 2, j],
-                                               ftz) + x3 * qt[i8 + 3, j], ftz)
-                                    q1 = fl(fl(fl(x4 * qt[i8 + 4, j] + x5 * qt[i8 + 5, j], ftz)
-                                               + x6 * qt[i8 + 6, j], ftz) + x7 * qt[i8 + 7, j], ftz)
-                                    a[j] = fl(fl(a[j] + q0, ftz) + q1, ftz)
-                        for j in range(NB):
-                            s, b = st[g, j], bt[g, j]
-                            if contrib == 0:
-                                c = fl(fma32(s, a[j], fl(sx * b, ftz)), ftz)
-                            elif contrib == 1:
-                                c = fl(fma32(sx, b, fl(s * a[j], ftz)), ftz)
-                            else:
-                                c = fl(fl(s * a[j], ftz) + fl(sx * b, ftz), ftz)
-                            r[tt, l, j] = fl(r[tt, l, j] + c, ftz)
-            for tt in range(nt):
-                rt = r[tt]
-                if simd == 0:
-                    _ladder(rt, 0, 32, ftz)
-                elif simd == 1:
-                    h = 16
-                    while h >= 1:  # xor 1, 2, 4, ...: neighbours first (in place: row l reads rows 2l, 2l+1 >= l)
-                        for l in range(h):
+                        x0, x1, x2, x3 = x[t, b], x[t, b + 1], x[t, b + 2], x[t, b + 3]
+                        x4, x5, x6, x7 = x[t, b + 4], x[t, b + 5], x[t, b + 6], x[t, b + 7]
+                        if contract:  # the 8 steps of one sub-chunk in registers, i = 0..7 in order
                             for j in range(NB):
-                                rt[l, j] = fl(rt[2 * l, j] + rt[2 * l + 1, j], ftz)
-                        h //= 2
-                else:
-                    for l in range(1, 32):
-                        for j in range(NB):
-                            rt[0, j] = fl(rt[0, j] + rt[l, j], ftz)
-                for j in range(min(NB, N - n0)):
-                    out[t0 + tt, n0 + j] = rt[0, j]
+                                a = fl(fma32(x0, wt[b, j], ZERO), ftz)
+                                a = fl(fma32(x1, wt[b + 1, j], a), ftz)
+                                a = fl(fma32(x2, wt[b + 2, j], a), ftz)
+                                a = fl(fma32(x3, wt[b + 3, j], a), ftz)
+                                a = fl(fma32(x4, wt[b + 4, j], a), ftz)
+                                a = fl(fma32(x5, wt[b + 5, j], a), ftz)
+                                a = fl(fma32(x6, wt[b + 6, j], a), ftz)
+                                a = fl(fma32(x7, wt[b + 7, j], a), ftz)
+                                r[tt, l, j] = fl(r[tt, l, j] + a, ftz)
+                        else:
+                            for j in range(NB):
+                                a = fl(ZERO + fl(x0 * wt[b, j], ftz), ftz)
+                                a = fl(a + fl(x1 * wt[b + 1, j], ftz), ftz)
+                                a = fl(a + fl(x2 * wt[b + 2, j], ftz), ftz)
+                                a = fl(a + fl(x3 * wt[b + 3, j], ftz), ftz)
+                                a = fl(a + fl(x4 * wt[b + 4, j], ftz), ftz)
+                                a = fl(a + fl(x5 * wt[b + 5, j], ftz), ftz)
+                                a = fl(a + fl(x6 * wt[b + 6, j], ftz), ftz)
+                                a = fl(a + fl(x7 * wt[b + 7, j], ftz), ftz)
+                                r[tt, l, j] = fl(r[tt, l, j] + a, ftz)
+        for tt in range(nt):
+            rt = r[tt]
+            _ladder(rt, 0, 8, ftz)
+            for j in range(min(NB, N - n0)):
+                out[t0 + tt, n0 + j] = rt[0, j]
 
 
 @njit(cache=True, parallel=True)
@@ -163,50 +218,62 @@ def k_qmv_wide(x, W, N, gs, contract, ftz, out):
     """rq.metal_qmv_wide on W (mode 1, float32, FTZ as the call's): lane l takes groups l, l+8, ...; per 8-value
     sub-chunk ``acc = sum x*w`` from +0 (``fma(x, w, acc)`` or ``acc + RN(x*w)``), then ``r += acc``; then the
     ladder 4, 2, 1. Rows t0..t0+TB side by side per sub-chunk, each in its own registers."""
-    T, K = x.shape
-    G = K // gs
     for i in prange(W.shape[0]):  # as k_cpu_qmm: one thread per tile
         r = np.empty((TB, 8, NB), np.float32)
-        wt = W[i]
-        n0 = i * NB
-        for t0 in range(0, T, TB):
-            nt = min(TB, T - t0)
-            r[:, :, :] = ZERO
-            for lo_g in range(0, G, 8):
-                for sc in range(gs // 8):
-                    for l in range(min(8, G - lo_g)):
-                        b = (lo_g + l) * gs + sc * 8
-                        for tt in range(nt):
-                            t = t0 + tt
-                            x0, x1, x2, x3 = x[t, b], x[t, b + 1], x[t, b + 2], x[t, b + 3]
-                            x4, x5, x6, x7 = x[t, b + 4], x[t, b + 5], x[t, b + 6], x[t, b + 7]
-                            if contract:  # the 8 steps of one sub-chunk in registers, i = 0..7 in order
-                                for j in range(NB):
-                                    a = fl(fma32(x0, wt[b, j], ZERO), ftz)
-                                    a = fl(fma32(x1, wt[b + 1, j], a), ftz)
-                                    a = fl(fma32(x2, wt[b + 2, j], a), ftz)
-                                    a = fl(fma32(x3, wt[b + 3, j], a), ftz)
-                                    a = fl(fma32(x4, wt[b + 4, j], a), ftz)
-                                    a = fl(fma32(x5, wt[b + 5, j], a), ftz)
-                                    a = fl(fma32(x6, wt[b + 6, j], a), ftz)
-                                    a = fl(fma32(x7, wt[b + 7, j], a), ftz)
-                                    r[tt, l, j] = fl(r[tt, l, j] + a, ftz)
-                            else:
-                                for j in range(NB):
-                                    a = fl(ZERO + fl(x0 * wt[b, j], ftz), ftz)
-                                    a = fl(a + fl(x1 * wt[b + 1, j], ftz), ftz)
-                                    a = fl(a + fl(x2 * wt[b + 2, j], ftz), ftz)
-                                    a = fl(a + fl(x3 * wt[b + 3, j], ftz), ftz)
-                                    a = fl(a + fl(x4 * wt[b + 4, j], ftz), ftz)
-                                    a = fl(a + fl(x5 * wt[b + 5, j], ftz), ftz)
-                                    a = fl(a + fl(x6 * wt[b + 6, j], ftz), ftz)
-                                    a = fl(a + fl(x7 * wt[b + 7, j], ftz), ftz)
-                                    r[tt, l, j] = fl(r[tt, l, j] + a, ftz)
+        if ftz:  # a literal FTZ in each copy of the tile loop (as k_qmv)
+            _wide_tile(x, W, i, N, gs, contract, True, r, out)
+        else:
+            _wide_tile(x, W, i, N, gs, contract, False, r, out)
+
+
+@njit(inline="always")  # inlined with a literal ftz, as _qmv_tile
+def _mma_tile(x, W, i, N, ranges, pstart, h2, ftz, acc, ks, out):
+    """k_mma_q on tile i."""
+    T, K = x.shape
+    wt = W[i]
+    n0 = i * NB
+    for t0 in range(0, T, TB):
+        nt = min(TB, T - t0)
+        for p in range(len(pstart) - 1):
+            acc[:, :] = ZERO
+            for ri in range(pstart[p], pstart[p + 1]):
+                lo, hi = ranges[ri, 0], ranges[ri, 1]
+                for c in range(lo, hi, 8):
+                    for e in range(8):
+                        ks[e] = c + e if c + e < hi else K  # the zero row: a +0 product
+                    k0, k1, k2, k3, k4, k5, k6, k7 = ks[0], ks[1], ks[2], ks[3], ks[4], ks[5], ks[6], ks[7]
+                    for tt in range(nt):
+                        t = t0 + tt
+                        x0 = x[t, k0] if k0 < K else ZERO
+                        x1 = x[t, k1] if k1 < K else ZERO
+                        x2 = x[t, k2] if k2 < K else ZERO
+                        x3 = x[t, k3] if k3 < K else ZERO
+                        x4 = x[t, k4] if k4 < K else ZERO
+                        x5 = x[t, k5] if k5 < K else ZERO
+                        x6 = x[t, k6] if k6 < K else ZERO
+                        x7 = x[t, k7] if k7 < K else ZERO
+                        if h2:  # two loops, not a branch per column: each vectorises on its own
+                            for j in range(NB):
+                                p0, p1, p2, p3 = x0 * wt[k0, j], x1 * wt[k1, j], x2 * wt[k2, j], x3 * wt[k3, j]
+                                p4, p5, p6, p7 = x4 * wt[k4, j], x5 * wt[k5, j], x6 * wt[k6, j], x7 * wt[k7, j]
+                                s = fl(fl(fl(p0 + p1, ftz) + fl(p2 + p3, ftz), ftz)
+                                       + fl(fl(p4 + p5, ftz) + fl(p6 + p7, ftz), ftz), ftz)
+                                acc[tt, j] = fl(acc[tt, j] + s, ftz)
+                        else:
+                            for j in range(NB):
+                                p0, p1, p2, p3 = x0 * wt[k0, j], x1 * wt[k1, j], x2 * wt[k2, j], x3 * wt[k3, j]
+                                p4, p5, p6, p7 = x4 * wt[k4, j], x5 * wt[k5, j], x6 * wt[k6, j], x7 * wt[k7, j]
+                                v = fl(acc[tt, j] + p0, ftz)
+                                v = fl(v + p1, ftz)
+                                v = fl(v + p2, ftz)
+                                v = fl(v + p3, ftz)
+                                v = fl(v + p4, ftz)
+                                v = fl(v + p5, ftz)
+                                v = fl(v + p6, ftz)
+                                acc[tt, j] = fl(v + p7, ftz)
             for tt in range(nt):
-                rt = r[tt]
-                _ladder(rt, 0, 8, ftz)
                 for j in range(min(NB, N - n0)):
-                    out[t0 + tt, n0 + j] = rt[0, j]
+                    out[p, t0 + tt, n0 + j] = acc[tt, j]
 
 
 @njit(cache=True, parallel=True)
@@ -214,54 +281,13 @@ def k_mma_q(x, W, N, ranges, pstart, h2, ftz, out):
     """.replay_jit.k_mma on the dequantized tiles W (qmm_t, qmm_t_splitk): partition p chains its K ranges from
     +0, one MMA8 step per 8 products (H1 in order, H2 pairwise), a range's last step zero-padded (row K of
     W); out[p] its float32 result. Rows t0..t0+TB side by side per step, each in its own accumulator."""
-    T, K = x.shape
     for i in prange(W.shape[0]):  # as k_cpu_qmm: one thread per tile
         acc = np.empty((TB, NB), np.float32)
         ks = np.empty(8, np.int64)
-        wt = W[i]
-        n0 = i * NB
-        for t0 in range(0, T, TB):
-            nt = min(TB, T - t0)
-            for p in range(len(pstart) - 1):
-                acc[:, :] = ZERO
-                for ri in range(pstart[p], pstart[p + 1]):
-                    lo, hi = ranges[ri, 0], ranges[ri, 1]
-                    for c in range(lo, hi, 8):
-                        for e in range(8):
-                            ks[e] = c + e if c + e < hi else K  # the zero row: a +0 product
-                        k0, k1, k2, k3, k4, k5, k6, k7 = ks[0], ks[1], ks[2], ks[3], ks[4], ks[5], ks[6], ks[7]
-                        for tt in range(nt):
-                            t = t0 + tt
-                            x0 = x[t, k0] if k0 < K else ZERO
-                            x1 = x[t, k1] if k1 < K else ZERO
-                            x2 = x[t, k2] if k2 < K else ZERO
-                            x3 = x[t, k3] if k3 < K else ZERO
-                            x4 = x[t, k4] if k4 < K else ZERO
-                            x5 = x[t, k5] if k5 < K else ZERO
-                            x6 = x[t, k6] if k6 < K else ZERO
-                            x7 = x[t, k7] if k7 < K else ZERO
-                            if h2:  # two loops, not a branch per column: each vectorises on its own
-                                for j in range(NB):
-                                    p0, p1, p2, p3 = x0 * wt[k0, j], x1 * wt[k1, j], x2 * wt[k2, j], x3 * wt[k3, j]
-                                    p4, p5, p6, p7 = x4 * wt[k4, j], x5 * wt[k5, j], x6 * wt[k6, j], x7 * wt[k7, j]
-                                    s = fl(fl(fl(p0 + p1, ftz) + fl(p2 + p3, ftz), ftz)
-                                           + fl(fl(p4 + p5, ftz) + fl(p6 + p7, ftz), ftz), ftz)
-                                    acc[tt, j] = fl(acc[tt, j] + s, ftz)
-                            else:
-                                for j in range(NB):
-                                    p0, p1, p2, p3 = x0 * wt[k0, j], x1 * wt[k1, j], x2 * wt[k2, j], x3 * wt[k3, j]
-                                    p4, p5, p6, p7 = x4 * wt[k4, j], x5 * wt[k5, j], x6 * wt[k6, j], x7 * wt[k7, j]
-                                    v = fl(acc[tt, j] + p0, ftz)
-                                    v = fl(v + p1, ftz)
-                                    v = fl(v + p2, ftz)
-                                    v = fl(v + p3, ftz)
-                                    v = fl(v + p4, ftz)
-                                    v = fl(v + p5, ftz)
-                                    v = fl(v + p6, ftz)
-                                    acc[tt, j] = fl(v + p7, ftz)
-                for tt in range(nt):
-                    for j in range(min(NB, N - n0)):
-                        out[p, t0 + tt, n0 + j] = acc[tt, j]
+        if ftz:  # a literal FTZ in each copy of the tile loop (as k_qmv)
+            _mma_tile(x, W, i, N, ranges, pstart, h2, True, acc, ks, out)
+        else:
+            _mma_tile(x, W, i, N, ranges, pstart, h2, False, acc, ks, out)
 
 
 def _c(a) -> np.ndarray:

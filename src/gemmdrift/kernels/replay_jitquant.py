@@ -2,11 +2,19 @@
 
 As in :mod:`.replay_jit`: the output axis innermost, NB columns of independent
 accumulators, the same operations in the same order as the numpy recipe of
-each kernel. The packed codes are decoded, and where the recipe dequantizes
-(the CPU's ``T(T(s*q) + b)``, qmv_wide's float ``fma(s, q, b)``, qmm_t's
-threadgroup weights) dequantized, while each tile of weight rows is
-transposed (:func:`.replay_jit._qtile`), exactly as the numpy recipes do before
-their loops; qmm_t then runs :func:`.replay_jit.k_mma`.
+each kernel. The packed codes are first decoded and transposed into tiles of
+NB weight rows (:func:`k_prep`) and, where the recipe dequantizes (the CPU's
+``T(T(s*q) + b)``, qmv_wide's float ``fma(s, q, b)``, qmm_t's threadgroup
+weights), dequantized, exactly as the numpy recipes do before their loops;
+those tiles depend only on the weight, so :func:`quant_acc` can take them from
+:mod:`.replay_jitcache` (a fixed weight's are prepared once).
+
+Two reorderings of *independent* work, neither of which changes any output's
+own sequence of operations: rows t0..t0+TB of x run side by side inside each
+step (a weight row is read once per TB rows, from L1), and the tiles are
+spread over numba's threads (``prange``: a tile's outputs are computed by one
+thread; ``NUMBA_NUM_THREADS``, default the core count). Each tile loop is
+compiled twice, with FTZ a literal (the flush tests fold away where off).
 """
 
 from __future__ import annotations
@@ -290,6 +298,24 @@ def k_mma_q(x, W, N, ranges, pstart, h2, ftz, out):
             _mma_tile(x, W, i, N, ranges, pstart, h2, False, acc, ks, out)
 
 
+@njit(cache=True)
+def k_partials_dtype(parts, code, out):
+    """rq.qmm_partials with ``partials=dtype``: each partition's float32 chain rounded to the dtype; thread y of
+    ty = min(8, S) adds partitions y, y+ty, ... from +0, then ``total = t_y + total`` for y = 1.. (each add
+    rounded once to the dtype, :func:`.replay_jitcore.add_rounded`)."""
+    S, T, N = parts.shape
+    ty = min(8, S)
+    for t in range(T):
+        for n in range(N):
+            total = ZERO
+            for y in range(ty):
+                acc = ZERO
+                for j in range(y, S, ty):
+                    acc = add_rounded(acc, rnd(parts[j, t, n], code), code)
+                total = acc if y == 0 else add_rounded(acc, total, code)
+            out[t, n] = total
+
+
 def _c(a) -> np.ndarray:
     return np.ascontiguousarray(a, dtype=np.float32)
 
@@ -371,8 +397,12 @@ def quant_acc(fn, x, wq, scales, biases, params: Mapping[str, Any], var: Mapping
         pstart = np.arange(split + 1, dtype=np.int64)
         parts = np.empty((split, T, N), dtype=np.float32)
         k_mma_q(x, W, N, ranges, pstart, var["mma"] == "H2", ftz, parts)
+        if split > 1 and var["partials"] == "dtype":  # numpy's add_rounded passes cost more than the chains
+            k_partials_dtype(parts, DTYPE_CODE[dtype], out)
+            return out
         return rq.qmm_partials(list(parts), var, dtype, ftz)
     return out
 
 
-__all__ = ["TB", "k_prep", "k_cpu_qmm", "k_qmv", "k_qmv_wide", "k_mma_q", "prepare", "quant_acc"]
+__all__ = ["TB", "k_prep", "k_cpu_qmm", "k_qmv", "k_qmv_wide", "k_mma_q", "k_partials_dtype", "prepare",
+           "quant_acc"]

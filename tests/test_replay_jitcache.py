@@ -119,3 +119,14 @@ def test_the_lm_head_s_chunks_are_cached_one_entry_each(monkeypatch, cache):
     assert (len(cache.entries), cache.misses, cache.hits) == (4, 4, 4)
     assert _same(a, b) and _same(a, R.replay_quantized("cpu_qmm", x, wq, sc, bi, engine="numpy", **kw).y)
     assert rq.cpu_qmm_t is R.RECIPES["cpu_qmm"].fn
+
+
+def test_speed_ratio_times_the_first_call_on_an_emptied_cache_and_the_cached_call(cache):
+    from gemmdrift.kernels.replay_check import speed_ratio
+
+    f = speed_ratio("qmv", 1, 128, 64, reps=3)
+    # Each round: one miss (the cache emptied first), then one hit.
+    assert (cache.misses, cache.hits) == (1, 1) and len(cache.entries) == 1
+    assert f["ratio"] == f["replay_s"] / f["numpy_s"] and f["first_ratio"] == f["first_replay_s"] / f["numpy_s"]
+    d = speed_ratio("gemv", 1, 128, 64, reps=2)  # dense: nothing cached, the first call is every call
+    assert d["first_replay_s"] == d["replay_s"]

@@ -46,7 +46,7 @@ def test_cached_call_gives_the_first_call_s_bits_and_the_numpy_recipe_s(kernel, 
     x = round_to(np.random.default_rng(2).standard_normal((9, K)).astype(np.float32), "bfloat16")
     kw = dict(bits=4, group_size=64, dtype="bfloat16", params=params)
     first = R.replay_quantized(kernel, x, wq, sc, bi, engine="compiled", **kw)
-    assert (cache.misses, cache.hits, len(cache.entries)) == (1, 0, 1)
+    assert (cache.misses, cache.hits, len(cache)) == (1, 0, 1)
     again = R.replay_quantized(kernel, x, wq, sc, bi, engine="compiled", **kw)
     assert (cache.misses, cache.hits) == (1, 1)
     ref = R.replay_quantized(kernel, x, wq, sc, bi, engine="numpy", **kw)
@@ -69,7 +69,11 @@ def test_a_different_weight_is_never_served_another_s_tiles(cache):
         assert _same(got, want) and not _same(got, a)
         arr[i] = old
     assert cache.hits == 0  # every changed weight was prepared anew
-    assert _same(R.replay_quantized("qmv", x, wq, sc, bi, **kw).y, a)
+    assert _same(R.replay_quantized("qmv", x, wq, sc, bi, **kw).y, a) and cache.hits == 1
+    # The same weight as fresh arrays (other addresses, the same bits): its entry, not a new one.
+    n = len(cache)
+    assert _same(R.replay_quantized("qmv", x, wq.copy(), sc.copy(), bi.copy(), **kw).y, a)
+    assert (cache.hits, len(cache)) == (2, n)
     # Another weight of the same shape at another address; and a -0.0 bias against +0.0 (equal as floats,
     # different bits: compared as bits).
     wq2, sc2, bi2 = _weight(N, K, seed=5)
@@ -97,11 +101,11 @@ def test_the_cache_keeps_within_its_budget_and_refuses_what_does_not_fit(monkeyp
     for w in weights:
         y = R.replay_quantized("qmv_wide", x, *w, **kw).y
         assert _same(y, R.replay_quantized("qmv_wide", x, *w, engine="numpy", **kw).y)
-    assert (cache.nbytes, len(cache.entries), cache.refused) == (0, 0, 3)
+    assert (cache.nbytes, len(cache), cache.refused) == (0, 0, 3)
     small = JC.TileCache(budget=2 * one)
     for w in weights + weights:
         small.get(w, (4, 64, 1, 0, False), lambda w=w: prepare(*w, 4, 64, (1, 0, False)))
-    assert (len(small.entries), small.nbytes, small.hits, small.refused) == (2, 2 * one, 2, 2)
+    assert (len(small), small.nbytes, small.hits, small.refused) == (2, 2 * one, 2, 2)
     monkeypatch.setenv("GEMMDRIFT_REPLAY_TILE_CACHE_MB", "lots")
     with pytest.raises(GemmdriftError, match="GEMMDRIFT_REPLAY_TILE_CACHE_MB must be a whole number"):
         JC.budget_bytes()
@@ -116,7 +120,7 @@ def test_the_lm_head_s_chunks_are_cached_one_entry_each(monkeypatch, cache):
     kw = dict(bits=4, group_size=64, dtype="bfloat16")
     a = R.replay_quantized("cpu_qmm", x, wq, sc, bi, **kw).y
     b = R.replay_quantized("cpu_qmm", x, wq, sc, bi, **kw).y
-    assert (len(cache.entries), cache.misses, cache.hits) == (4, 4, 4)
+    assert (len(cache), cache.misses, cache.hits) == (4, 4, 4)
     assert _same(a, b) and _same(a, R.replay_quantized("cpu_qmm", x, wq, sc, bi, engine="numpy", **kw).y)
     assert rq.cpu_qmm_t is R.RECIPES["cpu_qmm"].fn
 
@@ -126,7 +130,7 @@ def test_speed_ratio_times_the_first_call_on_an_emptied_cache_and_the_cached_cal
 
     f = speed_ratio("qmv", 1, 128, 64, reps=3)
     # Each round: one miss (the cache emptied first), then one hit.
-    assert (cache.misses, cache.hits) == (1, 1) and len(cache.entries) == 1
+    assert (cache.misses, cache.hits) == (1, 1) and len(cache) == 1
     assert f["ratio"] == f["replay_s"] / f["numpy_s"] and f["first_ratio"] == f["first_replay_s"] / f["numpy_s"]
     d = speed_ratio("gemv", 1, 128, 64, reps=2)  # dense: nothing cached, the first call is every call
     assert d["first_replay_s"] == d["replay_s"]

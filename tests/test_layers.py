@@ -32,6 +32,7 @@ RANKS = {
     "kernels.replay_paths": 6, "kernels.replay_model": 7, "kernels.replay_units": 8.5, "kernels.replay_check": 10, "replay_cli": 16,
     "kernels.capture": 5, "kernels.paths": 6, "kernels.table": 7, "kernels.ops": 8, "kernels.runs": 9,
     "kernels": 10, "stack": 5, "diverge": 5, "history": 5,
+    "kernels.replay_jitcache": 2,  # the compiled replay's tile cache
     "speculative": 4,  # diverge's stream primitives and exact rollback (issue 25)
     "fingerprint": 11, "state": 5, "batch": 6, "server": 6,
     "state.reading": 4.1, "state.common": 4.2, "state.rollback": 4.3, "state.trim": 4.3,  # state/ (issue 25)

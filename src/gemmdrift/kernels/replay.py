@@ -301,13 +301,15 @@ def replay_quantized(recipe: Recipe | str, x: np.ndarray, wq: np.ndarray, scales
     sc, bi = f32(scales), f32(biases)
     ftz = rec.apple and needs_ftz(x, sc, bi)
     if replay_engine(engine) == "compiled":
+        from .replay_jitcache import TILES
         from .replay_jitquant import quant_acc
 
         out = np.empty((T, wq.shape[0]), dtype=np.float32)
         step = max(1, CHUNK_ELEMENTS // K)  # rows whose float32 codes (and dequantized weights) fit 16 MB
         for lo in range(0, wq.shape[0], step):
             hi = min(wq.shape[0], lo + step)
-            acc = quant_acc(rec.fn, x, wq[lo:hi], sc[lo:hi], bi[lo:hi], prm, var, dtype, ftz)
+            # A fixed weight's prepared tiles are kept between calls (replay_jitcache: content-checked, bounded).
+            acc = quant_acc(rec.fn, x, wq[lo:hi], sc[lo:hi], bi[lo:hi], prm, var, dtype, ftz, cache=TILES)
             if acc is None:
                 break  # not compiled: the numpy recipe below
             out[:, lo:hi] = round_to(acc, dtype)

@@ -31,7 +31,7 @@ if "NUMBA_CACHE_DIR" not in os.environ:  # must precede the first numba import t
 
 import numpy as np  # noqa: E402
 from llvmlite import ir  # noqa: E402
-from numba import njit, types  # noqa: E402
+from numba import njit, prange, types  # noqa: E402
 from numba.extending import intrinsic  # noqa: E402
 
 NB = 64  # output columns per vector step: independent accumulators, contiguous (what LLVM vectorises)
@@ -94,13 +94,23 @@ def fl(v, ftz):
     return v
 
 
-@njit
-def _bf16(v):
-    if v != v:
-        return from_bits32(QNAN)
-    u = np.int64(bits32(v))
-    u = (u + 0x7FFF + ((u >> 16) & 1)) & 0xFFFF0000  # RNE on the upper 16 bits, as round_to
-    return from_bits32(np.uint32(u))
+@intrinsic
+def _bf16(typingctx, v):
+    """RNE to bfloat16 held in float32, as round_to: ``(u + 0x7FFF + lsb) & 0xFFFF0000`` on the bits u, NaN ->
+    the quiet NaN. In 32-bit lanes (numba's integer arithmetic would widen to 64 and halve the vector): for
+    every non-NaN u the sum stays below 2**32 (-inf, 0xFF800000, is the largest), so nothing wraps."""
+    sig = types.float32(types.float32)
+
+    def codegen(context, builder, signature, args):
+        i32 = ir.IntType(32)
+        u = builder.bitcast(args[0], i32)
+        lsb = builder.and_(builder.lshr(u, ir.Constant(i32, 16)), ir.Constant(i32, 1))
+        r = builder.and_(builder.add(builder.add(u, ir.Constant(i32, 0x7FFF)), lsb), ir.Constant(i32, 0xFFFF0000))
+        nan = builder.fcmp_unordered("uno", args[0], args[0])
+        qnan = builder.bitcast(ir.Constant(i32, 0x7FC00000), ir.FloatType())
+        return builder.select(nan, qnan, builder.bitcast(r, ir.FloatType()))
+
+    return sig, codegen
 
 
 @njit
@@ -186,4 +196,4 @@ def min_nonzero(a) -> float:
 
 
 __all__ = ["NB", "TINY", "ZERO", "DTYPE_CODE", "fma32", "bits32", "from_bits32", "fl", "rnd", "add_rounded",
-           "min_nonzero", "njit", "np"]
+           "min_nonzero", "njit", "np", "prange"]

@@ -215,24 +215,19 @@ def k_wide(x, w, kl, pairwise, ftz, out):
 
 
 @njit(cache=True)
-def k_mma(x, w, wq, scales, biases, bits, gs, mode, code, ranges, pstart, h2, ftz, out):
-    """rd._mma_chain per partition (steel fused, split-K, qmm_t): partition p chains its K ranges
+def k_mma(x, w, ranges, pstart, h2, ftz, out):
+    """rd._mma_chain per partition (steel fused, split-K): partition p chains its K ranges
     ``ranges[pstart[p]:pstart[p+1]]`` from +0, one MMA8 step per 8 products (H1: acc + p0 + ... + p7 in
     order; H2: acc + pairwise(p0..p7)), a range's last step zero-padded; out[p] is its float32 result.
-    Weights: w (N, K) when bits == 0, else the codes wq dequantized by :func:`_deq` (qmm_t)."""
+    Weights: w (N, K) (qmm_t's chain over dequantized tiles is replay_jitquant's)."""
     T, K = x.shape
-    N = w.shape[0] if bits == 0 else wq.shape[0]
+    N = w.shape[0]
     wt = np.zeros((K + 1, NB), np.float32)
     acc = np.empty(NB, np.float32)
     xs = np.empty(8, np.float32)
     ks = np.empty(8, np.int64)
-    st = np.zeros((scales.shape[1] + 1, NB), np.float32)
-    bt = np.zeros((scales.shape[1] + 1, NB), np.float32)
     for n0 in range(0, N, NB):
-        if bits == 0:
-            _tile(w, n0, wt)
-        else:
-            _qtile(wq, scales, biases, bits, gs, mode, code, ftz, n0, wt, st, bt)
+        _tile(w, n0, wt)
         for t in range(T):
             for p in range(len(pstart) - 1):
                 acc[:] = ZERO
@@ -271,18 +266,12 @@ def _c(a) -> np.ndarray:
     return np.ascontiguousarray(a, dtype=np.float32)
 
 
-_NO_CODES = np.zeros((1, 1), dtype=np.uint32)
-_NO_SCALES = np.zeros((1, 1), dtype=np.float32)
-
-
-def _mma(x, w, parts: list[list[tuple[int, int]]], how: str, ftz: bool, quant: tuple | None = None) -> np.ndarray:
-    """k_mma on dense w, or (w None) on ``quant = (wq, scales, biases, bits, group_size, mode, dtype code)``."""
+def _mma(x, w, parts: list[list[tuple[int, int]]], how: str, ftz: bool) -> np.ndarray:
+    """k_mma on dense w: one float32 result per partition, (P, T, N)."""
     ranges = np.array([r for p in parts for r in p], dtype=np.int64).reshape(-1, 2)
     pstart = np.cumsum([0] + [len(p) for p in parts]).astype(np.int64)
-    wq, sc, bi, bits, gs, mode, code = quant or (_NO_CODES, _NO_SCALES, _NO_SCALES, 0, 1, 0, 0)
-    w = _NO_SCALES if w is None else w
-    out = np.empty((len(parts), x.shape[0], w.shape[0] if bits == 0 else wq.shape[0]), dtype=np.float32)
-    k_mma(x, w, wq, sc, bi, bits, gs, mode, code, ranges, pstart, how == "H2", bool(ftz), out)
+    out = np.empty((len(parts), x.shape[0], w.shape[0]), dtype=np.float32)
+    k_mma(x, w, ranges, pstart, how == "H2", bool(ftz), out)
     return out
 
 

@@ -70,7 +70,7 @@ DENSE = [  # (kernel, params, K values with tails)
 @pytest.mark.parametrize("kernel,params,ks", DENSE, ids=[f"{d[0]}-{i}" for i, d in enumerate(DENSE)])
 def test_dense_accumulators_are_the_numpy_recipes_bit_for_bit(kernel, params, ks):
     rec = R.RECIPES[kernel]
-    variants = [v for v in rec.variants() if v.get("mma", "H1") in ("H1", "H2")]
+    variants = rec.variants()  # every MMA8 hypothesis H1..H4 included
     ftz_mattered = 0
     for K in ks:
         for T in TS:
@@ -87,13 +87,21 @@ def test_dense_accumulators_are_the_numpy_recipes_bit_for_bit(kernel, params, ks
     assert ftz_mattered or not rec.apple  # the FTZ case is a real one: flushing changed bits
 
 
-def test_h3_h4_are_not_compiled_and_fall_back_to_numpy():
+def test_h3_h4_are_compiled_dense_and_fall_back_to_numpy_for_qmm_t():
     x, w = _operands("normal", 2, 64, 9, "bfloat16", seed=1)
     for how in ("H3", "H4"):
-        assert dense_acc(rd.metal_steel_gemm, x, w, {"bk": 32}, {"mma": how}, False) is None
+        assert dense_acc(rd.metal_steel_gemm, x, w, {"bk": 32}, {"mma": how}, False) is not None
         a = R.replay_matmul("steel_gemm", x, w, dtype="bfloat16", variant=f"mma={how}", engine="compiled")
         b = R.replay_matmul("steel_gemm", x, w, dtype="bfloat16", variant=f"mma={how}", engine="numpy")
         assert _same(a.y, b.y) and a.variant == b.variant
+    assert not _same(*(dense_acc(rd.metal_steel_gemm, x, w, {"bk": 32}, {"mma": h}, False) for h in ("H3", "H4")))
+    with pytest.raises(GemmdriftError, match="unknown MMA8 variant"):
+        dense_acc(rd.metal_steel_gemm, x, w, {"bk": 32}, {"mma": "H9"}, False)
+    x, wq, sc, bi = _quant_operands("normal", 2, 128, 9, 4, "bfloat16", seed=1)
+    prm = {"group_size": 64, "bits": 4, "split_k": 1}
+    for how in ("H3", "H4"):
+        assert quant_acc(rq.metal_qmm_t, x, wq, sc, bi, prm, {"mma": how, "dequant": "fma", "partials": "float32"},
+                         "bfloat16", False) is None
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])

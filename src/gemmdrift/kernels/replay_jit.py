@@ -13,11 +13,11 @@ are ``+0 * +0 = +0`` from a zero row, as numpy's ``np.zeros`` padding.
 
 Compiled: ``cpu_simd_gemm``, ``cpu_cblas_sgemm``, ``gemv``, ``cuda_gemv`` (one
 lane kernel), ``gemv_wide`` (both dot4), ``steel_gemm`` and
-``steel_gemm_splitk`` (MMA8 H1 and H2), ``cpu_qmm``, ``qmv``/``qmv_fast`` (every
+``steel_gemm_splitk`` (MMA8 H1..H4), ``cpu_qmm``, ``qmv``/``qmv_fast`` (every
 simd_sum and contribution variant, float and bf16 quad sums), ``qmv_wide``
 (both contractions), ``qmm_t``/``qmm_t_splitk`` (H1, H2; every dequantization
-and partials rule). MMA8 H3 and H4 stay on numpy (:func:`dense_acc` returns
-None for them).
+and partials rule). MMA8 H3 and H4 of ``qmm_t`` stay on numpy (:func:`.replay_jitquant.quant_acc`
+returns None for them).
 """
 
 from __future__ import annotations
@@ -26,7 +26,11 @@ from typing import Any, Mapping
 
 from ..errors import GemmdriftError
 from . import replay_dense as rd
-from .replay_jitcore import DTYPE_CODE, NB, ZERO, add_rounded, fl, fma32, njit, np, rnd
+import math
+
+from .replay_jitcore import DTYPE_CODE, NB, ZERO, _round_odd_sum, add_rounded, fl, fma32, njit, np, rnd
+
+MMA_CODE = {"H1": 1, "H2": 2, "H3": 3, "H4": 4}  # k_mma's how: an integer, one loop per hypothesis
 
 
 @njit
@@ -214,11 +218,58 @@ def k_wide(x, w, kl, pairwise, ftz, out):
                 out[t, n0 + j] = r[0, j]
 
 
+@njit(inline="always")
+def _h3(a, p0, p1, p2, p3, p4, p5, p6, p7):
+    """replay_core.exact_then_round([a, p0..p7]): float64 steps rounded to odd where it matters, one RN
+    rounding to float32 (no FTZ, as the numpy recipe)."""
+    s = np.float64(a)
+    s = _round_odd_sum(s, np.float64(p0))
+    s = _round_odd_sum(s, np.float64(p1))
+    s = _round_odd_sum(s, np.float64(p2))
+    s = _round_odd_sum(s, np.float64(p3))
+    s = _round_odd_sum(s, np.float64(p4))
+    s = _round_odd_sum(s, np.float64(p5))
+    s = _round_odd_sum(s, np.float64(p6))
+    s = _round_odd_sum(s, np.float64(p7))
+    return np.float32(s)
+
+
+@njit(inline="always")
+def _trunc_to(t, q):
+    return np.trunc(np.float64(t) / q) * q  # exact: q is a power of two
+
+
+@njit(inline="always")
+def _h4(a, p0, p1, p2, p3, p4, p5, p6, p7):
+    """replay_core.aligned_sum([a, p0..p7]) with 24 fraction bits: each term truncated to the quantum of the
+    largest exponent, added exactly in float64, rounded toward zero to float32 (no FTZ, as the numpy recipe)."""
+    m = max(abs(np.float64(a)), abs(np.float64(p0)), abs(np.float64(p1)), abs(np.float64(p2)),
+            abs(np.float64(p3)), abs(np.float64(p4)), abs(np.float64(p5)), abs(np.float64(p6)),
+            abs(np.float64(p7)))
+    e = math.frexp(m)[1]  # 2**(e-1) <= m < 2**e (e = 0 for m = 0, as np.frexp)
+    q = math.ldexp(1.0, e - 24)
+    s = 0.0
+    s = s + _trunc_to(a, q)
+    s = s + _trunc_to(p0, q)
+    s = s + _trunc_to(p1, q)
+    s = s + _trunc_to(p2, q)
+    s = s + _trunc_to(p3, q)
+    s = s + _trunc_to(p4, q)
+    s = s + _trunc_to(p5, q)
+    s = s + _trunc_to(p6, q)
+    s = s + _trunc_to(p7, q)
+    r = np.float32(s)
+    if abs(np.float64(r)) > abs(s):  # RN went away from zero: one ulp back (round toward zero)
+        r = np.nextafter(r, ZERO)
+    return r
+
+
 @njit(cache=True)
-def k_mma(x, w, ranges, pstart, h2, ftz, out):
+def k_mma(x, w, ranges, pstart, how, ftz, out):
     """rd._mma_chain per partition (steel fused, split-K): partition p chains its K ranges
-    ``ranges[pstart[p]:pstart[p+1]]`` from +0, one MMA8 step per 8 products (H1: acc + p0 + ... + p7 in
-    order; H2: acc + pairwise(p0..p7)), a range's last step zero-padded; out[p] is its float32 result.
+    ``ranges[pstart[p]:pstart[p+1]]`` from +0, one MMA8 step per 8 products (how = MMA_CODE: 1 H1, acc + p0 +
+    ... + p7 in order; 2 H2, acc + pairwise(p0..p7); 3 H3 and 4 H4 as :func:`_h3`, :func:`_h4`), a range's
+    last step zero-padded; out[p] is its float32 result.
     Weights: w (N, K) (qmm_t's chain over dequantized tiles is replay_jitquant's)."""
     T, K = x.shape
     N = w.shape[0]
@@ -239,13 +290,23 @@ def k_mma(x, w, ranges, pstart, h2, ftz, out):
                             xs[i] = x[t, c + i] if c + i < hi else ZERO
                         x0, x1, x2, x3, x4, x5, x6, x7 = xs[0], xs[1], xs[2], xs[3], xs[4], xs[5], xs[6], xs[7]
                         k0, k1, k2, k3, k4, k5, k6, k7 = ks[0], ks[1], ks[2], ks[3], ks[4], ks[5], ks[6], ks[7]
-                        if h2:  # two loops, not a branch per column: each vectorises on its own
+                        if how == 2:  # a loop per hypothesis, not a branch per column: each vectorises alone
                             for j in range(NB):
                                 p0, p1, p2, p3 = x0 * wt[k0, j], x1 * wt[k1, j], x2 * wt[k2, j], x3 * wt[k3, j]
                                 p4, p5, p6, p7 = x4 * wt[k4, j], x5 * wt[k5, j], x6 * wt[k6, j], x7 * wt[k7, j]
                                 s = fl(fl(fl(p0 + p1, ftz) + fl(p2 + p3, ftz), ftz)
                                        + fl(fl(p4 + p5, ftz) + fl(p6 + p7, ftz), ftz), ftz)
                                 acc[j] = fl(acc[j] + s, ftz)
+                        elif how == 3:
+                            for j in range(NB):
+                                acc[j] = _h3(acc[j], x0 * wt[k0, j], x1 * wt[k1, j], x2 * wt[k2, j],
+                                             x3 * wt[k3, j], x4 * wt[k4, j], x5 * wt[k5, j], x6 * wt[k6, j],
+                                             x7 * wt[k7, j])
+                        elif how == 4:
+                            for j in range(NB):
+                                acc[j] = _h4(acc[j], x0 * wt[k0, j], x1 * wt[k1, j], x2 * wt[k2, j],
+                                             x3 * wt[k3, j], x4 * wt[k4, j], x5 * wt[k5, j], x6 * wt[k6, j],
+                                             x7 * wt[k7, j])
                         else:
                             for j in range(NB):
                                 p0, p1, p2, p3 = x0 * wt[k0, j], x1 * wt[k1, j], x2 * wt[k2, j], x3 * wt[k3, j]
@@ -268,17 +329,19 @@ def _c(a) -> np.ndarray:
 
 def _mma(x, w, parts: list[list[tuple[int, int]]], how: str, ftz: bool) -> np.ndarray:
     """k_mma on dense w: one float32 result per partition, (P, T, N)."""
+    if how not in MMA_CODE:
+        raise GemmdriftError(f"unknown MMA8 variant {how!r} (known: {', '.join(MMA_CODE)})")
     ranges = np.array([r for p in parts for r in p], dtype=np.int64).reshape(-1, 2)
     pstart = np.cumsum([0] + [len(p) for p in parts]).astype(np.int64)
     out = np.empty((len(parts), x.shape[0], w.shape[0]), dtype=np.float32)
-    k_mma(x, w, ranges, pstart, how == "H2", bool(ftz), out)
+    k_mma(x, w, ranges, pstart, MMA_CODE[how], bool(ftz), out)
     return out
 
 
 def dense_acc(fn, x: np.ndarray, w: np.ndarray, params: Mapping[str, Any], var: Mapping[str, str],
               ftz: bool) -> np.ndarray | None:
     """The pre-epilogue float32 accumulator (T, N) of the dense recipe whose numpy function is ``fn``, or None
-    where it is not compiled (MMA8 H3/H4, a recipe this module does not know)."""
+    where it is not compiled (a recipe this module does not know)."""
     x, w = _c(x), _c(w)
     T, K = x.shape
     out = np.empty((T, w.shape[0]), dtype=np.float32)
@@ -301,10 +364,10 @@ def dense_acc(fn, x: np.ndarray, w: np.ndarray, params: Mapping[str, Any], var: 
         if kl & (kl - 1):
             raise GemmdriftError(f"a shuffle ladder needs a power-of-two lane count, got {kl}")
         k_wide(x, w, kl, {"sequential": False, "pairwise": True}[var["dot4"]], ftz, out)
-    elif fn is rd.metal_steel_gemm and var["mma"] in ("H1", "H2"):
+    elif fn is rd.metal_steel_gemm:
         bk = int(params.get("bk", 32))
         return _mma(x, w, [rd.steel_ranges(0, K, bk, tail_first=True)], var["mma"], ftz)[0]
-    elif fn is rd.metal_steel_gemm_splitk and var["mma"] in ("H1", "H2"):
+    elif fn is rd.metal_steel_gemm_splitk:
         parts, ps = int(params["partitions"]), int(params["partition_size"])
         bk = int(params.get("bk", 16))
         if parts < 1 or ps < 1 or parts * ps > K:

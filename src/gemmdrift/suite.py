@@ -178,6 +178,8 @@ def _done(out: Path, key: str) -> bool:
 
 
 RUN_RECORD = "run.json"
+# Parts that each compute on one core: on a CPU with two they run side by side, a process each (side_by_side).
+BESIDE = ("diverge", "predict")
 
 
 def check_resume(out: str | Path, inputs: dict[str, Any]) -> None:
@@ -252,9 +254,29 @@ def main_job(out: str | Path = "results/run", sizes: str | None = None, model: s
     from .predict import SIZES as PREDICT_SIZES
 
     more = {"predict": [asdict(PREDICT_SIZES[name])]}  # its own sizes, beside the job's
+    keys = {part: _key(part, lm, s, *more.get(part, [])) for part, _, _ in parts}
+    heads = {part: f"[{i}/{len(parts)}] {title}" for i, (part, title, _) in enumerate(parts, 1)}
+    beside = [p for p in BESIDE if not _done(out / p, keys[p])]
+    from .workers import default_workers
+
+    if len(beside) < 2 or default_workers(lm, 2) < 2:
+        beside = []  # one at a time, in order (a GPU, one core, a model that cannot be loaded again)
     for i, (part, title, measure) in enumerate(parts, 1):
         d = out / part
-        key = _key(part, lm, s, *more.get(part, []))
+        key = keys[part]
+        if part in beside[1:]:
+            continue  # computed beside the first
+        if part in beside:
+            # Each of these computes on one core: side by side (a process each) they leave no core idle.
+            jobs = {"diverge": (divergence_probe, dict(sizes=s, env=env)),
+                    "predict": (predict_part, dict(name=name, checkpoint=out / "predict" / "checkpoint", env=env))}
+            print(f"gemmdrift run: {' and '.join(heads[p] for p in beside)}: side by side, a process each",
+                  file=sys.stderr, flush=True)
+            t0 = time.perf_counter()
+            for other, result in side_by_side(lm, {p: jobs[p] for p in beside}).items():
+                store.write_result(result, out / other)
+                _mark(out / other, keys[other], time.perf_counter() - t0)
+            continue
         if _done(d, key):
             print(f"gemmdrift run: [{i}/{len(parts)}] {title}: done before (resumed)", file=sys.stderr, flush=True)
             continue

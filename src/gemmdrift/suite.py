@@ -178,8 +178,9 @@ def _done(out: Path, key: str) -> bool:
 
 
 RUN_RECORD = "run.json"
-# Parts that each compute on one core: on a CPU with two they run side by side, a process each (side_by_side).
-BESIDE = ("diverge", "predict")
+# Parts that each compute on one core: on a CPU with two they run side by side, a process each (side_by_side),
+# the longest first.
+BESIDE = ("diverge", "predict", "state")
 
 
 def check_resume(out: str | Path, inputs: dict[str, Any]) -> None:
@@ -265,11 +266,12 @@ def main_job(out: str | Path = "results/run", sizes: str | None = None, model: s
         d = out / part
         key = keys[part]
         if part in beside[1:]:
-            continue  # computed beside the first
+            continue  # computed with the first of them
         if part in beside:
             # Each of these computes on one core: side by side (a process each) they leave no core idle.
             jobs = {"diverge": (divergence_probe, dict(sizes=s, env=env)),
-                    "predict": (predict_part, dict(name=name, checkpoint=out / "predict" / "checkpoint", env=env))}
+                    "predict": (predict_part, dict(name=name, checkpoint=out / "predict" / "checkpoint", env=env)),
+                    "state": (state.short_sweep, dict(size=name))}
             print(f"gemmdrift run: {' and '.join(heads[p] for p in beside)}: side by side, a process each",
                   file=sys.stderr, flush=True)
             t0 = time.perf_counter()

@@ -77,8 +77,9 @@ def _run_key(lm, tokens, schedule: str, mode: str, dtype: str, split, positions,
     """What a run's taps depend on, for resuming: model, versions, inputs, schedule, mode, dtype."""
     from .models import resume_key
 
-    return f"{mode}-{dtype}-{native_kernels.key_tag(lm.model)}" + resume_key(lm.description, [int(t) for t in tokens], schedule, mode, dtype, split,
-                                           [int(p) for p in positions], [int(p) for p in logit_positions])
+    tag = native_kernels.key_tag(lm.model)  # "" for this machine's kernels: older checkpoints still resume
+    return f"{mode}-{dtype}-{tag}" + resume_key(lm.description, [int(t) for t in tokens], schedule, mode, dtype, split,
+                                                [int(p) for p in positions], [int(p) for p in logit_positions])
 
 
 def compare_taps(ref: Taps, other: Taps, layer_kinds: Sequence[str], labels: dict[str, Any],

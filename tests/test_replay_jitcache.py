@@ -10,6 +10,7 @@ from gemmdrift.errors import GemmdriftError
 from gemmdrift.kernels import replay as R
 from gemmdrift.kernels import replay_jitcache as JC
 from gemmdrift.kernels import replay_quant as rq
+from gemmdrift.kernels.replay_check import seeded_q4_weight
 from gemmdrift.kernels.replay_core import round_to
 from gemmdrift.kernels.replay_jitquant import prepare
 
@@ -19,14 +20,7 @@ def _same(a, b) -> bool:
 
 
 def _weight(N: int, K: int, seed: int):
-    rng = np.random.default_rng(seed)
-    codes = rng.integers(0, 16, size=(N, K)).astype(np.uint32)
-    wq = np.zeros((N, K // 8), dtype=np.uint32)
-    for i in range(8):
-        wq |= codes[:, i::8] << np.uint32(4 * i)
-    sc = round_to(rng.random((N, K // 64)).astype(np.float32) * 0.01, "bfloat16")
-    bi = round_to(-rng.random((N, K // 64)).astype(np.float32) * 0.05, "bfloat16")
-    return wq, sc, bi
+    return seeded_q4_weight(np.random.default_rng(seed), N, K)
 
 
 KERNELS = (("cpu_qmm", None), ("qmv", None), ("qmv_wide", None), ("qmm_t", None), ("qmm_t_splitk", {"split_k": 2}))

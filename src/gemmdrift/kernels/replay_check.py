@@ -262,6 +262,19 @@ def summarize(table) -> list[dict[str, Any]]:
     return out
 
 
+def seeded_q4_weight(rng: np.random.Generator, N: int, K: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A seeded affine 4-bit group-64 weight (N, K): packed codes, bf16 scales and biases (``rng``'s next draws)."""
+    from .replay_core import round_to
+
+    codes = rng.integers(0, 16, size=(N, K)).astype(np.uint32)
+    wq = np.zeros((N, K // 8), dtype=np.uint32)
+    for i in range(8):
+        wq |= codes[:, i::8] << np.uint32(4 * i)
+    sc = round_to(rng.random((N, K // 64)).astype(np.float32) * 0.01, "bfloat16")
+    bi = round_to(-rng.random((N, K // 64)).astype(np.float32) * 0.05, "bfloat16")
+    return wq, sc, bi
+
+
 def speed_ratio(kernel: str, T: int, K: int, N: int, *, reps: int = 5, params: Mapping[str, Any] | None = None,
                 seed: int = 0, engine: str | None = None) -> dict[str, float]:
     """Seconds of one replayed projection and of a numpy float32 matmul of the same shape, interleaved in one
@@ -290,12 +303,7 @@ def speed_ratio(kernel: str, T: int, K: int, N: int, *, reps: int = 5, params: M
         def run():
             return replay_matmul(rec, x, w, dtype=dtype, params=prm, engine=engine)
     else:
-        codes = rng.integers(0, 16, size=(N, K)).astype(np.uint32)
-        wq = np.zeros((N, K // 8), dtype=np.uint32)
-        for i in range(8):
-            wq |= codes[:, i::8] << np.uint32(4 * i)
-        sc = round_to(rng.random((N, K // 64)).astype(np.float32) * 0.01, "bfloat16")
-        bi = round_to(-rng.random((N, K // 64)).astype(np.float32) * 0.05, "bfloat16")
+        wq, sc, bi = seeded_q4_weight(rng, N, K)
 
         def run():
             return replay_quantized(rec, x, wq, sc, bi, bits=4, group_size=64, dtype="bfloat16", params=prm,
@@ -342,4 +350,4 @@ def _jsonable(x: Any) -> Any:
     return str(x)
 
 
-__all__ = ["DEFAULT_TS", "DEFAULT_PATHS", "check_paths", "check_replay", "summarize", "speed_ratio"]
+__all__ = ["DEFAULT_TS", "DEFAULT_PATHS", "check_paths", "check_replay", "summarize", "seeded_q4_weight", "speed_ratio"]

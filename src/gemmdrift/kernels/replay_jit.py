@@ -219,6 +219,26 @@ def k_wide(x, w, kl, pairwise, ftz, out):
 
 
 @njit(inline="always")
+def _h1(a, p0, p1, p2, p3, p4, p5, p6, p7, ftz):
+    """rd.mma8 H1: ``a + p0 + ... + p7`` in order, each add rounded (and flushed under FTZ)."""
+    v = fl(a + p0, ftz)
+    v = fl(v + p1, ftz)
+    v = fl(v + p2, ftz)
+    v = fl(v + p3, ftz)
+    v = fl(v + p4, ftz)
+    v = fl(v + p5, ftz)
+    v = fl(v + p6, ftz)
+    return fl(v + p7, ftz)
+
+
+@njit(inline="always")
+def _h2(a, p0, p1, p2, p3, p4, p5, p6, p7, ftz):
+    """rd.mma8 H2: ``a + pairwise(p0..p7)``."""
+    s = fl(fl(fl(p0 + p1, ftz) + fl(p2 + p3, ftz), ftz) + fl(fl(p4 + p5, ftz) + fl(p6 + p7, ftz), ftz), ftz)
+    return fl(a + s, ftz)
+
+
+@njit(inline="always")
 def _h3(a, p0, p1, p2, p3, p4, p5, p6, p7):
     """replay_core.exact_then_round([a, p0..p7]): float64 steps rounded to odd where it matters, one RN
     rounding to float32 (no FTZ, as the numpy recipe)."""
@@ -292,11 +312,9 @@ def k_mma(x, w, ranges, pstart, how, ftz, out):
                         k0, k1, k2, k3, k4, k5, k6, k7 = ks[0], ks[1], ks[2], ks[3], ks[4], ks[5], ks[6], ks[7]
                         if how == 2:  # a loop per hypothesis, not a branch per column: each vectorises alone
                             for j in range(NB):
-                                p0, p1, p2, p3 = x0 * wt[k0, j], x1 * wt[k1, j], x2 * wt[k2, j], x3 * wt[k3, j]
-                                p4, p5, p6, p7 = x4 * wt[k4, j], x5 * wt[k5, j], x6 * wt[k6, j], x7 * wt[k7, j]
-                                s = fl(fl(fl(p0 + p1, ftz) + fl(p2 + p3, ftz), ftz)
-                                       + fl(fl(p4 + p5, ftz) + fl(p6 + p7, ftz), ftz), ftz)
-                                acc[j] = fl(acc[j] + s, ftz)
+                                acc[j] = _h2(acc[j], x0 * wt[k0, j], x1 * wt[k1, j], x2 * wt[k2, j],
+                                             x3 * wt[k3, j], x4 * wt[k4, j], x5 * wt[k5, j], x6 * wt[k6, j],
+                                             x7 * wt[k7, j], ftz)
                         elif how == 3:
                             for j in range(NB):
                                 acc[j] = _h3(acc[j], x0 * wt[k0, j], x1 * wt[k1, j], x2 * wt[k2, j],
@@ -309,16 +327,9 @@ def k_mma(x, w, ranges, pstart, how, ftz, out):
                                              x7 * wt[k7, j])
                         else:
                             for j in range(NB):
-                                p0, p1, p2, p3 = x0 * wt[k0, j], x1 * wt[k1, j], x2 * wt[k2, j], x3 * wt[k3, j]
-                                p4, p5, p6, p7 = x4 * wt[k4, j], x5 * wt[k5, j], x6 * wt[k6, j], x7 * wt[k7, j]
-                                v = fl(acc[j] + p0, ftz)
-                                v = fl(v + p1, ftz)
-                                v = fl(v + p2, ftz)
-                                v = fl(v + p3, ftz)
-                                v = fl(v + p4, ftz)
-                                v = fl(v + p5, ftz)
-                                v = fl(v + p6, ftz)
-                                acc[j] = fl(v + p7, ftz)
+                                acc[j] = _h1(acc[j], x0 * wt[k0, j], x1 * wt[k1, j], x2 * wt[k2, j],
+                                             x3 * wt[k3, j], x4 * wt[k4, j], x5 * wt[k5, j], x6 * wt[k6, j],
+                                             x7 * wt[k7, j], ftz)
                 for j in range(min(NB, N - n0)):
                     out[p, t, n0 + j] = acc[j]
 

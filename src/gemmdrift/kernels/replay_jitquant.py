@@ -23,7 +23,7 @@ from typing import Any, Mapping
 
 from ..errors import GemmdriftError
 from . import replay_quant as rq
-from .replay_jit import _ladder, _qtile, _tile
+from .replay_jit import _h1, _h2, _ladder, _qtile, _tile
 from .replay_jitcache import TileCache
 from .replay_jitcore import DTYPE_CODE, NB, ZERO, _bf16, _f16, add_rounded, fl, fma32, njit, np, prange, rnd
 
@@ -262,23 +262,14 @@ def _mma_tile(x, W, i, N, ranges, pstart, h2, ftz, acc, ks, out):
                         x7 = x[t, k7] if k7 < K else ZERO
                         if h2:  # two loops, not a branch per column: each vectorises on its own
                             for j in range(NB):
-                                p0, p1, p2, p3 = x0 * wt[k0, j], x1 * wt[k1, j], x2 * wt[k2, j], x3 * wt[k3, j]
-                                p4, p5, p6, p7 = x4 * wt[k4, j], x5 * wt[k5, j], x6 * wt[k6, j], x7 * wt[k7, j]
-                                s = fl(fl(fl(p0 + p1, ftz) + fl(p2 + p3, ftz), ftz)
-                                       + fl(fl(p4 + p5, ftz) + fl(p6 + p7, ftz), ftz), ftz)
-                                acc[tt, j] = fl(acc[tt, j] + s, ftz)
+                                acc[tt, j] = _h2(acc[tt, j], x0 * wt[k0, j], x1 * wt[k1, j], x2 * wt[k2, j],
+                                                 x3 * wt[k3, j], x4 * wt[k4, j], x5 * wt[k5, j], x6 * wt[k6, j],
+                                                 x7 * wt[k7, j], ftz)
                         else:
                             for j in range(NB):
-                                p0, p1, p2, p3 = x0 * wt[k0, j], x1 * wt[k1, j], x2 * wt[k2, j], x3 * wt[k3, j]
-                                p4, p5, p6, p7 = x4 * wt[k4, j], x5 * wt[k5, j], x6 * wt[k6, j], x7 * wt[k7, j]
-                                v = fl(acc[tt, j] + p0, ftz)
-                                v = fl(v + p1, ftz)
-                                v = fl(v + p2, ftz)
-                                v = fl(v + p3, ftz)
-                                v = fl(v + p4, ftz)
-                                v = fl(v + p5, ftz)
-                                v = fl(v + p6, ftz)
-                                acc[tt, j] = fl(v + p7, ftz)
+                                acc[tt, j] = _h1(acc[tt, j], x0 * wt[k0, j], x1 * wt[k1, j], x2 * wt[k2, j],
+                                                 x3 * wt[k3, j], x4 * wt[k4, j], x5 * wt[k5, j], x6 * wt[k6, j],
+                                                 x7 * wt[k7, j], ftz)
             for tt in range(nt):
                 for j in range(min(NB, N - n0)):
                     out[p, t0 + tt, n0 + j] = acc[tt, j]

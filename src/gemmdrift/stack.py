@@ -28,7 +28,7 @@ from .checks import check_positions
 from .errors import GemmdriftError
 from .result import Result, Verdict, env_labels, figure_name, tidy
 from .schedules import parse_schedule
-from .taps import Taps, common_prefix, load_taps, run_schedule, save_taps, shared_blocks
+from .taps import Taps, common_prefix, load_checkpoint, run_schedule, save_taps, shared_blocks
 
 # Ladder verdicts: rounding drift shrinks by ~u_low/u_high (2**16 from bf16 to
 # f32); a semantic difference keeps its size. Between the two: unclear.
@@ -50,18 +50,10 @@ def _run(model, tokens, schedule, *, checkpoint: Path | None = None, key: str = 
     """One tapped run, with a progress bar and a log line; loaded from ``checkpoint`` if it was saved there."""
     mode = "local" if kw.get("reference") is not None else "run"
     path = checkpoint / f"{key}.npz" if checkpoint is not None else None
-    if path is not None and path.exists():
-        import zipfile
-
-        from .files import discard_checkpoint
-
-        try:
-            taps = load_taps(path)
-        except (OSError, ValueError, KeyError, TypeError, EOFError, zipfile.BadZipFile) as e:
-            discard_checkpoint(path, e.__class__.__name__)
-        else:
-            print(f"  {mode:5s} {schedule:28s} done before (resumed)", file=sys.stderr, flush=True)
-            return taps
+    taps = load_checkpoint(path)
+    if taps is not None:
+        print(f"  {mode:5s} {schedule:28s} done before (resumed)", file=sys.stderr, flush=True)
+        return taps
     bar = _progress(f"{schedule}{' (local)' if mode == 'local' else ''}", len(tokens))
     try:
         taps = run_schedule(model, tokens, schedule, progress=bar.update, **kw)

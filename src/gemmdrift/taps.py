@@ -115,6 +115,22 @@ def load_taps(path) -> Taps:
                     logits=logits if logits.size else None, **meta)
 
 
+def load_checkpoint(path) -> Taps | None:
+    """A run's saved taps, or None when there are none yet; a corrupt file is set aside (the run is made again)."""
+    import zipfile
+    from pathlib import Path
+
+    from .files import discard_checkpoint
+
+    if path is None or not Path(path).is_file():
+        return None
+    try:
+        return load_taps(path)
+    except (OSError, ValueError, KeyError, TypeError, EOFError, zipfile.BadZipFile) as e:
+        discard_checkpoint(path, e.__class__.__name__)
+        return None
+
+
 # Blocks of at least this many rows start evaluating their taps layer by layer (see _Recorder.capture);
 # shorter blocks (decode, verification) keep one eval per block, as mlx-lm does.
 EAGER_ROWS = 64

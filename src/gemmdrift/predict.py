@@ -53,7 +53,7 @@ class PredictSizes:
 # positions hold one verify:2 block (T=3, then T=1) and one verify:3 block (T=4).
 SIZES = {
     "cpu": PredictSizes(tokens=5, split=1),
-    "gpu": PredictSizes(tokens=5, split=1),  # numpy replay: the same cost on any machine
+    "gpu": PredictSizes(tokens=5, split=1),  # the replay runs on the CPU (numba): the same cost on any machine
     "quick": PredictSizes(tokens=5, split=1, chips=("M3", "sm90"), variants="default"),
 }
 
@@ -209,7 +209,7 @@ def predict_drift(lm, sizes: PredictSizes, *, checkpoint: str | Path | None = No
     from .kernels.replay_paths import installed_mlx
     from .prompts import builtin_stream
     from .stack import compare_taps, measure_stack
-    from .taps import run_schedule, save_taps
+    from .taps import load_checkpoint, run_schedule, save_taps
 
     check_sizes(sizes)
     env = env if env is not None else environment()
@@ -242,11 +242,10 @@ def predict_drift(lm, sizes: PredictSizes, *, checkpoint: str | Path | None = No
     shared: dict[tuple, Path] = {}  # decode reference signature -> the checkpoint that holds it
     variants_run: dict[str, list[str]] = {}
     for chip in sizes.chips:
-        knowable = [s for s in scheds[1:] if refusal(lm, chip, ts[s]) is None]
-        for s in scheds[1:]:
-            if s not in knowable:
-                refused.append({"chip": chip, "pair": f"{scheds[0]} vs {s}", "schedule": s,
-                                "reason": refusal(lm, chip, ts[s])})
+        reasons = {s: refusal(lm, chip, ts[s]) for s in scheds[1:]}  # each asked once
+        knowable = [s for s in scheds[1:] if reasons[s] is None]
+        refused += [{"chip": chip, "pair": f"{scheds[0]} vs {s}", "schedule": s, "reason": reasons[s]}
+                    for s in scheds[1:] if reasons[s] is not None]
         if knowable:
             run = [scheds[0], *knowable]
             variants = chip_variants(lm, chip, sorted({t for s in run for t in ts[s]}), sizes.variants)
@@ -277,7 +276,7 @@ def predict_drift(lm, sizes: PredictSizes, *, checkpoint: str | Path | None = No
             path = ck / f"replay-{chip}-decode.npz" if ck else None
             t0 = time.perf_counter()
             with replayed(lm, chip, None, version) as log:
-                other = _load(path)
+                other = load_checkpoint(path)
                 if other is None:
                     other = run_schedule(lm.model, tokens, scheds[0], split=split, positions=positions,
                                          logit_positions=positions)
@@ -307,22 +306,6 @@ def predict_drift(lm, sizes: PredictSizes, *, checkpoint: str | Path | None = No
                  model=lm.info.get("source", ""), dtype=lm.description.dtype)
     return Result(kind="predict", inputs=inputs, env=env, frame=frame, figures=predict_figures(tables),
                   tables=tables, details={"replay": logs, "seconds": seconds})
-
-
-def _load(path: Path | None):
-    """A run's saved taps, or None (not saved yet; a corrupt file is set aside and the run made again)."""
-    import zipfile
-
-    from .files import discard_checkpoint
-    from .taps import load_taps
-
-    if path is None or not path.is_file():
-        return None
-    try:
-        return load_taps(path)
-    except (OSError, ValueError, KeyError, TypeError, EOFError, zipfile.BadZipFile) as e:
-        discard_checkpoint(path, e.__class__.__name__)
-        return None
 
 
 def _planned(lm, chip: str, ts: dict[str, list[int]], run: Sequence[str], variant: str) -> list[dict[str, Any]]:

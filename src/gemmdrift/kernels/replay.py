@@ -257,6 +257,8 @@ def replay_matmul(recipe: Recipe | str, x: np.ndarray, w: np.ndarray, bias: np.n
     N = w.shape[0]
     if w.shape[1] != K:
         raise GemmdriftError(f"shapes do not match: x is {x.shape}, w is {w.shape}")
+    if bias is not None and np.shape(bias) != (N,):
+        raise GemmdriftError(f"the bias must have shape ({N},) for w of shape {w.shape}, not {np.shape(bias)}")
     compiled = replay_engine(engine) == "compiled"
     if compiled and w_min is None and rec.apple:
         from .replay_jitcore import min_nonzero

@@ -243,3 +243,17 @@ def test_slugs_are_githubs():
     assert slug("Ctrl-C: what is kept, and what resumes") == "ctrl-c-what-is-kept-and-what-resumes"
     assert slug("A test bench for cache fixes (`--cache-impl`, `--rollback`)") == \
         "a-test-bench-for-cache-fixes---cache-impl---rollback"
+
+
+def test_clidoc_regenerates_and_checks_a_file(tmp_path, capsys):
+    page = tmp_path / "page.md"
+    page.write_text("# Flags\n\n<!-- flags:gate -->\nstale\n<!-- /flags:gate -->\n", encoding="utf-8")
+    assert clidoc.main(["--check", str(page)]) == 1  # stale, and left as it was
+    assert "stale" in page.read_text(encoding="utf-8")
+    assert clidoc.main([str(page)]) == 0
+    text = page.read_text(encoding="utf-8")
+    assert "stale" not in text and "| `--threshold THRESHOLD` | `0.1` |" in text
+    assert clidoc.main(["--check", str(page)]) == 0
+    page.write_text("<!-- flags:nosuch -->\n<!-- /flags:nosuch -->\n", encoding="utf-8")
+    assert clidoc.main([str(page)]) == 2
+    assert "flags:nosuch: no such command" in capsys.readouterr().err

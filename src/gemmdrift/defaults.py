@@ -23,4 +23,4 @@ SCHEDULE_PLAIN = f"prefill:{PREFILL_PLAIN},decode"
 SCHEDULE_SPECULATIVE = f"prefill:{PREFILL_SPECULATIVE},verify:{DIVERGE_K}"
 GATE_THRESHOLD = 0.10  # relative growth of a drift figure that fails the gate
 KERNELS_HELP = ("replay:<chip>[@variant]: every projection and the LM head computed with that chip's replayed kernel "
-                "orders (a prediction, not a measurement; see README Replay)")
+                "orders (a prediction, not a measurement; see docs/replay.md)")

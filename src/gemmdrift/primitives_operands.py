@@ -65,7 +65,8 @@ class Op:
         if self.kind == "norm":
             return f"D={s['D']}" + (f" x{s['heads']} heads" if s.get("heads") else "")
         if self.kind == "rope":
-            return f"heads={s['heads']} D={s['D']} offset={s['offset']}"
+            base = self.params.get("base")
+            return f"heads={s['heads']} D={s['D']} offset={s['offset']}" + (f" base={base:g}" if base else "")
         return f"heads={s['heads']} kv_heads={s['kv_heads']} D={s['D']} cache={s['keys']}"
 
 

@@ -65,14 +65,15 @@ def text(g: Gate) -> str:
         w_op = max(len("op"), *(len(s) for s in t["op"]))
         w_l = max(len("layers"), *(len(s) for s in t["layers"]))
         w_s = max(len("shape"), *(len(s) for s in t["shape"]))
-        w_q = max(len("quant"), *(len(s or "dense") for s in t["quant"]))
+        quant = lambda r: r["quant"] or ("dense" if r["kind"] == "linear" else "-")  # noqa: E731
+        w_q = max(len("quant"), *(len(quant(r)) for _, r in t.iterrows()))
         lines.append(f"{'op':<{w_op}}  {'layers':<{w_l}}  {'shape':<{w_s}}  {'quant':<{w_q}}  {'bytes/pos':>9}  "
                      + " ".join(f"{c:>5}" for c in cols))
         for _, rows in t.groupby(["op", "layers", "shape", "quant"], sort=False):
             r0 = rows.iloc[0]
             cells = {int(r["T"]): _cell(bool(r["equal"]), list(r["differing_bytes"])) for _, r in rows.iterrows()}
             lines.append(f"{r0['op']:<{w_op}}  {r0['layers']:<{w_l}}  {r0['shape']:<{w_s}}  "
-                         f"{(r0['quant'] or 'dense'):<{w_q}}  {int(r0['bytes_per_position']):>9}  "
+                         f"{quant(r0):<{w_q}}  {int(r0['bytes_per_position']):>9}  "
                          + " ".join(f"{cells.get(x, '-'):>5}" for x in ts))
     if g.error:
         lines.append(f"gate FAILED (closed: nothing is exact): {g.error}")

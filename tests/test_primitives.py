@@ -330,6 +330,62 @@ def test_the_flags_reuse_a_parsers_own_and_run_is_none_without_primitives():
     assert primitives_cli.run(args) is None
 
 
+@pytest.mark.parametrize("argv, needle", [
+    (["--ops", "nonesuch"], "unknown op 'nonesuch'"),
+    (["--ts", "0-3"], "block width 0 is out of range"),
+    (["--ts", "1-9999"], "out of range (1..512)"),
+    (["--ts", "8-1"], "the range is reversed"),
+    (["--ts", "a"], "expected numbers"),
+    (["--kernels", "replay:Z80"], "unknown replay chip"),
+    (["--lm-head-rows", "-3"], "--lm-head-rows"),
+    (["--operand-seed", "x"], "--operand-seed"),
+])
+def test_bad_input_on_the_command_line_is_one_line_and_exit_2(argv, needle, capsys, monkeypatch):
+    from gemmdrift import primitives_ops
+
+    monkeypatch.setattr(primitives_ops, "parity", lambda *a, **k: pytest.fail("computed despite bad input"))
+    code, out, err = _cli(["--primitives", "--model", SMALL, *argv], capsys)
+    assert code == 2 and out == "" and needle in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_no_config_and_unknown_architecture_on_the_command_line(tmp_path, capsys):
+    code, out, err = _cli(["--primitives", "--model", str(tmp_path)], capsys)
+    assert code == 2 and "no config.json" in err and len(err.strip().splitlines()) == 1
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "nonesuch"}))
+    code, out, err = _cli(["--primitives", "--model", str(tmp_path)], capsys)
+    assert code == 2 and "unknown architecture 'nonesuch'" in err and out == ""
+
+
+@pytest.mark.linux_cpu_reference
+def test_the_command_prints_the_table_writes_json_and_csv(tmp_path, capsys):
+    code, out, err = _cli(["--primitives", "--model", SMALL, "--ops", "q_proj,sdpa", "--ts", "1-3",
+                           "--out", str(tmp_path / "o")], capsys)
+    assert code == 0, err
+    lines = out.splitlines()
+    assert lines[0].startswith("primitives gate: shape:gemma3-270m (gemma3_text, 18 layers, bfloat16)")
+    q = next(line for line in lines if line.startswith("self_attn.q_proj"))
+    assert q.split()[-3:] == ["=", "=", "="] and "K=640 N=1024" in q and " 2048 " in q
+    assert "speculative decoding with up to 2 drafted tokens is exact" in lines[-1]
+    rec = json.loads((tmp_path / "o" / "primitives.json").read_text())
+    assert rec["ok"] and rec["exact_width"] == 2 and rec["device"]["backend"] == "cpu"
+    row = rec["rows"][0]
+    assert row["differing_bytes"] == [0] and row["command"].startswith(
+        "gemmdrift attribute --primitives --model shape:gemma3-270m --ops self_attn.q_proj --ts 1")
+    csv = (tmp_path / "o" / "primitives.csv").read_text().splitlines()
+    assert len(csv) == 1 + 2 * 3  # two ops, three widths
+    code, out, _ = _cli(["--primitives", "--model", SMALL, "--ops", "k_proj", "--ts", "1-2", "--json"], capsys)
+    assert code == 0 and json.loads(out)["rows"][1]["differing_bytes"] == [0, 0]
+
+
+def test_a_differing_op_in_the_text_and_fail_unless_exact(capsys):
+    code, out, err = _cli(["--primitives", "--model", SMALL, "--ops", "q_proj", "--ts", "1,2,4",
+                           "--kernels", "replay:M1", "--fail-unless-exact"], capsys)
+    assert code == 1, err
+    q = next(line for line in out.splitlines() if line.startswith("self_attn.q_proj"))
+    assert q.split()[-3] == "=" and q.split()[-2].endswith("B") and q.split()[-1].endswith("B")
+    assert "first difference: self_attn.q_proj (layers 0-17) at T=2" in out
+
+
 @pytest.mark.linux_cpu_reference
 def test_the_gate_benchmark_tracks_the_verdict():
     import sys
@@ -346,3 +402,46 @@ def test_the_gate_benchmark_tracks_the_verdict():
     assert b.track_primitives_rows_unequal() == 0.0
     for fn in (b.track_primitives_exact_width, b.track_primitives_rows_unequal):
         assert fn.unit and fn.version == "1"
+
+
+def test_several_seeds_each_checked_and_equal_only_if_equal_on_all(monkeypatch):
+    """An op is equal only if it is on every seed's draws: a planted op that differs on one seed's draws only
+    (as a one-byte difference can) makes the whole row unequal, and the gate not exact."""
+    from gemmdrift import primitives_ops
+
+    real = primitives_ops.parity
+
+    def differs_on_seed_7(probe, ts):
+        rows = real(probe, ts)
+        return [{**r, "equal": False, "differing_bytes": [1] * r["T"]} if r["T"] > 1 and _seed[0] == 7 else r
+                for r in rows]
+
+    _seed = [None]
+    real_probe = primitives_ops.probe_for
+
+    def probe_for(op, dtype, width, *, kernels=None, seed=1165):
+        _seed[0] = seed
+        return real_probe(op, dtype, width, kernels=kernels, seed=seed)
+
+    monkeypatch.setattr(primitives, "parity", differs_on_seed_7)
+    monkeypatch.setattr(primitives, "probe_for", probe_for)
+    g = primitives.gate(SMALL, ts=[1, 2], ops=["k_norm"], seed=[1165, 7], fail_closed=False)
+    assert sorted(set(g.table["seed"])) == [7, 1165] and len(g.table) == 4
+    assert not g.exact(1) and g.exact(0)
+    from gemmdrift.primitives_view import text
+
+    line = next(x for x in text(g).splitlines() if x.startswith("self_attn.k_norm"))
+    assert line.split()[-2:] == ["=", "1B"]
+    assert primitives.gate(SMALL, ts=[1, 2], ops=["k_norm"], seed=[1165], fail_closed=False).exact(1)  # seed 7 not asked
+
+
+def test_a_multimodal_config_nests_its_text_model_and_its_quantization_paths():
+    from gemmdrift.models import SHAPES
+
+    cfg = {"model_type": "gemma3", "text_config": dict(SHAPES["gemma3-270m"]), "vision_config": {},
+           "torch_dtype": "float16", "quantization": {"group_size": 64, "bits": 4,
+                                                      "language_model.model.layers.3.mlp.down_proj": {"bits": 8}}}
+    m = model_ops(cfg)
+    assert (m.architecture, m.dtype, m.n_layers) == ("gemma3", "float16", 18)
+    down = {o.layers: o.quant_label for o in m.ops if o.name == "mlp.down_proj"}
+    assert down == {(3,): "affine-q8-g64", tuple(i for i in range(18) if i != 3): "affine-q4-g64"}

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from . import cachebench
 from . import defaults as D
-from . import dispatch_cli, goldcli, replay_cli, runenv
+from . import dispatch_cli, goldcli, primitives_cli, replay_cli, runenv
 from .errors import GemmdriftError
 from .cliargs import default_split, parse_ints, parse_range  # noqa: F401  (moved; callers import them from here)
 
@@ -577,6 +577,14 @@ def cmd_server(args) -> int:
     return 0
 
 
+def cmd_attribute(args) -> int:
+    code = primitives_cli.run(args)
+    if code is None:
+        raise GemmdriftError("attribute: give --primitives (the one-second gate; the whole-model attribution is "
+                             "not in this build)")
+    return code
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="gemmdrift", description="Floating-point drift in MLX: kernels, schedules, divergences.")
     sub = p.add_subparsers(dest="command", parser_class=_Parser, metavar="COMMAND")
@@ -759,6 +767,13 @@ def build_parser() -> argparse.ArgumentParser:
     cachebench.add_arguments(s, rollback=True)
     _add_output(s, "results/server")
     s.set_defaults(func=cmd_server)
+
+    # attribute: which op made a drift (issue 29). Only its --primitives mode (the one-second gate) is here;
+    # the whole-model attribution adds its modes beside it.
+    s = sub.add_parser("attribute", help="which op made a drift; --primitives: per op of a decoder layer, is a "
+                                         "T-row call bit-equal to T single-row calls here (no forward pass)")
+    primitives_cli.add_arguments(s)
+    s.set_defaults(func=cmd_attribute)
 
     dispatch_cli.add_parser(sub)
     goldcli.add_parser(sub, sys.modules[__name__])  # logits, compare (issue 23)

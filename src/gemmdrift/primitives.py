@@ -32,8 +32,8 @@ from .primitives_operands import KINDS, LM_HEAD_ROWS, PREFIX, SEED, ModelOps, Op
 from .primitives_ops import parity, probe_for
 
 MAX_T = 512  # the widest block the gate compares (a verification block, not a prefill chunk)
-COLUMNS = ["op", "kind", "layers", "n_layers", "shape", "dtype", "quant", "kernels", "T", "equal", "differing_bytes",
-           "max_differing_bytes", "positions_differ", "bytes_per_position", "error"]
+COLUMNS = ["op", "kind", "layers", "n_layers", "shape", "dtype", "quant", "kernels", "seed", "T", "equal",
+           "differing_bytes", "max_differing_bytes", "positions_differ", "bytes_per_position", "error"]
 
 
 def check_ts(ts: Iterable[int]) -> list[int]:
@@ -145,6 +145,14 @@ def _device() -> dict[str, Any]:
     return rec
 
 
+def check_seeds(seed: Any) -> list[int]:
+    """One seed or several, as a list of distinct non-negative integers (a one-line error otherwise)."""
+    seeds = [seed] if isinstance(seed, int) else list(seed) if isinstance(seed, (list, tuple, range)) else None
+    if not seeds or any(isinstance(s, bool) or not isinstance(s, int) or s < 0 for s in seeds):
+        raise GemmdriftError(f"--operand-seed: expected non-negative integers, got {seed!r}")
+    return list(dict.fromkeys(seeds))
+
+
 def check_kernels(kernels: str | None) -> str | None:
     """``None``/``native`` or ``replay:<chip>[@variant]`` (checked before any work)."""
     if kernels in (None, "", "native"):
@@ -163,17 +171,18 @@ def check_kernels(kernels: str | None) -> str | None:
 
 def plan(source: Any = "embedded", ts: Iterable[int] = range(1, 9), *, ops: Sequence[str] | None = None,
          dtype: str | None = None, kernels: str | None = None, lm_head_rows: int | None = LM_HEAD_ROWS,
-         max_rows: int | None = None, prefix: int = PREFIX) -> tuple[ModelOps, list[Op], list[int], str | None]:
+         max_rows: int | None = None, prefix: int = PREFIX, seed: Any = SEED) -> tuple[ModelOps, list[Op], list[int], str | None]:
     """Everything :func:`gate` checks before it computes: the config, the ops, the widths, the kernels (a one-line
     :class:`GemmdriftError` for each bad input: no config, unknown architecture, unknown op, widths out of range)."""
     widths = check_ts(ts)
+    check_seeds(seed)
     kernels = check_kernels(kernels)
     mops = model_ops(source, dtype=dtype, lm_head_rows=lm_head_rows, max_rows=max_rows, prefix=prefix)
     return mops, select_ops(mops, ops), widths, kernels
 
 
 def gate(source: Any = "embedded", ts: Iterable[int] = range(1, 9), *, ops: Sequence[str] | None = None,
-         dtype: str | None = None, kernels: str | None = None, seed: int = SEED,
+         dtype: str | None = None, kernels: str | None = None, seed: int | Sequence[int] = SEED,
          lm_head_rows: int | None = LM_HEAD_ROWS, max_rows: int | None = None, prefix: int = PREFIX,
          fail_closed: bool = True) -> Gate:
     """Per op and T: is the T-row call bit-equal to T single-row calls, on the current default device?
@@ -185,7 +194,8 @@ def gate(source: Any = "embedded", ts: Iterable[int] = range(1, 9), *, ops: Sequ
         ops: op names, short names or kinds (default: every op the model exposes).
         dtype: compute dtype (default: the config's own).
         kernels: ``replay:<chip>[@variant]``: the linears as that chip's kernels add (a prediction).
-        seed: the operands' seed (a tiny count of differing bytes is draw-dependent: sweep it to be sure).
+        seed: the operands' seed, or several: each op is checked on each seed's draws, and is equal only if it is
+            on all of them (where one or two bytes of thousands differ, whether any does is draw-dependent).
         lm_head_rows, max_rows, prefix: see :func:`.primitives_operands.model_ops`.
         fail_closed: any error gives a :class:`Gate` with ``error`` set (nothing exact) instead of raising.
     """
@@ -199,16 +209,17 @@ def gate(source: Any = "embedded", ts: Iterable[int] = range(1, 9), *, ops: Sequ
     model: dict[str, Any] = {"source": source if isinstance(source, str) else "config"}
     rows: list[dict[str, Any]] = []
     try:
+        seeds = check_seeds(seed)
         device = _device()
         mops, chosen, widths, kernels = plan(source, ts, ops=ops, dtype=dtype, kernels=kernels,
                                              lm_head_rows=lm_head_rows, max_rows=max_rows, prefix=prefix)
         model = {"source": mops.source, "architecture": mops.architecture, "dtype": mops.dtype,
                  "n_layers": mops.n_layers, "config": mops.config_origin, "quantization": mops.quantization}
-        for op in chosen:
-            probe = probe_for(op, mops.dtype, max(widths), kernels=kernels, seed=seed)
+        for op, sd in ((o, sd) for o in chosen for sd in seeds):
+            probe = probe_for(op, mops.dtype, max(widths), kernels=kernels, seed=sd)
             label = {"op": op.name, "kind": op.kind, "layers": _layers_label(op.layers), "n_layers": len(op.layers),
                      "shape": op.shape_label, "dtype": mops.dtype, "quant": op.quant_label,
-                     "kernels": probe.kernels}
+                     "kernels": probe.kernels, "seed": sd}
             for r in parity(probe, widths):
                 counts = r["differing_bytes"]
                 rows.append({**label, "T": r["T"], "equal": r["equal"], "differing_bytes": counts,
@@ -237,5 +248,5 @@ def speculative_exact(source: Any, k: int, **kw: Any) -> bool:
         return False
 
 
-__all__ = ["MAX_T", "COLUMNS", "Gate", "gate", "plan", "speculative_exact", "check_ts", "check_kernels", "select_ops",
+__all__ = ["MAX_T", "COLUMNS", "Gate", "gate", "plan", "speculative_exact", "check_ts", "check_seeds", "check_kernels", "select_ops",
            "differing_bytes", "position_bytes"]

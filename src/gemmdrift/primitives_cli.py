@@ -45,7 +45,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--max-rows", type=int, default=None,
                    help="cap every linear's output rows (for shapes too large for this machine; changes a GPU's "
                         "dispatch where N decides it)")
-    g.add_argument("--operand-seed", type=int, default=None, help="the operands' seed (default 1165)")
+    g.add_argument("--operand-seed", default=None,
+                   help="the operands' seed, or several (1165,1-4): an op is equal only if it is on every seed's "
+                        "draws (default 1165)")
     g.add_argument("--fail-unless-exact", action="store_true",
                    help="exit 1 unless every op is bit-equal at every T given (for scripts)")
     if not _has(parser, "--json"):
@@ -83,6 +85,7 @@ def run(args: argparse.Namespace) -> int | None:
     if not getattr(args, "primitives", False):
         return None
     from . import files, primitives, primitives_view
+    from .cliargs import parse_ints
     from .envinfo import select_device
     from .primitives_operands import LM_HEAD_ROWS, SEED
 
@@ -94,11 +97,13 @@ def run(args: argparse.Namespace) -> int | None:
     kw = {"ops": _ops(getattr(args, "ops", None)), "dtype": getattr(args, "dtype", None) or None,
           "kernels": getattr(args, "kernels", None) or None, "lm_head_rows": lm_head_rows,
           "max_rows": getattr(args, "max_rows", None)}
+    seed = getattr(args, "operand_seed", None)
+    seeds = [SEED] if seed is None else seed if isinstance(seed, (int, list)) else parse_ints(str(seed),
+                                                                                             "--operand-seed")
     model = getattr(args, "model", None) or "embedded"
     select_device(getattr(args, "device", None))
-    primitives.plan(model, ts, **kw)  # every bad input, one line, before anything is computed
-    seed = getattr(args, "operand_seed", None)
-    g = primitives.gate(model, ts, seed=SEED if seed is None else seed, **kw)
+    primitives.plan(model, ts, seed=seeds, **kw)  # every bad input, one line, before anything is computed
+    g = primitives.gate(model, ts, seed=seeds, **kw)
     rec = primitives_view.record(g)
     out = getattr(args, "out", None)
     if out:

@@ -71,7 +71,9 @@ def text(g: Gate) -> str:
                      + " ".join(f"{c:>5}" for c in cols))
         for _, rows in t.groupby(["op", "layers", "shape", "quant"], sort=False):
             r0 = rows.iloc[0]
-            cells = {int(r["T"]): _cell(bool(r["equal"]), list(r["differing_bytes"])) for _, r in rows.iterrows()}
+            cells = {}  # per T, over every seed: '=' only if equal on all of them, else the most bytes on any
+            for T, at in rows.groupby("T"):
+                cells[int(T)] = _cell(bool(at["equal"].all()), [n for c in at["differing_bytes"] for n in c])
             lines.append(f"{r0['op']:<{w_op}}  {r0['layers']:<{w_l}}  {r0['shape']:<{w_s}}  "
                          f"{quant(r0):<{w_q}}  {int(r0['bytes_per_position']):>9}  "
                          + " ".join(f"{cells.get(x, '-'):>5}" for x in ts))

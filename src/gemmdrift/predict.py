@@ -211,8 +211,13 @@ def predict_drift(lm, sizes: PredictSizes, *, checkpoint: str | Path | None = No
     from .stack import compare_taps, measure_stack
     from .taps import load_checkpoint, run_schedule, save_taps
 
+    from .dispatch import not_a_chip
+
     check_sizes(sizes)
     env = env if env is not None else environment()
+    device_note = not_a_chip(env)
+    if device_note:  # the measured line is this device as it reports itself, never a chip's
+        _say(device_note)
     ck = Path(checkpoint) if checkpoint is not None else None
     tokens = [int(t) for t in (builtin_stream(lm, sizes.tokens) if tokens is None else tokens)]
     if len(tokens) != sizes.tokens:
@@ -300,6 +305,7 @@ def predict_drift(lm, sizes: PredictSizes, *, checkpoint: str | Path | None = No
     tables["refused"] = pd.DataFrame(refused, columns=["chip", "pair", "schedule", "reason"])
     inputs = {"model": lm.info, "sizes": asdict(sizes), "tokens": tokens, "schedules": list(scheds),
               "positions": [int(p) for p in positions], "mlx_replayed": version, "variants": variants_run,
+              "device_note": device_note or "",
               "prediction": "every replayed figure is a prediction for that chip (mlx version, variant), "
                             "not a measurement on it"}
     frame = tidy(_tidy(tables["layers"]), backend=str(env.get("backend") or ""), mlx=str(env.get("mlx") or ""),

@@ -120,9 +120,9 @@ def text(result) -> str:
     records = result.details["records"]
     inp = result.inputs
     head = (f"== replay check: recipes of {inp['chip']} (mlx {inp['mlx_version']}) against this device "
-            f"({inp['device_chip'] or 'unknown chip'})" + (" -- a prediction, not this device's own recipes"
-                                                            if inp["prediction"] else ""))
-    lines = [head]
+            f"({inp['device_chip'] or 'not a chip'})" + (" -- a prediction, not this device's own recipes"
+                                                          if inp["prediction"] else ""))
+    lines = [head] + ([inp["device_note"]] if inp.get("device_note") else [])
     by: dict[tuple[str, int], list[dict]] = {}
     for r in records:
         by.setdefault((r["path"], r["T"]), []).append(r)

@@ -123,7 +123,7 @@ def check_replay(lm, inputs: Mapping[tuple[int, str], np.ndarray], projs: Sequen
     """
     import pandas as pd
 
-    from ..dispatch import chip_from_env, describe_chip
+    from ..dispatch import chip_from_env, describe_chip, not_a_chip
     from ..envinfo import environment
     from ..result import Result, env_labels, tidy
 
@@ -133,10 +133,12 @@ def check_replay(lm, inputs: Mapping[tuple[int, str], np.ndarray], projs: Sequen
         raise GemmdriftError("block sizes T must be positive")
     env = dict(env or environment())
     own = chip_from_env(env)
+    device_note = not_a_chip(env) or ""
     if chip is None:
         if own is None:
-            raise GemmdriftError(f"this device ({env.get('backend')}, {env.get('architecture')}) is not a chip the "
-                                 "dispatch can read: give --chip")
+            raise GemmdriftError((device_note or f"this device ({env.get('backend')}, {env.get('architecture')}) "
+                                  "is not a chip the dispatch can read") + "; give --chip to replay a chip's "
+                                 "recipes against it (a prediction)")
         chip = own
     version = mlx_version or installed_mlx()
     rows: list[dict[str, Any]] = []
@@ -204,7 +206,8 @@ def check_replay(lm, inputs: Mapping[tuple[int, str], np.ndarray], projs: Sequen
             figures[f"max_ulp/{r['path']}/T{r['T']}/{r['variant']}"] = float(r["max_ulp"])
     checked = sum(1 for r in rows if not math.isnan(r["max_ulp"]))
     inputs_rec = {"paths": [s.text for s in specs], "ts": ts, "chip": describe_chip(chip), "mlx_version": version,
-                  "device_chip": describe_chip(own) if own else "", "variants": variants, "head_rows": head_rows,
+                  "device_chip": describe_chip(own) if own else "", "device_note": device_note,
+                  "variants": variants, "head_rows": head_rows,
                   "projections": [f"{p.layer}:{p.name}" for p in projs],
                   "model": dict(lm.description.__dict__) if hasattr(lm.description, "__dict__") else {},
                   "prediction": bool(own is None or chip != own)}

@@ -105,7 +105,7 @@ def check_replay(lm, inputs: Mapping[tuple[int, str], np.ndarray], projs: Sequen
                  paths: Sequence[str] = DEFAULT_PATHS, ts: Sequence[int] = DEFAULT_TS, *, chip: Any = None,
                  variants: str = "all", head_rows: int | None = None, env: Mapping[str, Any] | None = None,
                  mlx_version: str | None = None, progress: Callable[[str], None] | None = None,
-                 checkpoint: str | Path | None = None):
+                 checkpoint: str | Path | None = None, device: Callable[[Any, np.ndarray], np.ndarray] | None = None):
     """The replay check as a Result of kind ``replay_check``.
 
     Args:
@@ -120,6 +120,8 @@ def check_replay(lm, inputs: Mapping[tuple[int, str], np.ndarray], projs: Sequen
         mlx_version: the release whose recipes are replayed (default: the installed one).
         checkpoint: a directory where each finished (projection, path) unit is kept, so an interrupted run
             resumes (a directory of another configuration is refused).
+        device: the "real" kernels, ``fn(operands, x) -> y`` (default: mlx's, ``operands.real``); a planted
+            device (:func:`planted_device`) tests the check and the calibration here.
     """
     import pandas as pd
 
@@ -170,12 +172,13 @@ def check_replay(lm, inputs: Mapping[tuple[int, str], np.ndarray], projs: Sequen
                 base = {"layer": proj.layer, "projection": proj.name, "path": spec.text, "T": T, "K": ops.k,
                         "N": ops.n, "dtype": ops.dtype}
                 try:
-                    plan = plan_for(chip, op, T=T, K=ops.k, N=ops.n, dtype=ops.dtype, mlx_version=version, **q)
+                    plan = plan_for(chip, op, T=T, K=ops.k, N=ops.n, dtype=ops.dtype, mlx_version=version,
+                                    variant=None if variants == "all" else variants, **q)
                 except GemmdriftError as e:
                     rows.append({**base, "kernel": "", "variant": "", "identical": False, "max_ulp": math.nan,
                                  "frac_differ": math.nan, "seconds": 0.0, "note": str(e)})
                     continue
-                real = ops.real(x)
+                real = ops.real(x) if device is None else device(ops, x)
                 recipe = plan.recipe
                 var_list = recipe.variants() if variants == "all" else [plan.variant]
                 for var in var_list:
@@ -214,6 +217,22 @@ def check_replay(lm, inputs: Mapping[tuple[int, str], np.ndarray], projs: Sequen
     details = {"records": records, "seconds": time.perf_counter() - t_start, "comparisons": checked}
     return Result(kind="replay_check", inputs=_jsonable(inputs_rec), env=env, frame=frame, figures=figures,
                   tables={"replay_check": table}, details=_jsonable(details))
+
+
+def planted_device(chip: Any, variant: str, mlx_version: str) -> Callable[[Any, np.ndarray], np.ndarray]:
+    """A device whose kernels are ``chip``'s recipes under ``variant``: for :func:`check_replay`'s ``device``.
+
+    Each call replays the plan ``chip`` dispatches for the operands' shape and T (the same :func:`plan_for` and
+    :func:`run_plan` the check's candidates use), so a check against it must find ``variant`` identical.
+    """
+    def real(ops, x: np.ndarray) -> np.ndarray:
+        op = "matmul" if ops.quant is None else "quantized_matmul"
+        q = {} if ops.quant is None else {"bits": ops.quant[3], "group_size": ops.quant[4]}
+        plan = plan_for(chip, op, T=x.shape[0], K=ops.k, N=ops.n, dtype=ops.dtype, mlx_version=mlx_version,
+                        variant=variant, **q)
+        return run_plan(plan, x, dtype=ops.dtype, w=ops.w, bias=ops.b, quant=ops.quant).y
+
+    return real
 
 
 def _open_checkpoint(ckpt: Path, config: dict[str, Any]) -> None:
@@ -353,4 +372,5 @@ def _jsonable(x: Any) -> Any:
     return str(x)
 
 
-__all__ = ["DEFAULT_TS", "DEFAULT_PATHS", "check_paths", "check_replay", "summarize", "seeded_q4_weight", "speed_ratio"]
+__all__ = ["DEFAULT_TS", "DEFAULT_PATHS", "check_paths", "check_replay", "planted_device", "summarize",
+           "seeded_q4_weight", "speed_ratio"]

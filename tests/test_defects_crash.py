@@ -103,6 +103,26 @@ def test_quantize_keeps_stdout_clean(capsys):
     assert q["bits"] == 4 and q["group_size"] == 32
 
 
+def test_server_default_draft_conversion_keeps_stdout_clean(tmp_path, monkeypatch, capsys):
+    # The same fault in `server`'s default draft: mlx_lm.convert prints "[INFO] Loading" / "[INFO] Quantizing" on
+    # stdout (planted here: the real conversion takes a minute).
+    import mlx_lm.convert
+
+    from gemmdrift import server
+
+    def convert(hf_path, mlx_path, **kw):
+        print("[INFO] Quantizing")
+        Path(mlx_path).mkdir(parents=True)
+        Path(mlx_path, "config.json").write_text("{}")
+
+    monkeypatch.setenv("GEMMDRIFT_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(mlx_lm.convert, "convert", convert)
+    (tmp_path / "m").mkdir()
+    d = server.requantized_draft(tmp_path / "m")
+    out, err = capsys.readouterr()
+    assert (d / "config.json").exists() and out == "" and "[INFO] Quantizing" in err
+
+
 # ------------------------------------------------------------------ D1: stack --ladder on bit-identical schedules
 
 

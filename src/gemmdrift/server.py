@@ -332,8 +332,11 @@ def requantized_draft(model_dir: str | os.PathLike, bits: int = 4, group_size: i
     tmp = target.with_name(f".{target.name}.partial")
     if tmp.exists():
         shutil.rmtree(tmp)
-    convert(hf_path=str(src), mlx_path=str(tmp), quantize=True, q_bits=bits, q_group_size=group_size,
-            dtype="bfloat16")
+    import contextlib
+
+    with contextlib.redirect_stdout(sys.stderr):  # convert's "[INFO] Loading/Quantizing" lines: stdout is --json's
+        convert(hf_path=str(src), mlx_path=str(tmp), quantize=True, q_bits=bits, q_group_size=group_size,
+                dtype="bfloat16")
     for extra in ("tokenizer.model",):  # convert saves the transformers files; keep ours too
         if (src / extra).exists() and not (tmp / extra).exists():
             shutil.copy(src / extra, tmp / extra)

@@ -106,9 +106,11 @@ def test_quantize_keeps_stdout_clean(capsys):
 def test_server_default_draft_conversion_keeps_stdout_clean(tmp_path, monkeypatch, capsys):
     # The same fault in `server`'s default draft: mlx_lm.convert prints "[INFO] Loading" / "[INFO] Quantizing" on
     # stdout (planted here: the real conversion takes a minute).
-    import mlx_lm.convert
+    import importlib
 
     from gemmdrift import server
+
+    module = importlib.import_module("mlx_lm.convert")  # the module (the package's attribute is the function)
 
     def convert(hf_path, mlx_path, **kw):
         print("[INFO] Quantizing")
@@ -116,7 +118,7 @@ def test_server_default_draft_conversion_keeps_stdout_clean(tmp_path, monkeypatc
         Path(mlx_path, "config.json").write_text("{}")
 
     monkeypatch.setenv("GEMMDRIFT_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setattr(mlx_lm.convert, "convert", convert)
+    monkeypatch.setattr(module, "convert", convert)
     (tmp_path / "m").mkdir()
     d = server.requantized_draft(tmp_path / "m")
     out, err = capsys.readouterr()

@@ -131,8 +131,7 @@ def cmd_compare(args) -> int:
                                  "with it")
         model_flags = [f for f, v, d in (("--model", args.model, D.MODEL), ("--dtype", args.dtype, D.DTYPE),
                                          ("--quantize", args.quantize, None), ("--group-size", args.group_size, None),
-                                         ("--quant-mode", args.quant_mode, D.QUANT_MODE),
-                                         ("--device", args.device, None)) if v != d]
+                                         ("--quant-mode", args.quant_mode, D.QUANT_MODE)) if v != d]
         if model_flags:
             raise GemmdriftError(f"--other compares two saved files and runs no model: {', '.join(model_flags)} "
                                  "would change nothing (the files say how they were made)")
@@ -166,7 +165,7 @@ def cmd_compare(args) -> int:
         with kopt.installed(lm):
             result, other = compare_live(lm, base, tokens=ids, schedule=args.schedule, split=args.split,
                                          envelope=args.envelope, allow_other_model=args.allow_other_model,
-                                         label=label, progress=tick)
+                                         label=label, progress=tick, kernels=kopt.text)
     finally:
         bar.close()
     result = kopt.label(result)

@@ -234,8 +234,29 @@ def _call_job(fn: Callable[..., Any], job: dict[str, Any]) -> Any:
     return fn(_LM, **job)
 
 
+_BUSY = False  # a run_tasks worker is inside a task
+
+
+def _on_sigint(signum, frame) -> None:
+    """Ctrl-C in a :func:`run_tasks` worker: the running task stops (its KeyboardInterrupt goes back to the
+    main process like any exception); an idle worker ignores it instead of dying with a ``Process
+    SpawnProcess-N: ... KeyboardInterrupt`` traceback (issue 33 D11c): the main process, interrupted too, shuts
+    the pool down (the idle worker then exits normally) and says what was kept. (Exiting there instead would
+    leave the task queue's lock held by a dead process: the other worker and the main would wait for good.)"""
+    if _BUSY:
+        raise KeyboardInterrupt
+
+
 def _call_task(fn: Callable[..., Any], job: dict[str, Any]) -> Any:
-    return fn(**job)
+    global _BUSY
+    import signal
+
+    signal.signal(signal.SIGINT, _on_sigint)
+    _BUSY = True
+    try:
+        return fn(**job)
+    finally:
+        _BUSY = False
 
 
 def _executor(workers: int, initializer, initargs):

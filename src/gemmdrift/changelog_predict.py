@@ -215,7 +215,7 @@ class Predictor:
 
         out: list[tuple] = [("h", 2, "Predicted per chip"),
                             ("p", "Every line of this section is a prediction from the dispatch rules read from the "
-                                  "mlx source (`gemmdrift dispatch`) and the replay (`--kernels replay:<chip>`), "
+                                  "mlx source (`gemmdrift dispatch --chip M3`) and the replay (`gemmdrift stack --kernels replay:M3`), "
                                   "not a measurement on that chip.")]
         why = [w for w in (knowable(old), knowable(new)) if w]
         if why:

@@ -113,6 +113,7 @@ def test_the_page_names_the_op_from_the_release_comparison(planted, tmp_path):
     text = (out / "0.29.4..0.30.6.md").read_text()
     assert "in forward order: `self_attn.rope`, `sdpa`." in text
     assert "| 0 | `self_attn.rope` | 0-1 | 0.5 | 3 |" in text
+    assert "No counterfactual ran" in text
     html = (out / "0.29.4..0.30.6.html").read_text()
     assert "<code>self_attn.rope</code>" in html and '<a href="index.html">' in html
 

@@ -50,7 +50,7 @@ def measured_blocks(m: Measured) -> list[Block]:
         n_changed = e["compared"] - e["identical"]
         if not n_changed:
             out.append(("p", f"No drift figure changed: {e['identical']} of {e['compared']} drift figures identical "
-                             "(every summation tree, op probe row and golden-logit figure among them)."))
+                             "(the summation trees and op probe rows among them)."))
         else:
             gate = (f"; {e['regressions']} grew past the gate's threshold" if e["regressions"] else
                     "; none grew past the gate's threshold")
@@ -93,7 +93,7 @@ def ops_blocks(m: Measured, ops: Sequence[dict[str, Any]]) -> list[Block]:
     for doc in ops:
         a, b = doc["from"], doc["to"]
         head = (f"Ops recomputed from inputs captured on {doc.get('machine', 'this machine')} "
-                f"({doc.get('model', 'the embedded Gemma')}, positions {doc.get('positions', '?')}), "
+                f"({_MODEL.get(doc.get('model'), doc.get('model', '?'))}, positions {doc.get('positions', '?')}), "
                 f"mlx {a['mlx']} against mlx {b['mlx']} ({doc['compared']} op calls compared; "
                 f"`{doc['file']}`).")
         out.append(("p", head))
@@ -103,13 +103,19 @@ def ops_blocks(m: Measured, ops: Sequence[dict[str, Any]]) -> list[Block]:
             names = list(dict.fromkeys(c["op"] for c in doc["changed"]))
             out.append(("p", "The ops whose output bits changed, in forward order: "
                              + ", ".join(f"`{n}`" for n in names) + "."))
-            out.append(("table", ["first layer", "op", "layers", "share of bits differing", "max ULP"],
+            out.append(("table", ["first layer", "op", "layers", "largest share of elements differing", "max ULP"],
                         [[str(c.get("first_layer", c.get("layer", "-"))), f"`{c['op']}`", str(c.get("layers", "-")),
                           num(c.get("frac_differ", math.nan)), num(c.get("max_ulp", math.nan))]
                          for c in _by_op(doc["changed"])]))
         if doc.get("counterfactual"):
             out.append(("p", "Counterfactual: " + str(doc["counterfactual"])))
+        elif doc["changed"]:
+            out.append(("p", "No counterfactual ran for this pair (the ops were recomputed from captured inputs; "
+                             "the whole model did not run under both releases with one op class swapped)."))
     return out
+
+
+_MODEL = {"embedded": "the embedded Gemma", None: "the embedded Gemma"}
 
 
 def _by_op(changed: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:

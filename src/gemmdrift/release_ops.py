@@ -429,6 +429,8 @@ def add_arguments(parser) -> None:
     g.add_argument("--release-split", type=int, default=300, help="prompt length before the captured block")
     g.add_argument("--release-layers", help="decoder layers to capture, e.g. 0-5 (default all)")
     g.add_argument("--release-out", metavar="FILE", help="the comparison JSON (default <out>/release_ops.json)")
+    g.add_argument("--release-capture", metavar="FILE",
+                   help="reuse this capture (a capture.json written before) instead of running the model again")
 
 
 def run(args) -> int | None:
@@ -444,13 +446,17 @@ def run(args) -> int | None:
     from .prompts import builtin_stream
 
     layers = parse_range(args.release_layers, "--release-layers") if args.release_layers else None
-    out = Path(args.release_out or Path(getattr(args, "out", None) or "results/attribute") / "release_ops.json")
-    lm = load_model(getattr(args, "model", None) or "embedded", dtype=getattr(args, "dtype", None) or "bfloat16")
-    tokens = builtin_stream(lm, args.release_tokens)
-    work = out.parent / "release_ops"
+    base = Path(getattr(args, "out", None) or "results/attribute")
+    out = Path(args.release_out) if args.release_out else base / "release_ops.json"
+    work = base / "release_ops"  # the capture and the recomputed outputs (large: the layers' weights)
     work.mkdir(parents=True, exist_ok=True)
-    capture_ops(lm, tokens, args.release_split, work / "capture.json", layers)
-    doc = release_comparison(work / "capture.json", args.python, args.baseline_python, work)
+    capture = Path(args.release_capture) if args.release_capture else work / "capture.json"
+    if args.release_capture:
+        _load(capture)  # a missing or corrupt capture: one line, before anything runs
+    else:
+        lm = load_model(getattr(args, "model", None) or "embedded", dtype=getattr(args, "dtype", None) or "bfloat16")
+        capture_ops(lm, builtin_stream(lm, args.release_tokens), args.release_split, capture, layers)
+    doc = release_comparison(capture, args.python, args.baseline_python, work)
     write_json(out, doc)
     names = list(dict.fromkeys(c["op"] for c in doc["changed"]))
     print(f"mlx {doc['from']['mlx']} vs mlx {info_b['mlx']}: {doc['compared']} op calls compared, "

@@ -54,6 +54,7 @@ RANKS = {
     "changelog_predict": 12,  # the changelog's predicted section: dispatch differences, replayed envelopes (issue 30)
     "changelog_cli": 16,  # `gemmdrift changelog` (issue 30)
     "release_ops": 5,  # ops captured once, recomputed under another mlx release's interpreter (issue 29 item 4)
+    "primitives_operands": 4.5, "primitives_ops": 7.5, "primitives": 8.6,  # the one-second gate (issue 29, item 6)
     "clidoc": 18,  # the docs' flag tables, generated from the CLI's parsers (issue 32)
     "cli": 17, "__main__": 18, "": 19,  # "" is the package itself (gemmdrift/__init__.py)
 }

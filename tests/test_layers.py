@@ -55,6 +55,7 @@ RANKS = {
     "changelog_cli": 16,  # `gemmdrift changelog` (issue 30)
     "release_ops": 5,  # ops captured once, recomputed under another mlx release's interpreter (issue 29 item 4)
     "primitives_operands": 4.5, "primitives_ops": 7.5, "primitives": 8.6,  # the one-second gate (issue 29, item 6)
+    "primitives_view": 8.7, "primitives_cli": 16,  # its text and JSON; its flags for `gemmdrift attribute`
     "clidoc": 18,  # the docs' flag tables, generated from the CLI's parsers (issue 32)
     "cli": 17, "__main__": 18, "": 19,  # "" is the package itself (gemmdrift/__init__.py)
 }

@@ -98,6 +98,16 @@ def _tokens(args, lm):
     return ids, label
 
 
+def _replay_shapes(args):
+    """The projection shapes of ``--model`` from its config, for ``--kernels`` checks before the load (D8)."""
+    if not getattr(args, "kernels", None) or (args.quantize is not None and args.quant_mode != "affine"):
+        return None
+    from .kernels.replay_model import model_shapes
+
+    quant = None if args.quantize is None else (args.quantize, args.group_size or 64)
+    return model_shapes(args.model, quant)
+
+
 def _write_and_print(args, result, out, note: str = "") -> None:
     """The one way a measuring command ends: the Result to ``out``, then its summary (or --json) printed."""
     from . import store, summaries
@@ -146,6 +156,7 @@ def cmd_stack(args) -> int:
     from .kernels.replay_model import KernelsOption
 
     kopt = KernelsOption(args.kernels, ladder=args.ladder, replay_prefix=args.replay_prefix)  # checked before loading
+    kopt.check_run(_replay_shapes(args), args.schedules, args.tokens, args.split, args.dtype)  # a call with no recipe
 
     from .envinfo import environment
     from .models import describe
@@ -157,6 +168,9 @@ def cmd_stack(args) -> int:
     split = args.split if args.split is not None else default_split(n)
     positions = parse_range(args.positions, n, "--positions")
     logit_positions = parse_range(args.logit_positions, n, "--logit-positions")
+    from .kernels.replay_model import lm_shapes
+
+    kopt.check_run(lm_shapes(lm) if kopt.text else None, args.schedules, n, split, lm.description.dtype)
     print(f"gemmdrift stack: {describe(lm.description)}; {n} tokens ({label}); split {split}", file=sys.stderr)
     with kopt.installed(lm), cachebench.stack_caches(impl, lm) as impl_record:
         result = measure_stack(lm, ids, args.schedules, split=split, positions=positions,

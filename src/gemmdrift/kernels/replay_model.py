@@ -220,6 +220,32 @@ class KernelsOption:
             log.prefix_native = not self.replay_prefix
             yield log
 
+    def check_calls(self, shapes, ts, dtype: str) -> None:
+        """Refuse now, before any computing, a run whose chip has no recipe for one of its calls.
+
+        ``shapes``: (name, K, N, quant) of every projection and the LM head, ``quant`` None or (bits, group
+        size); ``ts``: the row counts the replayed part of the run feeds them (:func:`replayed_ts`). The
+        message is the one the call itself would raise minutes later (e.g. every CUDA T >= 2 is cuBLASLt).
+        """
+        if not self.text:
+            return
+        chip, version = parse_chip(self.chip), installed_mlx()
+        for T in sorted(set(ts)):
+            for _, K, N, quant in shapes:
+                op = "matmul" if quant is None else "quantized_matmul"
+                q = {} if quant is None else {"bits": quant[0], "group_size": quant[1]}
+                plan_for(chip, op, T=T, K=K, N=N, dtype=dtype, mlx_version=version, variant=self.variant, **q)
+
+    def check_run(self, shapes, schedules, n: int | None, split: int | None, dtype: str) -> None:
+        """:meth:`check_calls` for a run of ``schedules`` over ``n`` tokens (split: the stack's default when
+        None); nothing when the shapes or the length are not known yet (then it is asked again after the load)."""
+        if not self.text or shapes is None or n is None or n < 2:
+            return
+        from ..cliargs import default_split
+
+        split = split if split is not None else default_split(n)
+        self.check_calls(shapes, replayed_ts(schedules, n, split, replay_prefix=self.replay_prefix), dtype)
+
     def units_log(self) -> ReplayLog:
         """A new log for a replayed ``kernels`` sweep (its operators are replayed, not the model)."""
         self.log = ReplayLog(parse_chip(self.chip).name, installed_mlx(), self.variant or "")
@@ -235,6 +261,60 @@ class KernelsOption:
                                    details={**result.details, "replay": self.log.record()})
 
 
+def replayed_ts(schedules, n: int, split: int | None, *, replay_prefix: bool = False) -> set[int]:
+    """The row counts a replayed run over ``n`` tokens feeds the projections: every block of every schedule but
+    the leading blocks they all share (computed once natively, unless ``replay_prefix``). A subset of what the
+    run replays when it shares fewer (a smaller limit), so a refusal from it is never a false one."""
+    from ..schedules import parse_schedule
+    from ..taps import shared_blocks
+
+    shared = set() if replay_prefix else set(shared_blocks(n, schedules, split, n))
+    return {b - a for s in schedules for a, b in parse_schedule(s).blocks(n, split) if (a, b) not in shared}
+
+
+def config_shapes(config: dict, quant: tuple[int, int] | None = None) -> list[tuple]:
+    """(name, K, N, quant) of one decoder layer's projections and the LM head, from a Gemma-3-like config (no
+    weights); None for a config whose layers differ from one another (Gemma 4's global head dim) or that is
+    quantized already: the load tells those."""
+    c = config.get("text_config", config)
+    if "global_head_dim" in c or config.get("quantization") or c.get("quantization"):
+        return None
+    h, heads, kv = int(c["hidden_size"]), int(c["num_attention_heads"]), int(c["num_key_value_heads"])
+    d = int(c.get("head_dim") or h // heads)
+    inter, vocab = int(c["intermediate_size"]), int(c["vocab_size"])
+    return [(name, k, n, quant) for name, k, n in (
+        ("q_proj", h, heads * d), ("k_proj", h, kv * d), ("v_proj", h, kv * d), ("o_proj", heads * d, h),
+        ("gate_proj", h, inter), ("up_proj", h, inter), ("down_proj", inter, h), ("lm_head", h, vocab))]
+
+
+def model_shapes(source: str, quant: tuple[int, int] | None = None) -> list[tuple] | None:
+    """:func:`config_shapes` of ``--model`` read without loading it: the embedded Gemma (its architecture's
+    shapes), ``shape:NAME``, an mlx-lm directory's config.json; None when only the load can tell (a GGUF)."""
+    import json
+    from pathlib import Path
+
+    from ..models import SHAPES
+
+    try:
+        if source in (None, "", "embedded"):
+            return config_shapes(SHAPES["gemma3-270m"], quant)
+        if str(source).startswith("shape:"):
+            return config_shapes(SHAPES[str(source).split(":", 1)[1]], quant)
+        cfg = Path(source).expanduser() / "config.json"
+        return config_shapes(json.loads(cfg.read_text()), quant) if cfg.is_file() else None
+    except (KeyError, ValueError, TypeError, OSError):
+        return None  # the load will say what is wrong with the model
+
+
+def lm_shapes(lm) -> list[tuple]:
+    """(name, K, N, quant) of every projection and the LM head of a loaded model."""
+    out = []
+    for p in projections(lm):
+        bits, group = getattr(p.module, "bits", None), getattr(p.module, "group_size", None)
+        out.append((p.name, p.in_dims, p.out_dims, (bits, group) if bits is not None else None))
+    return out
+
+
 def _head_slot(lm, head) -> tuple[Any, str]:
     """(container, key) holding the LM head module: an ``lm_head`` linear or the tied ``embed_tokens``."""
     for _, mod in lm.model.named_modules():
@@ -245,4 +325,4 @@ def _head_slot(lm, head) -> tuple[Any, str]:
     raise GemmdriftError("cannot find the module holding the LM head")
 
 
-__all__ = ["ReplayLog", "replayed", "KernelsOption"]
+__all__ = ["ReplayLog", "replayed", "KernelsOption", "replayed_ts", "config_shapes", "model_shapes", "lm_shapes"]

@@ -198,7 +198,7 @@ def _say(text: str) -> None:
 
 def predict_drift(lm, sizes: PredictSizes, *, checkpoint: str | Path | None = None,
                   env: dict[str, Any] | None = None, tokens: Sequence[int] | None = None,
-                  calibration: Sequence[str] = ()) -> Result:
+                  mlx_version: str | None = None, calibration: Sequence[str] = ()) -> Result:
     """Decode vs verify:2 / verify:3 predicted per chip and variant, beside the same pairs measured here.
 
     Args:
@@ -207,6 +207,8 @@ def predict_drift(lm, sizes: PredictSizes, *, checkpoint: str | Path | None = No
         checkpoint: a directory for every run's taps (resume: finished runs are loaded, not rerun).
         env: the environment record (default :func:`gemmdrift.envinfo.environment`).
         tokens: the stream (default: the built-in essay's first ``sizes.tokens`` tokens).
+        mlx_version: whose recipes the replay follows (default the installed mlx; the changelog replays each
+            release's).
         calibration: calibration files; with the registry's (:mod:`gemmdrift.kernels.replay_calib`), a chip
             they calibrate at this release runs its measured variant (only the unmeasured axes still vary).
 
@@ -237,7 +239,7 @@ def predict_drift(lm, sizes: PredictSizes, *, checkpoint: str | Path | None = No
     scheds = schedules(sizes)
     n, split = len(tokens), sizes.split
     positions = np.arange(split, n)
-    version = installed_mlx()
+    version = mlx_version or installed_mlx()
     ts = {s: block_ts(s, n, split) for s in scheds}
     common = dict(split=split, local=False, env=env, workers=1)  # in-process: the replay proxies live here
     layers: list[dict] = []

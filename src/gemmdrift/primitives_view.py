@@ -84,11 +84,12 @@ def text(g: Gate) -> str:
         lines.append("verdict: not exact at any width here")
     elif k == max(g.ts) - 1:
         lines.append(f"verdict: every op bit-equal for T=1..{k + 1}: speculative decoding with up to {k} drafted "
-                     "tokens is exact on this device")
+                     f"token{'' if k == 1 else 's'} is exact on this device")
     else:
         first = g.first_unequal()
         who = ", ".join(f"{r['op']} (layers {r['layers']}) at T={int(r['T'])}" for _, r in first.head(4).iterrows())
-        lines.append(f"verdict: exact up to {k} drafted tokens (T<={k + 1}); first difference: {who}")
+        lines.append(f"verdict: exact up to {k} drafted token{'' if k == 1 else 's'} (T<={k + 1}); "
+                     f"first difference: {who}")
     return "\n".join(lines)
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from . import cachebench
 from . import defaults as D
-from . import dispatch_cli, goldcli, replay_cli, runenv
+from . import changelog_cli, dispatch_cli, goldcli, replay_cli, runenv
 from .errors import GemmdriftError
 from .cliargs import default_split, parse_ints, parse_range  # noqa: F401  (moved; callers import them from here)
 
@@ -442,7 +442,9 @@ def cmd_history(args) -> int:
     store.write_result(result, out)
     summary = summaries.summary(result)
     summary["figures"] = [str(out / f) for f in summary["figures"]]
-    _emit(args, summary, summaries.text(result) + f"\n\n{len(summary['figures'])} figures in {out / 'figures'}/")
+    summary["changelog"] = changelog_cli.index_pointer()
+    _emit(args, summary, summaries.text(result) + f"\n\n{len(summary['figures'])} figures in {out / 'figures'}/"
+          + f"\n{summary['changelog']}")
     return 0
 
 
@@ -473,10 +475,11 @@ def cmd_gate(args) -> int:
     changed = g[g["changed"]]
     trees = ("\nsummation trees changed (not a regression by itself; see `gemmdrift fingerprint`):\n"
              + text_table(changed[["machine", "backend", "benchmark", "params", "old", "new"]]) if len(changed) else "")
+    page = changelog_cli.gate_pointer(g["baseline"].iloc[0], g["candidate"].iloc[0])
     _emit(args, {"pass": not len(bad), "compared": int(len(g)), "regressions": bad.to_dict(orient="records"),
-                 "trees_changed": changed.to_dict(orient="records")},
+                 "trees_changed": changed.to_dict(orient="records"), "changelog": page},
           (text_table(shown[["machine", "backend", "benchmark", "params", "old", "new", "ratio"]]) + "\n" if len(bad)
-           else "") + verdict + trees)
+           else "") + verdict + trees + "\n" + page)
     return 1 if len(bad) else 0
 
 
@@ -791,6 +794,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=cmd_server)
 
     dispatch_cli.add_parser(sub)
+    changelog_cli.add_parser(sub)  # the numerics changelog per release pair (issue 30)
     goldcli.add_parser(sub, sys.modules[__name__])  # logits, compare (issue 23)
     replay_cli.add_parser(sub)
     runenv.add_flags(sub)  # --tf32 on every measuring command, --device on env

@@ -188,7 +188,8 @@ def _say(text: str) -> None:
 
 
 def predict_drift(lm, sizes: PredictSizes, *, checkpoint: str | Path | None = None,
-                  env: dict[str, Any] | None = None, tokens: Sequence[int] | None = None) -> Result:
+                  env: dict[str, Any] | None = None, tokens: Sequence[int] | None = None,
+                  mlx_version: str | None = None) -> Result:
     """Decode vs verify:2 / verify:3 predicted per chip and variant, beside the same pairs measured here.
 
     Args:
@@ -197,6 +198,8 @@ def predict_drift(lm, sizes: PredictSizes, *, checkpoint: str | Path | None = No
         checkpoint: a directory for every run's taps (resume: finished runs are loaded, not rerun).
         env: the environment record (default :func:`gemmdrift.envinfo.environment`).
         tokens: the stream (default: the built-in essay's first ``sizes.tokens`` tokens).
+        mlx_version: whose recipes the replay follows (default the installed mlx; the changelog replays each
+            release's).
 
     Returns:
         A ``predict`` Result: tables ``layers`` and ``envelope`` (one row per chip, variant, pair and tap;
@@ -220,7 +223,7 @@ def predict_drift(lm, sizes: PredictSizes, *, checkpoint: str | Path | None = No
     scheds = schedules(sizes)
     n, split = len(tokens), sizes.split
     positions = np.arange(split, n)
-    version = installed_mlx()
+    version = mlx_version or installed_mlx()
     ts = {s: block_ts(s, n, split) for s in scheds}
     common = dict(split=split, local=False, env=env, workers=1)  # in-process: the replay proxies live here
     layers: list[dict] = []

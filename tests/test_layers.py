@@ -33,6 +33,7 @@ RANKS = {
     "kernels.capture": 5, "kernels.paths": 6, "kernels.table": 7, "kernels.ops": 8, "kernels.runs": 9,
     "kernels": 10, "stack": 5, "diverge": 5, "history": 5,
     "kernels.replay_jitcache": 2,  # the compiled replay's tile cache
+    "kernels.replay_calib": 6.5,  # calibration files: a chip's measured variant (issue 31)
     "speculative": 4,  # diverge's stream primitives and exact rollback (issue 25)
     "fingerprint": 11, "state": 5, "batch": 6, "server": 6,
     "state.reading": 4.1, "state.common": 4.2, "state.rollback": 4.3, "state.trim": 4.3,  # state/ (issue 25)

@@ -155,7 +155,9 @@ def cmd_stack(args) -> int:
     impl, _ = cachebench.precheck(args)
     from .kernels.replay_model import KernelsOption
 
-    kopt = KernelsOption(args.kernels, ladder=args.ladder, replay_prefix=args.replay_prefix)  # checked before loading
+    # checked before loading
+    kopt = KernelsOption(args.kernels, ladder=args.ladder, replay_prefix=args.replay_prefix,
+                         calibration=args.calibration)
     kopt.check_run(_replay_shapes(args), args.schedules, args.tokens, args.split, args.dtype)  # a call with no recipe
 
     from .envinfo import environment
@@ -208,7 +210,8 @@ def cmd_kernels(args) -> int:
         kernels.parse_path(p)  # a bad path fails before the model loads
     from .kernels.replay_model import KernelsOption
 
-    kopt = KernelsOption(args.kernels, ops=args.ops)  # replay:<chip>[@variant]: checked before loading
+    # replay:<chip>[@variant]: checked before loading
+    kopt = KernelsOption(args.kernels, ops=args.ops, calibration=args.calibration)
     lm = _load(args)
     projs = kernels.projections(lm, layers=layers, names=names)
     print(f"gemmdrift kernels: {describe(lm.description)}; {len(projs)} projections x {len(paths)} paths", file=sys.stderr)
@@ -265,7 +268,8 @@ def cmd_diverge(args) -> int:
             _context_text(args.context)
     from .kernels.replay_model import KernelsOption
 
-    kopt = KernelsOption(args.kernels, draft=args.draft)  # replay:<chip>[@variant]: checked before loading
+    # replay:<chip>[@variant]: checked before loading
+    kopt = KernelsOption(args.kernels, draft=args.draft, calibration=args.calibration)
     from .diverge import measure_divergence_stats, measure_diverge
     from .envinfo import environment
     from .models import describe
@@ -315,7 +319,7 @@ def cmd_triage(args) -> int:
         raise GemmdriftError("the two stream files have unequal prompts")
     from .kernels.replay_model import KernelsOption
 
-    kopt = KernelsOption(args.kernels)  # replay:<chip>[@variant]: checked before loading
+    kopt = KernelsOption(args.kernels, calibration=args.calibration)  # replay:<chip>[@variant]: checked before loading
     args.schedule_a, why_a = stream_schedule(args.schedule_a, args.stream_a, D.SCHEDULE_PLAIN, "--schedule-a")
     args.schedule_b, why_b = stream_schedule(args.schedule_b, args.stream_b, D.SCHEDULE_SPECULATIVE, "--schedule-b")
     _precheck(args)  # every check before the first line printed
@@ -389,10 +393,12 @@ def cmd_run(args) -> int:
 
     check_out_dir(args.out)
     from .envinfo import select_device
+    from .kernels.replay_calib import check_files
     from .suite import main_job
 
+    check_files(args.calibration)  # a bad file: one line, before the model loads
     select_device(args.device)
-    paths = main_job(args.out, sizes=args.sizes, model=args.model, dtype=args.dtype)
+    paths = main_job(args.out, sizes=args.sizes, model=args.model, dtype=args.dtype, calibration=args.calibration)
     print(paths["markdown"].read_text())
     print(f"report: {paths['html']} (and {paths['markdown'].name} beside it)")
     return 0
@@ -613,6 +619,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--no-local", action="store_true", help="skip local drift (saves one run per schedule)")
     s.add_argument("--ladder", action="store_true", help="rerun at float32: rounding shrinks, semantic differences do not")
     s.add_argument("--kernels", help=D.KERNELS_HELP)
+    s.add_argument("--calibration", action="append", default=[], metavar="FILE", help=D.CALIBRATION_HELP)
     s.add_argument("--replay-prefix", action="store_true", help="with --kernels: replay the prefix the schedules "
                    "share too (default: computed once with this machine's kernels, both schedules start from it)")
     cachebench.add_arguments(s, rollback=False)
@@ -633,6 +640,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"distinct captured rows per projection (default {D.KERNEL_MAX_ROWS})")
     s.add_argument("--ops", action="store_true", help="also sdpa, rms_norm, rope and softmax with the model's geometry")
     s.add_argument("--kernels", help=D.KERNELS_HELP)
+    s.add_argument("--calibration", action="append", default=[], metavar="FILE", help=D.CALIBRATION_HELP)
     _add_output(s, "results/kernels")
     s.set_defaults(func=cmd_kernels)
 
@@ -658,6 +666,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--rollback", default="mlx-lm", help="speculative stream: mlx-lm's speculative_generate_step "
                    "(default), exact (snapshots restored where trim_prompt_cache refuses) or module:function (its rewind)")
     s.add_argument("--kernels", help=D.KERNELS_HELP)
+    s.add_argument("--calibration", action="append", default=[], metavar="FILE", help=D.CALIBRATION_HELP)
     cachebench.add_arguments(s, rollback=False)
     _add_output(s, "results/diverge")
     s.set_defaults(func=cmd_diverge)
@@ -673,6 +682,7 @@ def build_parser() -> argparse.ArgumentParser:
                                         f"speculative, {D.SCHEDULE_SPECULATIVE})")
     s.add_argument("--envelope", type=float, help="use this envelope instead of measuring it on the shared prefix")
     s.add_argument("--kernels", help=D.KERNELS_HELP)
+    s.add_argument("--calibration", action="append", default=[], metavar="FILE", help=D.CALIBRATION_HELP)
     _add_output(s, "results/triage")
     s.set_defaults(func=cmd_triage)
 
@@ -702,6 +712,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--model", default=D.MODEL, help="a model source (default: the embedded Gemma 3 270M)")
     s.add_argument("--dtype", default=D.DTYPE, help=f"compute dtype (default {D.DTYPE})")
     s.add_argument("--device", choices=["cpu", "gpu"], help="mlx device (default: mlx's own choice)")
+    s.add_argument("--calibration", action="append", default=[], metavar="FILE",
+                   help="the prediction part replays the variant this file measured for its chip (repeatable; the "
+                        "shipped registry is read too; docs/calibration.md)")
     s.set_defaults(func=cmd_run)
 
     s = sub.add_parser("report", help="one page (HTML and markdown) from a results directory: tables, figures, reading")

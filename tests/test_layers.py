@@ -51,6 +51,8 @@ RANKS = {
     "predict": 11, "predict_view": 11.5,  # predicted GPU drift, the main job's replay part (issue 22)
     "optaps": 5.5,  # op taps inside every decoder layer and local drift per op (issue 29)
     "attribute": 8,  # which op: local drift, counterfactual per op class, the verdict (issue 29)
+    "attribute_view": 11.6,  # its summary, text, report section and figure
+    "attribute_cli": 16.5,  # `gemmdrift attribute` and its MODES (--primitives, --python plug in there)
     "cli": 17, "__main__": 18, "": 19,  # "" is the package itself (gemmdrift/__init__.py)
 }
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from . import cachebench
 from . import defaults as D
-from . import dispatch_cli, goldcli, replay_cli, runenv
+from . import attribute_cli, dispatch_cli, goldcli, replay_cli, runenv
 from .errors import GemmdriftError
 from .cliargs import default_split, parse_ints, parse_range  # noqa: F401  (moved; callers import them from here)
 
@@ -761,6 +761,7 @@ def build_parser() -> argparse.ArgumentParser:
     dispatch_cli.add_parser(sub)
     goldcli.add_parser(sub, sys.modules[__name__])  # logits, compare (issue 23)
     replay_cli.add_parser(sub)
+    attribute_cli.add_parser(sub, sys.modules[__name__])  # which op (issue 29)
     runenv.add_flags(sub)  # --tf32 on every measuring command, --device on env
     return p
 

@@ -636,3 +636,22 @@ def _predict_text(result: Result) -> str:
 
 SUMMARIES["predict"] = _predict_summary
 TEXTS["predict"] = _predict_text
+
+
+# ---- attribute (issue 29): the words live in gemmdrift.attribute_view
+
+
+def _attribute_summary(result: Result) -> dict[str, Any]:
+    from .attribute_view import attribute_summary
+
+    return attribute_summary(result)
+
+
+def _attribute_text(result: Result) -> str:
+    from .attribute_view import attribute_text
+
+    return attribute_text(result)
+
+
+SUMMARIES["attribute"] = _attribute_summary
+TEXTS["attribute"] = _attribute_text

@@ -108,3 +108,23 @@ def test_explain_flip_names_the_planted_cause_of_a_flip(tiny):
     assert e["flipped"] and "mlp.down_proj" in e["removed_by"] and "sdpa" not in e["removed_by"]
     assert e["first_op"] == "layer 2 mlp.down_proj"
     assert e["causes"] == ["mlp.down_proj"]
+
+
+def test_triage_explain_adds_the_cause_and_leaves_the_verdict(tiny):
+    from gemmdrift.attribute_cli import explain_divergence
+    from gemmdrift.diverge import triage_result
+
+    plant = {(2, "mlp.down_proj"): lambda out, args: -4 * out}
+    r = attribute(tiny, TOKENS[:8], [DECODE, VERIFY], split=2, counterfactual=[], perturb=plant)
+    pos = r.tables["envelope"]["flip_positions"].iloc[0][0]
+    prompt, stream = TOKENS[:3], TOKENS[3:8]  # split 2: the logits at 2 + i predict generated token i
+    t = {"verdict": "NEAR-TIE", "reason": "within the envelope", "index": pos - 2, "position": pos, "schedule_a": DECODE, "schedule_b": VERIFY,
+         "bit_identical": False}
+    before = triage_result(t, {"model": tiny.info, "stream_a": stream}, {})
+    after = explain_divergence(tiny, before, prompt, perturb=plant)
+    e = after.details["triage"]["explanation"]
+    assert e["causes"] == ["mlp.down_proj"] and "mlp.down_proj is made invariant" in e["said"]
+    assert after.details["triage"]["verdict"] == "NEAR-TIE" and after.figures == before.figures
+    from gemmdrift.summaries import text
+
+    assert "which op (--explain): the flip at position" in text(after)

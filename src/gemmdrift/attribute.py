@@ -295,5 +295,40 @@ def explain_flip(lm, tokens: Sequence[int], schedules: Sequence[str], position: 
             "verdict": r.details["verdict"]}
 
 
-__all__ = ["attribute", "attribute_result", "attribute_figures", "verdict_line", "ops_summary", "explain_flip",
+# The `attribute` part of `gemmdrift run`: the main job's pair (decode vs verify:2 past the sliding window on
+# the CPU sizes), the counterfactual for the attention core and the projections (the classes the known answers
+# name). A few tens of seconds on two idle CPU cores.
+PART_OPS = ("sdpa", "q_proj", "k_proj", "v_proj", "o_proj", "down_proj", "lm_head")
+PART_SIZES = {"cpu": dict(tokens=560, split=500, ops=PART_OPS), "gpu": dict(tokens=2600, split=2300, ops=None),
+              "quick": dict(tokens=40, split=32, ops=("sdpa", "q_proj"))}
+
+
+def attribute_part(lm, name: str, checkpoint=None, env: dict[str, Any] | None = None) -> Result:
+    """The ``attribute`` part of the main job at sizes ``name`` (cpu, gpu, quick): decode vs verify:2."""
+    from . import defaults
+    from .prompts import builtin_stream
+
+    s = PART_SIZES[name]
+    return attribute(lm, builtin_stream(lm, s["tokens"]), list(defaults.STACK_SCHEDULES[:2]), split=s["split"],
+                     ops=s["ops"], counterfactual=("each",), checkpoint=str(checkpoint) if checkpoint else None,
+                     env=env, record={"prompt": "built-in text 'essay'", "sizes": name})
+
+
+def taps_overhead(lm, tokens: Sequence[int], schedules: Sequence[str], split: int) -> dict[str, float]:
+    """Seconds of the op taps (attribute without a counterfactual: reference, B accumulated, B local) against a
+    plain ``stack`` of the same pair (reference, accumulated, local), and their ratio (the budget is 1.3)."""
+    import time
+
+    from .stack import measure_stack
+
+    t0 = time.perf_counter()
+    measure_stack(lm, tokens, list(schedules), split=split, workers=1)
+    plain = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    attribute(lm, tokens, list(schedules), split=split, counterfactual=())
+    tapped = time.perf_counter() - t0
+    return {"stack_seconds": plain, "attribute_seconds": tapped, "ratio": tapped / plain}
+
+
+__all__ = ["attribute_part", "taps_overhead", "PART_SIZES", "attribute", "attribute_result", "attribute_figures", "verdict_line", "ops_summary", "explain_flip",
            "DIRECTIONS"]

@@ -111,3 +111,38 @@ def cmd_attribute(args, cli) -> int:
                        record={"prompt": label, **({"prompt_ids_file": args.prompt_ids} if args.prompt_ids else {})})
     cli._write_and_print(args, result, args.out)
     return 0
+
+
+def explain_divergence(lm, result, prompt, kernels: str | None = None, perturb=None):
+    """``triage`` / ``diverge`` ``--explain``: at the first divergence of ``result`` (a triage Result, or a diverge
+    Result carrying one), the op classes whose counterfactual removes the flip there
+    (:func:`gemmdrift.attribute.explain_flip`) added to its triage record as ``explanation``. The verdict is left
+    as it is: this explains it. ``perturb``: a planted change under schedule B (tests)."""
+    import dataclasses
+
+    from .attribute import explain_flip
+
+    details = dict(result.details)
+    t = details.get("triage")
+    if not t or t.get("index") is None or t.get("bit_identical"):
+        return result  # nothing diverged, or not numerically: no op to name
+    d, split = int(t["index"]), len(prompt) - 1
+    stream_a = (result.inputs.get("stream_a") if result.kind == "triage"
+                else (details.get("stream_a") or {}).get("tokens")) or []
+    tokens = [int(x) for x in list(prompt) + list(stream_a)[:d]]  # both streams agree up to the divergence
+    position = int(t["position"])
+    e = explain_flip(lm, tokens[:position + 1], [t["schedule_a"], t["schedule_b"]], position,
+                     split=split if split >= 1 else None, kernels=kernels, perturb=perturb)
+    if not e["flipped"]:
+        e["said"] = (f"teacher-forced over the shared tokens, the two schedules do not flip at position {position}: "
+                     "no op class to name")
+    elif e["causes"]:
+        e["said"] = (f"the flip at position {position} disappears when {' or '.join(e['causes'])} is made invariant"
+                     + (f" (first op whose bits differ: {e['first_op']})" if e["first_op"] else ""))
+    else:
+        e["said"] = (f"the flip at position {position} survives every op class made invariant on its own"
+                     if not e["removed_by"] else
+                     f"the flip at position {position} disappears only when an op downstream of the drift is replaced "
+                     f"({', '.join(e['removed_by'][:4])})")
+    details["triage"] = {**t, "explanation": e}
+    return dataclasses.replace(result, details=details)

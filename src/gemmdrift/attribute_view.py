@@ -124,9 +124,12 @@ def report_part(result: Result) -> tuple[list[tuple], list[str]]:
 def attribute_figure(result: Result):
     """Left: op x layer heatmap of local drift (log2(1 + max ULP)); right: max|dlogit| left per counterfactual
     class (the pair as it is drawn as a line). Each panel names the command that recomputes it."""
+    import sys
+
     import matplotlib
 
-    matplotlib.use("Agg")
+    if "ipykernel" not in sys.modules:  # a notebook keeps its inline backend, so the figure shows
+        matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     ops = result.tables.get("ops", pd.DataFrame())

@@ -286,6 +286,8 @@ def cmd_diverge(args) -> int:
     with kopt.installed(lm):
         result = measure_diverge(lm, ids, args.n, do_triage=not args.no_triage, record={"prompt": label, **record},
                                  env=env, **opts)
+    if args.explain:
+        result = attribute_cli.explain_divergence(lm, result, ids, kopt.text or None)
     _write_and_print(args, kopt.label(result), out, "(stream_a.json and stream_b.json feed `gemmdrift triage`)")
     return 0
 
@@ -325,6 +327,8 @@ def cmd_triage(args) -> int:
     with kopt.installed(lm):
         result = measure_triage(lm, prompt, sa, sb, args.schedule_a, args.schedule_b, envelope=args.envelope,
                                 env=environment())
+    if args.explain:  # the op classes whose counterfactual removes the flip (issue 29); the verdict stays
+        result = attribute_cli.explain_divergence(lm, result, prompt, kopt.text or None)
     _write_and_print(args, kopt.label(result), args.out)
     return 0
 
@@ -643,6 +647,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--kernels", help=D.KERNELS_HELP)
     cachebench.add_arguments(s, rollback=False)
     _add_output(s, "results/diverge")
+    s.add_argument("--explain", action="store_true", help="with one prompt: also name the op classes whose "
+                   "counterfactual removes the flip at the first divergence (the verdict stays what it is)")
     s.set_defaults(func=cmd_diverge)
 
     s = sub.add_parser("triage", help="judge a divergence between two token streams: near-tie or state bug")
@@ -657,6 +663,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--envelope", type=float, help="use this envelope instead of measuring it on the shared prefix")
     s.add_argument("--kernels", help=D.KERNELS_HELP)
     _add_output(s, "results/triage")
+    s.add_argument("--explain", action="store_true", help="also name the op classes whose counterfactual removes "
+                   "the flip at the first divergence (gemmdrift attribute; the verdict stays what it is)")
     s.set_defaults(func=cmd_triage)
 
     s = sub.add_parser("state", help="cache state exactness: rollback, trim, save/load, server reuse, batch vs a "

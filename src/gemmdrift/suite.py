@@ -251,10 +251,14 @@ def main_job(out: str | Path = "results/run", sizes: str | None = None, model: s
         ("state", "cache state exactness (short sweep)", lambda d: state.short_sweep(lm, name)),
         ("predict", "predicted GPU drift (replay: M1, M3, CUDA gemv)",
          lambda d: predict_part(lm, name, d / "checkpoint", env)),
+        ("attribute", "which op: local drift per op, the counterfactual per op class",
+         lambda d: attribute_part(lm, name, d / "checkpoint", env)),
     ]
     from .predict import SIZES as PREDICT_SIZES
 
-    more = {"predict": [asdict(PREDICT_SIZES[name])]}  # its own sizes, beside the job's
+    from .attribute import PART_SIZES as ATTRIBUTE_SIZES, attribute_part
+
+    more = {"predict": [asdict(PREDICT_SIZES[name])], "attribute": [ATTRIBUTE_SIZES[name]]}  # their own sizes
     keys = {part: _key(part, lm, s, *more.get(part, [])) for part, _, _ in parts}
     heads = {part: f"[{i}/{len(parts)}] {title}" for i, (part, title, _) in enumerate(parts, 1)}
     beside = [p for p in BESIDE if not _done(out / p, keys[p])]

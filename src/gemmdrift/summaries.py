@@ -285,7 +285,8 @@ def triage_items(t: dict[str, Any], n: int | None = None) -> list[str]:
 
 def triage_lines(t: dict[str, Any]) -> list[str]:
     """:func:`triage_items` for a terminal: indented, without markdown."""
-    return [("  " if i else "") + x.replace("`", "").replace("**", "") for i, x in enumerate(triage_items(t))]
+    lines = [("  " if i else "") + x.replace("`", "").replace("**", "") for i, x in enumerate(triage_items(t))]
+    return lines + ([f"  which op (--explain): {t['explanation']['said']}"] if t.get("explanation") else [])
 
 
 SUMMARIES["triage"] = lambda r: dict(r.details["triage"])

@@ -128,3 +128,23 @@ def test_triage_explain_adds_the_cause_and_leaves_the_verdict(tiny):
     from gemmdrift.summaries import text
 
     assert "which op (--explain): the flip at position" in text(after)
+
+
+def test_every_report_row_carries_a_command_that_parses_to_its_cell(tiny):
+    import shlex
+
+    from gemmdrift.attribute_view import counterfactual_rows, ops_rows, report_part
+    from gemmdrift.cli import build_parser
+
+    key = (3, "self_attn.k_norm")
+    r = attribute(tiny, TOKENS[:8], [DECODE, VERIFY], split=2, ops=["k_norm"], counterfactual=["each"],
+                  perturb={key: one_ulp_up})
+    rows = ops_rows(r) + counterfactual_rows(r)
+    assert len(rows) == 2
+    for row in rows:
+        args = build_parser().parse_args(shlex.split(row["recompute"])[1:])
+        assert args.schedules == [DECODE, VERIFY] and args.split == 2 and args.ops == "self_attn.k_norm"
+    assert ops_rows(r)[0]["recompute"].count("--positions 2:3") == 1  # the drifting cell's first position
+    blocks, reading = report_part(r)
+    assert any(b[0] == "table" for b in blocks) and "k_norm" in reading[0]
+    assert all("|" not in k for row in rows for k in row)  # markdown table headers stay intact

@@ -67,7 +67,7 @@ def counterfactual_rows(result: Result) -> list[dict[str, Any]]:
     rows = []
     for _, r in cf.iterrows() if len(cf) else []:
         rows.append({"made invariant": r["class"] if r["direction"] == "each" else f"all but {r['class']}",
-                     "max|dlogit| left": fmt(r["max_abs_dlogit"]), "max|dgap| left": fmt(r["max_abs_dgap"]),
+                     "max abs dlogit left": fmt(r["max_abs_dlogit"]), "max abs dgap left": fmt(r["max_abs_dgap"]),
                      "flips left": int(r["flips"]), "KLD mean": fmt(r["kld_mean"]),
                      "same top-1": fmt(r["same_top1_share"]),
                      "recompute": command(result, ops=r["class"], counterfactual=r["direction"])})
@@ -98,7 +98,7 @@ def attribute_text(result: Result) -> str:
     cf = counterfactual_rows(result)
     if cf:
         lines.append("envelope left per counterfactual (max|dlogit|, flips):")
-        lines += [f"  {r['made invariant']:34s} {r['max|dlogit| left']:>10s}  {r['flips left']}" for r in cf]
+        lines += [f"  {r['made invariant']:34s} {r['max abs dlogit left']:>10s}  {r['flips left']}" for r in cf]
     lines.append(f"recompute: {command(result)}")
     return "\n".join(lines)
 

@@ -16,6 +16,7 @@ CLASSES = ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_att
            "residual", "norm", "lm_head"]
 # Pinned here, not read from gemmdrift.attribute.PART_SIZES (which `gemmdrift run` may retune).
 OVERHEAD_SIZES = dict(tokens=96, split=64)
+COUNTERFACTUAL_OPS = None  # every class the model exposes
 
 
 class Attribution:
@@ -31,7 +32,8 @@ class Attribution:
         from gemmdrift.attribute import attribute
 
         lm, s = common.model(), common.sizes()
-        r = attribute(lm, suite.stream(lm, s.tokens), list(PAIR), split=s.split, counterfactual=("each",))
+        r = attribute(lm, suite.stream(lm, s.tokens), list(PAIR), split=s.split, counterfactual=("each",),
+                      ops=COUNTERFACTUAL_OPS)
         return dict(r.figures)
 
     setup_cache.timeout = 7200

@@ -78,7 +78,7 @@ def test_an_interrupted_attribution_resumes_where_it_stopped(tiny, tmp_path, mon
 
     def counting(*a, **k):
         calls.append(tuple(k.get("replace") or ()))
-        if len(calls) == 5 and not resumed:
+        if len(calls) == 4 and not resumed:
             raise KeyboardInterrupt
         return real(*a, **k)
 
@@ -87,7 +87,7 @@ def test_an_interrupted_attribution_resumes_where_it_stopped(tiny, tmp_path, mon
     kw = dict(split=2, ops=["q_proj", "k_proj", "sdpa"], counterfactual=["each"], checkpoint=str(tmp_path))
     with pytest.raises(KeyboardInterrupt):
         attribute(tiny, TOKENS[:8], [DECODE, VERIFY], **kw)
-    assert calls == [(), (), (), ("self_attn.q_proj",), ("self_attn.k_proj",)]
+    assert calls == [(), (), ("self_attn.q_proj",), ("self_attn.k_proj",)]  # reference, local, two classes
     resumed, calls[:] = True, []
     r = attribute(tiny, TOKENS[:8], [DECODE, VERIFY], **kw)
     assert calls == [(), ("self_attn.k_proj",), ("sdpa",)]  # the reference again, then what had not finished
@@ -148,3 +148,26 @@ def test_every_report_row_carries_a_command_that_parses_to_its_cell(tiny):
     blocks, reading = report_part(r)
     assert any(b[0] == "table" for b in blocks) and "k_norm" in reading[0]
     assert all("|" not in k for row in rows for k in row)  # markdown table headers stay intact
+
+
+@pytest.mark.slow
+def test_the_attribution_benchmarks_return_their_figures(monkeypatch, embedded):
+    import math
+    import sys
+    from pathlib import Path
+
+    root = str(Path(__file__).resolve().parent.parent)
+    if root not in sys.path:
+        sys.path.insert(0, root)
+    from benchmarks import bench_attribute, common
+    from gemmdrift import suite
+
+    monkeypatch.setattr(common, "sizes", lambda: suite.SIZES["quick"])
+    monkeypatch.setattr(common, "model", lambda dtype="bfloat16": embedded)
+    monkeypatch.setattr(bench_attribute, "COUNTERFACTUAL_OPS", ("sdpa",))
+    bench = bench_attribute.Attribution()
+    f = bench.setup_cache()
+    assert bench.track_local_bits(f, "sdpa") == 0  # below the window: bit-identical on its own input
+    assert bench.track_left_flips(f, "sdpa") == 0 and bench.track_left_max_dlogit(f, "sdpa") == 0
+    assert math.isnan(bench.track_left_flips(f, "self_attn.q_proj"))  # not run: NaN, skipped
+    assert bench.track_local_bits(f, "self_attn.q_proj") == 0

@@ -13,7 +13,8 @@ replayed chip (``kernels="replay:<chip>"``), a planted change (``perturb``), and
    the cause, said in one line (:func:`verdict_line`).
 
 The prefix both schedules share is computed once (natively under a replay, as ``stack`` does); the LM head runs
-only at the compared positions. Runs: A (record), B (accumulated), B (local), one per counterfactual.
+only at the compared positions. Runs: A (record), B as it is (layer taps only), B (local), one per
+counterfactual.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from .errors import GemmdriftError
 from .result import Result, env_labels, figure_name, tidy
 from .schedules import parse_schedule
 from .stack import compare_taps
-from .taps import common_prefix
+from .taps import common_prefix, run_schedule
 
 DIRECTIONS = ("each", "all-but-one")
 ENVELOPE = ("max_abs_dlogit", "max_abs_dgap", "flips", "kld_mean", "same_top1_share")
@@ -191,16 +192,17 @@ def attribute(lm, tokens: Sequence[int], schedules: Sequence[str], *, split: int
 
         part = ck.load("local")
         if part is None:
-            ref_taps, ref, acc_taps, acc = run_b()
+            ref_taps, ref = reference()
+            # B as it is needs its logits only: the layer taps' run without op taps (a planted change under B
+            # lives in the op taps, so then B runs with them)
+            acc_taps = (run_b()[2] if perturb else
+                        run_schedule(lm.model, toks, b, split=split, positions=positions, logit_positions=positions,
+                                     prefix=prefix))
             base = _envelope(ref_taps, acc_taps, kinds, toks, {"pair": pair, "reference": a, "schedule": b,
                                                                "mode": "accumulated", "dtype": lm.description.dtype})
             _, _, _, loc = run_b(local=True)
             local = optaps.local_drift(ref, loc, positions)
-            acc_drift = optaps.local_drift(ref, acc, positions)
-            first = optaps.first_differing(local).merge(
-                optaps.first_differing(acc_drift).rename(columns={"layer": "layer_accumulated",
-                                                                  "op": "op_accumulated", "class": "class_accumulated"}),
-                on="position", how="outer")
+            first = optaps.first_differing(local)
             part = {"base": base, "local": local.to_dict("records"), "first": first.to_dict("records")}
             ck.save("local", part)
             _say(f"local drift: {int((local['frac_differ'] > 0).sum())} of {len(local)} (layer, op, position) differ")

@@ -41,7 +41,7 @@ import pandas as pd
 
 from . import metrics
 from .errors import GemmdriftError
-from .taps import Prefix, Taps, find_final_norm, run_schedule, storage_dtype_name, swapped, to_numpy
+from .taps import Prefix, Taps, find_final_norm, run_schedule, storage_dtype_name, swapped
 
 LM_HEAD = "lm_head"
 FINAL_NORM = "norm"
@@ -217,9 +217,12 @@ class OpRecord:
 
 
 def _take_rows(x, rows: np.ndarray):
-    """Rows of ``x`` along axis -2, moved to the front: a new array (a copy, never a view of a cache buffer)."""
+    """Rows of ``x`` along axis -2, moved to the front: a new array object (never the object a cache rebinds when
+    it writes its buffer in place, as ``RotatingKVCache`` does)."""
     import mlx.core as mx
 
+    if len(rows) == x.shape[-2] and rows[-1] == len(rows) - 1:  # every row (a decode step): no gather needed
+        return mx.moveaxis(x, -2, 0)
     return mx.moveaxis(mx.take(x, mx.array(rows.astype(np.int32)), axis=-2), -2, 0)
 
 
@@ -330,10 +333,12 @@ class OpRecorder:
 
         if not self.pending:
             return
-        mx.eval([p[3] for p in self.pending])
+        # One eval for the whole block's captures, upcast to float32 (exact for bf16/fp16), then plain copies.
+        upcast = [p[3].astype(mx.float32) for p in self.pending]
+        mx.eval(upcast)
         rec = self.record
-        for key, slots, j, arr in self.pending:
-            a = to_numpy(arr)
+        for (key, slots, j, arr), f32 in zip(self.pending, upcast):
+            a = np.array(f32, copy=True)
             n = len(rec.positions[key])
             if j == 0:
                 if key not in rec.out:

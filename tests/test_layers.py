@@ -53,6 +53,7 @@ RANKS = {
     "attribute": 8,  # which op: local drift, counterfactual per op class, the verdict (issue 29)
     "attribute_view": 11.6,  # its summary, text, report section and figure
     "attribute_cli": 16.5,  # `gemmdrift attribute` and its MODES (--primitives, --python plug in there)
+    "primitives_operands": 4.5, "primitives_ops": 7.5, "primitives": 8.6,  # the one-second gate (issue 29, item 6)
     "clidoc": 18,  # the docs' flag tables, generated from the CLI's parsers (issue 32)
     "cli": 17, "__main__": 18, "": 19,  # "" is the package itself (gemmdrift/__init__.py)
 }

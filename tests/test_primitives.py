@@ -248,3 +248,101 @@ def test_exact_needs_every_width_up_to_k_plus_1_measured_and_equal():
     g = gate_of(bad)
     assert g.exact(1) and not g.exact(2) and g.exact_width == 1
     assert g.first_unequal()[["op", "T"]].values.tolist() == [["b", 3]]
+
+
+# ------------------------------------------------------------------------------------------------ cross-check
+
+
+def _local_drift_below_the_window(lm, k: int) -> dict[int, float]:
+    """frac_differ of each layer's local drift, decode vs verify:k, over positions below the sliding window
+    (stack's local mode: every layer fed the reference's own input)."""
+    from gemmdrift.stack import measure_stack
+
+    from tests.test_taps_stack import TOKENS
+
+    n = lm.description.sliding_window  # 8 tokens: every position below the window
+    r = measure_stack(lm, TOKENS[:n], ["prefill:2,decode", f"prefill:2,verify:{k}"], split=2, local=True)
+    t = r.tables["stack"]
+    t = t[(t["mode"] == "local") & (t["metric"] == "frac_differ") & t["tap"].str.startswith("layer ")]
+    return {int(tap.split()[1]): float(v) for tap, v in zip(t["tap"], t["value"])}
+
+
+@pytest.mark.linux_cpu_reference
+def test_an_op_the_gate_calls_equal_carries_no_local_drift_below_the_window():
+    """The issue's cross-check, against stack's local mode per layer: every op of every layer the gate calls
+    bit-equal for T = 1..k+1 ⇒ each layer's local drift under decode vs verify:k is exactly 0 below the window.
+    A planted row-dependent norm (one ULP on multi-row calls) must turn both: the gate sees it, and so does
+    the local drift, at every layer (all layers carry that norm)."""
+    from mlx_lm.models import gemma3_text
+
+    from tests.conftest import TINY_CONFIG, make_tiny
+
+    k = 2
+    g = primitives.gate(dict(TINY_CONFIG), ts=range(1, k + 2), fail_closed=False)
+    assert g.exact(k)
+    local = _local_drift_below_the_window(make_tiny(), k)
+    assert len(local) == TINY_CONFIG["num_hidden_layers"] and all(v == 0 for v in local.values()), local
+
+    import mlx.core as mx
+
+    plain = gemma3_text.RMSNorm.__call__
+
+    def one_ulp_on_blocks(self, x):
+        y = plain(self, x)
+        if x.ndim >= 3 and x.shape[1] > 1:  # a multi-row call: every output's last bit flipped
+            y = (y.view(mx.uint16) ^ 1).view(y.dtype) if y.dtype == mx.bfloat16 else y
+        return y
+
+    gemma3_text.RMSNorm.__call__ = one_ulp_on_blocks
+    try:
+        planted = primitives.gate(dict(TINY_CONFIG), ts=range(1, k + 2), ops=["norm"], fail_closed=False)
+        drift = _local_drift_below_the_window(make_tiny(), k)
+    finally:
+        gemma3_text.RMSNorm.__call__ = plain
+    unequal = planted.first_unequal()
+    assert not planted.exact(k) and set(unequal["T"]) == {2}
+    assert all(v > 0 for v in drift.values()), drift
+
+
+# ------------------------------------------------------------------------------------------------ the CLI
+
+
+def _cli(argv, capsys):
+    """`gemmdrift attribute --primitives ...` as the CLI runs it: (exit status, stdout, stderr)."""
+    from gemmdrift.cli import main
+
+    code = main(["attribute", *argv])
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_the_flags_reuse_a_parsers_own_and_run_is_none_without_primitives():
+    import argparse
+
+    from gemmdrift import primitives_cli
+
+    p = argparse.ArgumentParser()
+    p.add_argument("--model", default="elsewhere")
+    p.add_argument("--out", default="results/x")
+    primitives_cli.add_arguments(p)  # --model and --out are the parser's own: not added twice
+    args = p.parse_args([])
+    assert args.model == "elsewhere" and args.ts == "1-8" and not args.primitives
+    assert primitives_cli.run(args) is None
+
+
+@pytest.mark.linux_cpu_reference
+def test_the_gate_benchmark_tracks_the_verdict():
+    import sys
+    from pathlib import Path
+
+    root = str(Path(__file__).resolve().parent.parent)
+    if root not in sys.path:
+        sys.path.insert(0, root)
+    from benchmarks import bench_primitives
+
+    b = bench_primitives.PrimitivesGate()
+    b.setup()
+    assert b.track_primitives_exact_width() == 7.0  # every op bit-equal for T = 1..8 on this CPU
+    assert b.track_primitives_rows_unequal() == 0.0
+    for fn in (b.track_primitives_exact_width, b.track_primitives_rows_unequal):
+        assert fn.unit and fn.version == "1"

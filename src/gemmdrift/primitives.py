@@ -190,6 +190,10 @@ def gate(source: Any = "embedded", ts: Iterable[int] = range(1, 9), *, ops: Sequ
         fail_closed: any error gives a :class:`Gate` with ``error`` set (nothing exact) instead of raising.
     """
     t0 = time.perf_counter()
+    try:
+        ts = list(ts)  # a generator is read once: by the checks, and again for a failed gate's record
+    except TypeError:
+        pass
     settings = {"seed": seed, "lm_head_rows": lm_head_rows, "max_rows": max_rows, "prefix": prefix,
                 "ops": list(ops) if ops else None}
     model: dict[str, Any] = {"source": source if isinstance(source, str) else "config"}
@@ -214,7 +218,8 @@ def gate(source: Any = "embedded", ts: Iterable[int] = range(1, 9), *, ops: Sequ
         if not fail_closed:
             raise
         msg = str(e).splitlines()[0] if str(e) else ""
-        return Gate(pd.DataFrame(rows, columns=COLUMNS), sorted({int(t) for t in ts if isinstance(t, int)}) or [1],
+        asked = sorted({int(t) for t in ts if isinstance(t, int) and t > 0}) if isinstance(ts, list) else []
+        return Gate(pd.DataFrame(rows, columns=COLUMNS), asked or [1],
                     model, locals().get("device") or {}, str(kernels or "native"), time.perf_counter() - t0,
                     f"{type(e).__name__}: {msg}" if not isinstance(e, GemmdriftError) else msg, settings)
     return Gate(pd.DataFrame(rows, columns=COLUMNS), widths, model, device, kernels or "native",

@@ -328,8 +328,12 @@ def forward_order(op: Op) -> tuple:
 
 def _bf16_rne(x: np.ndarray) -> np.ndarray:
     """float32 -> the nearest bfloat16 (ties to even), returned as float32: integer ops on the bits, no NaNs here."""
-    b = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
-    b = (b + (np.uint32(0x7FFF) + ((b >> np.uint32(16)) & np.uint32(1)))) & np.uint32(0xFFFF0000)
+    b = np.array(x, dtype=np.float32).view(np.uint32)  # a copy, rounded in place
+    lsb = b >> np.uint32(16)
+    lsb &= np.uint32(1)
+    lsb += np.uint32(0x7FFF)
+    b += lsb
+    b &= np.uint32(0xFFFF0000)
     return b.view(np.float32)
 
 

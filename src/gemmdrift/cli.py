@@ -14,7 +14,7 @@ from pathlib import Path
 
 from . import cachebench
 from . import defaults as D
-from . import changelog_cli, dispatch_cli, goldcli, replay_cli, runenv
+from . import attribute_cli, changelog_cli, dispatch_cli, goldcli, replay_cli, runenv
 from .errors import GemmdriftError
 from .cliargs import default_split, parse_ints, parse_range  # noqa: F401  (moved; callers import them from here)
 
@@ -304,6 +304,8 @@ def cmd_diverge(args) -> int:
     with kopt.installed(lm):
         result = measure_diverge(lm, ids, args.n, do_triage=not args.no_triage, record={"prompt": label, **record},
                                  env=env, **opts)
+    if args.explain:
+        result = attribute_cli.explain_divergence(lm, result, ids, kopt.text or None)
     _write_and_print(args, kopt.label(result), out, "(stream_a.json and stream_b.json feed `gemmdrift triage`)")
     return 0
 
@@ -343,6 +345,8 @@ def cmd_triage(args) -> int:
     with kopt.installed(lm):
         result = measure_triage(lm, prompt, sa, sb, args.schedule_a, args.schedule_b, envelope=args.envelope,
                                 env=environment())
+    if args.explain:  # the op classes whose counterfactual removes the flip (issue 29); the verdict stays
+        result = attribute_cli.explain_divergence(lm, result, prompt, kopt.text or None)
     _write_and_print(args, kopt.label(result), args.out)
     return 0
 
@@ -669,6 +673,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--calibration", action="append", default=[], metavar="FILE", help=D.CALIBRATION_HELP)
     cachebench.add_arguments(s, rollback=False)
     _add_output(s, "results/diverge")
+    s.add_argument("--explain", action="store_true", help="with one prompt: also name the op classes whose "
+                   "counterfactual removes the flip at the first divergence (the verdict stays what it is)")
     s.set_defaults(func=cmd_diverge)
 
     s = sub.add_parser("triage", help="judge a divergence between two token streams: near-tie or state bug")
@@ -684,6 +690,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--kernels", help=D.KERNELS_HELP)
     s.add_argument("--calibration", action="append", default=[], metavar="FILE", help=D.CALIBRATION_HELP)
     _add_output(s, "results/triage")
+    s.add_argument("--explain", action="store_true", help="also name the op classes whose counterfactual removes "
+                   "the flip at the first divergence (gemmdrift attribute; the verdict stays what it is)")
     s.set_defaults(func=cmd_triage)
 
     s = sub.add_parser("state", help="cache state exactness: rollback, trim, save/load, server reuse, batch vs a "
@@ -794,6 +802,7 @@ def build_parser() -> argparse.ArgumentParser:
     changelog_cli.add_parser(sub)  # the numerics changelog per release pair (issue 30)
     goldcli.add_parser(sub, sys.modules[__name__])  # logits, compare (issue 23)
     replay_cli.add_parser(sub)
+    attribute_cli.add_parser(sub, sys.modules[__name__])  # which op (issue 29)
     runenv.add_flags(sub)  # --tf32 on every measuring command, --device on env
     return p
 

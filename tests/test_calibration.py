@@ -164,3 +164,16 @@ def test_calibration_is_not_written_for_a_prediction_or_this_cpu(calibrated):
 def test_the_shipped_registry_is_empty_and_documented():
     assert RC.registry_files() == []
     assert (RC.REGISTRY / "README.md").is_file()
+
+
+def test_the_check_says_per_path_which_variants_exist_and_refuses_fp_modes_in_one_line(calibrated):
+    from gemmdrift.kernels.replay_check import check_paths, check_text
+
+    result, _, _ = calibrated
+    text = check_text(result)
+    assert "variants on dense:bfloat16: gemv (no open axis); gemv_wide dot4=sequential|pairwise" in text
+    assert "qmv simd_sum=xor16|xor1|sequential contrib=fma|fma-bias|mul-add" in text
+    assert "qmm_t_splitk mma=H1|H2|H3|H4" in text  # split-K and qmm_t are covered (dequant: one value, fixed)
+    for path in ("quant:mxfp4-q4-g32", "quant:nvfp4-q4-g16", "quant:mxfp8-q8-g32"):
+        with pytest.raises(GemmdriftError, match="not replayed: no (mx|nv)fp"):
+            check_paths([path])

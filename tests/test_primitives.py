@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import zlib
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -105,7 +106,9 @@ def test_the_ops_are_read_from_the_config_at_the_models_own_shapes():
     assert by[("self_attn.q_proj", "linear")].shape == {"K": 640, "N": 1024, "N_full": 1024}
     assert by[("mlp.down_proj", "linear")].shape == {"K": 2048, "N": 640, "N_full": 640}
     assert by[("lm_head", "linear")].shape == {"K": 640, "N": 4096, "N_full": 262144}
-    assert by[("self_attn.q_norm", "norm")].shape == {"D": 256, "heads": 4}
+    # A per-head norm in both layouts an attention may call it in (Gemma 4's (B,T,H,D), Gemma 3's (B,H,T,D)).
+    assert sorted(o.shape["layout"] for o in m.ops if o.name == "self_attn.q_norm") == ["HTD", "THD"]
+    assert {o.shape["heads"] for o in m.ops if o.name == "self_attn.q_norm"} == {4}
     assert by[("sdpa", "sdpa")].shape == {"heads": 4, "kv_heads": 1, "D": 256, "keys": 64}
     # RoPE: the sliding layers' base 10000 and the global layers' (every sixth) 1e6, two ops.
     ropes = sorted((o.layers, o.params["base"]) for o in m.ops if o.kind == "rope")
@@ -144,7 +147,7 @@ def quantized_dir(tmp_path):
 def test_on_this_cpu_every_op_is_bit_identical_across_t_dense():
     g = primitives.gate(SMALL, ts=range(1, 9), fail_closed=False)
     t = g.table
-    assert g.error is None and len(t) == 18 * 8  # 18 distinct ops at the embedded shapes, T = 1..8
+    assert g.error is None and len(t) == 20 * 8  # 20 distinct ops (q/k_norm in two layouts), T = 1..8
     assert t["equal"].all() and (t["max_differing_bytes"] == 0).all()
     assert all(n == [0] * T for n, T in zip(t["differing_bytes"], t["T"]))
     assert g.ok and g.exact(7) and g.exact_width == 7 and not g.exact(8)  # T=9 was not measured: no
@@ -289,8 +292,9 @@ def test_an_op_the_gate_calls_equal_carries_no_local_drift_below_the_window():
 
     def one_ulp_on_blocks(self, x):
         y = plain(self, x)
-        if x.ndim >= 3 and x.shape[1] > 1:  # a multi-row call: every output's last bit flipped
-            y = (y.view(mx.uint16) ^ 1).view(y.dtype) if y.dtype == mx.bfloat16 else y
+        rows = x.shape[2] if x.ndim == 4 else x.shape[1]  # (B, H, L, D), as gemma3_text calls q/k_norm, or (B, L, D)
+        if rows > 1 and y.dtype == mx.bfloat16:  # a multi-row call: every output's last bit flipped
+            y = (y.view(mx.uint16) ^ 1).view(mx.bfloat16)
         return y
 
     gemma3_text.RMSNorm.__call__ = one_ulp_on_blocks
@@ -308,9 +312,14 @@ def test_an_op_the_gate_calls_equal_carries_no_local_drift_below_the_window():
 
 
 def _cli(argv, capsys):
-    """`gemmdrift attribute --primitives ...` as the CLI runs it: (exit status, stdout, stderr)."""
+    """`gemmdrift attribute --primitives ...` as the CLI runs it: (exit status, stdout, stderr); the output
+    directory is a fresh temporary one unless ``--out`` is given (attribute's default is results/attribute)."""
+    import tempfile
+
     from gemmdrift.cli import main
 
+    if "--out" not in argv:
+        argv = [*argv, "--out", str(Path(tempfile.mkdtemp()) / "o")]
     code = main(["attribute", *argv])
     out = capsys.readouterr()
     return code, out.out, out.err
@@ -340,12 +349,13 @@ def test_the_flags_reuse_a_parsers_own_and_run_is_none_without_primitives():
     (["--lm-head-rows", "-3"], "--lm-head-rows"),
     (["--operand-seed", "x"], "--operand-seed"),
 ])
-def test_bad_input_on_the_command_line_is_one_line_and_exit_2(argv, needle, capsys, monkeypatch):
+def test_bad_input_on_the_command_line_is_one_line_and_exit_2(argv, needle, capsys, monkeypatch, tmp_path):
     from gemmdrift import primitives_ops
 
     monkeypatch.setattr(primitives_ops, "parity", lambda *a, **k: pytest.fail("computed despite bad input"))
-    code, out, err = _cli(["--primitives", "--model", SMALL, *argv], capsys)
+    code, out, err = _cli(["--primitives", "--model", SMALL, *argv, "--out", str(tmp_path / "o")], capsys)
     assert code == 2 and out == "" and needle in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "o").exists()  # refused before anything was written
 
 
 def test_no_config_and_unknown_architecture_on_the_command_line(tmp_path, capsys):
@@ -426,7 +436,7 @@ def test_several_seeds_each_checked_and_equal_only_if_equal_on_all(monkeypatch):
     monkeypatch.setattr(primitives, "parity", differs_on_seed_7)
     monkeypatch.setattr(primitives, "probe_for", probe_for)
     g = primitives.gate(SMALL, ts=[1, 2], ops=["k_norm"], seed=[1165, 7], fail_closed=False)
-    assert sorted(set(g.table["seed"])) == [7, 1165] and len(g.table) == 4
+    assert sorted(set(g.table["seed"])) == [7, 1165] and len(g.table) == 2 * 2 * 2  # layouts x seeds x T
     assert not g.exact(1) and g.exact(0)
     from gemmdrift.primitives_view import text
 
@@ -445,3 +455,92 @@ def test_a_multimodal_config_nests_its_text_model_and_its_quantization_paths():
     assert (m.architecture, m.dtype, m.n_layers) == ("gemma3", "float16", 18)
     down = {o.layers: o.quant_label for o in m.ops if o.name == "mlp.down_proj"}
     assert down == {(3,): "affine-q8-g64", tuple(i for i in range(18) if i != 3): "affine-q4-g64"}
+
+
+def test_the_command_computes_in_the_configs_dtype_unless_told(tmp_path, capsys):
+    from gemmdrift.models import SHAPES
+
+    (tmp_path / "config.json").write_text(json.dumps({**SHAPES["gemma3-270m"], "torch_dtype": "float16"}))
+    code, out, err = _cli(["--primitives", "--model", str(tmp_path), "--ops", "k_norm", "--ts", "1-2", "--json"],
+                          capsys)
+    assert code == 0, err
+    assert {r["dtype"] for r in json.loads(out)["rows"]} == {"float16"}
+    code, out, err = _cli(["--primitives", "--model", str(tmp_path), "--ops", "k_norm", "--ts", "1-2", "--json",
+                           "--dtype", "bfloat16"], capsys)
+    assert {r["dtype"] for r in json.loads(out)["rows"]} == {"bfloat16"}
+
+
+def _gate_verdicts(g) -> dict[tuple[str, int], bool]:
+    """(op, layer) -> equal at every T of the gate (layer -1: the model's head), from the gate's table."""
+    out: dict[tuple[str, int], bool] = {}
+    for (op, layers), rows in g.table.groupby(["op", "layers"]):
+        ids = [-1] if layers == "head" else [i for part in layers.split(",") for i in (
+            range(int(part.split("-")[0]), int(part.split("-")[-1]) + 1))]
+        for i in ids:
+            out[(op, i)] = out.get((op, i), True) and bool(rows["equal"].all())
+    return out
+
+
+def _attribution_ops(lm, k: int):
+    from gemmdrift.attribute import attribute
+
+    from tests.test_taps_stack import TOKENS
+
+    n = lm.description.sliding_window  # every position below the window
+    r = attribute(lm, TOKENS[:n], ["prefill:2,decode", f"prefill:2,verify:{k}"], split=2, counterfactual=[])
+    return r.tables["ops"]
+
+
+def _matched(ops, verdicts, n_layers):
+    """attribute's (layer, op) rows with the gate's verdict for the same op and layer: its rope calls
+    (self_attn.rope, #1 for the keys) are the gate's rope, its head (lm_head, norm) the gate's head rows; the
+    residual adds are not a gate op."""
+    out = []
+    for _, r in ops.iterrows():
+        name = "rope" if r["op"].startswith("self_attn.rope") else r["op"]
+        layer = -1 if name in ("lm_head", "norm") or int(r["layer"]) >= n_layers else int(r["layer"])
+        if (name, layer) in verdicts:
+            out.append((name, layer, verdicts[(name, layer)], int(r["positions_differ"]), float(r["frac_differ"])))
+        else:
+            assert name.startswith("residual"), f"attribute's op {r['op']} (layer {r['layer']}) has no gate row"
+    return out
+
+
+@pytest.mark.linux_cpu_reference
+def test_an_op_the_gate_calls_equal_carries_no_local_drift_in_the_whole_model_attribution():
+    """The issue's cross-check against the whole-model attribution (gemmdrift.attribute, local drift per op
+    and layer): below the window, every (layer, op) the gate calls bit-equal for T = 1..k+1 carries exactly 0
+    local drift under decode vs verify:k. A planted row-dependent norm (one ULP on multi-row calls) turns both
+    at once: the gate calls exactly the norms unequal, and the attribution finds drift in exactly those."""
+    import mlx.core as mx
+    from mlx_lm.models import gemma3_text
+
+    from tests.conftest import TINY_CONFIG, make_tiny
+
+    k, L = 2, TINY_CONFIG["num_hidden_layers"]
+    g = primitives.gate(dict(TINY_CONFIG), ts=range(1, k + 2), fail_closed=False)
+    rows = _matched(_attribution_ops(make_tiny(), k), _gate_verdicts(g), L)
+    assert len({(n, i) for n, i, *_ in rows}) >= 15 * L  # every projection, norm, rope and sdpa of every layer
+    assert all(equal and differ == 0 and frac == 0 for _, _, equal, differ, frac in rows)
+
+    plain = gemma3_text.RMSNorm.__call__
+
+    def one_ulp_on_blocks(self, x):
+        y = plain(self, x)
+        rows = x.shape[2] if x.ndim == 4 else x.shape[1]  # (B, H, L, D), as gemma3_text calls q/k_norm, or (B, L, D)
+        if rows > 1 and y.dtype == mx.bfloat16:  # a multi-row call: the last bit flipped
+            y = (y.view(mx.uint16) ^ 1).view(mx.bfloat16)
+        return y
+
+    gemma3_text.RMSNorm.__call__ = one_ulp_on_blocks
+    try:
+        g = primitives.gate(dict(TINY_CONFIG), ts=range(1, k + 2), fail_closed=False)
+        rows = _matched(_attribution_ops(make_tiny(), k), _gate_verdicts(g), L)
+    finally:
+        gemma3_text.RMSNorm.__call__ = plain
+    unequal = {(n, i) for n, i, equal, *_ in rows if not equal}
+    drifting = {(n, i) for n, i, _, differ, _ in rows if differ > 0}
+    assert unequal and unequal == drifting
+    assert {n for n, _ in unequal} == {"input_layernorm", "self_attn.q_norm", "self_attn.k_norm",
+                                       "post_attention_layernorm", "pre_feedforward_layernorm",
+                                       "post_feedforward_layernorm", "norm"}

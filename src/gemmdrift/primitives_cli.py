@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import Any
 
 from .errors import GemmdriftError
 
@@ -20,7 +21,15 @@ def _has(parser: argparse.ArgumentParser, flag: str) -> bool:
     return flag in parser._option_string_actions
 
 
+class _Default(str):
+    """A ``--dtype`` default the command's parser set (not one the user typed): the gate then computes in the
+    dtype the config ships in. It is the same string for everything else that reads it."""
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    dtype = parser._option_string_actions.get("--dtype")
+    if dtype is not None and isinstance(dtype.default, str) and not isinstance(dtype.default, _Default):
+        dtype.default = _Default(dtype.default)
     g = parser.add_argument_group("primitives (the one-second gate: no forward pass)")
     g.add_argument("--primitives", action="store_true",
                    help="per op of a decoder layer, at the model's shapes: is a T-row call bit-equal to T single-row "
@@ -81,7 +90,7 @@ def _ts(value) -> list[int]:
     return check_ts(ts)
 
 
-def run(args: argparse.Namespace) -> int | None:
+def run(args: argparse.Namespace, cli: Any = None) -> int | None:
     if not getattr(args, "primitives", False):
         return None
     from . import files, primitives, primitives_view
@@ -94,7 +103,8 @@ def run(args: argparse.Namespace) -> int | None:
     lm_head_rows = LM_HEAD_ROWS if rows is None else (None if rows == 0 else rows)
     if rows is not None and rows < 0:
         raise GemmdriftError(f"--lm-head-rows must be 0 (all) or positive, got {rows}")
-    kw = {"ops": _ops(getattr(args, "ops", None)), "dtype": getattr(args, "dtype", None) or None,
+    dtype = getattr(args, "dtype", None)
+    kw = {"ops": _ops(getattr(args, "ops", None)), "dtype": None if isinstance(dtype, _Default) else dtype or None,
           "kernels": getattr(args, "kernels", None) or None, "lm_head_rows": lm_head_rows,
           "max_rows": getattr(args, "max_rows", None)}
     seed = getattr(args, "operand_seed", None)

@@ -63,7 +63,9 @@ class Op:
             sliced = f" (first {s['N']} of {s['N_full']})" if s["N"] != s["N_full"] else ""
             return f"K={s['K']} N={s['N']}{sliced}"
         if self.kind == "norm":
-            return f"D={s['D']}" + (f" x{s['heads']} heads" if s.get("heads") else "")
+            if not s.get("heads"):
+                return f"D={s['D']}"
+            return f"D={s['D']} x{s['heads']} heads " + ("(B,T,H,D)" if s["layout"] == "THD" else "(B,H,T,D)")
         if self.kind == "rope":
             base = self.params.get("base")
             return f"heads={s['heads']} D={s['D']} offset={s['offset']}" + (f" base={base:g}" if base else "")
@@ -271,9 +273,14 @@ def model_ops(source: Any = "embedded", *, dtype: str | None = None, lm_head_row
                 heads = _heads(parent, leaf.rsplit(".", 1)[-1]) if in_attn else None
                 if not in_attn:
                     hidden = hidden or D
-                add(Op(leaf, "norm", (i,), {"D": D, **({"heads": int(heads)} if heads else {})},
-                       module=mod, params={"class": type(mod).__name__, "eps": float(getattr(mod, "eps", 0.0) or 0.0),
-                                           "weight": w is not None}))
+                common = {"class": type(mod).__name__, "eps": float(getattr(mod, "eps", 0.0) or 0.0),
+                          "weight": w is not None}
+                # A per-head norm sees (B, L, heads, D) in one architecture (Gemma 4) and the transposed
+                # (B, heads, L, D) in another (Gemma 3); which is in the model's forward, which the gate does not
+                # read: both layouts are checked.
+                for layout in (("THD", "HTD") if heads else ("TD",)):
+                    add(Op(leaf, "norm", (i,), {"D": D, **({"heads": int(heads), "layout": layout} if heads else {})},
+                           module=mod, params=common))
         attn = layer.get("self_attn") if hasattr(layer, "get") else getattr(layer, "self_attn", None)
         if attn is not None and all(hasattr(attn, a) for a in ("n_heads", "n_kv_heads", "head_dim", "scale")):
             h, kv, d = int(attn.n_heads), int(attn.n_kv_heads), int(attn.head_dim)

@@ -140,6 +140,9 @@ def norm_probe(op: Op, dtype: str, width: int, seed: int = SEED) -> Probe:
     if op.params.get("weight"):
         # The module is the gate's own (an instantiated, never loaded model): a seeded weight replaces its initial one.
         mod.weight = to_mx(seeded((D,), dtype, f"w:{op.name}:{D}", seed=seed), dtype)
+    if op.shape.get("layout") == "HTD":  # (1, T, H, D) transposed to (1, H, T, D), as Gemma 3's attention calls it
+        return Probe(lambda t: mod(x[:, t:t + 1].transpose(0, 2, 1, 3)),
+                     lambda T: mod(x[:, :T].transpose(0, 2, 1, 3)), axis=2)
     return Probe(lambda t: mod(x[:, t:t + 1]), lambda T: mod(x[:, :T]), axis=1)
 
 

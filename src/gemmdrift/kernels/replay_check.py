@@ -42,6 +42,10 @@ def check_paths(paths: Sequence[str]) -> list[Any]:
         elif spec.kind == "quant" and spec.quant.mode == "affine" and spec.quant.bits in (4, 8) \
                 and spec.quant.group_size == 64:
             out.append(spec)
+        elif spec.kind == "quant" and spec.quant.mode != "affine":
+            raise GemmdriftError(f"replay check: {p!r} not replayed: no {spec.quant.mode} recipe (the fp modes' "
+                                 "Metal kernels are not replayed; replayed: dense:<dtype>, quant:affine-q4-g64, "
+                                 "quant:affine-q8-g64)")
         else:
             raise GemmdriftError(f"replay check: no recipe for path {p!r} (replayed: dense:<dtype>, "
                                  "quant:affine-q4-g64, quant:affine-q8-g64)")
@@ -379,8 +383,31 @@ def check_text(result) -> str:
             best = min(done, key=lambda r: r["max_ulp"])
             lines.append(f"{path:22s} T={T:<4d} {kernel:18s} none identical; nearest {best['variant']} at "
                          f"{best['max_ulp']:g} ulp")
+    lines += variants_lines(result)
     lines.append(cells_line(result))
     return "\n".join(lines)
+
+
+def variants_lines(result) -> list[str]:
+    """Per path, the kernels the check ran and the variants each has (its open axes and their values)."""
+    from .replay import RECIPES
+
+    kernels: dict[str, list[str]] = {}
+    for r in result.details["records"]:
+        if r["kernel"]:
+            for k in str(r["kernel"]).split(","):
+                kernels.setdefault(r["path"], [])
+                if k not in kernels[r["path"]]:
+                    kernels[r["path"]].append(k)
+    out = []
+    for path, ks in sorted(kernels.items()):
+        parts = []
+        for k in ks:
+            axes = {a: v for a, v in (RECIPES[k].axes if k in RECIPES else {}).items() if len(v) > 1}
+            parts.append(k + (" " + " ".join(f"{a}={'|'.join(v)}" for a, v in axes.items()) if axes
+                              else " (no open axis)"))
+        out.append(f"variants on {path}: " + "; ".join(parts))
+    return out
 
 
 def _nan(x) -> bool:
@@ -427,5 +454,6 @@ def _jsonable(x: Any) -> Any:
     return str(x)
 
 
-__all__ = ["DEFAULT_TS", "DEFAULT_PATHS", "check_paths", "check_replay", "planted_device", "check_text", "headline",
+__all__ = ["DEFAULT_TS", "DEFAULT_PATHS", "check_paths", "check_replay", "planted_device", "check_text",
+           "variants_lines", "headline",
            "cells_line", "report_part", "summarize", "seeded_q4_weight", "speed_ratio"]

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from . import cachebench
 from . import defaults as D
-from . import changelog_cli, dispatch_cli, goldcli, replay_cli, runenv
+from . import attribute_cli, changelog_cli, dispatch_cli, goldcli, replay_cli, runenv
 from .errors import GemmdriftError
 from .cliargs import default_split, parse_ints, parse_range  # noqa: F401  (moved; callers import them from here)
 
@@ -155,7 +155,9 @@ def cmd_stack(args) -> int:
     impl, _ = cachebench.precheck(args)
     from .kernels.replay_model import KernelsOption
 
-    kopt = KernelsOption(args.kernels, ladder=args.ladder, replay_prefix=args.replay_prefix)  # checked before loading
+    # checked before loading
+    kopt = KernelsOption(args.kernels, ladder=args.ladder, replay_prefix=args.replay_prefix,
+                         calibration=args.calibration)
     kopt.check_run(_replay_shapes(args), args.schedules, args.tokens, args.split, args.dtype)  # a call with no recipe
 
     from .envinfo import environment
@@ -208,7 +210,8 @@ def cmd_kernels(args) -> int:
         kernels.parse_path(p)  # a bad path fails before the model loads
     from .kernels.replay_model import KernelsOption
 
-    kopt = KernelsOption(args.kernels, ops=args.ops)  # replay:<chip>[@variant]: checked before loading
+    # replay:<chip>[@variant]: checked before loading
+    kopt = KernelsOption(args.kernels, ops=args.ops, calibration=args.calibration)
     lm = _load(args)
     projs = kernels.projections(lm, layers=layers, names=names)
     print(f"gemmdrift kernels: {describe(lm.description)}; {len(projs)} projections x {len(paths)} paths", file=sys.stderr)
@@ -265,7 +268,8 @@ def cmd_diverge(args) -> int:
             _context_text(args.context)
     from .kernels.replay_model import KernelsOption
 
-    kopt = KernelsOption(args.kernels, draft=args.draft)  # replay:<chip>[@variant]: checked before loading
+    # replay:<chip>[@variant]: checked before loading
+    kopt = KernelsOption(args.kernels, draft=args.draft, calibration=args.calibration)
     from .diverge import measure_divergence_stats, measure_diverge
     from .envinfo import environment
     from .models import describe
@@ -300,6 +304,8 @@ def cmd_diverge(args) -> int:
     with kopt.installed(lm):
         result = measure_diverge(lm, ids, args.n, do_triage=not args.no_triage, record={"prompt": label, **record},
                                  env=env, **opts)
+    if args.explain:
+        result = attribute_cli.explain_divergence(lm, result, ids, kopt.text or None)
     _write_and_print(args, kopt.label(result), out, "(stream_a.json and stream_b.json feed `gemmdrift triage`)")
     return 0
 
@@ -315,7 +321,7 @@ def cmd_triage(args) -> int:
         raise GemmdriftError("the two stream files have unequal prompts")
     from .kernels.replay_model import KernelsOption
 
-    kopt = KernelsOption(args.kernels)  # replay:<chip>[@variant]: checked before loading
+    kopt = KernelsOption(args.kernels, calibration=args.calibration)  # replay:<chip>[@variant]: checked before loading
     args.schedule_a, why_a = stream_schedule(args.schedule_a, args.stream_a, D.SCHEDULE_PLAIN, "--schedule-a")
     args.schedule_b, why_b = stream_schedule(args.schedule_b, args.stream_b, D.SCHEDULE_SPECULATIVE, "--schedule-b")
     _precheck(args)  # every check before the first line printed
@@ -339,6 +345,8 @@ def cmd_triage(args) -> int:
     with kopt.installed(lm):
         result = measure_triage(lm, prompt, sa, sb, args.schedule_a, args.schedule_b, envelope=args.envelope,
                                 env=environment())
+    if args.explain:  # the op classes whose counterfactual removes the flip (issue 29); the verdict stays
+        result = attribute_cli.explain_divergence(lm, result, prompt, kopt.text or None)
     _write_and_print(args, kopt.label(result), args.out)
     return 0
 
@@ -389,10 +397,12 @@ def cmd_run(args) -> int:
 
     check_out_dir(args.out)
     from .envinfo import select_device
+    from .kernels.replay_calib import check_files
     from .suite import main_job
 
+    check_files(args.calibration)  # a bad file: one line, before the model loads
     select_device(args.device)
-    paths = main_job(args.out, sizes=args.sizes, model=args.model, dtype=args.dtype)
+    paths = main_job(args.out, sizes=args.sizes, model=args.model, dtype=args.dtype, calibration=args.calibration)
     print(paths["markdown"].read_text())
     print(f"report: {paths['html']} (and {paths['markdown'].name} beside it)")
     return 0
@@ -613,6 +623,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--no-local", action="store_true", help="skip local drift (saves one run per schedule)")
     s.add_argument("--ladder", action="store_true", help="rerun at float32: rounding shrinks, semantic differences do not")
     s.add_argument("--kernels", help=D.KERNELS_HELP)
+    s.add_argument("--calibration", action="append", default=[], metavar="FILE", help=D.CALIBRATION_HELP)
     s.add_argument("--replay-prefix", action="store_true", help="with --kernels: replay the prefix the schedules "
                    "share too (default: computed once with this machine's kernels, both schedules start from it)")
     cachebench.add_arguments(s, rollback=False)
@@ -633,6 +644,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"distinct captured rows per projection (default {D.KERNEL_MAX_ROWS})")
     s.add_argument("--ops", action="store_true", help="also sdpa, rms_norm, rope and softmax with the model's geometry")
     s.add_argument("--kernels", help=D.KERNELS_HELP)
+    s.add_argument("--calibration", action="append", default=[], metavar="FILE", help=D.CALIBRATION_HELP)
     _add_output(s, "results/kernels")
     s.set_defaults(func=cmd_kernels)
 
@@ -658,8 +670,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--rollback", default="mlx-lm", help="speculative stream: mlx-lm's speculative_generate_step "
                    "(default), exact (snapshots restored where trim_prompt_cache refuses) or module:function (its rewind)")
     s.add_argument("--kernels", help=D.KERNELS_HELP)
+    s.add_argument("--calibration", action="append", default=[], metavar="FILE", help=D.CALIBRATION_HELP)
     cachebench.add_arguments(s, rollback=False)
     _add_output(s, "results/diverge")
+    s.add_argument("--explain", action="store_true", help="with one prompt: also name the op classes whose "
+                   "counterfactual removes the flip at the first divergence (the verdict stays what it is)")
     s.set_defaults(func=cmd_diverge)
 
     s = sub.add_parser("triage", help="judge a divergence between two token streams: near-tie or state bug")
@@ -673,7 +688,10 @@ def build_parser() -> argparse.ArgumentParser:
                                         f"speculative, {D.SCHEDULE_SPECULATIVE})")
     s.add_argument("--envelope", type=float, help="use this envelope instead of measuring it on the shared prefix")
     s.add_argument("--kernels", help=D.KERNELS_HELP)
+    s.add_argument("--calibration", action="append", default=[], metavar="FILE", help=D.CALIBRATION_HELP)
     _add_output(s, "results/triage")
+    s.add_argument("--explain", action="store_true", help="also name the op classes whose counterfactual removes "
+                   "the flip at the first divergence (gemmdrift attribute; the verdict stays what it is)")
     s.set_defaults(func=cmd_triage)
 
     s = sub.add_parser("state", help="cache state exactness: rollback, trim, save/load, server reuse, batch vs a "
@@ -702,6 +720,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--model", default=D.MODEL, help="a model source (default: the embedded Gemma 3 270M)")
     s.add_argument("--dtype", default=D.DTYPE, help=f"compute dtype (default {D.DTYPE})")
     s.add_argument("--device", choices=["cpu", "gpu"], help="mlx device (default: mlx's own choice)")
+    s.add_argument("--calibration", action="append", default=[], metavar="FILE",
+                   help="the prediction part replays the variant this file measured for its chip (repeatable; the "
+                        "shipped registry is read too; docs/calibration.md)")
     s.set_defaults(func=cmd_run)
 
     s = sub.add_parser("report", help="one page (HTML and markdown) from a results directory: tables, figures, reading")
@@ -781,6 +802,7 @@ def build_parser() -> argparse.ArgumentParser:
     changelog_cli.add_parser(sub)  # the numerics changelog per release pair (issue 30)
     goldcli.add_parser(sub, sys.modules[__name__])  # logits, compare (issue 23)
     replay_cli.add_parser(sub)
+    attribute_cli.add_parser(sub, sys.modules[__name__])  # which op (issue 29)
     runenv.add_flags(sub)  # --tf32 on every measuring command, --device on env
     return p
 

@@ -787,3 +787,12 @@ def _draw_predict(result) -> dict:  # issue 22: the figure lives in gemmdrift.pr
 
 
 DRAW["predict"] = _draw_predict
+
+
+def _draw_attribute(result) -> dict:  # issue 29: the figure lives in gemmdrift.attribute_view
+    from .attribute_view import FIGURE, attribute_figure
+
+    return {FIGURE: attribute_figure(result)}
+
+
+DRAW["attribute"] = _draw_attribute

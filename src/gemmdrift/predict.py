@@ -139,6 +139,15 @@ def chip_variants(lm, chip: str, ts: Sequence[int], which: str = "all", version:
     return [",".join(f"{k}={v}" for k, v in zip(keys, combo)) for combo in itertools.product(*(axes[k] for k in keys))]
 
 
+def calibrated_variants(variants: Sequence[str], measured: dict[str, str]) -> list[str]:
+    """The variant texts consistent with a calibration's measured axes (its order kept: the one with the other
+    axes at their defaults first); axes the chip's recipes here do not have are ignored."""
+    def split(text: str) -> dict[str, str]:
+        return dict(p.split("=", 1) for p in text.split(",") if "=" in p)
+
+    return [v for v in variants if all(split(v).get(a, m) == m for a, m in measured.items())]
+
+
 def _signature(lm, chip: str, ts: Sequence[int], variant: str, version: str | None = None) -> tuple:
     """What a run's every call computes: (kernel, params, variant) per projection shape and T."""
     return tuple((p.recipe.kernel, tuple(sorted(p.params.items())), tuple(sorted(p.variant.items())))
@@ -190,7 +199,7 @@ def _say(text: str) -> None:
 
 def predict_drift(lm, sizes: PredictSizes, *, checkpoint: str | Path | None = None,
                   env: dict[str, Any] | None = None, tokens: Sequence[int] | None = None,
-                  mlx_version: str | None = None) -> Result:
+                  mlx_version: str | None = None, calibration: Sequence[str] = ()) -> Result:
     """Decode vs verify:2 / verify:3 predicted per chip and variant, beside the same pairs measured here.
 
     Args:
@@ -201,6 +210,8 @@ def predict_drift(lm, sizes: PredictSizes, *, checkpoint: str | Path | None = No
         tokens: the stream (default: the built-in essay's first ``sizes.tokens`` tokens).
         mlx_version: whose recipes the replay follows (default the installed mlx; the changelog replays each
             release's).
+        calibration: calibration files; with the registry's (:mod:`gemmdrift.kernels.replay_calib`), a chip
+            they calibrate at this release runs its measured variant (only the unmeasured axes still vary).
 
     Returns:
         A ``predict`` Result: tables ``layers`` and ``envelope`` (one row per chip, variant, pair and tap;
@@ -215,8 +226,13 @@ def predict_drift(lm, sizes: PredictSizes, *, checkpoint: str | Path | None = No
     from .stack import compare_taps, measure_stack
     from .taps import load_checkpoint, run_schedule, save_taps
 
+    from .dispatch import not_a_chip
+
     check_sizes(sizes)
     env = env if env is not None else environment()
+    device_note = not_a_chip(env)
+    if device_note:  # the measured line is this device as it reports itself, never a chip's
+        _say(device_note)
     ck = Path(checkpoint) if checkpoint is not None else None
     tokens = [int(t) for t in (builtin_stream(lm, sizes.tokens) if tokens is None else tokens)]
     if len(tokens) != sizes.tokens:
@@ -243,6 +259,9 @@ def predict_drift(lm, sizes: PredictSizes, *, checkpoint: str | Path | None = No
     native_ref = kept[(scheds[0], "accumulated", lm.description.dtype)]
     _say(f"this machine's kernels: {seconds['cpu (measured)']:.1f} s")
 
+    from .kernels.replay_calib import resolve
+
+    calibrated: dict[str, str] = {}  # chip -> "calibrated by <file>"
     shared: dict[tuple, Path] = {}  # decode reference signature -> the checkpoint that holds it
     variants_run: dict[str, list[str]] = {}
     for chip in sizes.chips:
@@ -253,6 +272,11 @@ def predict_drift(lm, sizes: PredictSizes, *, checkpoint: str | Path | None = No
         if knowable:
             run = [scheds[0], *knowable]
             variants = chip_variants(lm, chip, sorted({t for s in run for t in ts[s]}), sizes.variants, version)
+            cal = resolve(chip, version, calibration)
+            if cal.variant:
+                variants = calibrated_variants(variants, cal.variant)
+                calibrated[chip] = cal.note
+                _say(f"{chip}: {cal.note} ({cal.text})")
             variants_run[chip] = variants
             for i, v in enumerate(variants):
                 label = f"{chip}@{v}" if v else chip
@@ -304,6 +328,7 @@ def predict_drift(lm, sizes: PredictSizes, *, checkpoint: str | Path | None = No
     tables["refused"] = pd.DataFrame(refused, columns=["chip", "pair", "schedule", "reason"])
     inputs = {"model": lm.info, "sizes": asdict(sizes), "tokens": tokens, "schedules": list(scheds),
               "positions": [int(p) for p in positions], "mlx_replayed": version, "variants": variants_run,
+              "device_note": device_note or "", "calibration": calibrated,
               "prediction": "every replayed figure is a prediction for that chip (mlx version, variant), "
                             "not a measurement on it"}
     frame = tidy(_tidy(tables["layers"]), backend=str(env.get("backend") or ""), mlx=str(env.get("mlx") or ""),
@@ -377,4 +402,5 @@ def _tidy(layers: pd.DataFrame) -> pd.DataFrame:
 
 
 __all__ = ["PredictSizes", "SIZES", "CHIPS", "predict_drift", "spread", "predict_figures", "chip_variants",
+           "calibrated_variants",
            "refusal", "block_ts", "schedules", "check_sizes"]

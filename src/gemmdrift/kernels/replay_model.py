@@ -18,7 +18,7 @@ from __future__ import annotations
 import contextlib
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 
@@ -166,15 +166,19 @@ class KernelsOption:
         "draft": "--draft with --kernels: a separate draft model is not replayed (the target drafts for itself)",
     }
 
-    def __init__(self, text: str | None, *, replay_prefix: bool = False, **given: Any):
+    def __init__(self, text: str | None, *, replay_prefix: bool = False, calibration: Sequence[str] = (),
+                 **given: Any):
         self.text = (text or "").strip()
         self.chip = self.variant = None
+        self.calibrated_by = ""
         self.log: ReplayLog | None = None
         self.replay_prefix = bool(replay_prefix)
         if not self.text or self.text == "native":
             self.text = ""
             if replay_prefix:
                 raise GemmdriftError("--replay-prefix needs --kernels replay:<chip>[@<variant>]")
+            if calibration:
+                raise GemmdriftError("--calibration needs --kernels replay:<chip>")
             return
         kind, _, rest = self.text.partition(":")
         if kind != "replay" or not rest:
@@ -192,6 +196,15 @@ class KernelsOption:
             if value:
                 raise GemmdriftError(self.REFUSED[flag])
         self.chip, self.variant = chip, variant or None
+        from .replay_calib import resolve
+
+        if variant and calibration:
+            raise GemmdriftError(f"--kernels {text!r} names a variant and --calibration measures one: give one")
+        if not variant:  # the measured variant of this chip and release (given files, then the registry)
+            res = resolve(chip, installed_mlx(), calibration)
+            if res.variant:
+                self.variant, self.calibrated_by = res.text, res.note
+                self.text = f"replay:{chip}@{res.text}"
 
     @property
     def workers(self) -> int | None:
@@ -215,6 +228,10 @@ class KernelsOption:
         if not self.text:
             yield None
             return
+        if self.calibrated_by:
+            import sys
+
+            print(f"  {self.text}: {self.calibrated_by}", file=sys.stderr, flush=True)
         with replayed(lm, self.chip, self.variant) as log:
             self.log = log
             log.prefix_native = not self.replay_prefix
@@ -257,8 +274,9 @@ class KernelsOption:
             return result
         import dataclasses
 
-        return dataclasses.replace(result, inputs={**result.inputs, "kernels": self.text},
-                                   details={**result.details, "replay": self.log.record()})
+        cal = {"calibration": self.calibrated_by} if self.calibrated_by else {}
+        return dataclasses.replace(result, inputs={**result.inputs, "kernels": self.text, **cal},
+                                   details={**result.details, "replay": {**self.log.record(), **cal}})
 
 
 def replayed_ts(schedules, n: int, split: int | None, *, replay_prefix: bool = False) -> set[int]:

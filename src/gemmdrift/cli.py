@@ -26,6 +26,15 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
+    def parse_args(self, args=None, namespace=None):
+        """Unrecognized arguments are named with the subcommand whose help lists its flags (D17)."""
+        ns, extras = self.parse_known_args(args, namespace)
+        if extras:
+            prog = " ".join([self.prog] + [str(v) for v in (getattr(ns, "command", None),
+                                                             getattr(ns, "replay_command", None)) if v])
+            self.exit(2, f"{prog}: error: unrecognized arguments: {' '.join(extras)} (see {prog} --help)\n")
+        return ns
+
 
 # ------------------------------------------------------------------ shared options
 
@@ -498,7 +507,13 @@ def cmd_fingerprint(args) -> int:
 
     check_fingerprint_sizes(args.k, args.n, ts, args.draw_k)  # memory, before exactness and any allocation
     for text in paths:  # every input error before any computation
-        fingerprint.check_path(fingerprint.parse_path(text), args.k, args.n, args.window)
+        spec = fingerprint.parse_path(text)
+        fingerprint.check_path(spec, args.k, args.n, args.window)
+        if spec.op == "replay":  # a T the chip runs a kernel with no recipe for (CUDA T >= 2): now, not after T=1
+            from .kernels.replay_paths import replay_probe
+
+            for t in ts:
+                replay_probe(text, args.k, t, args.n)
     store.check_out_dir(args.out)
     select_device(args.device)
     result = fingerprint.measure(paths, K=args.k, ts=ts, N=args.n, window=args.window, draw_k=args.draw_k,
@@ -698,7 +713,8 @@ def build_parser() -> argparse.ArgumentParser:
                                      "cache that never did them")
     _add_model(s)
     s.add_argument("--ops", default="rollback,trim,trim_prompt_cache,save_load,server_reuse,batch",
-                   help="operations: rollback,trim,trim_prompt_cache,save_load,server_reuse,batch (default all)")
+                   help="operations: rollback,trim,trim_prompt_cache,save_load,server_reuse,batch (the default), "
+                        "and draft_trim (the draft cache's trim after T=1 drafts; only when asked)")
     s.add_argument("--where", help="prefix lengths relative to the sliding window: below,at,past,far "
                                    "(default all; below,past for QuantizedKVCache)")
     s.add_argument("--k", help="draft counts of the rollback, every r = 0..k (default 1-4; 2 for QuantizedKVCache)")

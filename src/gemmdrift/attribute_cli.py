@@ -146,3 +146,10 @@ def explain_divergence(lm, result, prompt, kernels: str | None = None, perturb=N
                      f"({', '.join(e['removed_by'][:4])})")
     details["triage"] = {**t, "explanation": e}
     return dataclasses.replace(result, details=details)
+
+
+# The release axis (issue 29 item 4): --python PATH recomputes every op from captured inputs under another mlx.
+from . import release_ops as _release_ops  # noqa: E402
+
+MODES.append((_release_ops.add_arguments, _release_ops.run))
+

@@ -50,6 +50,10 @@ RANKS = {
     "twostats": 3, "golden": 5, "goldview": 11, "goldcli": 16,  # logits / compare (issue 23)
     "cliargs": 2,  # the CLI's list and range arguments (issue 25)
     "predict": 11, "predict_view": 11.5,  # predicted GPU drift, the main job's replay part (issue 22)
+    "optaps": 5.5,  # op taps inside every decoder layer and local drift per op (issue 29)
+    "attribute": 8,  # which op: local drift, counterfactual per op class, the verdict (issue 29)
+    "attribute_view": 11.6,  # its summary, text, report section and figure
+    "attribute_cli": 16.5,  # `gemmdrift attribute` and its MODES (--primitives, --python plug in there)
     "changelog": 6,  # the numerics changelog's measured part and its release pairs (issue 30)
     "changelog_view": 7,  # the changelog's pages: Markdown and HTML from one list of blocks (issue 30)
     "changelog_predict": 12,  # the changelog's predicted section: dispatch differences, replayed envelopes (issue 30)

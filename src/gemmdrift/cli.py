@@ -14,7 +14,7 @@ from pathlib import Path
 
 from . import cachebench
 from . import defaults as D
-from . import changelog_cli, dispatch_cli, goldcli, replay_cli, runenv
+from . import attribute_cli, changelog_cli, dispatch_cli, goldcli, replay_cli, runenv
 from .errors import GemmdriftError
 from .cliargs import default_split, parse_ints, parse_range  # noqa: F401  (moved; callers import them from here)
 
@@ -25,6 +25,15 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+    def parse_args(self, args=None, namespace=None):
+        """Unrecognized arguments are named with the subcommand whose help lists its flags (D17)."""
+        ns, extras = self.parse_known_args(args, namespace)
+        if extras:
+            prog = " ".join([self.prog] + [str(v) for v in (getattr(ns, "command", None),
+                                                             getattr(ns, "replay_command", None)) if v])
+            self.exit(2, f"{prog}: error: unrecognized arguments: {' '.join(extras)} (see {prog} --help)\n")
+        return ns
 
 
 # ------------------------------------------------------------------ shared options
@@ -304,6 +313,8 @@ def cmd_diverge(args) -> int:
     with kopt.installed(lm):
         result = measure_diverge(lm, ids, args.n, do_triage=not args.no_triage, record={"prompt": label, **record},
                                  env=env, **opts)
+    if args.explain:
+        result = attribute_cli.explain_divergence(lm, result, ids, kopt.text or None)
     _write_and_print(args, kopt.label(result), out, "(stream_a.json and stream_b.json feed `gemmdrift triage`)")
     return 0
 
@@ -343,6 +354,8 @@ def cmd_triage(args) -> int:
     with kopt.installed(lm):
         result = measure_triage(lm, prompt, sa, sb, args.schedule_a, args.schedule_b, envelope=args.envelope,
                                 env=environment())
+    if args.explain:  # the op classes whose counterfactual removes the flip (issue 29); the verdict stays
+        result = attribute_cli.explain_divergence(lm, result, prompt, kopt.text or None)
     _write_and_print(args, kopt.label(result), args.out)
     return 0
 
@@ -494,7 +507,13 @@ def cmd_fingerprint(args) -> int:
 
     check_fingerprint_sizes(args.k, args.n, ts, args.draw_k)  # memory, before exactness and any allocation
     for text in paths:  # every input error before any computation
-        fingerprint.check_path(fingerprint.parse_path(text), args.k, args.n, args.window)
+        spec = fingerprint.parse_path(text)
+        fingerprint.check_path(spec, args.k, args.n, args.window)
+        if spec.op == "replay":  # a T the chip runs a kernel with no recipe for (CUDA T >= 2): now, not after T=1
+            from .kernels.replay_paths import replay_probe
+
+            for t in ts:
+                replay_probe(text, args.k, t, args.n)
     store.check_out_dir(args.out)
     select_device(args.device)
     result = fingerprint.measure(paths, K=args.k, ts=ts, N=args.n, window=args.window, draw_k=args.draw_k,
@@ -669,6 +688,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--calibration", action="append", default=[], metavar="FILE", help=D.CALIBRATION_HELP)
     cachebench.add_arguments(s, rollback=False)
     _add_output(s, "results/diverge")
+    s.add_argument("--explain", action="store_true", help="with one prompt: also name the op classes whose "
+                   "counterfactual removes the flip at the first divergence (the verdict stays what it is)")
     s.set_defaults(func=cmd_diverge)
 
     s = sub.add_parser("triage", help="judge a divergence between two token streams: near-tie or state bug")
@@ -684,13 +705,16 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--kernels", help=D.KERNELS_HELP)
     s.add_argument("--calibration", action="append", default=[], metavar="FILE", help=D.CALIBRATION_HELP)
     _add_output(s, "results/triage")
+    s.add_argument("--explain", action="store_true", help="also name the op classes whose counterfactual removes "
+                   "the flip at the first divergence (gemmdrift attribute; the verdict stays what it is)")
     s.set_defaults(func=cmd_triage)
 
     s = sub.add_parser("state", help="cache state exactness: rollback, trim, save/load, server reuse, batch vs a "
                                      "cache that never did them")
     _add_model(s)
     s.add_argument("--ops", default="rollback,trim,trim_prompt_cache,save_load,server_reuse,batch",
-                   help="operations: rollback,trim,trim_prompt_cache,save_load,server_reuse,batch (default all)")
+                   help="operations: rollback,trim,trim_prompt_cache,save_load,server_reuse,batch (the default), "
+                        "and draft_trim (the draft cache's trim after T=1 drafts; only when asked)")
     s.add_argument("--where", help="prefix lengths relative to the sliding window: below,at,past,far "
                                    "(default all; below,past for QuantizedKVCache)")
     s.add_argument("--k", help="draft counts of the rollback, every r = 0..k (default 1-4; 2 for QuantizedKVCache)")
@@ -794,6 +818,7 @@ def build_parser() -> argparse.ArgumentParser:
     changelog_cli.add_parser(sub)  # the numerics changelog per release pair (issue 30)
     goldcli.add_parser(sub, sys.modules[__name__])  # logits, compare (issue 23)
     replay_cli.add_parser(sub)
+    attribute_cli.add_parser(sub, sys.modules[__name__])  # which op (issue 29)
     runenv.add_flags(sub)  # --tf32 on every measuring command, --device on env
     return p
 

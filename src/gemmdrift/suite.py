@@ -254,7 +254,10 @@ def main_job(out: str | Path = "results/run", sizes: str | None = None, model: s
         ("state", "cache state exactness (short sweep)", lambda d: state.short_sweep(lm, name)),
         ("predict", "predicted GPU drift (replay: M1, M3, CUDA gemv)",
          lambda d: predict_part(lm, name, d / "checkpoint", env, calibration)),
+        ("attribute", "which op: local drift per op, the counterfactual per op class",
+         lambda d: attribute_part(lm, name, d / "checkpoint", env)),
     ]
+    from .attribute import PART_SIZES as ATTRIBUTE_SIZES, attribute_part
     from .predict import SIZES as PREDICT_SIZES
 
     calibration = tuple(str(c) for c in calibration)
@@ -262,7 +265,8 @@ def main_job(out: str | Path = "results/run", sizes: str | None = None, model: s
 
     # its own sizes, beside the job's; a calibration (given or in the registry) changes what it replays
     cal_key = [Path(f).read_text(encoding="utf-8") for f in [*calibration, *map(str, registry_files())]]
-    more = {"predict": [asdict(PREDICT_SIZES[name]), *([cal_key] if cal_key else [])]}
+    more = {"predict": [asdict(PREDICT_SIZES[name]), *([cal_key] if cal_key else [])],
+            "attribute": [ATTRIBUTE_SIZES[name]]}  # its own sizes
     keys = {part: _key(part, lm, s, *more.get(part, [])) for part, _, _ in parts}
     heads = {part: f"[{i}/{len(parts)}] {title}" for i, (part, title, _) in enumerate(parts, 1)}
     beside = [p for p in BESIDE if not _done(out / p, keys[p])]

@@ -205,6 +205,11 @@ def test_shipped_reference_pages_state_the_known_answers():
     assert "`bench_stack.DecodeVsVerify.track_max_abs_dlogit[verify2]` | 8.281 | 0.4375 |" in text
     for pair in ("0.30.6..0.31.2", "0.31.2..0.32.4+lm0.32.2"):
         assert "No drift figure changed: 263 of 263 drift figures identical" in (shipped / f"{pair}.md").read_text()
+    assert "in forward order: `self_attn.rope`." in text  # the release comparison of ops (mlx fast.cpp's RoPE)
+    pred = (shipped / "0.32.0..0.32.1.md").read_text()
+    assert re.search(r"\| M3, M3 Max, M3 Ultra, M4, M4 Max \| the embedded Gemma \| bf16 \| `q_proj`.* \| 2-5 \| "
+                     r"steel GEMM \| gemv_wide", pred)
+    assert "| M3 | verify:2 | 0.375 / 0.125 / 0 | 0.0625 / 0 / 0 |" in pred  # the replayed envelope under each
 
 
 def test_gate_points_at_the_page_of_the_pair_it_judges():

@@ -101,6 +101,10 @@ def test_another_interpreter_is_probed_before_any_model_loads(tmp_path):
                         "--out", str(tmp_path / "o")], capture_output=True, text=True)
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
     assert not (tmp_path / "o").exists()
+    r = subprocess.run([sys.executable, "-m", "gemmdrift", "attribute", "--python", "/usr/bin/python3", "--out",
+                        str(tmp_path / "o")], capture_output=True, text=True)  # the attribute command's mode
+    assert r.returncode == 2 and "mlx does not import" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "o").exists()
 
 
 def test_the_shipped_release_comparisons_name_rope_for_0294():

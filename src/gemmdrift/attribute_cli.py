@@ -148,6 +148,11 @@ def explain_divergence(lm, result, prompt, kernels: str | None = None, perturb=N
     return dataclasses.replace(result, details=details)
 
 
+# The release axis (issue 29 item 4): --python PATH recomputes every op from captured inputs under another mlx.
+from . import release_ops as _release_ops  # noqa: E402
+
+MODES.append((_release_ops.add_arguments, _release_ops.run))
+
 from . import primitives_cli  # noqa: E402  (a mode registers itself once MODES exists)
 
 MODES.append((primitives_cli.add_arguments, primitives_cli.run))  # --primitives: the one-second gate (item 6)

@@ -19,6 +19,7 @@ Every line of this section says it is a prediction.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -173,12 +174,21 @@ class Predictor:
 
     def signature(self, chip: str, release: str) -> str:
         """What a replay of the embedded Gemma's dense bf16 projections on ``chip`` computes under the release:
-        the kernel label per projection at the T the predict part calls (1, 3, 4): equal signatures give equal
-        envelopes (the same recipes on the same inputs), so one replay serves both."""
-        t = self.table(release)
-        ts = (1, 3, 4)
-        return ";".join(f"{p}@{T}={t[(chip, 'gemma3-270m', 'bf16', p, T)]}" for p, _, _ in
-                        projection_shapes("gemma3-270m") for T in ts)
+        the recipe (kernel, parameters, default variant) the replay plans per projection at the T the predict
+        part calls (1, 3, 4), or why it has none: equal signatures run the same recipes on the same inputs, so
+        one replay serves every release that has it."""
+        from .kernels.replay_paths import plan_for
+
+        parts = []
+        for proj, K, N in projection_shapes("gemma3-270m"):
+            for T in (1, 3, 4):
+                try:
+                    plan = plan_for(chip, "matmul", T=T, K=K, N=N, dtype="bfloat16", mlx_version=_version_of(release))
+                    what = (plan.recipe.kernel, sorted(plan.params.items()), sorted(plan.variant.items()))
+                except GemmdriftError as e:
+                    what = ("no recipe", re.sub(r"mlx [0-9.]+ ", "", str(e).partition(": ")[2]))  # the reason
+                parts.append(f"{proj}@{T}={what}")
+        return ";".join(parts)
 
     def envelope(self, chip: str, release: str) -> dict[str, Any] | None:
         """The cached replayed envelope (``verify:2``/``verify:3`` -> figures, or ``refused``), or None."""
@@ -186,6 +196,7 @@ class Predictor:
         if key not in self._cache and self.replay:
             self._cache[key] = self._run(chip, release)
             self._dirty = True
+            self.save()  # each replay kept as soon as it is computed: an interrupted --replay resumes
         return self._cache.get(key)
 
     def _run(self, chip: str, release: str) -> dict[str, Any]:
@@ -253,19 +264,22 @@ class Predictor:
             if None in cells:
                 missing.append(chip)
                 continue
-            for sched in ("verify:2", "verify:3"):
-                row = [chip, sched]
+            scheds = ["verify:2", "verify:3"] + (["decode-vs-cpu"] if any("decode-vs-cpu" in e for e in cells) else [])
+            for sched in scheds:
+                row = [chip, "decode vs this CPU's decode" if sched == "decode-vs-cpu" else sched]
                 for e in cells:
                     if sched in e:
                         f = e[sched]
                         row.append(f"{num(f['max_abs_dlogit'])} / {num(f['max_abs_dgap'])} / {num(f['flips'])}")
                     else:
-                        row.append("not knowable: " + _short(e.get("refused", {}).get(sched, "no order known")))
+                        why = e.get("refused", {}).get(sched)
+                        row.append("not knowable: " + _short(why) if why else "-")
                 env_rows.append(row)
         if env_rows:
             out.append(("p", "Prediction: decode vs verify on the embedded Gemma (positions 1..4, one-token "
                              "prompt, each chip's default recipe variant) replayed under each release's recipes: "
-                             "max |Δlogit| / max |Δgap| / argmax flips."))
+                             "max |Δlogit| / max |Δgap| / argmax flips; where verification is not knowable, the chip's T=1 "
+                             "kernels decoding the same stream against this CPU's decode."))
             out.append(("table", ["chip", "pair", f"mlx {_version_of(old)} (prediction)",
                                   f"mlx {_version_of(new)} (prediction)"], env_rows))
         if missing:

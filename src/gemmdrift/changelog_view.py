@@ -88,7 +88,7 @@ def ops_blocks(m: Measured, ops: Sequence[dict[str, Any]]) -> list[Block]:
     if not ops:
         if m.machines and not moved:
             return out + [("p", "Nothing to attribute: no drift figure changed.")]
-        return out + [("p", "No release comparison of ops for this pair (`python -m gemmdrift.release_ops compare --python PATH` "
+        return out + [("p", "No release comparison of ops for this pair (`gemmdrift attribute --python PATH` "
                             "recomputes every op from captured inputs under another release).")]
     for doc in ops:
         a, b = doc["from"], doc["to"]

@@ -108,28 +108,29 @@ def block_ts(schedule: str, n: int, split: int) -> list[int]:
     return sorted({b - a for a, b in parse_schedule(schedule).blocks(n, split)})
 
 
-def _plans(lm, chip: str, ts: Sequence[int], variant: str | None):
+def _plans(lm, chip: str, ts: Sequence[int], variant: str | None, version: str | None = None):
     """Every plan the chip runs for these T values (a GemmdriftError when one has no known order)."""
     from .kernels.replay_paths import plan_for
 
     dtype = lm.description.dtype
-    return [plan_for(chip, op, T=t, dtype=dtype, variant=variant, **kw) for t in ts for op, kw in _shapes(lm)]
+    return [plan_for(chip, op, T=t, dtype=dtype, variant=variant, mlx_version=version, **kw) for t in ts
+            for op, kw in _shapes(lm)]
 
 
-def refusal(lm, chip: str, ts: Sequence[int]) -> str | None:
+def refusal(lm, chip: str, ts: Sequence[int], version: str | None = None) -> str | None:
     """Why a chip's run over these T values cannot be replayed (its kernel's order is not knowable), or None."""
     try:
-        _plans(lm, chip, ts, None)
+        _plans(lm, chip, ts, None, version)
     except GemmdriftError as e:
         return str(e)
     return None
 
 
-def chip_variants(lm, chip: str, ts: Sequence[int], which: str = "all") -> list[str]:
+def chip_variants(lm, chip: str, ts: Sequence[int], which: str = "all", version: str | None = None) -> list[str]:
     """Variant texts (``"mma=H2"``, ...) of the recipes the chip runs for ``ts``: every combination, the default
     first (``""`` when no recipe has an axis); only the default with ``which="default"``."""
     axes: dict[str, tuple[str, ...]] = {}
-    for plan in _plans(lm, chip, ts, None):
+    for plan in _plans(lm, chip, ts, None, version):
         for axis, values in plan.recipe.axes.items():
             axes.setdefault(axis, tuple(values))
     if not axes or which == "default":
@@ -147,10 +148,10 @@ def calibrated_variants(variants: Sequence[str], measured: dict[str, str]) -> li
     return [v for v in variants if all(split(v).get(a, m) == m for a, m in measured.items())]
 
 
-def _signature(lm, chip: str, ts: Sequence[int], variant: str) -> tuple:
+def _signature(lm, chip: str, ts: Sequence[int], variant: str, version: str | None = None) -> tuple:
     """What a run's every call computes: (kernel, params, variant) per projection shape and T."""
     return tuple((p.recipe.kernel, tuple(sorted(p.params.items())), tuple(sorted(p.variant.items())))
-                 for p in _plans(lm, chip, ts, variant or None))
+                 for p in _plans(lm, chip, ts, variant or None, version))
 
 
 def _share_reference(lm, tokens, sizes: PredictSizes, ref: str, src: Path, dst: Path) -> bool:
@@ -264,13 +265,13 @@ def predict_drift(lm, sizes: PredictSizes, *, checkpoint: str | Path | None = No
     shared: dict[tuple, Path] = {}  # decode reference signature -> the checkpoint that holds it
     variants_run: dict[str, list[str]] = {}
     for chip in sizes.chips:
-        reasons = {s: refusal(lm, chip, ts[s]) for s in scheds[1:]}  # each asked once
+        reasons = {s: refusal(lm, chip, ts[s], version) for s in scheds[1:]}  # each asked once
         knowable = [s for s in scheds[1:] if reasons[s] is None]
         refused += [{"chip": chip, "pair": f"{scheds[0]} vs {s}", "schedule": s, "reason": reasons[s]}
                     for s in scheds[1:] if reasons[s] is not None]
         if knowable:
             run = [scheds[0], *knowable]
-            variants = chip_variants(lm, chip, sorted({t for s in run for t in ts[s]}), sizes.variants)
+            variants = chip_variants(lm, chip, sorted({t for s in run for t in ts[s]}), sizes.variants, version)
             cal = resolve(chip, version, calibration)
             if cal.variant:
                 variants = calibrated_variants(variants, cal.variant)
@@ -280,7 +281,7 @@ def predict_drift(lm, sizes: PredictSizes, *, checkpoint: str | Path | None = No
             for i, v in enumerate(variants):
                 label = f"{chip}@{v}" if v else chip
                 d = ck / ("replay-" + label.replace("=", "-").replace(",", "+")) if ck else None
-                sig = _signature(lm, chip, ts[scheds[0]], v)
+                sig = _signature(lm, chip, ts[scheds[0]], v, version)
                 t0 = time.perf_counter()
                 with replayed(lm, chip, v or None, version) as log:
                     if d is not None and sig in shared:  # under the replay: its run key is the replayed one
@@ -293,10 +294,10 @@ def predict_drift(lm, sizes: PredictSizes, *, checkpoint: str | Path | None = No
                 labels = {"chip": chip, "variant": v or "exact", "default": i == 0, "source": "prediction"}
                 layers += _layer_rows(r.tables["stack"], labels)
                 envs += _envelope_rows(r.tables["envelope"], labels)
-                logs.append({"label": label, **log.record(), "planned": _planned(lm, chip, ts, run, v)})
+                logs.append({"label": label, **log.record(), "planned": _planned(lm, chip, ts, run, v, version)})
         if chip in CUDA_CHIPS or not knowable:
             # What is knowable: the chip's T=1 kernels decoding the same stream, against this machine's decode.
-            why = refusal(lm, chip, ts[scheds[0]])
+            why = refusal(lm, chip, ts[scheds[0]], version)
             if why is not None:
                 refused.append({"chip": chip, "pair": CUDA_PAIR, "schedule": scheds[0], "reason": why})
                 continue
@@ -320,7 +321,7 @@ def predict_drift(lm, sizes: PredictSizes, *, checkpoint: str | Path | None = No
             envs += _envelope_rows(pd.DataFrame([{"pair": pair, "schedule": CUDA_PAIR, "mode": "accumulated",
                                                   **envelope}]), labels)
             variants_run.setdefault(chip, ["exact"])
-            logs.append({"label": f"{chip} decode", **log.record(), "planned": _planned(lm, chip, ts, scheds[:1], "")})
+            logs.append({"label": f"{chip} decode", **log.record(), "planned": _planned(lm, chip, ts, scheds[:1], "", version)})
 
     tables = {"layers": pd.DataFrame(layers), "envelope": pd.DataFrame(envs)}
     tables["spread_layers"], tables["spread_envelope"] = spread(tables["layers"], tables["envelope"])
@@ -336,12 +337,13 @@ def predict_drift(lm, sizes: PredictSizes, *, checkpoint: str | Path | None = No
                   tables=tables, details={"replay": logs, "seconds": seconds})
 
 
-def _planned(lm, chip: str, ts: dict[str, list[int]], run: Sequence[str], variant: str) -> list[dict[str, Any]]:
+def _planned(lm, chip: str, ts: dict[str, list[int]], run: Sequence[str], variant: str,
+             version: str | None = None) -> list[dict[str, Any]]:
     """Which kernel and variant every call of these schedules plans, by T: the record of a run even when its
     taps were resumed from a checkpoint (the replay log counts only the calls made in this process)."""
     out = set()
     for t in sorted({t for s in run for t in ts[s]}):
-        for p in _plans(lm, chip, [t], variant or None):
+        for p in _plans(lm, chip, [t], variant or None, version):
             out.add((t, p.recipe.kernel, ",".join(f"{k}={v}" for k, v in p.variant.items()) or "exact"))
     return [{"T": t, "kernel": k, "variant": v} for t, k, v in sorted(out)]
 

@@ -433,8 +433,9 @@ def add_arguments(parser) -> None:
                    help="reuse this capture (a capture.json written before) instead of running the model again")
 
 
-def run(args) -> int | None:
-    """Run the release comparison when ``--python`` was given (None otherwise: another mode's turn)."""
+def run(args, cli: Any = None) -> int | None:
+    """Run the release comparison when ``--python`` was given (None otherwise: another mode's turn). ``cli``: the
+    CLI module, as ``gemmdrift attribute``'s MODES pass it (not needed here)."""
     if not getattr(args, "python", None):
         return None
     info_b = probe_python(args.python)  # before any model loads

@@ -22,12 +22,15 @@ class GoldenLogits:
     timeout = 7200
 
     def setup_cache(self):
-        from gemmdrift.golden import compare_golden
+        from gemmdrift import suite
 
         from . import common
 
-        lm = common.model()
-        return {b: dict(compare_golden(lm, f"{GOLDEN_SET}/{b}", GOLDEN_TOKENS)[0].figures) for b in GOLDEN_BASES}
+        # Each base's teacher-forced run computes on one core: the two side by side, a process each
+        # (gemmdrift.suite.side_by_side; each computes what it computes alone).
+        parts = {b: (suite.golden_part, dict(name=f"{GOLDEN_SET}/{b}", n_tokens=GOLDEN_TOKENS)) for b in GOLDEN_BASES}
+        results = suite.side_by_side(common.model(), parts)
+        return {b: dict(results[b].figures) for b in GOLDEN_BASES}
 
     def track_kld_mean(self, figures, base):
         """Mean KLD(shipped base ‖ this release) per position (a lower bound: the base keeps its top-64)."""

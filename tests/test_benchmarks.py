@@ -194,10 +194,19 @@ def test_golden_benchmarks_against_the_shipped_base(monkeypatch, embedded):
 
     from gemmdrift.golden import read_logits, resolve_golden
 
+    from gemmdrift import golden, suite
+
     monkeypatch.setattr(bench_golden, "GOLDEN_TOKENS", 12)
     monkeypatch.setattr(common, "model", lambda dtype="bfloat16": embedded)
+    # Speed (issue 33): the two bases run side by side, a process each (each loads the model itself); every
+    # figure is the one the base gives compared alone in this process.
+    seen, side = [], suite.side_by_side
+    monkeypatch.setattr(suite, "side_by_side", lambda lm, parts, workers=None: seen.append(list(parts)) or side(lm, parts))
     bench = bench_golden.GoldenLogits()
     cache = bench.setup_cache()
+    assert seen == [list(bench_golden.GOLDEN_BASES)]
+    for b in bench_golden.GOLDEN_BASES:
+        assert cache[b] == dict(golden.compare_golden(embedded, f"linux-cpu/{b}", 12)[0].figures), b
     for b in bench_golden.GOLDEN_BASES:
         values = [finite(bench.track_kld_mean(cache, b)), finite(bench.track_kld_p999(cache, b)),
                   finite(bench.track_same_top1(cache, b))]

@@ -35,7 +35,7 @@ PYTHON ?= $(eval PYTHON := $(shell for p in $(PYTHONS); do $$p -c '$(PY_OK)' >/d
 # mlx-metal has wheels for macOS 14 and later only (0.29.3 is the last for macOS 13).
 MAC_OK := import platform, sys; sys.exit(sys.platform == "darwin" and int(platform.mac_ver()[0].split(".")[0] or 0) < 14)
 
-.PHONY: run test env bench golden clean
+.PHONY: run test env bench golden docs clean
 
 $(BIN)/.installed-$(EXTRAS): pyproject.toml
 	@test -n "$(PYTHON)" && $(PYTHON) -c '$(PY_OK)' 2>/dev/null || { echo "make: no Python 3.10+$(if $(filter metal,$(BACKEND)), for arm64,) found (tried $(or $(PYTHON),$(PYTHONS))); install one, or give it as PYTHON=..." >&2; exit 2; }
@@ -66,6 +66,10 @@ GOLDEN ?= src/gemmdrift/data/golden/linux-cpu
 golden: env
 	$(BIN)/gemmdrift logits --schedule decode --out $(GOLDEN)/decode.npz
 	$(BIN)/gemmdrift logits --schedule verify:2 --out $(GOLDEN)/verify-2.npz
+
+# The flag tables of docs/commands.md, regenerated from the CLI's parsers (tests/test_docs.py checks them).
+docs: env
+	$(BIN)/python -m gemmdrift.clidoc docs/commands.md
 
 clean:
 	rm -rf .venv .venv-cuda12 .venv-cuda13 .asv results

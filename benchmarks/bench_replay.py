@@ -4,7 +4,7 @@ its cost as a multiple of a numpy float32 matmul of the same shape, both timed i
 fastest of each compared (gemmdrift.kernels.replay_check.speed_ratio; the replay runs on the compiled engine,
 the default). A quantized recipe's tracked figure is the cached call (the weight's prepared tiles kept from
 the call before, as for every call of a fixed weight in a model run after its first); speed_ratio also
-returns the first call's (``first_ratio``). The issue's target is at most 10x; see README Replay, "Cost".
+returns the first call's (``first_ratio``). The issue's target is at most 10x; see docs/replay.md.
 """
 
 REPLAY_KERNELS = ("cpu_simd_gemm", "gemv", "gemv_wide", "steel_gemm", "steel_gemm_splitk", "cuda_gemv",

@@ -302,7 +302,7 @@ def test_dispatch_from_a_recorded_environment(tmp_path, capsys):
     assert {r["T"]: r["kernel"] for r in recs} == EXPECTED[("M1", "0.31.2", Q4_640_2048)]
     (tmp_path / "odd.json").write_text(json.dumps(RECORDS["unknown Metal architecture"]))
     for path, words in ((tmp_path / "odd.json", "is not one the dispatch rules can read"),
-                        (tmp_path / "missing", "no such file"), (tmp_path, "no such file")):
+                        (tmp_path / "missing", "no such file"), (tmp_path, "no meta.json or env.json")):
         assert cli.main(["dispatch", "--env", str(path), "--K", "640", "--N", "2048"]) == 2
         err = capsys.readouterr().err.strip()
         assert words in err and len(err.splitlines()) == 1

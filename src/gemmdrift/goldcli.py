@@ -132,6 +132,13 @@ def cmd_compare(args) -> int:
         if given or args.schedule is not None or args.save is not None or args.kernels is not None:
             raise GemmdriftError("--other compares two saved files: give no prompt, --schedule, --kernels or --save "
                                  "with it")
+        model_flags = [f for f, v, d in (("--model", args.model, D.MODEL), ("--dtype", args.dtype, D.DTYPE),
+                                         ("--quantize", args.quantize, None), ("--group-size", args.group_size, None),
+                                         ("--quant-mode", args.quant_mode, D.QUANT_MODE),
+                                         ("--device", args.device, None)) if v != d]
+        if model_flags:
+            raise GemmdriftError(f"--other compares two saved files and runs no model: {', '.join(model_flags)} "
+                                 "would change nothing (the files say how they were made)")
         other = read_logits(args.other)
         if args.tokens is not None:
             base, other = prefix(base, args.tokens), prefix(other, args.tokens)

@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 import struct
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -379,9 +380,14 @@ def _quantize(model, config: dict, q: Quantization) -> dict:
 
     if "quantization" in config:
         raise GemmdriftError("model is already quantized; --quantize applies to dense models only")
+    import contextlib
+
     kwargs = {} if q.mode == "affine" else {"mode": q.mode}
     try:
-        _, qconfig = quantize_model(model, config, q.group_size, q.bits, **kwargs)
+        # mlx_lm/utils.py quantize_model prints "[INFO] Quantized model with ... bits per weight." on stdout: it is
+        # progress, and stdout is the --json summary's alone (every command loads through here).
+        with contextlib.redirect_stdout(sys.stderr):
+            _, qconfig = quantize_model(model, config, q.group_size, q.bits, **kwargs)
     except TypeError:
         raise GemmdriftError(f"the installed mlx-lm cannot quantize with mode {q.mode!r}") from None
     return qconfig.get("quantization", q.as_dict())

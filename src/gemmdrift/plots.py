@@ -174,20 +174,34 @@ def ladder(ladder_df: pd.DataFrame, base: str, high: str = "float32"):
     pairs = list(dict.fromkeys(ladder_df["pair"]))
     fig, ax = plt.subplots(figsize=(9, 4.5))
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    cols = [f"rel_l2_{base}", f"rel_l2_{high}"]
+    values = ladder_df[cols].to_numpy(float).ravel()
+    positive = values[values > 0]
+    # Exact zeros (bit-identical schedules, every run below the sliding window on the CPU) cannot sit on a log
+    # axis: drawn as open markers on the bottom edge; all zero: a linear axis at 0 that says so.
+    floor = float(positive.min()) / 4 if len(positive) else 0.0
     for k, pair in enumerate(pairs):
         s = ladder_df[ladder_df["pair"] == pair].sort_values("layer")
         c = colors[k % len(colors)]
-        for col, style in ((f"rel_l2_{base}", "-"), (f"rel_l2_{high}", ":")):
-            y = s[col].to_numpy(float)
-            ax.plot(s["layer"], np.where(y > 0, y, np.nan), style, marker=MARKERS[k % len(MARKERS)], ms=3 + 1.5 * k,
-                    mfc="none" if k else None, lw=max(0.8, 1.8 - 0.5 * k), color=c,
+        for col, style in zip(cols, ("-", ":")):
+            x, y = s["layer"].to_numpy(), s[col].to_numpy(float)
+            ax.plot(x, np.where(y > 0, y, np.nan) if len(positive) else y, style, marker=MARKERS[k % len(MARKERS)],
+                    ms=3 + 1.5 * k, mfc="none" if k else None, lw=max(0.8, 1.8 - 0.5 * k), color=c,
                     label=f"{pair} {col.split('_')[-1]}")
+            zeros = x[y == 0]
+            if len(positive) and len(zeros):
+                ax.plot(zeros, np.full(len(zeros), floor), linestyle="none", marker="o", mfc="none", color=c)
     taps = ladder_df.drop_duplicates("layer").sort_values("layer")
     ax.set_xticks(taps["layer"].to_list())
     ax.set_xticklabels([str(t).removeprefix("layer ") for t in taps["tap"]], fontsize=7)
-    ax.set_yscale("log")
     ax.set_xlabel("tap: decoder layer, final norm, logits")
-    ax.set_ylabel("rel_l2 drift between the schedules")
+    if len(positive):
+        ax.set_yscale("log")
+        ax.set_ylabel("rel_l2 drift between the schedules")
+    else:
+        ax.set_ylim(-1, 1)
+        ax.set_yticks([0])
+        ax.set_ylabel("rel_l2 drift between the schedules: all exactly 0 (bit-identical)")
     ax.set_title(f"Precision ladder: {base} (solid) vs {high} (dotted); rounding shrinks, semantics do not",
                  fontsize=10)
     ax.grid(True, which="both", axis="y", alpha=0.3)

@@ -149,7 +149,7 @@ def stream_schedule(given: str | None, path: str, default: str, flag: str) -> tu
         parse_schedule(given)
         return given, (f"{flag} (the file says {written})" if written and written != given else flag)
     if written is None:
-        return default, "the default (the file names no schedule)"
+        return default, "the default: the file names no schedule"
     if written.startswith(BATCH_SCHEDULE):
         alone = ",".join(p for p in written[len(BATCH_SCHEDULE):].split(",") if not p.startswith(("B", "row")))
         parse_schedule(alone)

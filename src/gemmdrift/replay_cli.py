@@ -30,11 +30,11 @@ def add_parser(sub) -> None:
     g.add_argument("--device", choices=["cpu", "gpu"], help="mlx device (default: mlx's own choice)")
     s.add_argument("--tokens", type=int, default=DEFAULT_TOKENS,
                    help=f"tokens of the built-in essay prompt for the capture pass (default {DEFAULT_TOKENS})")
-    s.add_argument("--layers", help="decoder layers, e.g. 0,17 (default all; the LM head is layer N)")
+    s.add_argument("--layers", help="decoder layers, e.g. 0-3,17 (default all; the LM head is layer N)")
     s.add_argument("--projections", help="comma-separated names, e.g. q_proj,lm_head (default all)")
     s.add_argument("--paths", default="dense:bfloat16,dense:float32,quant:affine-q4-g64,quant:affine-q8-g64",
                    help="dense:<dtype> and quant:affine-q{4,8}-g64 (default: all four)")
-    s.add_argument("--ts", default="1,2,3,4,8,16,33", help="block sizes (default 1,2,3,4,8,16,33)")
+    s.add_argument("--ts", default="1,2,3,4,8,16,33", help="block sizes, e.g. 1-4,8 (default 1,2,3,4,8,16,33)")
     s.add_argument("--rows", type=int, default=33, help="distinct captured rows per projection (default 33)")
     s.add_argument("--chip", help="whose recipes (default: this device's; e.g. M3, M1, sm90, cpu)")
     s.add_argument("--variant", default="all", help="'all' (default) or one variant, e.g. mma=H2,dot4=pairwise")
@@ -54,12 +54,12 @@ def _no_subcommand(p) -> int:
 
 
 def _ints(text: str, flag: str) -> list[int]:
-    try:
-        out = [int(t) for t in str(text).split(",") if t.strip()]
-    except ValueError:
-        raise GemmdriftError(f"{flag}: expected numbers like 1,2,33, got {text!r}") from None
-    if not out:
-        raise GemmdriftError(f"{flag}: empty list")
+    """The CLI's one list parser (ranges such as 1-4 or 0-5,17, bounded before they are built)."""
+    from .cliargs import parse_ints
+
+    out = parse_ints(str(text), flag)
+    if out is None:
+        raise GemmdriftError(f"{flag}: expected numbers like 1-4,8,16, got {text!r}")
     return out
 
 

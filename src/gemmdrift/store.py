@@ -79,18 +79,55 @@ def _write_result(result: Result, out: str | Path, draw: bool) -> dict[str, Path
             raise GemmdriftError(f"{result.kind}: bad document name {name!r}")
         written[f"doc_{Path(name).stem}"] = files.write_json(out / name, doc)
     written["summary"] = files.write_json(out / "summary.json", summaries.summary(result))
-    if draw:
-        from . import plots
 
-        for name, fig in plots.draw(result).items():
-            written[f"fig_{Path(name).stem}"] = files.save_figure(out / name, fig)
-    written["marker"] = files.write_json(out / MARKER, {"format": FORMAT, "kind": result.kind,
-                                                        "files": sorted(p.name for p in written.values())})
+    def mark():
+        return files.write_json(out / MARKER, {"format": FORMAT, "kind": result.kind,
+                                               "files": sorted(p.name for p in written.values())})
+
+    # The marker before the figures: the Result is whole without them, and a figure that fails (or a Ctrl-C
+    # while drawing) loses nothing measured; written again with the figures' names once they are saved.
+    written["marker"] = mark()
+    if draw:
+        figures = _draw_figures(result, out)
+        if figures:
+            written.update(figures)
+            written["marker"] = mark()
     if not result.inputs.get("partial"):  # the whole Result now holds what the per-unit checkpoints did
         from .checkpoint import Checkpoints
 
         Checkpoints(out, result.kind, None).clear()
     return written
+
+
+def _draw_figures(result: Result, out: Path) -> dict[str, Path]:
+    """The Result's figures saved in ``out``; one that cannot be drawn is one warning line on stderr, never the
+    end of the write (the tables, the figures' data, are already written: `gemmdrift report` redraws)."""
+    import sys
+
+    from . import plots
+
+    def warn(name, e):
+        print(f"gemmdrift: warning: {result.kind}: figure {name} not drawn ({type(e).__name__}: "
+              f"{str(e).splitlines()[0] if str(e) else ''}); the result is complete without it", file=sys.stderr)
+
+    saved: dict[str, Path] = {}
+    try:
+        figs = plots.draw(result)
+        names = list(figs)
+    except Exception as e:  # noqa: BLE001  (matplotlib raises ValueError, RuntimeError, ...)
+        warn("(all)", e)
+        return saved
+    for name in names:
+        try:
+            saved[f"fig_{Path(name).stem}"] = files.save_figure(out / name, figs[name])
+        except OSError:
+            raise  # a full disk or a read-only directory: write_result's spare directory
+        except Exception as e:  # noqa: BLE001
+            import matplotlib.pyplot as plt
+
+            plt.close("all")
+            warn(name, e)
+    return saved
 
 
 def _read_json(path: Path) -> Any:

@@ -139,8 +139,9 @@ def _choose(chip: Chip, op: str, T: int, K: int, N: int, dtype: str, version: Ve
         if mode not in QUANT_DEFAULTS:
             raise GemmdriftError(f"unknown quantization mode {mode!r} (known: {', '.join(QUANT_DEFAULTS)})")
         d_bits, d_group = QUANT_DEFAULTS[mode]
-        return backend.quantized_matmul(chip, T, K, N, dtype, version, bits=bits or d_bits,
-                                        group_size=group_size or d_group, mode=mode, tf32=tf32)
+        return backend.quantized_matmul(chip, T, K, N, dtype, version, bits=d_bits if bits is None else bits,
+                                        group_size=d_group if group_size is None else group_size, mode=mode,
+                                        tf32=tf32)
     k_len, head_dim = int(extra.get("k_len", K)), int(extra.get("head_dim", N))
     n_heads, n_kv = int(extra.get("n_heads", 1)), int(extra.get("n_kv_heads", 1))
     if n_kv < 1 or n_heads < n_kv or n_heads % n_kv:

@@ -142,7 +142,7 @@ def parse_variant(recipe: Recipe, text: str | Mapping[str, str] | None) -> dict[
     """``"mma=H2,dot4=pairwise"`` (axes the recipe lacks are ignored, so one text can name a chip's variant
     across its recipes) -> a full variant of ``recipe``; unknown values are a one-line error."""
     var = recipe.default()
-    if not text or text == "default":
+    if not text or text in ("default", "exact"):  # "exact": the name a recipe with no open order prints
         return var
     items = text.items() if isinstance(text, Mapping) else (p.partition("=")[::2] for p in str(text).split(","))
     for axis, value in items:
@@ -160,11 +160,17 @@ def parse_variant(recipe: Recipe, text: str | Mapping[str, str] | None) -> dict[
 
 def check_variant_text(text: str | None) -> None:
     """Validate a variant text against every recipe's axes (before any model loads)."""
-    if not text or text == "default":
+    if not text or text in ("default", "exact"):
         return
+    seen: dict[str, str] = {}
     for p in str(text).split(","):
         axis, _, value = p.partition("=")
         axis, value = axis.strip(), value.strip()
+        if not axis:
+            raise GemmdriftError(f"variant {text!r}: an empty axis (write axis=value, e.g. mma=H2,dot4=pairwise)")
+        if axis in seen:
+            raise GemmdriftError(f"variant {text!r}: {axis} given twice ({seen[axis]} and {value}); give each axis once")
+        seen[axis] = value
         values = {v for r in RECIPES.values() for v in r.axes.get(axis, ())}
         if not values:
             known = sorted({a for r in RECIPES.values() for a in r.axes})
@@ -251,6 +257,8 @@ def replay_matmul(recipe: Recipe | str, x: np.ndarray, w: np.ndarray, bias: np.n
     N = w.shape[0]
     if w.shape[1] != K:
         raise GemmdriftError(f"shapes do not match: x is {x.shape}, w is {w.shape}")
+    if bias is not None and np.shape(bias) != (N,):
+        raise GemmdriftError(f"the bias must have shape ({N},) for w of shape {w.shape}, not {np.shape(bias)}")
     compiled = replay_engine(engine) == "compiled"
     if compiled and w_min is None and rec.apple:
         from .replay_jitcore import min_nonzero

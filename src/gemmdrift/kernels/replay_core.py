@@ -152,7 +152,9 @@ def _round_odd_sum(p: np.ndarray, c: np.ndarray) -> np.ndarray:
     sum is exactly a float32 midpoint (low 29 bits 1 followed by zeros) or
     float32-subnormal: only there is the exact TwoSum error computed, and the
     sum rounded to odd (moved one float64 ulp toward the exact value where its last bit is even).
+    ``p`` and ``c`` broadcast (a (T, N) accumulator plus an (N,) bias), as ``p + c`` does.
     """
+    p, c = np.broadcast_arrays(p, c)  # the risky elements are indexed in both: same shape first
     s = p + c
     bits = s.view(np.int64)
     risky = ((bits & np.int64(0x1FFFFFFF)) == np.int64(0x10000000)) | (np.abs(s) < 2.0 ** -125)

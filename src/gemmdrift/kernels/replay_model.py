@@ -182,7 +182,10 @@ class KernelsOption:
                                  "sm90 or any chip name) or native")
         from .replay import check_variant_text
 
-        chip, _, variant = rest.partition("@")
+        chip, at, variant = rest.partition("@")
+        if at and not variant.strip():
+            raise GemmdriftError(f"--kernels {text!r}: nothing after '@' (give a variant such as "
+                                 f"replay:{chip}@mma=H2, or drop the '@')")
         parse_chip(chip)
         check_variant_text(variant)
         for flag, value in given.items():

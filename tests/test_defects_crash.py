@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -102,6 +103,28 @@ def test_quantize_keeps_stdout_clean(capsys):
     assert q["bits"] == 4 and q["group_size"] == 32
 
 
+def test_server_default_draft_conversion_keeps_stdout_clean(tmp_path, monkeypatch, capsys):
+    # The same fault in `server`'s default draft: mlx_lm.convert prints "[INFO] Loading" / "[INFO] Quantizing" on
+    # stdout (planted here: the real conversion takes a minute).
+    import importlib
+
+    from gemmdrift import server
+
+    module = importlib.import_module("mlx_lm.convert")  # the module (the package's attribute is the function)
+
+    def convert(hf_path, mlx_path, **kw):
+        print("[INFO] Quantizing")
+        Path(mlx_path).mkdir(parents=True)
+        Path(mlx_path, "config.json").write_text("{}")
+
+    monkeypatch.setenv("GEMMDRIFT_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(module, "convert", convert)
+    (tmp_path / "m").mkdir()
+    d = server.requantized_draft(tmp_path / "m")
+    out, err = capsys.readouterr()
+    assert (d / "config.json").exists() and out == "" and "[INFO] Quantizing" in err
+
+
 # ------------------------------------------------------------------ D1: stack --ladder on bit-identical schedules
 
 
@@ -161,3 +184,228 @@ def test_a_figure_that_fails_loses_no_result(tmp_path, monkeypatch, capsys):
     assert "fig_good" in written
     back = store.read_result(tmp_path / "o")
     assert back.figures["flips"] == 1 and back.tables["extra"]["a"].tolist() == [1, 2]
+
+
+# ------------------------------------------------------------------ D3: compare --save checked up front
+
+
+@pytest.fixture
+def base_copy(tmp_path):
+    import shutil
+
+    from gemmdrift.golden import resolve_golden
+
+    b = tmp_path / "g" / "base.npz"
+    b.parent.mkdir()
+    shutil.copy(resolve_golden("linux-cpu"), b)
+    return b
+
+
+@pytest.mark.parametrize("save,needle", [
+    ("{dir}", "--save {dir} is a directory"),  # was IsADirectoryError after the whole live run
+    ("/proc/zz.npz", "--save /proc/zz.npz"),  # was "--out /proc: cannot write there"
+    ("{base}", "is the base file itself"),  # was: the base silently overwritten
+    ("{dir}/../g/./base.npz", "is the base file itself"),  # the same file, spelled otherwise
+])
+def test_compare_save_is_refused_before_the_model_loads(tmp_path, base_copy, save, needle):
+    before = base_copy.read_bytes()
+    save = save.format(dir=base_copy.parent, base=base_copy)
+    r = gd("compare", "--base", str(base_copy), "--tokens", "4", "--save", save, "--out", str(tmp_path / "o"))
+    assert_refused_first(r, needle.format(dir=base_copy.parent))
+    assert base_copy.read_bytes() == before and not (tmp_path / "o").exists()
+
+
+# ------------------------------------------------------------------ D5: a plug-in that raises mid-run
+
+
+PLUG = '''
+from mlx_lm.models.cache import KVCache
+
+
+def rollback(cache, n):
+    raise RuntimeError("boom from rollback")
+
+
+class Upd(KVCache):
+    def update_and_fetch(self, k, v):
+        raise RuntimeError("update exploded")
+
+
+def upd(model):
+    return [Upd() for _ in model.layers]
+'''
+
+
+@pytest.fixture
+def plug(tmp_path):
+    p = tmp_path / "plug.py"
+    p.write_text(PLUG)
+    return p
+
+
+def test_diverge_rollback_that_raises_is_refused_in_one_line(tiny, plug):
+    # Regression: RuntimeError from the plug-in as a traceback (four chained ones from a worker), exit 1.
+    from gemmdrift.diverge import diverge
+    from gemmdrift.errors import GemmdriftError
+
+    with pytest.raises(GemmdriftError) as e:
+        diverge(tiny, [1, 2, 3, 4, 5], 4, k=2, prefill_b=4, do_triage=False, rollback=f"{plug}:rollback", workers=1)
+    msg = str(e.value)
+    assert msg.startswith("refused:") and f"--rollback {plug}:rollback" in msg
+    assert msg.endswith("raised RuntimeError: boom from rollback")
+
+
+def test_diverge_cache_impl_that_raises_is_refused_in_one_line(tiny, plug):
+    from gemmdrift.diverge import diverge
+    from gemmdrift.errors import GemmdriftError
+
+    with pytest.raises(GemmdriftError, match=r"refused: .*--cache-impl .*:upd\) raised RuntimeError: update exploded"):
+        diverge(tiny, [1, 2, 3, 4, 5], 4, k=2, prefill_b=4, do_triage=False, cache_impl=f"{plug}:upd", workers=1)
+
+
+def test_stack_cache_impl_that_raises_is_refused_in_one_line(tiny, plug):
+    # Regression: `stack --cache-impl plug:upd` ended in a traceback `RuntimeError: update exploded`.
+    from gemmdrift import cachebench
+    from gemmdrift.errors import GemmdriftError
+    from gemmdrift.plugins import load_cache_impl
+    from gemmdrift.stack import measure_stack
+
+    impl = load_cache_impl(f"{plug}:upd")
+    with pytest.raises(GemmdriftError, match=r"refused: .*--cache-impl .*:upd\) raised RuntimeError: update exploded"):
+        with cachebench.stack_caches(impl, tiny):
+            measure_stack(tiny, list(range(1, 13)), ["prefill:8,decode", "prefill:8,verify:2"], split=8, local=False,
+                          workers=1)
+
+
+def test_diverge_plugin_that_raises_in_a_worker_is_one_line_end_to_end(tmp_path, plug):
+    # The speculative stream runs in a spawned worker here (2 streams, 2 workers): the refusal crosses the process
+    # boundary as the same one line, exit 2, no traceback.
+    r = gd("diverge", "--prompt", "Hello there", "--n", "3", "--no-triage", "--prefill-b", "8",
+           "--rollback", f"{plug}:rollback", "--out", str(tmp_path / "o"))
+    assert r.returncode == 2, r.stderr
+    assert "Traceback" not in r.stderr, r.stderr
+    last = r.stderr.strip().splitlines()[-1]
+    assert last.startswith("gemmdrift: error: refused:") and "RuntimeError: boom from rollback" in last, r.stderr
+
+
+# ------------------------------------------------------------------ D6: server --cache-impl checked before the servers
+
+
+def test_server_cache_impl_is_checked_on_the_loaded_model_before_any_server(tmp_path, monkeypatch):
+    # Regression: a factory returning 3 caches for 18 layers was found only inside the draft server, 40 s later,
+    # as "request failed (Remote end closed connection without response); server log: ------".
+    from gemmdrift import server
+    from gemmdrift.errors import GemmdriftError
+
+    p = tmp_path / "few.py"
+    p.write_text("from mlx_lm.models.cache import make_prompt_cache\n\n\n"
+                 "def few(model):\n    return make_prompt_cache(model)[:3]\n")
+
+    def no_server(self):
+        raise AssertionError("a server started before the plug-in was checked")
+
+    def no_compute(*a, **k):
+        raise AssertionError("the in-process reference ran before the plug-in was checked")
+
+    monkeypatch.setattr(server.MlxLmServer, "start", no_server)
+    monkeypatch.setattr("gemmdrift.diverge.generate_plain", no_compute)
+    with pytest.raises(GemmdriftError, match=r"--cache-impl: .*few\.py:few\(model\) returned 3 caches for 18 layers"):
+        server.measure_server("embedded", "Hello", 2, cases=["draft"], triage=False,
+                              plugins={"cache_impl": f"{p}:few", "rollback": None})
+
+
+def test_server_error_shows_the_cause_from_its_log(tmp_path):
+    # Regression: a request whose handler raised is logged by the HTTP server as a traceback between two rules of
+    # dashes; the error showed the rule ("server log: ----------------------------------------").
+    from gemmdrift import server
+
+    log = tmp_path / "server.log"
+    log.write_text("----------------------------------------\n"
+                   "Exception occurred during processing of request from ('127.0.0.1', 5555)\n"
+                   "Traceback (most recent call last):\n"
+                   '  File "/x/mlx_lm/server.py", line 10, in handle\n'
+                   "    cache = make_prompt_cache(model)\n"
+                   "gemmdrift.errors.GemmdriftError: --cache-impl: p.py:few(model) returned 3 caches for 18 layers\n"
+                   "----------------------------------------\n")
+    assert server._last_line(log) == ("gemmdrift.errors.GemmdriftError: --cache-impl: p.py:few(model) returned 3 "
+                                      "caches for 18 layers")
+
+
+# ------------------------------------------------------------------ D2: Ctrl-C with worker processes
+
+# Two planted workers (gemmdrift.workers.run_tasks, the same pool exit as run_jobs/pool): each writes its pid and
+# then sleeps two minutes; "stubborn" ones ignore SIGINT and SIGTERM (as a worker a group SIGINT left stuck in a
+# lock would). The main process must obey a SIGINT promptly, stop the workers with a bounded wait, and exit.
+SCRIPT = '''
+import os, signal, sys, time
+from pathlib import Path
+
+def job(d, stubborn):
+    if stubborn:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    Path(d, f"{os.getpid()}.pid").write_text("")
+    time.sleep(120)
+    return 1
+
+if __name__ == "__main__":
+    from gemmdrift import workers
+    workers.STOP_SECONDS = 2.0
+    try:
+        workers.run_tasks(job, [dict(d=sys.argv[1], stubborn=sys.argv[2] == "1")] * 2, 2)
+    except KeyboardInterrupt:
+        print("interrupted", flush=True)
+        sys.exit(130)
+    sys.exit(0)
+'''
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie (exited, not yet reaped by its parent) is gone too
+        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+
+@pytest.mark.parametrize("stubborn,group", [(False, False), (True, True)],
+                         ids=["SIGINT-to-the-main-alone", "group-SIGINT-stuck-workers"])
+def test_interrupt_stops_the_workers_promptly(tmp_path, stubborn, group):
+    # Regression (D2): a SIGINT to the main alone waited for the workers' whole jobs; after a group SIGINT a stuck
+    # worker kept the main waiting forever.
+    import signal
+    import time
+
+    script = tmp_path / "planted.py"
+    script.write_text(SCRIPT)
+    p = subprocess.Popen([sys.executable, str(script), str(tmp_path), "1" if stubborn else "0"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    pids: list[int] = []
+    try:
+        deadline = time.monotonic() + 120  # two spawned workers start (imports under load)
+        while len(pids) < 2 and time.monotonic() < deadline and p.poll() is None:
+            time.sleep(0.2)
+            pids = [int(f.stem) for f in tmp_path.glob("*.pid")]
+        assert len(pids) == 2, p.stderr.read() if p.poll() is not None else "workers did not start"
+        time.sleep(0.5)
+        t0 = time.monotonic()
+        if group:
+            os.killpg(p.pid, signal.SIGINT)
+        else:
+            os.kill(p.pid, signal.SIGINT)
+        out, err = p.communicate(timeout=40)
+        seconds = time.monotonic() - t0
+        assert p.returncode == 130 and "interrupted" in out, (p.returncode, out, err)
+        assert seconds < 20, f"exited {seconds:.1f} s after the SIGINT"
+        assert not any(_alive(pid) for pid in pids), "a worker outlived the interrupted main"
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+        for pid in pids:
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)

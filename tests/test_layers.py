@@ -49,6 +49,8 @@ RANKS = {
     "twostats": 3, "golden": 5, "goldview": 11, "goldcli": 16,  # logits / compare (issue 23)
     "cliargs": 2,  # the CLI's list and range arguments (issue 25)
     "predict": 11, "predict_view": 11.5,  # predicted GPU drift, the main job's replay part (issue 22)
+    "primitives_operands": 4.5, "primitives_ops": 7.5, "primitives": 8.6,  # the one-second gate (issue 29, item 6)
+    "primitives_view": 8.7, "primitives_cli": 16,  # its text and JSON; its flags for `gemmdrift attribute`
     "clidoc": 18,  # the docs' flag tables, generated from the CLI's parsers (issue 32)
     "cli": 17, "__main__": 18, "": 19,  # "" is the package itself (gemmdrift/__init__.py)
 }

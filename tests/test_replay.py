@@ -435,10 +435,10 @@ def test_replay_check_bad_input_exits_2_before_loading(argv, match, capsys, monk
     assert match in err and len(err.splitlines()) == 1
 
 
-def test_replay_check_cli_json_on_the_embedded_gemma(tmp_path, capsys):
+def test_replay_check_cli_json_on_the_embedded_gemma(tmp_path, capsys, monkeypatch):
     import json
 
-    from gemmdrift import cli
+    from gemmdrift import cli, store
 
     base = ["replay", "check", "--layers", "0", "--projections", "k_proj", "--ts", "1,2", "--tokens", "16",
             "--rows", "4", "--paths", "dense:bfloat16,quant:affine-q4-g64", "--json"]
@@ -449,16 +449,28 @@ def test_replay_check_cli_json_on_the_embedded_gemma(tmp_path, capsys):
                                                    for t in (1, 2)}
     assert all(r["identical"] and r["max_ulp"] == 0 and r["variant"] == "exact" for r in recs)
     assert not doc["prediction"]
-    units = sorted((tmp_path / "own" / "checkpoint" / "units").glob("*.csv"))
+    assert not (tmp_path / "own" / "checkpoint").exists()  # finished: the Result holds every unit (issue 33 D13)
+    # Interrupted after the last unit, before the Result is written: the units stay for a rerun.
+    write = store.write_result
+
+    def interrupted(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(store, "write_result", interrupted)
+    assert cli.main(base + ["--out", str(tmp_path / "cut")]) == 130
+    assert "kept in" in capsys.readouterr().err
+    monkeypatch.setattr(store, "write_result", write)
+    units = sorted((tmp_path / "cut" / "checkpoint" / "units").glob("*.csv"))
     assert len(units) == 2  # one per (projection, path): a rerun resumes from them
     dense_unit = next(u for u in units if "dense" in u.name)
     dense_unit.write_text(dense_unit.read_text().replace("cpu_simd_gemm", "cpu_simd_gemm_kept"))
-    assert cli.main(base + ["--out", str(tmp_path / "own")]) == 0  # resumes: reads the units, computes nothing
+    assert cli.main(base[:-1] + ["--ts", "1", "--json", "--out", str(tmp_path / "cut")]) == 2  # another config
+    assert "belongs to another replay check" in capsys.readouterr().err
+    assert cli.main(base + ["--out", str(tmp_path / "cut")]) == 0  # resumes: reads the units, computes nothing
     again = json.loads(capsys.readouterr().out)["records"]
     assert {r["kernel"] for r in again if r["path"] == "dense:bfloat16"} == {"cpu_simd_gemm_kept"}
     assert [r["identical"] for r in again] == [r["identical"] for r in recs]
-    assert cli.main(base[:-1] + ["--ts", "1", "--json", "--out", str(tmp_path / "own")]) == 2  # another config
-    assert "belongs to another replay check" in capsys.readouterr().err
+    assert not (tmp_path / "cut" / "checkpoint").exists()
     # Another chip's recipes against this CPU: every variant gets a record, marked as a prediction.
     assert cli.main(base + ["--chip", "M3", "--out", str(tmp_path / "m3")]) == 0
     doc = json.loads(capsys.readouterr().out)

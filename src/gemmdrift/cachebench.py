@@ -24,7 +24,7 @@ from typing import Any, Callable
 import numpy as np
 
 from .errors import GemmdriftError
-from .plugins import Impl, checked_factory, load_cache_impl, load_rollback, make_caches
+from .plugins import Impl, checked_factory, load_cache_impl, load_rollback, make_caches, refused_on_raise
 
 
 def add_arguments(s, *, rollback: bool) -> None:
@@ -254,7 +254,8 @@ def state_measure(impl: Impl | None):
 @contextlib.contextmanager
 def stack_caches(impl: Impl | None, lm):
     """``gemmdrift stack`` with the implementation's caches in every schedule; yields what to record."""
-    with factory_installed(lm.model, None if impl is None else checked_factory(impl, lm.model)):
+    with factory_installed(lm.model, None if impl is None else checked_factory(impl, lm.model)), \
+            refused_on_raise(("--cache-impl", None if impl is None else impl.spec)):
         yield records(impl, None)
 
 

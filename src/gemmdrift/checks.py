@@ -15,23 +15,24 @@ from typing import Any, Mapping, Sequence
 from .errors import GemmdriftError
 
 
-def check_out_dir(out: str | Path) -> Path:
+def check_out_dir(out: str | Path, flag: str = "--out", shown: str | Path | None = None) -> Path:
     """Fail early (before any computation) when ``out`` cannot become a results directory.
 
     The directory is made and a temporary file written in it, then both removed again (a refusal that
     follows leaves nothing behind): ``os.access`` alone says yes to root on /proc or a read-only mount,
-    and the work would be lost at the end.
+    and the work would be lost at the end. The error names ``flag`` and ``shown`` (default ``out``).
     """
     out = Path(out)
+    flag = f"{flag} {shown if shown is not None else out}"
     probe = out
     while not probe.exists():
         if probe.parent == probe:
             break
         probe = probe.parent
     if probe.exists() and not probe.is_dir():
-        raise GemmdriftError(f"--out {out}: {probe} is a file, not a directory")
+        raise GemmdriftError(f"{flag}: {probe} is a file, not a directory")
     if probe.exists() and not os.access(probe, os.W_OK | os.X_OK):
-        raise GemmdriftError(f"--out {out}: {probe} is not writable")
+        raise GemmdriftError(f"{flag}: {probe} is not writable")
     import tempfile
 
     made = [p for p in [out, *out.parents] if not p.exists()]
@@ -41,7 +42,7 @@ def check_out_dir(out: str | Path) -> Path:
         os.close(fd)
         os.unlink(tmp)
     except OSError as e:
-        raise GemmdriftError(f"--out {out}: cannot write there ({e.strerror or e})") from None
+        raise GemmdriftError(f"{flag}: cannot write there ({e.strerror or e})") from None
     finally:
         for p in made:  # deepest first; the command makes them again when it writes
             try:
@@ -49,6 +50,19 @@ def check_out_dir(out: str | Path) -> Path:
             except OSError:
                 break
     return out
+
+
+def check_out_file(path: str | Path, flag: str = "--out", keep: str | Path | None = None) -> Path:
+    """Fail early when ``path`` cannot become a file (a base file of logits): not a directory, its directory
+    writable, and not the file ``keep`` (the input it was computed against: writing would replace it)."""
+    path = Path(path)
+    if path.is_dir():
+        raise GemmdriftError(f"{flag} {path} is a directory: give the base file's path (e.g. {path}/base.npz)")
+    check_out_dir(path.parent, flag, shown=path)
+    if keep is not None and Path(keep).exists() and path.exists() and os.path.samefile(path, keep):
+        raise GemmdriftError(f"{flag} {path} is the base file itself: writing would replace the reference; give "
+                             "another path")
+    return path
 
 
 def check_choices(text: str | None, flag: str, choices: Sequence[str], what: str) -> list[str] | None:

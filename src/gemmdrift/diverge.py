@@ -439,12 +439,13 @@ def _stream_job(lm, *, kind: str, prompt: list[int], n: int, prefill: int, k: in
         return generate_plain(lm.model, prompt, n, prefill_step=prefill, prompt_cache=cache)
     speculative = generate_speculative_exact if rollback == "exact" else generate_speculative
     if cache_impl is not None or ":" in rollback:  # a plug-in under test (loaded here: this may be a worker)
-        from .plugins import load_cache_impl, load_rollback, make_caches, rollback_installed
+        from .plugins import load_cache_impl, load_rollback, make_caches, refused_on_raise, rollback_installed
 
         if cache_impl is not None:
             impl = load_cache_impl(cache_impl)
             cache = make_caches(impl, lm.model) + make_caches(impl, draft if draft is not None else lm.model)
-        with rollback_installed(load_rollback(rollback).obj if ":" in rollback else None):
+        with refused_on_raise(("--cache-impl", cache_impl), ("--rollback", rollback if ":" in rollback else None)), \
+                rollback_installed(load_rollback(rollback).obj if ":" in rollback else None):
             return speculative(lm.model, prompt, n, k=k, draft=draft, prefill_step=prefill, prompt_cache=cache)
     return speculative(lm.model, prompt, n, k=k, draft=draft, prefill_step=prefill,
                        prompt_cache=None if cache is None else cache + copy_cache(prefix.cache))

@@ -329,6 +329,20 @@ def converted_dir(gguf_path: str | os.PathLike, progress: bool = True) -> Path:
         return _convert(gguf_path, target, progress)
 
 
+def config_of(gguf_path: str | os.PathLike) -> dict[str, Any]:
+    """The mlx-lm config of a Gemma 3 GGUF without converting it: the converted cache's ``config.json`` when the
+    file was converted already (instant), else read from the GGUF metadata (about a second: the vocabulary's
+    strings are decoded for its size)."""
+    gguf_path = Path(gguf_path).expanduser()
+    if not gguf_path.is_file():
+        raise GemmdriftError(f"GGUF file not found: {gguf_path}")
+    cached = cache_dir() / "models" / f"{gguf_path.stem}-{_file_key(gguf_path)}" / "config.json"
+    try:
+        return json.loads(cached.read_text())
+    except (OSError, json.JSONDecodeError):
+        return gguf_config(_reader(gguf_path))
+
+
 def _convert(gguf_path: Path, target: Path, progress: bool) -> Path:
     import mlx.core as mx
 

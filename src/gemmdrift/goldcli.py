@@ -65,7 +65,7 @@ def _progress(total: int, desc: str):
 
 
 def cmd_logits(args) -> int:
-    from .checks import check_out_dir, check_positive
+    from .checks import check_out_file, check_positive
     from .schedules import parse_schedule
 
     parse_schedule(args.schedule)
@@ -73,10 +73,7 @@ def cmd_logits(args) -> int:
     if args.top_k < 1:
         raise GemmdriftError(f"--top-k must be between 1 and the vocabulary size, got {args.top_k}")
     check_positive(split=args.split)
-    out = Path(args.out)
-    check_out_dir(out.parent)
-    if out.is_dir():
-        raise GemmdriftError(f"--out {out} is a directory: give the base file's path (e.g. {out}/base.npz)")
+    out = check_out_file(args.out, "--out")
 
     kopt = _kernels(args)
     from .golden import base_from_run, write_logits
@@ -115,7 +112,7 @@ def cmd_logits(args) -> int:
 
 
 def cmd_compare(args) -> int:
-    from .checks import check_envelope, check_out_dir, check_positive
+    from .checks import check_envelope, check_out_dir, check_out_file, check_positive
     from .golden import check_pair, compare_result, prefix, read_logits, resolve_golden
 
     if (args.base is None) == (args.golden is None):
@@ -123,9 +120,9 @@ def cmd_compare(args) -> int:
     check_envelope(args.envelope)
     check_positive(split=args.split)
     check_out_dir(args.out)
-    if args.save is not None:
-        check_out_dir(Path(args.save).parent)
     base_path = resolve_golden(args.golden) if args.golden is not None else args.base
+    if args.save is not None:  # as logits checks its --out, and never onto the base it is compared against
+        check_out_file(args.save, "--save", keep=base_path)
     base = read_logits(base_path)  # a missing, truncated or foreign base: refused before the model loads
     given = any(x is not None for x in (args.prompt, args.prompt_file, args.prompt_ids))
     if args.other is not None:
@@ -134,8 +131,7 @@ def cmd_compare(args) -> int:
                                  "with it")
         model_flags = [f for f, v, d in (("--model", args.model, D.MODEL), ("--dtype", args.dtype, D.DTYPE),
                                          ("--quantize", args.quantize, None), ("--group-size", args.group_size, None),
-                                         ("--quant-mode", args.quant_mode, D.QUANT_MODE),
-                                         ("--device", args.device, None)) if v != d]
+                                         ("--quant-mode", args.quant_mode, D.QUANT_MODE)) if v != d]
         if model_flags:
             raise GemmdriftError(f"--other compares two saved files and runs no model: {', '.join(model_flags)} "
                                  "would change nothing (the files say how they were made)")
@@ -169,16 +165,22 @@ def cmd_compare(args) -> int:
         with kopt.installed(lm):
             result, other = compare_live(lm, base, tokens=ids, schedule=args.schedule, split=args.split,
                                          envelope=args.envelope, allow_other_model=args.allow_other_model,
-                                         label=label, progress=tick)
+                                         label=label, progress=tick, kernels=kopt.text)
     finally:
         bar.close()
     result = kopt.label(result)
     _label_kernels(other.header, kopt)
-    note = ""
+    note, failed = "", None
     if args.save is not None:
-        size = write_logits(args.save, other)
-        note = f"this run's logits (other): {args.save} ({size:,} bytes)"
-    return _finish(args, result, note)
+        try:
+            size = write_logits(args.save, other)
+            note = f"this run's logits (other): {args.save} ({size:,} bytes)"
+        except OSError as e:  # gone unwritable since the check: the comparison is still written
+            failed = f"--save {args.save}: cannot write there ({e.strerror or e}); the comparison is in {args.out}/"
+    _finish(args, result, note)
+    if failed:
+        raise GemmdriftError(failed)
+    return 0
 
 
 def _kernels(args):

@@ -108,8 +108,16 @@ class LogitFile:
         h = self.header
         env = h.get("env", {})
         q = h["model"].get("quantization")
+        where = env.get('backend') or env.get('device') or '?'
+        kernels = kernels_of(h)
         return (f"{h['model'].get('source')} {h['dtype']}{' q' + str(q.get('bits')) if q else ''}, {h['schedule']}, "
-                f"mlx {env.get('mlx')} ({env.get('backend') or env.get('device') or '?'})")
+                + (f"mlx {env.get('mlx')} ({where})" if kernels == "native" else
+                   f"mlx {env.get('mlx')}, {kernels} replayed on {where}: a PREDICTION, not a measurement"))
+
+
+def kernels_of(header: dict[str, Any]) -> str:
+    """``native``, or the ``replay:<chip>[@variant]`` a file's logits were computed with (`logits --kernels`)."""
+    return str(header.get("kernels") or "native")
 
 
 def write_logits(path: str | Path, lf: LogitFile) -> int:
@@ -323,7 +331,8 @@ def _side(lf: LogitFile, role: str) -> dict[str, Any]:
             "dtype": h["dtype"], "top_k": h["top_k"], "full": bool(h.get("full")), "model": h["model"].get("source"),
             "quantization": h["model"].get("quantization"), "weights_sha256": h.get("weights_sha256"),
             "mlx": env.get("mlx"), "mlx_lm": env.get("mlx_lm"), "backend": env.get("backend"),
-            "device": env.get("device"), "machine": env.get("machine"), "created_utc": h.get("created_utc")}
+            "device": env.get("device"), "machine": env.get("machine"), "created_utc": h.get("created_utc"),
+            "kernels": kernels_of(h), "prediction": kernels_of(h) != "native"}
 
 
 def compare_result(base: LogitFile, other: LogitFile, *, envelope: float | None = None,
@@ -360,11 +369,14 @@ def compare_result(base: LogitFile, other: LogitFile, *, envelope: float | None 
 def compare_live(lm, base: LogitFile, *, tokens: Sequence[int] | None = None, schedule: str | None = None,
                  split: int | None = None, envelope: float | None = None, allow_other_model: bool = False,
                  label: str = "", progress: Callable[[int], None] | None = None,
-                 record: dict[str, Any] | None = None):
+                 record: dict[str, Any] | None = None, kernels: str = ""):
     """Run ``lm`` on the base's tokens (or ``tokens``, which must be the same stream) and compare with the base.
 
     The run keeps its own top-k and its logits at the base's top-k ids, so the KLD is exact over the base's
     top-k and bounded by one tail bucket beyond (exact when the base is full: every logit is then compared).
+
+    ``kernels``: the ``replay:<chip>[@variant]`` installed on ``lm`` for the run (its side is then labelled a
+    prediction), or "" for this machine's kernels.
 
     Returns (the ``compare`` Result, this run as a :class:`LogitFile` that :func:`write_logits` can save).
     """
@@ -380,6 +392,7 @@ def compare_live(lm, base: LogitFile, *, tokens: Sequence[int] | None = None, sc
         split = default_split(len(ids))
     k = int(base.header["top_k"])
     here = header_for(lm, ids, schedule, split, k, False, label or base.header.get("stream", ""), 0.0, None)
+    here["kernels"] = kernels or "native"
     check_pair(base.header, here, allow_other_model=allow_other_model)  # before the run
     if base.view.full:
         view, seconds = run_view(lm, ids, schedule, split=split, top_k=k, full=True, progress=progress)

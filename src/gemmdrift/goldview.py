@@ -64,7 +64,11 @@ def reading(result: Result) -> list[str]:
 
 
 def compare_text(result: Result) -> str:
-    lines = ["== compare: other against base"] + reading(result)
+    predicted = [f"{role} ({side.get('kernels')})" for role in ("base", "other")
+                 if (side := result.inputs.get(role, {})).get("prediction")]
+    lines = ["== compare: other against base" + (f" -- PREDICTION: {' and '.join(predicted)} computed with replayed "
+                                                 "kernels, not measured on that chip" if predicted else "")]
+    lines += reading(result)
     flips = result.tables.get("flips", pd.DataFrame())
     if len(flips):
         cols = [c for c in FLIP_COLUMNS if c in flips.columns]

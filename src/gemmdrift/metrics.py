@@ -239,3 +239,42 @@ def bits_lost(max_ulp: float) -> float:
     if max_ulp < 0 or math.isnan(max_ulp):
         raise ValueError(f"invalid ULP distance {max_ulp}")
     return math.log2(1.0 + max_ulp) if math.isfinite(max_ulp) else 64.0
+
+
+def position_bytes(x: np.ndarray, axis: int = 0, dtype: str | None = None) -> np.ndarray:
+    """The bytes of ``x`` per position along ``axis``: a (positions, bytes per position) uint8 array.
+
+    ``dtype`` None: ``x``'s own bytes (an integer array of storage bits, say the uint16 words of a bf16 output).
+    ``dtype`` given: ``x`` holds values of that storage dtype (float32 or float64 holding bf16, fp16, fp32 values,
+    as everywhere in this module) and the bytes are those of the values *stored* in ``dtype``.
+    """
+    x = np.asarray(x)
+    if dtype is not None:
+        x, _ = storage_bits(x, dtype)
+    x = np.moveaxis(x, axis, 0)
+    n = x.shape[0]
+    return np.ascontiguousarray(x).view(np.uint8).reshape(n, -1)
+
+
+def differing_bytes(block: np.ndarray, chain: np.ndarray, axis: int = 0, dtype: str | None = None) -> np.ndarray:
+    """Bytes of the output that differ, per position: position t of a T-row ("block") call against the t-th of T
+    single-row ("chain") calls, byte for byte (lablup/mlxcel's block-vs-chain statistic,
+    ``tests/metal_block_vs_chain_op_parity.rs``: ``per_position``).
+
+    Args:
+        block: the block call's output, positions along ``axis``.
+        chain: the single calls' outputs stacked along the same axis (the same shape as ``block``).
+        axis: the position axis.
+        dtype: as :func:`position_bytes` (None: compare the arrays' own bytes).
+
+    Returns:
+        int64 array of length T; all zeros exactly when the two are bit-identical. Out of
+        ``block.size // T * itemsize`` bytes per position (for bf16, one ULP moves one byte, or two when the
+        low byte carries into the high one).
+    """
+    a, b = np.asarray(block), np.asarray(chain)
+    if a.shape != b.shape:
+        raise ValueError(f"block and chain shapes differ: {a.shape} vs {b.shape}")
+    if a.dtype != b.dtype:
+        raise ValueError(f"block and chain dtypes differ: {a.dtype} vs {b.dtype}")
+    return np.count_nonzero(position_bytes(a, axis, dtype) != position_bytes(b, axis, dtype), axis=1).astype(np.int64)

@@ -183,6 +183,26 @@ def resolve(spec: str | None, kind: str) -> Impl | None:
 
 
 @contextlib.contextmanager
+def refused_on_raise(*named: tuple[str, str | None]):
+    """While plug-ins under test run (``named``: (flag, spec) pairs, a None spec is not one): anything raised in
+    the block -- by the plug-in, or by mlx-lm on what it returned -- ends the run as one line naming the
+    plug-ins and the exception (exit 2), as ``state`` marks such a case ``refused``; never a traceback.
+    Interrupts pass through, and so do gemmdrift's own one-line errors."""
+    active = [f"{flag} {spec}" for flag, spec in named if spec]
+    if not active:
+        yield
+        return
+    try:
+        yield
+    except GemmdriftError:
+        raise
+    except Exception as e:  # noqa: BLE001  (whatever the plug-in raises is its verdict)
+        text = str(e).splitlines()[0] if str(e) else ""
+        raise GemmdriftError(f"refused: the plug-in under test ({' with '.join(active)}) raised "
+                             f"{type(e).__name__}{': ' + text if text else ''}") from None
+
+
+@contextlib.contextmanager
 def rollback_installed(rollback: Callable[[list, int], int] | None):
     """mlx-lm's ``speculative_generate_step`` rewinds with ``rollback`` instead of ``trim_prompt_cache``.
 

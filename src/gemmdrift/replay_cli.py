@@ -37,13 +37,15 @@ def add_parser(sub) -> None:
     s.add_argument("--ts", default="1,2,3,4,8,16,33", help="block sizes, e.g. 1-4,8 (default 1,2,3,4,8,16,33)")
     s.add_argument("--rows", type=int, default=33, help="distinct captured rows per projection (default 33)")
     s.add_argument("--chip", help="whose recipes (default: this device's; e.g. M3, M1, sm90, cpu)")
-    s.add_argument("--variant", default="all", help="'all' (default) or one variant, e.g. mma=H2,dot4=pairwise")
+    s.add_argument("--variant", default="all", help="'all' (default) or one variant, e.g. mma=H2,dot4=pairwise ('default' or 'exact': each "
+                        "recipe's default, the name printed where a recipe leaves no order open)")
     s.add_argument("--head-rows", type=int, help="check only the first rows of the LM head (default: all of it)")
     s.add_argument("--mlx-version", help="the release whose recipes are replayed (default: the installed one)")
     s.add_argument("--out", default="results/replay-check",
                    help="output directory (default results/replay-check; an interrupted run resumes from its checkpoint)")
     s.add_argument("--json", action="store_true",
-                   help="print one JSON record per (path, T, variant) on stdout (progress goes to stderr)")
+                   help="print one JSON object on stdout: chip, device_chip, mlx_version, prediction and a records list, "
+                        "one per (path, T, variant) (progress goes to stderr)")
     s.set_defaults(func=cmd_replay_check)
     p.set_defaults(func=lambda args: _no_subcommand(p))
 
@@ -81,7 +83,11 @@ def cmd_replay_check(args) -> int:
     if args.variant != "all":
         check_variant_text(args.variant)
     if args.mlx_version:
-        parse_version(args.mlx_version)
+        from .dispatch import VERIFIED_FROM
+
+        if parse_version(args.mlx_version) < VERIFIED_FROM:  # as `dispatch --mlx` refuses it: before the load (D8)
+            raise GemmdriftError(f"--mlx-version {args.mlx_version}: dispatch was read from v"
+                                 f"{'.'.join(map(str, VERIFIED_FROM))} on; older releases are not modelled")
     checks.check_out_dir(args.out)
 
     from . import kernels, store
@@ -103,6 +109,9 @@ def cmd_replay_check(args) -> int:
                           head_rows=args.head_rows, env=environment(), mlx_version=args.mlx_version,
                           progress=progress, checkpoint=Path(args.out) / "checkpoint")
     store.write_result(result, args.out, draw=False)
+    import shutil
+
+    shutil.rmtree(Path(args.out) / "checkpoint", ignore_errors=True)  # the Result holds every unit now (D13)
     records = result.details["records"]
     if args.json:
         from .files import to_json
@@ -117,31 +126,9 @@ def cmd_replay_check(args) -> int:
 
 def text(result) -> str:
     """Per path and T: the identical variants, else the nearest and its ULP distance."""
-    records = result.details["records"]
-    inp = result.inputs
-    head = (f"== replay check: recipes of {inp['chip']} (mlx {inp['mlx_version']}) against this device "
-            f"({inp['device_chip'] or 'unknown chip'})" + (" -- a prediction, not this device's own recipes"
-                                                            if inp["prediction"] else ""))
-    lines = [head]
-    by: dict[tuple[str, int], list[dict]] = {}
-    for r in records:
-        by.setdefault((r["path"], r["T"]), []).append(r)
-    for (path, T), rs in sorted(by.items()):
-        same = [r["variant"] for r in rs if r["identical"]]
-        kernel = rs[0]["kernel"] or "-"
-        if same:
-            lines.append(f"{path:22s} T={T:<4d} {kernel:18s} identical: {', '.join(same)}")
-        else:
-            done = [r for r in rs if r["max_ulp"] is not None]
-            if not done:
-                lines.append(f"{path:22s} T={T:<4d} {kernel:18s} not replayed: {rs[0]['note']}")
-                continue
-            best = min(done, key=lambda r: r["max_ulp"])
-            lines.append(f"{path:22s} T={T:<4d} {kernel:18s} none identical; nearest {best['variant']} at "
-                         f"{best['max_ulp']:g} ulp")
-    n_same = sum(1 for rs in by.values() if any(r["identical"] for r in rs))
-    lines.append(f"{n_same} of {len(by)} (path, T) cells have a bit-identical variant")
-    return "\n".join(lines)
+    from .kernels.replay_check import check_text
+
+    return check_text(result)
 
 
 __all__ = ["add_parser", "cmd_replay_check", "text"]

@@ -429,6 +429,14 @@ def _predict_part(d: Path, env: dict[str, Any]) -> tuple[list[Block], list[str]]
     return report_part(_result(d))
 
 
+def _replay_check_part(d: Path, env: dict[str, Any]) -> tuple[list[Block], list[str]]:
+    from .kernels.replay_check import report_part
+
+    return report_part(_result(d))  # names the chip and says whether it is a prediction (issue 33 D17)
+
+
+PARTS["replay_check"] = _replay_check_part
+KIND_TITLES["replay_check"] = "Replay check: a chip's recipes against this device's kernels, bit for bit"
 PARTS["predict"] = _predict_part  # issue 22
 PART_TITLES["predict"] = KIND_TITLES["predict"] = "Predicted GPU drift (replay)"
 FIGURES["predict"] = [("predict_drift.png", "per-layer drift predicted per chip (band: min..max over the variants) "

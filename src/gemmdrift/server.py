@@ -83,14 +83,22 @@ _ACCESS = re.compile(r'"(GET|POST|PUT|DELETE|HEAD) \S+ HTTP/')
 _WARNING = re.compile(r"^\S+:\d+: \w*Warning: |^warnings\.warn\(")
 
 
+# A traceback's last line, "RuntimeError: text" or "gemmdrift.errors.GemmdriftError: text".
+_EXCEPTION = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt)\b(: |$)")
+
+
 def _last_line(path: Path) -> str:
-    """The server's last log line that is not an HTTP access line (its error, when it failed)."""
+    """The server's error from its log: the last exception line (a request that failed is logged by the HTTP
+    server as a traceback between two rules of dashes, a rule last), else the last line that is not an HTTP
+    access line, a warning or a rule."""
     try:
         lines = [ln.strip() for ln in path.read_text(errors="replace").splitlines() if ln.strip()]
     except OSError:
         return ""
     lines = [ln for ln in lines if not (_ACCESS.search(ln) or _WARNING.search(ln))] or lines
-    return lines[-1] if lines else ""
+    lines = [ln for ln in lines if any(c.isalnum() for c in ln)] or lines  # "----------------------------------------"
+    errors = [ln for ln in lines if _EXCEPTION.match(ln)]
+    return errors[-1] if errors else (lines[-1] if lines else "")
 
 
 @dataclass
@@ -324,8 +332,11 @@ def requantized_draft(model_dir: str | os.PathLike, bits: int = 4, group_size: i
     tmp = target.with_name(f".{target.name}.partial")
     if tmp.exists():
         shutil.rmtree(tmp)
-    convert(hf_path=str(src), mlx_path=str(tmp), quantize=True, q_bits=bits, q_group_size=group_size,
-            dtype="bfloat16")
+    import contextlib
+
+    with contextlib.redirect_stdout(sys.stderr):  # convert's "[INFO] Loading/Quantizing" lines: stdout is --json's
+        convert(hf_path=str(src), mlx_path=str(tmp), quantize=True, q_bits=bits, q_group_size=group_size,
+                dtype="bfloat16")
     for extra in ("tokenizer.model",):  # convert saves the transformers files; keep ours too
         if (src / extra).exists() and not (tmp / extra).exists():
             shutil.copy(src / extra, tmp / extra)
@@ -488,6 +499,24 @@ def run_cases(lm, model_dir: str | os.PathLike, prompt: str, n: int, *, cases: S
 CASE_ORDER = ("concurrent", "conversation", "draft")  # the order run_cases makes them in
 
 
+def check_plugins(plugins: dict[str, str] | None, model, draft: str | None) -> None:
+    """The check ``diverge`` makes (:func:`gemmdrift.plugins.make_caches`: one cache per layer, each with the
+    protocol) of a ``--cache-impl`` on the loaded target and on the draft, whose caches the server makes with
+    the same factory (the default draft is a re-quantized copy of the target: the target's layers). No compute:
+    a factory that would fail inside the draft server is one line before the first server starts."""
+    spec = (plugins or {}).get("cache_impl")
+    if not spec:
+        return
+    from .plugins import load_cache_impl, make_caches
+
+    impl = load_cache_impl(spec)
+    make_caches(impl, model)
+    if draft is not None:
+        from .models import load_model
+
+        make_caches(impl, load_model(str(draft), lazy=True).model)  # lazy: its weights are not read
+
+
 def plugin_key(plugins: dict[str, str] | None) -> str:
     """The part of a draft case's checkpoint key that names the plug-ins its server ran ('' without)."""
     given = sorted((k, v) for k, v in (plugins or {}).items() if v)
@@ -579,6 +608,8 @@ def measure_server(source: str, prompt: str, n: int, *, cases: Sequence[str] = (
     if companions:
         longest = max(len(request_ids(lm, as_request(lm, c))) for c in companions)
         check_length(lm.description, longest + n, f"the longest companion with --n {n}")
+    if "draft" in cases:  # the draft case's server runs the plug-ins: checked on the loaded models, before any server
+        check_plugins(plugins, lm.model, draft)
     generate_plain(lm.model, ids, 1, prefill_step=PREFILL_STEP)  # untimed: the lazy weights load on the first pass
     ref = generate_plain(lm.model, ids, n, prefill_step=PREFILL_STEP)
     say(f"in-process generate: {len(ref.tokens)} tokens in {ref.seconds:.1f} s")

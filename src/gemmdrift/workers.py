@@ -136,7 +136,7 @@ def _run_fresh(lm, fn, jobs, workers: int, done) -> list[Any]:
     import multiprocessing
 
     ctx = multiprocessing.get_context("spawn")
-    with ctx.Pool(workers, initializer=_init, initargs=_init_args(lm), maxtasksperchild=1) as p:
+    with ctx.Pool(workers, initializer=_init, initargs=_init_args(lm), maxtasksperchild=1) as p, _stopping():
         handles = [p.apply_async(_call_job, (fn, job)) for job in jobs]
         out = []
         for i, h in enumerate(handles):
@@ -157,8 +157,50 @@ def _init_args(lm) -> tuple:
 def pool(lm, workers: int) -> Iterator[Callable[..., Any]]:
     """Processes that keep their model between jobs (for a measurement in phases): yields
     ``submit(fn, **job)``, which runs ``fn(lm, **job)`` in one of them and returns its future."""
-    with _executor(workers, _init, _init_args(lm)) as ex:
+    with _stopping(_executor(workers, _init, _init_args(lm))) as ex:
         yield lambda fn, **job: ex.submit(_call_job, fn, job)
+
+
+STOP_SECONDS = 5.0  # how long a worker has to exit after SIGTERM before it is killed
+
+
+@contextlib.contextmanager
+def _stopping(ex=None):
+    """``with ex`` (a ProcessPoolExecutor, or None: the worker processes started in the block), except that a
+    block ending in an exception (Ctrl-C above all, a SIGINT to this process alone included) does not wait for
+    the workers to finish their jobs -- a whole half of a sweep -- nor hangs on a worker a group SIGINT left
+    stuck: they are sent SIGTERM, given :data:`STOP_SECONDS`, then killed. What they finished is in their
+    checkpoints."""
+    import multiprocessing
+
+    before = set(multiprocessing.active_children())
+    try:
+        yield ex
+    except BaseException:
+        if ex is not None:
+            ex.shutdown(wait=False, cancel_futures=True)
+        stop_processes([p for p in multiprocessing.active_children() if p not in before])
+        raise
+    if ex is not None:
+        ex.shutdown(wait=True)
+
+
+def stop_processes(procs: Sequence[Any], seconds: float = STOP_SECONDS) -> None:
+    """SIGTERM each process, wait at most ``seconds`` in all, SIGKILL those still alive (then reap them)."""
+    import time
+
+    for p in procs:
+        with contextlib.suppress(Exception):
+            p.terminate()
+    deadline = time.monotonic() + seconds
+    for p in procs:
+        with contextlib.suppress(Exception):
+            p.join(max(0.0, deadline - time.monotonic()))
+    for p in procs:
+        with contextlib.suppress(Exception):
+            if p.is_alive():
+                p.kill()
+                p.join(1.0)
 
 
 def run_tasks(fn: Callable[..., Any], jobs: Sequence[dict[str, Any]], workers: int) -> list[Any]:
@@ -166,7 +208,7 @@ def run_tasks(fn: Callable[..., Any], jobs: Sequence[dict[str, Any]], workers: i
     than one, each on this process's device."""
     if workers <= 1 or len(jobs) <= 1:
         return [fn(**job) for job in jobs]
-    with _executor(min(workers, len(jobs)), _set_device, (_device_name(),)) as ex:
+    with _stopping(_executor(min(workers, len(jobs)), _set_device, (_device_name(),))) as ex:
         return _collect([ex.submit(_call_task, fn, job) for job in jobs], None)
 
 
@@ -192,8 +234,29 @@ def _call_job(fn: Callable[..., Any], job: dict[str, Any]) -> Any:
     return fn(_LM, **job)
 
 
+_BUSY = False  # a run_tasks worker is inside a task
+
+
+def _on_sigint(signum, frame) -> None:
+    """Ctrl-C in a :func:`run_tasks` worker: the running task stops (its KeyboardInterrupt goes back to the
+    main process like any exception); an idle worker ignores it instead of dying with a ``Process
+    SpawnProcess-N: ... KeyboardInterrupt`` traceback (issue 33 D11c): the main process, interrupted too, shuts
+    the pool down (the idle worker then exits normally) and says what was kept. (Exiting there instead would
+    leave the task queue's lock held by a dead process: the other worker and the main would wait for good.)"""
+    if _BUSY:
+        raise KeyboardInterrupt
+
+
 def _call_task(fn: Callable[..., Any], job: dict[str, Any]) -> Any:
-    return fn(**job)
+    global _BUSY
+    import signal
+
+    signal.signal(signal.SIGINT, _on_sigint)
+    _BUSY = True
+    try:
+        return fn(**job)
+    finally:
+        _BUSY = False
 
 
 def _executor(workers: int, initializer, initargs):

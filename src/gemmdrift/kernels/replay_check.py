@@ -336,6 +336,59 @@ def speed_ratio(kernel: str, T: int, K: int, N: int, *, reps: int = 5, params: M
             "median_ratio": med_rp / med_np if med_np > 0 else math.inf}
 
 
+def check_text(result) -> str:
+    """The printed summary of a replay check: per path and T, the identical variants, else the nearest and its
+    ULP distance, under a head naming whose recipes ran and whether that is a prediction."""
+    records = result.details["records"]
+    lines = [headline(result)]
+    by: dict[tuple[str, int], list[dict]] = {}
+    for r in records:
+        by.setdefault((r["path"], r["T"]), []).append(r)
+    for (path, T), rs in sorted(by.items()):
+        same = [r["variant"] for r in rs if r["identical"]]
+        kernel = rs[0]["kernel"] or "-"
+        if same:
+            lines.append(f"{path:22s} T={T:<4d} {kernel:18s} identical: {', '.join(same)}")
+        else:
+            done = [r for r in rs if r["max_ulp"] is not None and not _nan(r["max_ulp"])]
+            if not done:
+                lines.append(f"{path:22s} T={T:<4d} {kernel:18s} not replayed: {rs[0]['note']}")
+                continue
+            best = min(done, key=lambda r: r["max_ulp"])
+            lines.append(f"{path:22s} T={T:<4d} {kernel:18s} none identical; nearest {best['variant']} at "
+                         f"{best['max_ulp']:g} ulp")
+    lines.append(cells_line(result))
+    return "\n".join(lines)
+
+
+def _nan(x) -> bool:
+    return isinstance(x, float) and math.isnan(x)
+
+
+def headline(result) -> str:
+    inp = result.inputs
+    return (f"== replay check: recipes of {inp['chip']} (mlx {inp['mlx_version']}) against this device "
+            f"({inp['device_chip'] or 'unknown chip'})" + (" -- a prediction, not this device's own recipes"
+                                                            if inp["prediction"] else ""))
+
+
+def cells_line(result) -> str:
+    by: dict[tuple[str, int], bool] = {}
+    for r in result.details["records"]:
+        by[(r["path"], r["T"])] = by.get((r["path"], r["T"]), False) or bool(r["identical"])
+    return f"{sum(by.values())} of {len(by)} (path, T) cells have a bit-identical variant"
+
+
+def report_part(result) -> tuple[list, list[str]]:
+    """(blocks, reading) of a replay check's section of `gemmdrift report`: whose recipes, prediction or not."""
+    inp = result.inputs
+    what = (f"Recipes of **{inp['chip']}** (mlx {inp['mlx_version']}) replayed against this device's kernels "
+            f"({inp['device_chip'] or 'unknown chip'}) on the same captured rows: "
+            + ("a PREDICTION for that chip compared with this device (expected to differ), not a measurement on "
+               "it." if inp["prediction"] else "this device's own recipes (each cell must be bit-identical)."))
+    return [("p", what), ("pre", check_text(result))], [what, cells_line(result) + "."]
+
+
 def _jsonable(x: Any) -> Any:
     if isinstance(x, dict):
         return {str(k): _jsonable(v) for k, v in x.items()}
@@ -350,4 +403,5 @@ def _jsonable(x: Any) -> Any:
     return str(x)
 
 
-__all__ = ["DEFAULT_TS", "DEFAULT_PATHS", "check_paths", "check_replay", "summarize", "seeded_q4_weight", "speed_ratio"]
+__all__ = ["DEFAULT_TS", "DEFAULT_PATHS", "check_paths", "check_replay", "check_text", "headline", "cells_line",
+           "report_part", "summarize", "seeded_q4_weight", "speed_ratio"]

@@ -1,0 +1,60 @@
+"""Issue 33's replay check defects (PROBE-DEFECTS-2 D11b, D13, D17): a finished check drops its checkpoint,
+Ctrl-C says what was kept, the report names the chip and says prediction, the help says what --json prints."""
+
+import json
+from argparse import Namespace
+
+import pytest
+
+from gemmdrift import cli
+
+SMALL = ["--layers", "0", "--projections", "q_proj", "--paths", "dense:bfloat16", "--ts", "1-2", "--rows", "4",
+         "--tokens", "16"]
+
+
+@pytest.mark.slow
+def test_a_finished_check_drops_its_checkpoint_and_a_second_chip_runs(tmp_path, capsys):
+    from gemmdrift.report import build_report
+    from gemmdrift.store import read_result
+
+    out = tmp_path / "rc"
+    assert cli.main(["replay", "check", "--chip", "M3", *SMALL, "--out", str(out)]) == 0
+    capsys.readouterr()
+    assert not (out / "checkpoint").exists()  # the Result holds every unit: no stale checkpoint blocks the dir
+    first = read_result(out)
+    assert first.inputs["chip"].startswith("M3") and first.inputs["prediction"]
+    md = build_report(out)["markdown"].read_text()
+    assert "M3" in md and "PREDICTION" in md and "(none)" not in md  # D17: the report names the chip
+    # the same --out with another chip: no "belongs to another replay check" refusal
+    assert cli.main(["replay", "check", "--chip", "sm80", *SMALL, "--out", str(out), "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)  # --json: one object with a records list
+    assert got["chip"].startswith("sm80") and got["prediction"] and got["records"]
+    assert read_result(out).inputs["chip"].startswith("sm80") and not (out / "checkpoint").exists()
+
+
+def test_an_interrupted_check_says_its_units_are_kept(tmp_path):
+    from gemmdrift.interrupts import on_interrupt
+
+    msg = on_interrupt(Namespace(command="replay", out=str(tmp_path / "rc")), KeyboardInterrupt())
+    assert "kept in" in msg and str(tmp_path / "rc" / "checkpoint") in msg and "nothing was written" not in msg
+
+
+def test_replay_check_help_says_what_json_prints(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["replay", "check", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "one JSON object" in text and "records list" in text and "exact" in text
+
+
+def test_replay_check_refuses_an_unmodelled_release_before_the_load(tmp_path, capsys, monkeypatch):
+    import gemmdrift.models as models
+
+    def boom(*a, **k):
+        raise AssertionError("the model was loaded")
+
+    monkeypatch.setattr(models, "load_model", boom)
+    assert cli.main(["replay", "check", "--chip", "M3", "--mlx-version", "0.29.4", *SMALL,
+                     "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "0.29.4" in err and "not modelled" in err
+    assert not (tmp_path / "o").exists()

@@ -35,7 +35,7 @@ PYTHON ?= $(eval PYTHON := $(shell for p in $(PYTHONS); do $$p -c '$(PY_OK)' >/d
 # mlx-metal has wheels for macOS 14 and later only (0.29.3 is the last for macOS 13).
 MAC_OK := import platform, sys; sys.exit(sys.platform == "darwin" and int(platform.mac_ver()[0].split(".")[0] or 0) < 14)
 
-.PHONY: run test env bench golden docs clean
+.PHONY: run test env bench golden docs clean changelog
 
 $(BIN)/.installed-$(EXTRAS): pyproject.toml
 	@test -n "$(PYTHON)" && $(PYTHON) -c '$(PY_OK)' 2>/dev/null || { echo "make: no Python 3.10+$(if $(filter metal,$(BACKEND)), for arm64,) found (tried $(or $(PYTHON),$(PYTHONS))); install one, or give it as PYTHON=..." >&2; exit 2; }
@@ -73,3 +73,8 @@ docs: env
 
 clean:
 	rm -rf .venv .venv-cuda12 .venv-cuda13 .asv results
+
+# The numerics changelog's shipped pages (docs/changelog/) from the shipped inputs: the reference results, the
+# release comparisons of ops (benchmarks/release_ops/) and the replayed envelopes' cache (docs/changelog/replayed.json).
+changelog: env
+	$(BIN)/gemmdrift changelog --results benchmarks/reference --out docs/changelog

@@ -119,11 +119,12 @@ def test_run_quick_writes_the_report_and_resumes(tmp_path):
     assert f"report: {out / 'report.html'}" in r.stdout
     for name in ("stream_a.json", "stream_b.json", "meta.json", "triage.png"):
         assert (out / "diverge" / name).exists(), name
-    parts = ("stack-decode", "stack-prefill", "kernels", "diverge", "state", "predict")
+    parts = ("stack-decode", "stack-prefill", "kernels", "diverge", "state", "predict", "attribute")
     for part in parts:
         assert (out / part / "done.json").exists()
     assert "## 5. Cache state exactness" in report
     assert "Predicted GPU drift (replay)" in report and "not a measurement" in report
+    assert "Which op: local drift per op and layer" in report and "gemmdrift attribute --model embedded" in report
     again = gd("run", "--sizes", "quick", "--out", str(out))
     assert again.returncode == 0 and again.stderr.count("done before (resumed)") == len(parts)
 

@@ -17,6 +17,16 @@ def gd(*args, cwd=None, timeout=300):
                           env={**os.environ}, timeout=timeout)
 
 
+def gd_here(capsys, *args):
+    """`gemmdrift ARGS` in this process (a refusal needs no process of its own): (exit status, stdout, stderr)."""
+    from gemmdrift.cli import main
+
+    capsys.readouterr()
+    code = main(list(args))
+    out, err = capsys.readouterr()
+    return subprocess.CompletedProcess(list(args), code, out, err)
+
+
 def assert_refused_first(r, needle):
     """Exit 2, no traceback, and the error is the only line on stderr and nothing on stdout: refused before any
     output."""
@@ -36,12 +46,12 @@ def assert_refused_first(r, needle):
     (["--envelope", "nan"], "--envelope must be a finite non-negative"),
     (["--out", "/proc/x"], "--out /proc/x"),
 ])
-def test_triage_refuses_before_printing_its_schedules(tmp_path, extra, needle):
+def test_triage_refuses_before_printing_its_schedules(tmp_path, capsys, extra, needle):
     # Regression: "stream A under prefill:2048,decode (...)" was printed, then the error.
     s = tmp_path / "s.json"
     s.write_text("[1, 2, 3]")
     args = ["triage", "--stream-a", str(s), "--stream-b", str(s), "--out", str(tmp_path / "o"), *extra]
-    assert_refused_first(gd(*args), needle)
+    assert_refused_first(gd_here(capsys, *args), needle)
 
 
 def test_triage_schedule_reason_has_no_nested_parentheses(tmp_path):
@@ -207,10 +217,11 @@ def base_copy(tmp_path):
     ("{base}", "is the base file itself"),  # was: the base silently overwritten
     ("{dir}/../g/./base.npz", "is the base file itself"),  # the same file, spelled otherwise
 ])
-def test_compare_save_is_refused_before_the_model_loads(tmp_path, base_copy, save, needle):
+def test_compare_save_is_refused_before_the_model_loads(tmp_path, capsys, base_copy, save, needle):
     before = base_copy.read_bytes()
     save = save.format(dir=base_copy.parent, base=base_copy)
-    r = gd("compare", "--base", str(base_copy), "--tokens", "4", "--save", save, "--out", str(tmp_path / "o"))
+    r = gd_here(capsys, "compare", "--base", str(base_copy), "--tokens", "4", "--save", save, "--out",
+                str(tmp_path / "o"))
     assert_refused_first(r, needle.format(dir=base_copy.parent))
     assert base_copy.read_bytes() == before and not (tmp_path / "o").exists()
 

@@ -58,3 +58,50 @@ def test_replay_check_refuses_an_unmodelled_release_before_the_load(tmp_path, ca
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "0.29.4" in err and "not modelled" in err
     assert not (tmp_path / "o").exists()
+
+
+def test_stack_replay_sm90_is_refused_before_the_load_when_the_length_is_known(tmp_path, capsys, monkeypatch):
+    # D8: every CUDA T >= 2 is cuBLASLt (no recipe); the verify blocks of the schedules are known from
+    # --tokens and --split, the shapes from the embedded model's config: refused before the model loads.
+    import gemmdrift.models as models
+
+    def boom(*a, **k):
+        raise AssertionError("the model was loaded")
+
+    monkeypatch.setattr(models, "load_model", boom)
+    for chip in ("sm90", "sm80"):
+        assert cli.main(["stack", "--kernels", f"replay:{chip}", "--tokens", "12", "--split", "8", "--schedules",
+                         "prefill:8,decode", "prefill:8,verify:2", "--no-local", "--out", str(tmp_path / chip)]) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and "T=3" in err and "cublaslt" in err and "no replay recipe" in err
+    # decode alone past the prefix (T=1: cuda_gemv has a recipe) is not refused: the run goes on to load the model
+    with pytest.raises(AssertionError, match="the model was loaded"):
+        cli.main(["stack", "--kernels", "replay:sm90", "--tokens", "12", "--split", "8", "--schedules",
+                  "prefill:8,decode", "prefill:8@8,decode", "--no-local", "--out", str(tmp_path / "ok")])
+
+
+def test_replayed_ts_are_the_blocks_past_the_shared_prefix():
+    from gemmdrift.kernels.replay_model import config_shapes, replayed_ts
+    from gemmdrift.models import SHAPES
+
+    assert replayed_ts(["prefill:512,decode", "prefill:512,verify:2"], 40, 32) == {1, 3, 2}  # 8 = 3 + 3 + 2
+    assert replayed_ts(["prefill:32,decode", "prefill:32,verify:3"], 40, 32) == {1, 4}
+    assert replayed_ts(["prefill:32,decode", "prefill:32,verify:3"], 40, 32, replay_prefix=True) == {32, 1, 4}
+    shapes = {name: (k, n) for name, k, n, _ in config_shapes(SHAPES["gemma3-270m"])}
+    assert shapes["q_proj"] == (640, 1024) and shapes["k_proj"] == (640, 256) and shapes["down_proj"] == (2048, 640)
+    assert shapes["lm_head"] == (640, 262144)
+
+
+@pytest.mark.slow
+def test_stack_replay_sm90_is_refused_before_computing_when_the_length_needs_the_tokenizer(tmp_path, capsys,
+                                                                                           monkeypatch):
+    import gemmdrift.stack as stack
+
+    def boom(*a, **k):
+        raise AssertionError("the run was computed")
+
+    monkeypatch.setattr(stack, "measure_stack", boom)
+    assert cli.main(["stack", "--kernels", "replay:sm90", "--prompt", "The quick brown fox jumps over the lazy dog "
+                     "and runs far away into the woods", "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert "cublaslt" in err[-1] and "no replay recipe" in err[-1]

@@ -301,7 +301,7 @@ def test_dispatch_from_a_recorded_environment(tmp_path, capsys):
     recs = _dispatch_json_env(capsys, str(tmp_path / "m1.json"), *Q4_640_2048)
     assert {r["T"]: r["kernel"] for r in recs} == EXPECTED[("M1", "0.31.2", Q4_640_2048)]
     (tmp_path / "odd.json").write_text(json.dumps(RECORDS["unknown Metal architecture"]))
-    for path, words in ((tmp_path / "odd.json", "is not one the dispatch rules can read"),
+    for path, words in ((tmp_path / "odd.json", "not an Apple GPU architecture this release reads"),
                         (tmp_path / "missing", "no such file"), (tmp_path, "no meta.json or env.json")):
         assert cli.main(["dispatch", "--env", str(path), "--K", "640", "--N", "2048"]) == 2
         err = capsys.readouterr().err.strip()

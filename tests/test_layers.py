@@ -33,6 +33,7 @@ RANKS = {
     "kernels.capture": 5, "kernels.paths": 6, "kernels.table": 7, "kernels.ops": 8, "kernels.runs": 9,
     "kernels": 10, "stack": 5, "diverge": 5, "history": 5,
     "kernels.replay_jitcache": 2,  # the compiled replay's tile cache
+    "kernels.replay_calib": 6.5,  # calibration files: a chip's measured variant (issue 31)
     "speculative": 4,  # diverge's stream primitives and exact rollback (issue 25)
     "fingerprint": 11, "state": 5, "batch": 6, "server": 6,
     "state.reading": 4.1, "state.common": 4.2, "state.rollback": 4.3, "state.trim": 4.3,  # state/ (issue 25)
@@ -49,6 +50,15 @@ RANKS = {
     "twostats": 3, "golden": 5, "goldview": 11, "goldcli": 16,  # logits / compare (issue 23)
     "cliargs": 2,  # the CLI's list and range arguments (issue 25)
     "predict": 11, "predict_view": 11.5,  # predicted GPU drift, the main job's replay part (issue 22)
+    "optaps": 5.5,  # op taps inside every decoder layer and local drift per op (issue 29)
+    "attribute": 8,  # which op: local drift, counterfactual per op class, the verdict (issue 29)
+    "attribute_view": 11.6,  # its summary, text, report section and figure
+    "attribute_cli": 16.5,  # `gemmdrift attribute` and its MODES (--primitives, --python plug in there)
+    "changelog": 6,  # the numerics changelog's measured part and its release pairs (issue 30)
+    "changelog_view": 7,  # the changelog's pages: Markdown and HTML from one list of blocks (issue 30)
+    "changelog_predict": 12,  # the changelog's predicted section: dispatch differences, replayed envelopes (issue 30)
+    "changelog_cli": 16,  # `gemmdrift changelog` (issue 30)
+    "release_ops": 5,  # ops captured once, recomputed under another mlx release's interpreter (issue 29 item 4)
     "primitives_operands": 4.5, "primitives_ops": 7.5, "primitives": 8.6,  # the one-second gate (issue 29, item 6)
     "primitives_view": 8.7, "primitives_cli": 16,  # its text and JSON; its flags for `gemmdrift attribute`
     "clidoc": 18,  # the docs' flag tables, generated from the CLI's parsers (issue 32)

@@ -22,6 +22,7 @@ def parameters(tmp_path) -> dict[str, str]:
         "history": f"RESULTS = {str(root)!r}",
         "batch": 'MODEL = "embedded"\nN = 3\nBATCH_SIZES = (1, 2)\nSERVER = False',
         "compare": 'MODEL = "embedded"\nTOKENS = 24',
+        "attribution": 'MODEL = "embedded"\nTOKENS = 36\nSPLIT = 32\nOPS = ("sdpa",)',
         "cache_bench": 'MODEL = "embedded"\nOPERATIONS = ("rollback", "draft_trim")\nWHERE = ("below", "past")\nKS = (1,)',
     }
 
@@ -55,7 +56,7 @@ def test_notebook_executes(path, tmp_path):
     assert images, "the notebook shows its figures"
     if path.stem == "divergence":
         assert last_value(nb) == "True"  # triage of the saved streams gives the same verdict
-    if path.stem == "compare":
+    if path.stem in ("compare", "attribution"):
         assert last_value(nb) == "True"  # the saved file gives the same top-1 share as the live run
     if path.stem == "history":
         assert "0.32.4" in last_value(nb)  # the gate compared the two versions written above

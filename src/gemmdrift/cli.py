@@ -14,7 +14,7 @@ from pathlib import Path
 
 from . import cachebench
 from . import defaults as D
-from . import dispatch_cli, goldcli, replay_cli, runenv
+from . import attribute_cli, changelog_cli, dispatch_cli, goldcli, replay_cli, runenv
 from .errors import GemmdriftError
 from .cliargs import default_split, parse_ints, parse_range  # noqa: F401  (moved; callers import them from here)
 
@@ -25,6 +25,15 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+    def parse_args(self, args=None, namespace=None):
+        """Unrecognized arguments are named with the subcommand whose help lists its flags (D17)."""
+        ns, extras = self.parse_known_args(args, namespace)
+        if extras:
+            prog = " ".join([self.prog] + [str(v) for v in (getattr(ns, "command", None),
+                                                             getattr(ns, "replay_command", None)) if v])
+            self.exit(2, f"{prog}: error: unrecognized arguments: {' '.join(extras)} (see {prog} --help)\n")
+        return ns
 
 
 # ------------------------------------------------------------------ shared options
@@ -98,6 +107,16 @@ def _tokens(args, lm):
     return ids, label
 
 
+def _replay_shapes(args):
+    """The projection shapes of ``--model`` from its config, for ``--kernels`` checks before the load (D8)."""
+    if not getattr(args, "kernels", None) or (args.quantize is not None and args.quant_mode != "affine"):
+        return None
+    from .kernels.replay_model import model_shapes
+
+    quant = None if args.quantize is None else (args.quantize, args.group_size or 64)
+    return model_shapes(args.model, quant)
+
+
 def _write_and_print(args, result, out, note: str = "") -> None:
     """The one way a measuring command ends: the Result to ``out``, then its summary (or --json) printed."""
     from . import store, summaries
@@ -145,7 +164,10 @@ def cmd_stack(args) -> int:
     impl, _ = cachebench.precheck(args)
     from .kernels.replay_model import KernelsOption
 
-    kopt = KernelsOption(args.kernels, ladder=args.ladder, replay_prefix=args.replay_prefix)  # checked before loading
+    # checked before loading
+    kopt = KernelsOption(args.kernels, ladder=args.ladder, replay_prefix=args.replay_prefix,
+                         calibration=args.calibration)
+    kopt.check_run(_replay_shapes(args), args.schedules, args.tokens, args.split, args.dtype)  # a call with no recipe
 
     from .envinfo import environment
     from .models import describe
@@ -157,6 +179,9 @@ def cmd_stack(args) -> int:
     split = args.split if args.split is not None else default_split(n)
     positions = parse_range(args.positions, n, "--positions")
     logit_positions = parse_range(args.logit_positions, n, "--logit-positions")
+    from .kernels.replay_model import lm_shapes
+
+    kopt.check_run(lm_shapes(lm) if kopt.text else None, args.schedules, n, split, lm.description.dtype)
     print(f"gemmdrift stack: {describe(lm.description)}; {n} tokens ({label}); split {split}", file=sys.stderr)
     with kopt.installed(lm), cachebench.stack_caches(impl, lm) as impl_record:
         result = measure_stack(lm, ids, args.schedules, split=split, positions=positions,
@@ -194,7 +219,8 @@ def cmd_kernels(args) -> int:
         kernels.parse_path(p)  # a bad path fails before the model loads
     from .kernels.replay_model import KernelsOption
 
-    kopt = KernelsOption(args.kernels, ops=args.ops)  # replay:<chip>[@variant]: checked before loading
+    # replay:<chip>[@variant]: checked before loading
+    kopt = KernelsOption(args.kernels, ops=args.ops, calibration=args.calibration)
     lm = _load(args)
     projs = kernels.projections(lm, layers=layers, names=names)
     print(f"gemmdrift kernels: {describe(lm.description)}; {len(projs)} projections x {len(paths)} paths", file=sys.stderr)
@@ -251,7 +277,8 @@ def cmd_diverge(args) -> int:
             _context_text(args.context)
     from .kernels.replay_model import KernelsOption
 
-    kopt = KernelsOption(args.kernels, draft=args.draft)  # replay:<chip>[@variant]: checked before loading
+    # replay:<chip>[@variant]: checked before loading
+    kopt = KernelsOption(args.kernels, draft=args.draft, calibration=args.calibration)
     from .diverge import measure_divergence_stats, measure_diverge
     from .envinfo import environment
     from .models import describe
@@ -286,6 +313,8 @@ def cmd_diverge(args) -> int:
     with kopt.installed(lm):
         result = measure_diverge(lm, ids, args.n, do_triage=not args.no_triage, record={"prompt": label, **record},
                                  env=env, **opts)
+    if args.explain:
+        result = attribute_cli.explain_divergence(lm, result, ids, kopt.text or None)
     _write_and_print(args, kopt.label(result), out, "(stream_a.json and stream_b.json feed `gemmdrift triage`)")
     return 0
 
@@ -301,7 +330,7 @@ def cmd_triage(args) -> int:
         raise GemmdriftError("the two stream files have unequal prompts")
     from .kernels.replay_model import KernelsOption
 
-    kopt = KernelsOption(args.kernels)  # replay:<chip>[@variant]: checked before loading
+    kopt = KernelsOption(args.kernels, calibration=args.calibration)  # replay:<chip>[@variant]: checked before loading
     args.schedule_a, why_a = stream_schedule(args.schedule_a, args.stream_a, D.SCHEDULE_PLAIN, "--schedule-a")
     args.schedule_b, why_b = stream_schedule(args.schedule_b, args.stream_b, D.SCHEDULE_SPECULATIVE, "--schedule-b")
     _precheck(args)  # every check before the first line printed
@@ -325,6 +354,8 @@ def cmd_triage(args) -> int:
     with kopt.installed(lm):
         result = measure_triage(lm, prompt, sa, sb, args.schedule_a, args.schedule_b, envelope=args.envelope,
                                 env=environment())
+    if args.explain:  # the op classes whose counterfactual removes the flip (issue 29); the verdict stays
+        result = attribute_cli.explain_divergence(lm, result, prompt, kopt.text or None)
     _write_and_print(args, kopt.label(result), args.out)
     return 0
 
@@ -375,10 +406,12 @@ def cmd_run(args) -> int:
 
     check_out_dir(args.out)
     from .envinfo import select_device
+    from .kernels.replay_calib import check_files
     from .suite import main_job
 
+    check_files(args.calibration)  # a bad file: one line, before the model loads
     select_device(args.device)
-    paths = main_job(args.out, sizes=args.sizes, model=args.model, dtype=args.dtype)
+    paths = main_job(args.out, sizes=args.sizes, model=args.model, dtype=args.dtype, calibration=args.calibration)
     print(paths["markdown"].read_text())
     print(f"report: {paths['html']} (and {paths['markdown'].name} beside it)")
     return 0
@@ -419,7 +452,9 @@ def cmd_history(args) -> int:
     store.write_result(result, out)
     summary = summaries.summary(result)
     summary["figures"] = [str(out / f) for f in summary["figures"]]
-    _emit(args, summary, summaries.text(result) + f"\n\n{len(summary['figures'])} figures in {out / 'figures'}/")
+    summary["changelog"] = changelog_cli.index_pointer()
+    _emit(args, summary, summaries.text(result) + f"\n\n{len(summary['figures'])} figures in {out / 'figures'}/"
+          + f"\n{summary['changelog']}")
     return 0
 
 
@@ -450,10 +485,11 @@ def cmd_gate(args) -> int:
     changed = g[g["changed"]]
     trees = ("\nsummation trees changed (not a regression by itself; see `gemmdrift fingerprint`):\n"
              + text_table(changed[["machine", "backend", "benchmark", "params", "old", "new"]]) if len(changed) else "")
+    page = changelog_cli.gate_pointer(g["baseline"].iloc[0], g["candidate"].iloc[0])
     _emit(args, {"pass": not len(bad), "compared": int(len(g)), "regressions": bad.to_dict(orient="records"),
-                 "trees_changed": changed.to_dict(orient="records")},
+                 "trees_changed": changed.to_dict(orient="records"), "changelog": page},
           (text_table(shown[["machine", "backend", "benchmark", "params", "old", "new", "ratio"]]) + "\n" if len(bad)
-           else "") + verdict + trees)
+           else "") + verdict + trees + "\n" + page)
     return 1 if len(bad) else 0
 
 
@@ -471,7 +507,13 @@ def cmd_fingerprint(args) -> int:
 
     check_fingerprint_sizes(args.k, args.n, ts, args.draw_k)  # memory, before exactness and any allocation
     for text in paths:  # every input error before any computation
-        fingerprint.check_path(fingerprint.parse_path(text), args.k, args.n, args.window)
+        spec = fingerprint.parse_path(text)
+        fingerprint.check_path(spec, args.k, args.n, args.window)
+        if spec.op == "replay":  # a T the chip runs a kernel with no recipe for (CUDA T >= 2): now, not after T=1
+            from .kernels.replay_paths import replay_probe
+
+            for t in ts:
+                replay_probe(text, args.k, t, args.n)
     store.check_out_dir(args.out)
     select_device(args.device)
     result = fingerprint.measure(paths, K=args.k, ts=ts, N=args.n, window=args.window, draw_k=args.draw_k,
@@ -596,6 +638,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--no-local", action="store_true", help="skip local drift (saves one run per schedule)")
     s.add_argument("--ladder", action="store_true", help="rerun at float32: rounding shrinks, semantic differences do not")
     s.add_argument("--kernels", help=D.KERNELS_HELP)
+    s.add_argument("--calibration", action="append", default=[], metavar="FILE", help=D.CALIBRATION_HELP)
     s.add_argument("--replay-prefix", action="store_true", help="with --kernels: replay the prefix the schedules "
                    "share too (default: computed once with this machine's kernels, both schedules start from it)")
     cachebench.add_arguments(s, rollback=False)
@@ -616,6 +659,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"distinct captured rows per projection (default {D.KERNEL_MAX_ROWS})")
     s.add_argument("--ops", action="store_true", help="also sdpa, rms_norm, rope and softmax with the model's geometry")
     s.add_argument("--kernels", help=D.KERNELS_HELP)
+    s.add_argument("--calibration", action="append", default=[], metavar="FILE", help=D.CALIBRATION_HELP)
     _add_output(s, "results/kernels")
     s.set_defaults(func=cmd_kernels)
 
@@ -641,8 +685,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--rollback", default="mlx-lm", help="speculative stream: mlx-lm's speculative_generate_step "
                    "(default), exact (snapshots restored where trim_prompt_cache refuses) or module:function (its rewind)")
     s.add_argument("--kernels", help=D.KERNELS_HELP)
+    s.add_argument("--calibration", action="append", default=[], metavar="FILE", help=D.CALIBRATION_HELP)
     cachebench.add_arguments(s, rollback=False)
     _add_output(s, "results/diverge")
+    s.add_argument("--explain", action="store_true", help="with one prompt: also name the op classes whose "
+                   "counterfactual removes the flip at the first divergence (the verdict stays what it is)")
     s.set_defaults(func=cmd_diverge)
 
     s = sub.add_parser("triage", help="judge a divergence between two token streams: near-tie or state bug")
@@ -656,14 +703,18 @@ def build_parser() -> argparse.ArgumentParser:
                                         f"speculative, {D.SCHEDULE_SPECULATIVE})")
     s.add_argument("--envelope", type=float, help="use this envelope instead of measuring it on the shared prefix")
     s.add_argument("--kernels", help=D.KERNELS_HELP)
+    s.add_argument("--calibration", action="append", default=[], metavar="FILE", help=D.CALIBRATION_HELP)
     _add_output(s, "results/triage")
+    s.add_argument("--explain", action="store_true", help="also name the op classes whose counterfactual removes "
+                   "the flip at the first divergence (gemmdrift attribute; the verdict stays what it is)")
     s.set_defaults(func=cmd_triage)
 
     s = sub.add_parser("state", help="cache state exactness: rollback, trim, save/load, server reuse, batch vs a "
                                      "cache that never did them")
     _add_model(s)
     s.add_argument("--ops", default="rollback,trim,trim_prompt_cache,save_load,server_reuse,batch",
-                   help="operations: rollback,trim,trim_prompt_cache,save_load,server_reuse,batch (default all)")
+                   help="operations: rollback,trim,trim_prompt_cache,save_load,server_reuse,batch (the default), "
+                        "and draft_trim (the draft cache's trim after T=1 drafts; only when asked)")
     s.add_argument("--where", help="prefix lengths relative to the sliding window: below,at,past,far "
                                    "(default all; below,past for QuantizedKVCache)")
     s.add_argument("--k", help="draft counts of the rollback, every r = 0..k (default 1-4; 2 for QuantizedKVCache)")
@@ -685,6 +736,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--model", default=D.MODEL, help="a model source (default: the embedded Gemma 3 270M)")
     s.add_argument("--dtype", default=D.DTYPE, help=f"compute dtype (default {D.DTYPE})")
     s.add_argument("--device", choices=["cpu", "gpu"], help="mlx device (default: mlx's own choice)")
+    s.add_argument("--calibration", action="append", default=[], metavar="FILE",
+                   help="the prediction part replays the variant this file measured for its chip (repeatable; the "
+                        "shipped registry is read too; docs/calibration.md)")
     s.set_defaults(func=cmd_run)
 
     s = sub.add_parser("report", help="one page (HTML and markdown) from a results directory: tables, figures, reading")
@@ -761,8 +815,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=cmd_server)
 
     dispatch_cli.add_parser(sub)
+    changelog_cli.add_parser(sub)  # the numerics changelog per release pair (issue 30)
     goldcli.add_parser(sub, sys.modules[__name__])  # logits, compare (issue 23)
     replay_cli.add_parser(sub)
+    attribute_cli.add_parser(sub, sys.modules[__name__])  # which op (issue 29)
     runenv.add_flags(sub)  # --tf32 on every measuring command, --device on env
     return p
 

@@ -66,7 +66,7 @@ def table(parser: argparse.ArgumentParser) -> str:
         if isinstance(action, (argparse._HelpAction, argparse._SubParsersAction)):
             continue
         default = action.default
-        if action.nargs == 0 or default is None or default is argparse.SUPPRESS:
+        if action.nargs == 0 or default in (None, "", [], ()) or default is argparse.SUPPRESS:
             shown = "required" if action.required else ""
         else:
             shown = f"`{' '.join(default) if isinstance(default, (list, tuple)) else default}`"

@@ -24,3 +24,6 @@ SCHEDULE_SPECULATIVE = f"prefill:{PREFILL_SPECULATIVE},verify:{DIVERGE_K}"
 GATE_THRESHOLD = 0.10  # relative growth of a drift figure that fails the gate
 KERNELS_HELP = ("replay:<chip>[@variant]: every projection and the LM head computed with that chip's replayed kernel "
                 "orders (a prediction, not a measurement; see docs/replay.md)")
+CALIBRATION_HELP = ("with --kernels replay:<chip>: replay the variant this calibration file (written by `gemmdrift "
+                    "replay check --device gpu` on that chip) measured; repeatable; the shipped registry is read too; "
+                    "docs/calibration.md")

@@ -84,7 +84,7 @@ def chip_of_record(path: str):
     """(Chip, mlx version or None) of the environment recorded at ``path`` (see ``--env``); one-line errors."""
     from pathlib import Path
 
-    from .dispatch import chip_from_env
+    from .dispatch import chip_from_env, not_a_chip
     from .files import read_object
 
     p = Path(path)
@@ -103,8 +103,8 @@ def chip_of_record(path: str):
         raise GemmdriftError(f"--env {p}: no environment record in it (no 'backend')")
     chip = chip_from_env(env)
     if chip is None:
-        raise GemmdriftError(f"--env {p}: {env.get('backend')} architecture {env.get('architecture')!r} is not one "
-                             "the dispatch rules can read: no prediction")
+        why = not_a_chip(env) or f"{env.get('backend')} architecture {env.get('architecture')!r} is not readable"
+        raise GemmdriftError(f"--env {p}: {why}")
     check_known_chip(chip, f"--env {p}")
     return chip, env.get("mlx")
 

@@ -48,9 +48,10 @@ def self_draft(model_dir: str | os.PathLike, n_layers: int) -> Path:
     except (OSError, ValueError) as e:
         raise GemmdriftError(f"cannot read {src / 'config.json'}: {e}") from None
     total = int(config.get("num_hidden_layers", 0))
-    if not 1 <= n_layers < total:
-        raise GemmdriftError(f"--draft self:{n_layers}: the target has {total} layers (choose 1..{total - 1})")
     pattern = int(config.get("sliding_window_pattern") or 1)
+    lowest = max(1, min(pattern, total - 1))  # the same range in both refusals (D17)
+    if not 1 <= n_layers < total:
+        raise GemmdriftError(f"--draft self:{n_layers}: the target has {total} layers (choose {lowest}..{total - 1})")
     if n_layers < pattern:  # gemma3_text reads its global mask from cache[pattern - 1]: one global layer at least
         raise GemmdriftError(f"--draft self:{n_layers}: this architecture needs at least one full-attention layer, "
                              f"the first is layer {pattern - 1} (choose {pattern}..{total - 1})")

@@ -17,6 +17,8 @@ from .checkpoint import Interrupted
 # What a rerun with the same --out resumes (commands not listed keep nothing: they are short or read only).
 RESUMES = {
     "run": "finished parts are kept (done.json); rerun with the same --out to resume",
+    "attribute": "finished parts (local drift, each counterfactual) are kept in {out}/checkpoint; rerun the same "
+                 "command to resume",
     "stack": "finished schedule runs are kept in {out}/checkpoint; rerun the same command to resume",
     "kernels": "finished units are kept in {out}/checkpoint; rerun the same command to resume",
     "state": ("finished rollback cells and halves of the sweep are kept in {out}/.checkpoints; rerun the same "

@@ -8,6 +8,16 @@ import numpy as np
 import pandas as pd
 
 
+def tight(fig, **kw) -> None:
+    """``fig.tight_layout``, without matplotlib's "Tight layout not applied" warning on stderr when a grid of
+    many cases cannot be tightened (the figure is saved with bbox_inches="tight" anyway; issue 33 D17)."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Tight layout not applied")
+        fig.tight_layout(**kw)
+
+
 def _plt():
     import sys
 
@@ -324,7 +334,7 @@ def kernel_vs_t(df: pd.DataFrame, thresholds=None, metric: str = "max_ulp", refe
         fig.legend(list(handles.values()), list(handles), loc="lower center", ncol=min(4, len(handles)), fontsize=7)
     fig.suptitle(title or "T-row GEMM against T=1 GEMV, worst over layers (dotted: kernel dispatch switches)",
                  fontsize=9)
-    fig.tight_layout(rect=(0, 0.08, 1, 0.96))
+    tight(fig, rect=(0, 0.08, 1, 0.96))
     return fig
 
 
@@ -376,7 +386,7 @@ def ops_vs_t(df: pd.DataFrame, thresholds=None, metric: str = "max_ulp", referen
     axes[0, 0].set_ylim(-0.1, top * 1.15)
     axes[0, 0].set_ylabel(f"bits lost, log2(1 + {metric})", fontsize=8)
     fig.suptitle(title or "Ops: each query inside a T-query block against the same query alone", fontsize=9)
-    fig.tight_layout()
+    tight(fig)
     return fig
 
 
@@ -607,7 +617,7 @@ def fingerprint_figures(result) -> dict:
             ax.legend(fontsize=6, loc="upper left")
         axes[-1, 0].set_xlabel("T (rows in the block)", fontsize=8)
         fig.suptitle(f"Summation tree per T and row position, K={result.inputs.get('K')}", fontsize=9)
-        fig.tight_layout()
+        tight(fig)
         out["fingerprint_vs_t.png"] = fig
     small = {p: v for p, v in result.details.get("small_trees", {}).items() if v.get("tree")}
     if small:
@@ -621,7 +631,7 @@ def fingerprint_figures(result) -> dict:
             ax.set_ylabel("height", fontsize=7)
             ax.set_title(f"{path}, K={v['K']}: {v['description'][:90]}", fontsize=8)
         axes[-1, 0].set_xlabel("term index k", fontsize=8)
-        fig.tight_layout()
+        tight(fig)
         out["trees_small_k.png"] = fig
     return out
 
@@ -664,7 +674,7 @@ def state_grid(table: pd.DataFrame, title: str = ""):
     ax.legend(handles=[Patch(color=c, label=v) for v, c in STATE_COLORS.items()], fontsize=6, loc="upper left",
               bbox_to_anchor=(1.01, 1))
     ax.set_title(title or "Cache state exactness: worst verdict per cell (cases with it / cases)", fontsize=9)
-    fig.tight_layout()
+    tight(fig)
     return fig
 
 
@@ -700,7 +710,7 @@ def batch_figure(result):
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=7)
     fig.suptitle("Row j of mlx-lm's BatchGenerator vs the same prompt alone", fontsize=9)
-    fig.tight_layout()
+    tight(fig)
     return fig
 
 
@@ -732,7 +742,7 @@ def batch_layers_figure(table: pd.DataFrame, title: str = ""):
     ax.grid(True, which="both", axis="y", alpha=0.3)
     if table.groupby(["target", "companions", "B", "row"]).ngroups <= 16:
         ax.legend(fontsize=6, ncol=2)
-    fig.tight_layout()
+    tight(fig)
     return fig
 
 
@@ -761,7 +771,7 @@ def server_figure(result):
     ax.axhline(n, color="0.4", lw=0.8, ls=":")
     ax.set_ylabel(f"first divergent token ({n} = none)")
     ax.set_title("mlx_lm.server: green identical, orange near-tie, red outside the envelope", fontsize=8)
-    fig.tight_layout()
+    tight(fig)
     return fig
 
 
@@ -787,3 +797,12 @@ def _draw_predict(result) -> dict:  # issue 22: the figure lives in gemmdrift.pr
 
 
 DRAW["predict"] = _draw_predict
+
+
+def _draw_attribute(result) -> dict:  # issue 29: the figure lives in gemmdrift.attribute_view
+    from .attribute_view import FIGURE, attribute_figure
+
+    return {FIGURE: attribute_figure(result)}
+
+
+DRAW["attribute"] = _draw_attribute

@@ -76,7 +76,7 @@ def _import(where: str, flag: str):
         sys.modules[name] = module  # classes defined there must be findable again (deepcopy, pickling)
         try:
             spec.loader.exec_module(module)
-        except Exception as e:
+        except (Exception, SystemExit) as e:  # sys.exit() at import too: one line, not a silent exit (D17)
             del sys.modules[name]
             raise GemmdriftError(f"{flag}: importing {where} raised {type(e).__name__}: {e}") from None
         return module
@@ -84,7 +84,7 @@ def _import(where: str, flag: str):
         return importlib.import_module(where)
     except ModuleNotFoundError as e:
         raise GemmdriftError(f"{flag}: cannot import module {where!r} ({e})") from None
-    except Exception as e:
+    except (Exception, SystemExit) as e:
         raise GemmdriftError(f"{flag}: importing {where!r} raised {type(e).__name__}: {e}") from None
 
 

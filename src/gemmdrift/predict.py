@@ -108,28 +108,29 @@ def block_ts(schedule: str, n: int, split: int) -> list[int]:
     return sorted({b - a for a, b in parse_schedule(schedule).blocks(n, split)})
 
 
-def _plans(lm, chip: str, ts: Sequence[int], variant: str | None):
+def _plans(lm, chip: str, ts: Sequence[int], variant: str | None, version: str | None = None):
     """Every plan the chip runs for these T values (a GemmdriftError when one has no known order)."""
     from .kernels.replay_paths import plan_for
 
     dtype = lm.description.dtype
-    return [plan_for(chip, op, T=t, dtype=dtype, variant=variant, **kw) for t in ts for op, kw in _shapes(lm)]
+    return [plan_for(chip, op, T=t, dtype=dtype, variant=variant, mlx_version=version, **kw) for t in ts
+            for op, kw in _shapes(lm)]
 
 
-def refusal(lm, chip: str, ts: Sequence[int]) -> str | None:
+def refusal(lm, chip: str, ts: Sequence[int], version: str | None = None) -> str | None:
     """Why a chip's run over these T values cannot be replayed (its kernel's order is not knowable), or None."""
     try:
-        _plans(lm, chip, ts, None)
+        _plans(lm, chip, ts, None, version)
     except GemmdriftError as e:
         return str(e)
     return None
 
 
-def chip_variants(lm, chip: str, ts: Sequence[int], which: str = "all") -> list[str]:
+def chip_variants(lm, chip: str, ts: Sequence[int], which: str = "all", version: str | None = None) -> list[str]:
     """Variant texts (``"mma=H2"``, ...) of the recipes the chip runs for ``ts``: every combination, the default
     first (``""`` when no recipe has an axis); only the default with ``which="default"``."""
     axes: dict[str, tuple[str, ...]] = {}
-    for plan in _plans(lm, chip, ts, None):
+    for plan in _plans(lm, chip, ts, None, version):
         for axis, values in plan.recipe.axes.items():
             axes.setdefault(axis, tuple(values))
     if not axes or which == "default":
@@ -138,10 +139,19 @@ def chip_variants(lm, chip: str, ts: Sequence[int], which: str = "all") -> list[
     return [",".join(f"{k}={v}" for k, v in zip(keys, combo)) for combo in itertools.product(*(axes[k] for k in keys))]
 
 
-def _signature(lm, chip: str, ts: Sequence[int], variant: str) -> tuple:
+def calibrated_variants(variants: Sequence[str], measured: dict[str, str]) -> list[str]:
+    """The variant texts consistent with a calibration's measured axes (its order kept: the one with the other
+    axes at their defaults first); axes the chip's recipes here do not have are ignored."""
+    def split(text: str) -> dict[str, str]:
+        return dict(p.split("=", 1) for p in text.split(",") if "=" in p)
+
+    return [v for v in variants if all(split(v).get(a, m) == m for a, m in measured.items())]
+
+
+def _signature(lm, chip: str, ts: Sequence[int], variant: str, version: str | None = None) -> tuple:
     """What a run's every call computes: (kernel, params, variant) per projection shape and T."""
     return tuple((p.recipe.kernel, tuple(sorted(p.params.items())), tuple(sorted(p.variant.items())))
-                 for p in _plans(lm, chip, ts, variant or None))
+                 for p in _plans(lm, chip, ts, variant or None, version))
 
 
 def _share_reference(lm, tokens, sizes: PredictSizes, ref: str, src: Path, dst: Path) -> bool:
@@ -188,7 +198,8 @@ def _say(text: str) -> None:
 
 
 def predict_drift(lm, sizes: PredictSizes, *, checkpoint: str | Path | None = None,
-                  env: dict[str, Any] | None = None, tokens: Sequence[int] | None = None) -> Result:
+                  env: dict[str, Any] | None = None, tokens: Sequence[int] | None = None,
+                  mlx_version: str | None = None, calibration: Sequence[str] = ()) -> Result:
     """Decode vs verify:2 / verify:3 predicted per chip and variant, beside the same pairs measured here.
 
     Args:
@@ -197,6 +208,10 @@ def predict_drift(lm, sizes: PredictSizes, *, checkpoint: str | Path | None = No
         checkpoint: a directory for every run's taps (resume: finished runs are loaded, not rerun).
         env: the environment record (default :func:`gemmdrift.envinfo.environment`).
         tokens: the stream (default: the built-in essay's first ``sizes.tokens`` tokens).
+        mlx_version: whose recipes the replay follows (default the installed mlx; the changelog replays each
+            release's).
+        calibration: calibration files; with the registry's (:mod:`gemmdrift.kernels.replay_calib`), a chip
+            they calibrate at this release runs its measured variant (only the unmeasured axes still vary).
 
     Returns:
         A ``predict`` Result: tables ``layers`` and ``envelope`` (one row per chip, variant, pair and tap;
@@ -211,8 +226,13 @@ def predict_drift(lm, sizes: PredictSizes, *, checkpoint: str | Path | None = No
     from .stack import compare_taps, measure_stack
     from .taps import load_checkpoint, run_schedule, save_taps
 
+    from .dispatch import not_a_chip
+
     check_sizes(sizes)
     env = env if env is not None else environment()
+    device_note = not_a_chip(env)
+    if device_note:  # the measured line is this device as it reports itself, never a chip's
+        _say(device_note)
     ck = Path(checkpoint) if checkpoint is not None else None
     tokens = [int(t) for t in (builtin_stream(lm, sizes.tokens) if tokens is None else tokens)]
     if len(tokens) != sizes.tokens:
@@ -220,7 +240,7 @@ def predict_drift(lm, sizes: PredictSizes, *, checkpoint: str | Path | None = No
     scheds = schedules(sizes)
     n, split = len(tokens), sizes.split
     positions = np.arange(split, n)
-    version = installed_mlx()
+    version = mlx_version or installed_mlx()
     ts = {s: block_ts(s, n, split) for s in scheds}
     common = dict(split=split, local=False, env=env, workers=1)  # in-process: the replay proxies live here
     layers: list[dict] = []
@@ -239,21 +259,29 @@ def predict_drift(lm, sizes: PredictSizes, *, checkpoint: str | Path | None = No
     native_ref = kept[(scheds[0], "accumulated", lm.description.dtype)]
     _say(f"this machine's kernels: {seconds['cpu (measured)']:.1f} s")
 
+    from .kernels.replay_calib import resolve
+
+    calibrated: dict[str, str] = {}  # chip -> "calibrated by <file>"
     shared: dict[tuple, Path] = {}  # decode reference signature -> the checkpoint that holds it
     variants_run: dict[str, list[str]] = {}
     for chip in sizes.chips:
-        reasons = {s: refusal(lm, chip, ts[s]) for s in scheds[1:]}  # each asked once
+        reasons = {s: refusal(lm, chip, ts[s], version) for s in scheds[1:]}  # each asked once
         knowable = [s for s in scheds[1:] if reasons[s] is None]
         refused += [{"chip": chip, "pair": f"{scheds[0]} vs {s}", "schedule": s, "reason": reasons[s]}
                     for s in scheds[1:] if reasons[s] is not None]
         if knowable:
             run = [scheds[0], *knowable]
-            variants = chip_variants(lm, chip, sorted({t for s in run for t in ts[s]}), sizes.variants)
+            variants = chip_variants(lm, chip, sorted({t for s in run for t in ts[s]}), sizes.variants, version)
+            cal = resolve(chip, version, calibration)
+            if cal.variant:
+                variants = calibrated_variants(variants, cal.variant)
+                calibrated[chip] = cal.note
+                _say(f"{chip}: {cal.note} ({cal.text})")
             variants_run[chip] = variants
             for i, v in enumerate(variants):
                 label = f"{chip}@{v}" if v else chip
                 d = ck / ("replay-" + label.replace("=", "-").replace(",", "+")) if ck else None
-                sig = _signature(lm, chip, ts[scheds[0]], v)
+                sig = _signature(lm, chip, ts[scheds[0]], v, version)
                 t0 = time.perf_counter()
                 with replayed(lm, chip, v or None, version) as log:
                     if d is not None and sig in shared:  # under the replay: its run key is the replayed one
@@ -266,10 +294,10 @@ def predict_drift(lm, sizes: PredictSizes, *, checkpoint: str | Path | None = No
                 labels = {"chip": chip, "variant": v or "exact", "default": i == 0, "source": "prediction"}
                 layers += _layer_rows(r.tables["stack"], labels)
                 envs += _envelope_rows(r.tables["envelope"], labels)
-                logs.append({"label": label, **log.record(), "planned": _planned(lm, chip, ts, run, v)})
+                logs.append({"label": label, **log.record(), "planned": _planned(lm, chip, ts, run, v, version)})
         if chip in CUDA_CHIPS or not knowable:
             # What is knowable: the chip's T=1 kernels decoding the same stream, against this machine's decode.
-            why = refusal(lm, chip, ts[scheds[0]])
+            why = refusal(lm, chip, ts[scheds[0]], version)
             if why is not None:
                 refused.append({"chip": chip, "pair": CUDA_PAIR, "schedule": scheds[0], "reason": why})
                 continue
@@ -293,13 +321,14 @@ def predict_drift(lm, sizes: PredictSizes, *, checkpoint: str | Path | None = No
             envs += _envelope_rows(pd.DataFrame([{"pair": pair, "schedule": CUDA_PAIR, "mode": "accumulated",
                                                   **envelope}]), labels)
             variants_run.setdefault(chip, ["exact"])
-            logs.append({"label": f"{chip} decode", **log.record(), "planned": _planned(lm, chip, ts, scheds[:1], "")})
+            logs.append({"label": f"{chip} decode", **log.record(), "planned": _planned(lm, chip, ts, scheds[:1], "", version)})
 
     tables = {"layers": pd.DataFrame(layers), "envelope": pd.DataFrame(envs)}
     tables["spread_layers"], tables["spread_envelope"] = spread(tables["layers"], tables["envelope"])
     tables["refused"] = pd.DataFrame(refused, columns=["chip", "pair", "schedule", "reason"])
     inputs = {"model": lm.info, "sizes": asdict(sizes), "tokens": tokens, "schedules": list(scheds),
               "positions": [int(p) for p in positions], "mlx_replayed": version, "variants": variants_run,
+              "device_note": device_note or "", "calibration": calibrated,
               "prediction": "every replayed figure is a prediction for that chip (mlx version, variant), "
                             "not a measurement on it"}
     frame = tidy(_tidy(tables["layers"]), backend=str(env.get("backend") or ""), mlx=str(env.get("mlx") or ""),
@@ -308,12 +337,13 @@ def predict_drift(lm, sizes: PredictSizes, *, checkpoint: str | Path | None = No
                   tables=tables, details={"replay": logs, "seconds": seconds})
 
 
-def _planned(lm, chip: str, ts: dict[str, list[int]], run: Sequence[str], variant: str) -> list[dict[str, Any]]:
+def _planned(lm, chip: str, ts: dict[str, list[int]], run: Sequence[str], variant: str,
+             version: str | None = None) -> list[dict[str, Any]]:
     """Which kernel and variant every call of these schedules plans, by T: the record of a run even when its
     taps were resumed from a checkpoint (the replay log counts only the calls made in this process)."""
     out = set()
     for t in sorted({t for s in run for t in ts[s]}):
-        for p in _plans(lm, chip, [t], variant or None):
+        for p in _plans(lm, chip, [t], variant or None, version):
             out.add((t, p.recipe.kernel, ",".join(f"{k}={v}" for k, v in p.variant.items()) or "exact"))
     return [{"T": t, "kernel": k, "variant": v} for t, k, v in sorted(out)]
 
@@ -372,4 +402,5 @@ def _tidy(layers: pd.DataFrame) -> pd.DataFrame:
 
 
 __all__ = ["PredictSizes", "SIZES", "CHIPS", "predict_drift", "spread", "predict_figures", "chip_variants",
+           "calibrated_variants",
            "refusal", "block_ts", "schedules", "check_sizes"]

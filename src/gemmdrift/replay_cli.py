@@ -10,6 +10,7 @@ differ). Every input error is a one-line message and exit 2 before the model loa
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -41,6 +42,10 @@ def add_parser(sub) -> None:
                         "recipe's default, the name printed where a recipe leaves no order open)")
     s.add_argument("--head-rows", type=int, help="check only the first rows of the LM head (default: all of it)")
     s.add_argument("--mlx-version", help="the release whose recipes are replayed (default: the installed one)")
+    s.add_argument("--calibration", action="append", default=[], metavar="FILE",
+                   help="check only the variant a calibration file measured for this chip and release (repeatable; "
+                        "see docs/calibration.md). Without it, every variant is checked and, on a GPU chip, the "
+                        "result is written as <out>/calibration.json")
     s.add_argument("--out", default="results/replay-check",
                    help="output directory (default results/replay-check; an interrupted run resumes from its checkpoint)")
     s.add_argument("--json", action="store_true",
@@ -89,6 +94,11 @@ def cmd_replay_check(args) -> int:
             raise GemmdriftError(f"--mlx-version {args.mlx_version}: dispatch was read from v"
                                  f"{'.'.join(map(str, VERIFIED_FROM))} on; older releases are not modelled")
     checks.check_out_dir(args.out)
+    from .kernels import replay_calib
+
+    replay_calib.check_files(args.calibration)  # a bad file: one line, before the model loads
+    if args.calibration and args.variant != "all":
+        raise GemmdriftError("--calibration and --variant both choose the variant: give one")
 
     from . import kernels, store
     from .envinfo import environment, select_device
@@ -97,6 +107,19 @@ def cmd_replay_check(args) -> int:
     from .prompts import builtin_text
 
     select_device(args.device)
+    env = environment()
+    variants, note = args.variant, ""
+    if args.calibration:
+        from .dispatch import chip_from_env, not_a_chip
+        from .kernels.replay_paths import installed_mlx
+
+        target = chip or chip_from_env(env)
+        if target is None:
+            raise GemmdriftError(not_a_chip(env) or "this device is not a chip: give --chip")
+        res = replay_calib.resolve(target, args.mlx_version or installed_mlx(), args.calibration,
+                                    registry=False)  # the check measures: the registry never narrows it
+        variants, note = res.text or "default", res.note
+        print(f"  replay check: {target.name}: {note}", file=sys.stderr, flush=True)
     lm = load_model(args.model, dtype=args.dtype)
     names = args.projections.split(",") if args.projections else None
     projs = kernels.projections(lm, layers=layers, names=names)
@@ -105,10 +128,13 @@ def cmd_replay_check(args) -> int:
     ids = lm.tokenizer.encode(builtin_text("essay"))[: args.tokens]
     inputs = kernels.capture_inputs(lm, ids, projs, max_rows=args.rows)
     progress = (lambda m: print("  " + m, file=sys.stderr, flush=True))
-    result = check_replay(lm, inputs, projs, [p.text for p in paths], ts, chip=chip, variants=args.variant,
-                          head_rows=args.head_rows, env=environment(), mlx_version=args.mlx_version,
+    result = check_replay(lm, inputs, projs, [p.text for p in paths], ts, chip=chip, variants=variants,
+                          head_rows=args.head_rows, env=env, mlx_version=args.mlx_version,
                           progress=progress, checkpoint=Path(args.out) / "checkpoint")
+    if note:
+        result = dataclasses.replace(result, inputs={**result.inputs, "calibration": note})
     store.write_result(result, args.out, draw=False)
+    calibration = _write_calibration(result, args.out) if not args.calibration else None
     import shutil
 
     shutil.rmtree(Path(args.out) / "checkpoint", ignore_errors=True)  # the Result holds every unit now (D13)
@@ -120,8 +146,24 @@ def cmd_replay_check(args) -> int:
                        "mlx_version": result.inputs["mlx_version"], "prediction": result.inputs["prediction"],
                        "records": records}))
     else:
-        print(text(result) + f"\n\nwritten to {Path(args.out)}/")
+        print(text(result) + (f"\n\n{replay_calib.summary(calibration)}" if calibration else "")
+              + f"\n\nwritten to {Path(args.out)}/")
     return 0
+
+
+def _write_calibration(result, out: str):
+    """``<out>/calibration.json`` when the check can calibrate (this device's own GPU recipes, every variant);
+    otherwise one line on stderr saying why not (silent on this machine's own CPU, which has nothing open)."""
+    from .kernels import replay_calib
+
+    try:
+        path, record = replay_calib.write(result, out)
+    except GemmdriftError as e:
+        if result.env.get("backend") != "cpu":
+            print(f"  replay check: {e}", file=sys.stderr, flush=True)
+        return None
+    print(f"  replay check: calibration written to {path} (see docs/calibration.md)", file=sys.stderr, flush=True)
+    return record
 
 
 def text(result) -> str:

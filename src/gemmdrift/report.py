@@ -443,6 +443,17 @@ FIGURES["predict"] = [("predict_drift.png", "per-layer drift predicted per chip 
                                             "beside this machine's measured line; predictions, not measurements")]
 
 
+def _attribute_part(d: Path, env: dict[str, Any]) -> tuple[list[Block], list[str]]:
+    from .attribute_view import report_part
+
+    return report_part(_result(d))
+
+
+PARTS["attribute"] = _attribute_part  # issue 29
+PART_TITLES["attribute"] = KIND_TITLES["attribute"] = "Which op: local drift per op and layer, and the counterfactual"
+FIGURES["attribute"] = [("attribute.png", "local drift per op and layer; the envelope left per counterfactual class")]
+
+
 def _environment(d: Path, parts: list[tuple[Path, str]]) -> tuple[dict[str, Any], dict[str, Any]]:
     """The environment record and the model description found in a results directory."""
     env = _json(d / "env.json") or {}

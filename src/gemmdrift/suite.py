@@ -172,11 +172,12 @@ def _key(part: str, lm, sizes: Sizes, *more: Any) -> str:
     return resume_key(lm.description, part, asdict(sizes), *more)
 
 
-def predict_part(lm, name: str, checkpoint: Path | None = None, env: dict[str, Any] | None = None):
+def predict_part(lm, name: str, checkpoint: Path | None = None, env: dict[str, Any] | None = None,
+                 calibration: tuple[str, ...] = ()):
     """Decode vs verify:2 / verify:3 predicted for M1, M3 and the CUDA gemv (:mod:`gemmdrift.predict`)."""
     from .predict import SIZES as PREDICT_SIZES, predict_drift
 
-    return predict_drift(lm, PREDICT_SIZES[name], checkpoint=checkpoint, env=env)
+    return predict_drift(lm, PREDICT_SIZES[name], checkpoint=checkpoint, env=env, calibration=calibration)
 
 
 def _done(out: Path, key: str) -> bool:
@@ -226,8 +227,10 @@ def _mark(out: Path, key: str, seconds: float) -> None:
 
 
 def main_job(out: str | Path = "results/run", sizes: str | None = None, model: str = "embedded",
-             dtype: str = "bfloat16") -> dict[str, Path]:
+             dtype: str = "bfloat16", calibration: tuple[str, ...] | list[str] = ()) -> dict[str, Path]:
     """Run every part, write tables, figures and the report; resume finished parts.
+
+    ``calibration``: calibration files the prediction part applies (:mod:`gemmdrift.kernels.replay_calib`).
 
     Each part writes its own directory and a ``done.json`` marker last; a part
     whose marker matches the current inputs is not run again.
@@ -266,11 +269,20 @@ def main_job(out: str | Path = "results/run", sizes: str | None = None, model: s
         ("diverge", "mlx-lm generate vs speculative generate", lambda d: divergence_probe(lm, s, env)),
         ("state", "cache state exactness (short sweep)", lambda d: state.short_sweep(lm, name)),
         ("predict", "predicted GPU drift (replay: M1, M3, CUDA gemv)",
-         lambda d: predict_part(lm, name, d / "checkpoint", env)),
+         lambda d: predict_part(lm, name, d / "checkpoint", env, calibration)),
+        ("attribute", "which op: local drift per op, the counterfactual per op class",
+         lambda d: attribute_part(lm, name, d / "checkpoint", env)),
     ]
+    from .attribute import PART_SIZES as ATTRIBUTE_SIZES, attribute_part
     from .predict import SIZES as PREDICT_SIZES
 
-    more = {"predict": [asdict(PREDICT_SIZES[name])]}  # its own sizes, beside the job's
+    calibration = tuple(str(c) for c in calibration)
+    from .kernels.replay_calib import registry_files
+
+    # its own sizes, beside the job's; a calibration (given or in the registry) changes what it replays
+    cal_key = [Path(f).read_text(encoding="utf-8") for f in [*calibration, *map(str, registry_files())]]
+    more = {"predict": [asdict(PREDICT_SIZES[name]), *([cal_key] if cal_key else [])],
+            "attribute": [ATTRIBUTE_SIZES[name]]}  # its own sizes
     keys = {part: _key(part, lm, s, *more.get(part, [])) for part, _, _ in parts}
     heads = {part: f"[{i}/{len(parts)}] {title}" for i, (part, title, _) in enumerate(parts, 1)}
     beside = [p for p in BESIDE if not _done(out / p, keys[p])]
@@ -286,7 +298,8 @@ def main_job(out: str | Path = "results/run", sizes: str | None = None, model: s
         if part in beside:
             # Each of these computes on one core: side by side (a process each) they leave no core idle.
             jobs = {"diverge": (divergence_probe, dict(sizes=s, env=env)),
-                    "predict": (predict_part, dict(name=name, checkpoint=out / "predict" / "checkpoint", env=env)),
+                    "predict": (predict_part, dict(name=name, checkpoint=out / "predict" / "checkpoint", env=env,
+                                                   calibration=calibration)),
                     "state": (state.short_sweep, dict(size=name))}
             print(f"gemmdrift run: {' and '.join(heads[p] for p in beside)}: side by side, a process each",
                   file=sys.stderr, flush=True)

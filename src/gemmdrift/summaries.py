@@ -285,7 +285,8 @@ def triage_items(t: dict[str, Any], n: int | None = None) -> list[str]:
 
 def triage_lines(t: dict[str, Any]) -> list[str]:
     """:func:`triage_items` for a terminal: indented, without markdown."""
-    return [("  " if i else "") + x.replace("`", "").replace("**", "") for i, x in enumerate(triage_items(t))]
+    lines = [("  " if i else "") + x.replace("`", "").replace("**", "") for i, x in enumerate(triage_items(t))]
+    return lines + ([f"  which op (--explain): {t['explanation']['said']}"] if t.get("explanation") else [])
 
 
 SUMMARIES["triage"] = lambda r: dict(r.details["triage"])
@@ -636,3 +637,22 @@ def _predict_text(result: Result) -> str:
 
 SUMMARIES["predict"] = _predict_summary
 TEXTS["predict"] = _predict_text
+
+
+# ---- attribute (issue 29): the words live in gemmdrift.attribute_view
+
+
+def _attribute_summary(result: Result) -> dict[str, Any]:
+    from .attribute_view import attribute_summary
+
+    return attribute_summary(result)
+
+
+def _attribute_text(result: Result) -> str:
+    from .attribute_view import attribute_text
+
+    return attribute_text(result)
+
+
+SUMMARIES["attribute"] = _attribute_summary
+TEXTS["attribute"] = _attribute_text

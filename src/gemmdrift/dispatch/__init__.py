@@ -45,7 +45,7 @@ from .base import (BACKENDS, CPU_CBLAS, CPU_QUANTIZED, CPU_SIMD_GEMM, CUDA_GEMV,
                    METAL_SDPA, MIRROR_REVISION, MIRROR_VERSION, OPS, TAGS_READ, VERIFIED_FROM, Chip, Choice,
                    Version, parse_version)
 from .chips import (CHIPS, CPU_LINUX_X86, CPU_OTHER, DEFAULT_CHIP, SIZE_LABEL, chip_from_env, chip_named,
-                    describe_chip)
+                    describe_chip, not_a_chip)
 from .metal import qmv_batch_limit
 
 CPU_NOTE = _cpu.ROW_INVARIANT + (" (Linux x86_64): mlx/backend/cpu/gemms/simd_gemm.h walks K in the same order "
@@ -310,7 +310,8 @@ def cuda_sdpa_kernel(q_len: int, k_len: int, head_dim: int, n_heads: int, n_kv_h
 
 __all__ = ["Chip", "Choice", "Threshold", "CHIPS", "DEFAULT_CHIP", "SIZE_LABEL", "CPU_LINUX_X86", "CPU_OTHER",
            "CPU_NOTE", "BACKENDS", "OPS", "MIRROR_REVISION", "MIRROR_VERSION", "VERIFIED_FROM", "TAGS_READ",
-           "QUANT_DEFAULTS", "DTYPES", "chip_from_env", "chip_named", "describe_chip", "choose", "label", "kernel_for",
+           "QUANT_DEFAULTS", "DTYPES", "chip_from_env", "chip_named", "describe_chip", "not_a_chip", "choose", "label",
+           "kernel_for",
            "thresholds", "resolve_chip", "parse_version", "qmv_batch_limit", "metal_matmul_kernel",
            "metal_qmm_kernel", "metal_sdpa_kernel", "cuda_matmul_kernel", "cuda_qmm_kernel", "cuda_sdpa_kernel",
            "METAL_MATMUL", "METAL_QUANTIZED", "METAL_SDPA", "METAL_DEVICE", "CUDA_MATMUL", "CUDA_GEMV",

@@ -157,6 +157,33 @@ def chip_from_env(env: Mapping[str, Any]) -> Chip | None:
     return None
 
 
+# A hosted macOS runner's GPU: "Apple Paravirtual device", architecture air64_v26 / air64_v27 (the Metal AIR
+# target, not a chip; VeloxQuant-MLX #395, Mac-MLX #55). Its results are not any chip's.
+_PARAVIRTUAL = re.compile(r"^air\d+_v\d+$")
+
+
+def not_a_chip(env: Mapping[str, Any]) -> str | None:
+    """One line saying that an environment record's GPU is not a chip the dispatch can read, or None.
+
+    None for a chip (``applegpu_gNN<size>``, ``sm_XY``) and for a CPU (whose platform :func:`chip_from_env`
+    names). Otherwise the device is kept as it reports itself (its name and architecture string, never a
+    chip's label) and the line says that no chip's dispatch, replay, prediction or calibration applies to it.
+    """
+    if env.get("backend") == "cpu" or chip_from_env(env) is not None:
+        return None
+    backend = str(env.get("backend") or "unknown backend")
+    name = str(env.get("device_name") or "unnamed device")
+    arch = str((env.get("env") or {}).get("MLX_METAL_GPU_ARCH") or env.get("architecture") or "")
+    if _PARAVIRTUAL.match(arch) or "paravirtual" in name.lower():
+        kind = "a paravirtual GPU (a virtual machine's, such as a hosted CI runner's), not an Apple GPU chip"
+    elif backend == "metal":
+        kind = "not an Apple GPU architecture this release reads (applegpu_gNN<size>)"
+    else:
+        kind = "not a GPU architecture this release reads"
+    return (f"this device ({backend}, {name!r}, architecture {arch!r}) is {kind}: recorded as it reports "
+            "itself, never as a chip; no chip's dispatch, replay, prediction or calibration applies to it")
+
+
 def describe_chip(chip: Chip) -> str:
     """'M5 Max (applegpu_g17s, gen 17, Max, NAX)', 'sm90 (sm_90)', 'cpu-other (Darwin arm64: ...)'."""
     if chip.backend == "metal":
@@ -168,4 +195,4 @@ def describe_chip(chip: Chip) -> str:
 
 
 __all__ = ["CHIPS", "DEFAULT_CHIP", "SIZE_LABEL", "CPU_LINUX_X86", "CPU_OTHER", "chip_named", "chip_from_env",
-           "describe_chip", "nax_capable"]
+           "describe_chip", "nax_capable", "not_a_chip"]

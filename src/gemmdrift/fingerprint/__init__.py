@@ -336,6 +336,10 @@ def _measure_path(*, path: str, K: int, ts: list[int], N: int, window: int | Non
         recs, stats = recover(red, progress=progress)
         secs = time.perf_counter() - t0
         pred, o = _predict(s, env, K, N, T)
+        meta = getattr(red, "meta", None) or {}
+        if s.op == "replay" and meta.get("kernel"):  # the recipe replayed is the prediction (D17)
+            pred = meta["kernel"] + (f" {meta['variant']}" if meta.get("variant") else "")
+            o = "the replay recipe's kernel (a prediction for that chip)"
         origin = origin or o
         for pos, rec in enumerate(recs):
             fp = fingerprint(rec.tree) if rec.ok else ""

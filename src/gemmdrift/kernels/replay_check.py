@@ -42,6 +42,10 @@ def check_paths(paths: Sequence[str]) -> list[Any]:
         elif spec.kind == "quant" and spec.quant.mode == "affine" and spec.quant.bits in (4, 8) \
                 and spec.quant.group_size == 64:
             out.append(spec)
+        elif spec.kind == "quant" and spec.quant.mode != "affine":
+            raise GemmdriftError(f"replay check: {p!r} not replayed: no {spec.quant.mode} recipe (the fp modes' "
+                                 "Metal kernels are not replayed; replayed: dense:<dtype>, quant:affine-q4-g64, "
+                                 "quant:affine-q8-g64)")
         else:
             raise GemmdriftError(f"replay check: no recipe for path {p!r} (replayed: dense:<dtype>, "
                                  "quant:affine-q4-g64, quant:affine-q8-g64)")
@@ -105,7 +109,7 @@ def check_replay(lm, inputs: Mapping[tuple[int, str], np.ndarray], projs: Sequen
                  paths: Sequence[str] = DEFAULT_PATHS, ts: Sequence[int] = DEFAULT_TS, *, chip: Any = None,
                  variants: str = "all", head_rows: int | None = None, env: Mapping[str, Any] | None = None,
                  mlx_version: str | None = None, progress: Callable[[str], None] | None = None,
-                 checkpoint: str | Path | None = None):
+                 checkpoint: str | Path | None = None, device: Callable[[Any, np.ndarray], np.ndarray] | None = None):
     """The replay check as a Result of kind ``replay_check``.
 
     Args:
@@ -120,10 +124,12 @@ def check_replay(lm, inputs: Mapping[tuple[int, str], np.ndarray], projs: Sequen
         mlx_version: the release whose recipes are replayed (default: the installed one).
         checkpoint: a directory where each finished (projection, path) unit is kept, so an interrupted run
             resumes (a directory of another configuration is refused).
+        device: the "real" kernels, ``fn(operands, x) -> y`` (default: mlx's, ``operands.real``); a planted
+            device (:func:`planted_device`) tests the check and the calibration here.
     """
     import pandas as pd
 
-    from ..dispatch import chip_from_env, describe_chip
+    from ..dispatch import chip_from_env, describe_chip, not_a_chip
     from ..envinfo import environment
     from ..result import Result, env_labels, tidy
 
@@ -133,10 +139,12 @@ def check_replay(lm, inputs: Mapping[tuple[int, str], np.ndarray], projs: Sequen
         raise GemmdriftError("block sizes T must be positive")
     env = dict(env or environment())
     own = chip_from_env(env)
+    device_note = not_a_chip(env) or ""
     if chip is None:
         if own is None:
-            raise GemmdriftError(f"this device ({env.get('backend')}, {env.get('architecture')}) is not a chip the "
-                                 "dispatch can read: give --chip")
+            raise GemmdriftError((device_note or f"this device ({env.get('backend')}, {env.get('architecture')}) "
+                                  "is not a chip the dispatch can read") + "; give --chip to replay a chip's "
+                                 "recipes against it (a prediction)")
         chip = own
     version = mlx_version or installed_mlx()
     rows: list[dict[str, Any]] = []
@@ -168,12 +176,13 @@ def check_replay(lm, inputs: Mapping[tuple[int, str], np.ndarray], projs: Sequen
                 base = {"layer": proj.layer, "projection": proj.name, "path": spec.text, "T": T, "K": ops.k,
                         "N": ops.n, "dtype": ops.dtype}
                 try:
-                    plan = plan_for(chip, op, T=T, K=ops.k, N=ops.n, dtype=ops.dtype, mlx_version=version, **q)
+                    plan = plan_for(chip, op, T=T, K=ops.k, N=ops.n, dtype=ops.dtype, mlx_version=version,
+                                    variant=None if variants == "all" else variants, **q)
                 except GemmdriftError as e:
                     rows.append({**base, "kernel": "", "variant": "", "identical": False, "max_ulp": math.nan,
                                  "frac_differ": math.nan, "seconds": 0.0, "note": str(e)})
                     continue
-                real = ops.real(x)
+                real = ops.real(x) if device is None else device(ops, x)
                 recipe = plan.recipe
                 var_list = recipe.variants() if variants == "all" else [plan.variant]
                 for var in var_list:
@@ -204,13 +213,30 @@ def check_replay(lm, inputs: Mapping[tuple[int, str], np.ndarray], projs: Sequen
             figures[f"max_ulp/{r['path']}/T{r['T']}/{r['variant']}"] = float(r["max_ulp"])
     checked = sum(1 for r in rows if not math.isnan(r["max_ulp"]))
     inputs_rec = {"paths": [s.text for s in specs], "ts": ts, "chip": describe_chip(chip), "mlx_version": version,
-                  "device_chip": describe_chip(own) if own else "", "variants": variants, "head_rows": head_rows,
+                  "device_chip": describe_chip(own) if own else "", "device_note": device_note,
+                  "variants": variants, "head_rows": head_rows,
                   "projections": [f"{p.layer}:{p.name}" for p in projs],
                   "model": dict(lm.description.__dict__) if hasattr(lm.description, "__dict__") else {},
                   "prediction": bool(own is None or chip != own)}
     details = {"records": records, "seconds": time.perf_counter() - t_start, "comparisons": checked}
     return Result(kind="replay_check", inputs=_jsonable(inputs_rec), env=env, frame=frame, figures=figures,
                   tables={"replay_check": table}, details=_jsonable(details))
+
+
+def planted_device(chip: Any, variant: str, mlx_version: str) -> Callable[[Any, np.ndarray], np.ndarray]:
+    """A device whose kernels are ``chip``'s recipes under ``variant``: for :func:`check_replay`'s ``device``.
+
+    Each call replays the plan ``chip`` dispatches for the operands' shape and T (the same :func:`plan_for` and
+    :func:`run_plan` the check's candidates use), so a check against it must find ``variant`` identical.
+    """
+    def real(ops, x: np.ndarray) -> np.ndarray:
+        op = "matmul" if ops.quant is None else "quantized_matmul"
+        q = {} if ops.quant is None else {"bits": ops.quant[3], "group_size": ops.quant[4]}
+        plan = plan_for(chip, op, T=x.shape[0], K=ops.k, N=ops.n, dtype=ops.dtype, mlx_version=mlx_version,
+                        variant=variant, **q)
+        return run_plan(plan, x, dtype=ops.dtype, w=ops.w, bias=ops.b, quant=ops.quant).y
+
+    return real
 
 
 def _open_checkpoint(ckpt: Path, config: dict[str, Any]) -> None:
@@ -357,8 +383,31 @@ def check_text(result) -> str:
             best = min(done, key=lambda r: r["max_ulp"])
             lines.append(f"{path:22s} T={T:<4d} {kernel:18s} none identical; nearest {best['variant']} at "
                          f"{best['max_ulp']:g} ulp")
+    lines += variants_lines(result)
     lines.append(cells_line(result))
     return "\n".join(lines)
+
+
+def variants_lines(result) -> list[str]:
+    """Per path, the kernels the check ran and the variants each has (its open axes and their values)."""
+    from .replay import RECIPES
+
+    kernels: dict[str, list[str]] = {}
+    for r in result.details["records"]:
+        if r["kernel"]:
+            for k in str(r["kernel"]).split(","):
+                kernels.setdefault(r["path"], [])
+                if k not in kernels[r["path"]]:
+                    kernels[r["path"]].append(k)
+    out = []
+    for path, ks in sorted(kernels.items()):
+        parts = []
+        for k in ks:
+            axes = {a: v for a, v in (RECIPES[k].axes if k in RECIPES else {}).items() if len(v) > 1}
+            parts.append(k + (" " + " ".join(f"{a}={'|'.join(v)}" for a, v in axes.items()) if axes
+                              else " (no open axis)"))
+        out.append(f"variants on {path}: " + "; ".join(parts))
+    return out
 
 
 def _nan(x) -> bool:
@@ -368,8 +417,10 @@ def _nan(x) -> bool:
 def headline(result) -> str:
     inp = result.inputs
     return (f"== replay check: recipes of {inp['chip']} (mlx {inp['mlx_version']}) against this device "
-            f"({inp['device_chip'] or 'unknown chip'})" + (" -- a prediction, not this device's own recipes"
-                                                            if inp["prediction"] else ""))
+            f"({inp['device_chip'] or 'not a chip'})" + (" -- a prediction, not this device's own recipes"
+                                                          if inp["prediction"] else "")
+            + (f"\n{inp['device_note']}" if inp.get("device_note") else "")
+            + (f"\n{inp['calibration']}" if inp.get("calibration") else ""))
 
 
 def cells_line(result) -> str:
@@ -403,5 +454,6 @@ def _jsonable(x: Any) -> Any:
     return str(x)
 
 
-__all__ = ["DEFAULT_TS", "DEFAULT_PATHS", "check_paths", "check_replay", "check_text", "headline", "cells_line",
-           "report_part", "summarize", "seeded_q4_weight", "speed_ratio"]
+__all__ = ["DEFAULT_TS", "DEFAULT_PATHS", "check_paths", "check_replay", "planted_device", "check_text",
+           "variants_lines", "headline",
+           "cells_line", "report_part", "summarize", "seeded_q4_weight", "speed_ratio"]

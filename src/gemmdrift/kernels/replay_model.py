@@ -18,7 +18,7 @@ from __future__ import annotations
 import contextlib
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 
@@ -166,15 +166,19 @@ class KernelsOption:
         "draft": "--draft with --kernels: a separate draft model is not replayed (the target drafts for itself)",
     }
 
-    def __init__(self, text: str | None, *, replay_prefix: bool = False, **given: Any):
+    def __init__(self, text: str | None, *, replay_prefix: bool = False, calibration: Sequence[str] = (),
+                 **given: Any):
         self.text = (text or "").strip()
         self.chip = self.variant = None
+        self.calibrated_by = ""
         self.log: ReplayLog | None = None
         self.replay_prefix = bool(replay_prefix)
         if not self.text or self.text == "native":
             self.text = ""
             if replay_prefix:
                 raise GemmdriftError("--replay-prefix needs --kernels replay:<chip>[@<variant>]")
+            if calibration:
+                raise GemmdriftError("--calibration needs --kernels replay:<chip>")
             return
         kind, _, rest = self.text.partition(":")
         if kind != "replay" or not rest:
@@ -192,6 +196,15 @@ class KernelsOption:
             if value:
                 raise GemmdriftError(self.REFUSED[flag])
         self.chip, self.variant = chip, variant or None
+        from .replay_calib import resolve
+
+        if variant and calibration:
+            raise GemmdriftError(f"--kernels {text!r} names a variant and --calibration measures one: give one")
+        if not variant:  # the measured variant of this chip and release (given files, then the registry)
+            res = resolve(chip, installed_mlx(), calibration)
+            if res.variant:
+                self.variant, self.calibrated_by = res.text, res.note
+                self.text = f"replay:{chip}@{res.text}"
 
     @property
     def workers(self) -> int | None:
@@ -215,10 +228,40 @@ class KernelsOption:
         if not self.text:
             yield None
             return
+        if self.calibrated_by:
+            import sys
+
+            print(f"  {self.text}: {self.calibrated_by}", file=sys.stderr, flush=True)
         with replayed(lm, self.chip, self.variant) as log:
             self.log = log
             log.prefix_native = not self.replay_prefix
             yield log
+
+    def check_calls(self, shapes, ts, dtype: str) -> None:
+        """Refuse now, before any computing, a run whose chip has no recipe for one of its calls.
+
+        ``shapes``: (name, K, N, quant) of every projection and the LM head, ``quant`` None or (bits, group
+        size); ``ts``: the row counts the replayed part of the run feeds them (:func:`replayed_ts`). The
+        message is the one the call itself would raise minutes later (e.g. every CUDA T >= 2 is cuBLASLt).
+        """
+        if not self.text:
+            return
+        chip, version = parse_chip(self.chip), installed_mlx()
+        for T in sorted(set(ts)):
+            for _, K, N, quant in shapes:
+                op = "matmul" if quant is None else "quantized_matmul"
+                q = {} if quant is None else {"bits": quant[0], "group_size": quant[1]}
+                plan_for(chip, op, T=T, K=K, N=N, dtype=dtype, mlx_version=version, variant=self.variant, **q)
+
+    def check_run(self, shapes, schedules, n: int | None, split: int | None, dtype: str) -> None:
+        """:meth:`check_calls` for a run of ``schedules`` over ``n`` tokens (split: the stack's default when
+        None); nothing when the shapes or the length are not known yet (then it is asked again after the load)."""
+        if not self.text or shapes is None or n is None or n < 2:
+            return
+        from ..cliargs import default_split
+
+        split = split if split is not None else default_split(n)
+        self.check_calls(shapes, replayed_ts(schedules, n, split, replay_prefix=self.replay_prefix), dtype)
 
     def units_log(self) -> ReplayLog:
         """A new log for a replayed ``kernels`` sweep (its operators are replayed, not the model)."""
@@ -231,8 +274,63 @@ class KernelsOption:
             return result
         import dataclasses
 
-        return dataclasses.replace(result, inputs={**result.inputs, "kernels": self.text},
-                                   details={**result.details, "replay": self.log.record()})
+        cal = {"calibration": self.calibrated_by} if self.calibrated_by else {}
+        return dataclasses.replace(result, inputs={**result.inputs, "kernels": self.text, **cal},
+                                   details={**result.details, "replay": {**self.log.record(), **cal}})
+
+
+def replayed_ts(schedules, n: int, split: int | None, *, replay_prefix: bool = False) -> set[int]:
+    """The row counts a replayed run over ``n`` tokens feeds the projections: every block of every schedule but
+    the leading blocks they all share (computed once natively, unless ``replay_prefix``). A subset of what the
+    run replays when it shares fewer (a smaller limit), so a refusal from it is never a false one."""
+    from ..schedules import parse_schedule
+    from ..taps import shared_blocks
+
+    shared = set() if replay_prefix else set(shared_blocks(n, schedules, split, n))
+    return {b - a for s in schedules for a, b in parse_schedule(s).blocks(n, split) if (a, b) not in shared}
+
+
+def config_shapes(config: dict, quant: tuple[int, int] | None = None) -> list[tuple]:
+    """(name, K, N, quant) of one decoder layer's projections and the LM head, from a Gemma-3-like config (no
+    weights); None for a config whose layers differ from one another (Gemma 4's global head dim) or that is
+    quantized already: the load tells those."""
+    c = config.get("text_config", config)
+    if "global_head_dim" in c or config.get("quantization") or c.get("quantization"):
+        return None
+    h, heads, kv = int(c["hidden_size"]), int(c["num_attention_heads"]), int(c["num_key_value_heads"])
+    d = int(c.get("head_dim") or h // heads)
+    inter, vocab = int(c["intermediate_size"]), int(c["vocab_size"])
+    return [(name, k, n, quant) for name, k, n in (
+        ("q_proj", h, heads * d), ("k_proj", h, kv * d), ("v_proj", h, kv * d), ("o_proj", heads * d, h),
+        ("gate_proj", h, inter), ("up_proj", h, inter), ("down_proj", inter, h), ("lm_head", h, vocab))]
+
+
+def model_shapes(source: str, quant: tuple[int, int] | None = None) -> list[tuple] | None:
+    """:func:`config_shapes` of ``--model`` read without loading it: the embedded Gemma (its architecture's
+    shapes), ``shape:NAME``, an mlx-lm directory's config.json; None when only the load can tell (a GGUF)."""
+    import json
+    from pathlib import Path
+
+    from ..models import SHAPES
+
+    try:
+        if source in (None, "", "embedded"):
+            return config_shapes(SHAPES["gemma3-270m"], quant)
+        if str(source).startswith("shape:"):
+            return config_shapes(SHAPES[str(source).split(":", 1)[1]], quant)
+        cfg = Path(source).expanduser() / "config.json"
+        return config_shapes(json.loads(cfg.read_text()), quant) if cfg.is_file() else None
+    except (KeyError, ValueError, TypeError, OSError):
+        return None  # the load will say what is wrong with the model
+
+
+def lm_shapes(lm) -> list[tuple]:
+    """(name, K, N, quant) of every projection and the LM head of a loaded model."""
+    out = []
+    for p in projections(lm):
+        bits, group = getattr(p.module, "bits", None), getattr(p.module, "group_size", None)
+        out.append((p.name, p.in_dims, p.out_dims, (bits, group) if bits is not None else None))
+    return out
 
 
 def _head_slot(lm, head) -> tuple[Any, str]:
@@ -245,4 +343,4 @@ def _head_slot(lm, head) -> tuple[Any, str]:
     raise GemmdriftError("cannot find the module holding the LM head")
 
 
-__all__ = ["ReplayLog", "replayed", "KernelsOption"]
+__all__ = ["ReplayLog", "replayed", "KernelsOption", "replayed_ts", "config_shapes", "model_shapes", "lm_shapes"]

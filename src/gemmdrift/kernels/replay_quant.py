@@ -22,6 +22,21 @@ header differences of METAL-ORDERS §9, CPU at v0.32.1):
   threadgroup memory, then the steel MMA8 chain, BK 32); split-K
   ``affine_qmm_t_splitk`` L1965-2022, host ``quantized.cpp`` ``qmm_splitk``
   L1120-1217, reduction ``reduction/reduce_col.h`` L1-92.
+
+Contraction (``contrib``, ``contract``): the default is the fused form. Measured
+on an Apple M4 (macOS 15.6.1; mathiasbourgoin/Sarek ``tools/probes/
+metal_math_mode_probe.m`` and ``metal_contraction_barrier_probe.m`` @4716bfc5):
+float ``a*b + c`` is contracted to an FMA on every observable element (8773 of
+65536; the count is reproduced from the probe's host generator in
+tests/test_replay_sarek.py) under every MTLCompileOptions math mode, Safe
+included; only ``#pragma METAL fp contract(off)`` or ``#pragma clang fp
+contract(off)`` stops it. mlx has no such pragma (``git grep -i contract
+mlx/backend/metal`` at 846d176 finds only a licence text); its metallib is built
+with ``-fno-fast-math`` (``kernels/CMakeLists.txt`` L18) and its JIT kernels
+with ``MathMode::Safe`` (``device.cpp`` L38-62), which do not stop contraction.
+Which of two products in ``a*b + c*d`` is fused is the compiler's choice
+(``fma``: clang's ``fmuladd(a, b, c*d)``; ``fma-bias`` the other); not
+measured, nor on any other generation.
 """
 
 from __future__ import annotations

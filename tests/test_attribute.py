@@ -1,0 +1,173 @@
+"""attribute(): local drift per op, the counterfactual per op class, the verdict (issue 29, items 2-4)."""
+
+import numpy as np
+import pytest
+
+from conftest import make_tiny
+from gemmdrift import optaps
+from gemmdrift.attribute import attribute, explain_flip
+from gemmdrift.errors import GemmdriftError
+from test_optaps import one_ulp_up
+
+TOKENS = np.random.default_rng(0).integers(0, 97, 128).tolist()
+DECODE, VERIFY = "prefill:2,decode", "prefill:2,verify:2"
+
+
+def test_a_planted_ulp_is_attributed_to_its_op_and_its_counterfactual_leaves_nothing(tiny):
+    key = (3, "self_attn.k_norm")
+    r = attribute(tiny, TOKENS[:8], [DECODE, VERIFY], split=2, ops=["k_norm", "q_proj"],
+                  counterfactual=["each"], perturb={key: one_ulp_up})
+    ops = r.tables["ops"]
+    hit = ops[ops["positions_differ"] > 0]
+    assert list(zip(hit["layer"], hit["op"])) == [key] and hit["max_ulp"].iloc[0] == 1
+    env = r.tables["envelope"].iloc[0]
+    assert env["max_abs_dlogit"] > 0  # the ULP reaches the logits
+    cf = r.tables["counterfactual"].set_index("class")
+    assert cf.loc["self_attn.k_norm", "max_abs_dlogit"] == 0 and cf.loc["self_attn.k_norm", "max_abs_dgap"] == 0
+    assert cf.loc["self_attn.k_norm", "kld_mean"] == 0 and cf.loc["self_attn.k_norm", "same_top1_share"] == 1
+    assert cf.loc["self_attn.q_proj", "max_abs_dlogit"] == env["max_abs_dlogit"]  # an innocent class changes nothing
+    assert (r.tables["first"]["op"] == "self_attn.k_norm").all()
+    v = r.details["verdict"]
+    assert "k_norm (layer 3)" in v and "gone when k_norm is made invariant" in v and "no projection matters" in v
+    assert r.inputs["planted"] == ["3:self_attn.k_norm"]
+    assert r.figure("attr_local_bits/prefill:2,decode vs prefill:2,verify:2/self_attn.k_norm") == 1.0
+
+
+def test_past_the_window_the_sdpa_counterfactual_removes_all_drift_and_no_projection_matters():
+    lm = make_tiny("float32")
+    r = attribute(lm, TOKENS[:24], ["prefill:4,decode", "prefill:4,verify:2"], split=4,
+                  ops=["sdpa", "q_proj", "down_proj"])
+    hit = r.tables["ops"][r.tables["ops"]["positions_differ"] > 0]
+    sliding = {i for i, t in enumerate(lm.info["layer_types"]) if "sliding" in t}
+    assert set(hit["class"]) == {"sdpa"} and set(hit["layer"]) <= sliding and hit["first_position"].min() >= 8
+    assert r.tables["envelope"]["max_abs_dlogit"].iloc[0] > 0
+    cf = r.tables["counterfactual"]
+    each = cf[cf["direction"] == "each"].set_index("class")
+    assert each.loc["sdpa", "max_abs_dlogit"] == 0 and each.loc["sdpa", "flips"] == 0
+    assert each.loc["self_attn.q_proj", "max_abs_dlogit"] > 0 and each.loc["mlp.down_proj", "max_abs_dlogit"] > 0
+    # all but one: sdpa is the only class that drifts, so "all but sdpa" leaves the pair as it is
+    abo = cf[cf["direction"] == "all-but-one"]
+    assert list(abo["class"]) == ["sdpa"] and abo["max_abs_dlogit"].iloc[0] == r.tables["envelope"]["max_abs_dlogit"][0]
+    assert "gone when sdpa is made invariant" in r.details["verdict"]
+    assert "no projection matters" in r.details["verdict"]
+
+
+def test_under_a_replayed_m1_the_projections_carry_the_drift_below_the_window():
+    lm = make_tiny("bfloat16", sliding_window=64)  # 40 tokens, all below the window
+    r = attribute(lm, TOKENS[:40], [DECODE, VERIFY], split=2, counterfactual=[], kernels="replay:M1")
+    hit = r.tables["ops"][r.tables["ops"]["positions_differ"] > 0]
+    assert len(hit) and set(hit["kind"]) <= {"linear", "head"}
+    assert not (r.tables["local"]["kind"] == "attention").any() or (
+        r.tables["local"][r.tables["local"]["kind"] == "attention"]["frac_differ"] == 0).all()
+    assert r.inputs["kernels"] == "replay:M1" and r.details["replay"]["chip"] == "M1"
+    assert "projections with local drift" in r.details["verdict"]
+
+
+def test_bad_input_is_one_clear_error(tiny):
+    with pytest.raises(GemmdriftError, match="unknown op class 'qkv'.*self_attn.q_proj"):
+        attribute(tiny, TOKENS[:8], [DECODE, VERIFY], split=2, ops=["qkv"])
+    with pytest.raises(GemmdriftError, match="two schedules"):
+        attribute(tiny, TOKENS[:8], [DECODE], split=2)
+    with pytest.raises(GemmdriftError, match="unknown counterfactual"):
+        attribute(tiny, TOKENS[:8], [DECODE, VERIFY], split=2, counterfactual=["every"])
+
+
+def test_an_interrupted_attribution_resumes_where_it_stopped(tiny, tmp_path, monkeypatch):
+    calls = []
+    real = optaps.run_ops
+
+    def counting(*a, **k):
+        calls.append(tuple(k.get("replace") or ()))
+        if len(calls) == 4 and not resumed:
+            raise KeyboardInterrupt
+        return real(*a, **k)
+
+    monkeypatch.setattr(optaps, "run_ops", counting)
+    resumed = False
+    kw = dict(split=2, ops=["q_proj", "k_proj", "sdpa"], counterfactual=["each"], checkpoint=str(tmp_path))
+    with pytest.raises(KeyboardInterrupt):
+        attribute(tiny, TOKENS[:8], [DECODE, VERIFY], **kw)
+    assert calls == [(), (), ("self_attn.q_proj",), ("self_attn.k_proj",)]  # reference, local, two classes
+    resumed, calls[:] = True, []
+    r = attribute(tiny, TOKENS[:8], [DECODE, VERIFY], **kw)
+    assert calls == [(), ("self_attn.k_proj",), ("sdpa",)]  # the reference again, then what had not finished
+    assert list(r.tables["counterfactual"]["class"]) == ["self_attn.q_proj", "self_attn.k_proj", "sdpa"]
+    monkeypatch.setattr(optaps, "run_ops", real)
+    assert r.tables["counterfactual"].drop(columns="flip_positions").equals(
+        attribute(tiny, TOKENS[:8], [DECODE, VERIFY], split=2, ops=kw["ops"],
+                  counterfactual=["each"]).tables["counterfactual"].drop(columns="flip_positions"))
+
+
+def test_explain_flip_names_the_planted_cause_of_a_flip(tiny):
+    key = (2, "mlp.down_proj")
+    plant = {key: lambda out, args: -4 * out}  # a gross change under schedule B: the argmax moves
+    r = attribute(tiny, TOKENS[:8], [DECODE, VERIFY], split=2, counterfactual=[], perturb=plant)
+    flips = r.tables["envelope"]["flip_positions"].iloc[0]
+    assert flips
+    e = explain_flip(tiny, TOKENS[:8], [DECODE, VERIFY], flips[0], split=2, perturb=plant)
+    assert e["flipped"] and "mlp.down_proj" in e["removed_by"] and "sdpa" not in e["removed_by"]
+    assert e["first_op"] == "layer 2 mlp.down_proj"
+    assert e["causes"] == ["mlp.down_proj"]
+
+
+def test_triage_explain_adds_the_cause_and_leaves_the_verdict(tiny):
+    from gemmdrift.attribute_cli import explain_divergence
+    from gemmdrift.diverge import triage_result
+
+    plant = {(2, "mlp.down_proj"): lambda out, args: -4 * out}
+    r = attribute(tiny, TOKENS[:8], [DECODE, VERIFY], split=2, counterfactual=[], perturb=plant)
+    pos = r.tables["envelope"]["flip_positions"].iloc[0][0]
+    prompt, stream = TOKENS[:3], TOKENS[3:8]  # split 2: the logits at 2 + i predict generated token i
+    t = {"verdict": "NEAR-TIE", "reason": "within the envelope", "index": pos - 2, "position": pos, "schedule_a": DECODE, "schedule_b": VERIFY,
+         "bit_identical": False}
+    before = triage_result(t, {"model": tiny.info, "stream_a": stream}, {})
+    after = explain_divergence(tiny, before, prompt, perturb=plant)
+    e = after.details["triage"]["explanation"]
+    assert e["causes"] == ["mlp.down_proj"] and "mlp.down_proj is made invariant" in e["said"]
+    assert after.details["triage"]["verdict"] == "NEAR-TIE" and after.figures == before.figures
+    from gemmdrift.summaries import text
+
+    assert "which op (--explain): the flip at position" in text(after)
+
+
+def test_every_report_row_carries_a_command_that_parses_to_its_cell(tiny):
+    import shlex
+
+    from gemmdrift.attribute_view import counterfactual_rows, ops_rows, report_part
+    from gemmdrift.cli import build_parser
+
+    key = (3, "self_attn.k_norm")
+    r = attribute(tiny, TOKENS[:8], [DECODE, VERIFY], split=2, ops=["k_norm"], counterfactual=["each"],
+                  perturb={key: one_ulp_up})
+    rows = ops_rows(r) + counterfactual_rows(r)
+    assert len(rows) == 2
+    for row in rows:
+        args = build_parser().parse_args(shlex.split(row["recompute"])[1:])
+        assert args.schedules == [DECODE, VERIFY] and args.split == 2 and args.ops == "self_attn.k_norm"
+    assert ops_rows(r)[0]["recompute"].count("--positions 2:3") == 1  # the drifting cell's first position
+    blocks, reading = report_part(r)
+    assert any(b[0] == "table" for b in blocks) and "k_norm" in reading[0]
+    assert all("|" not in k for row in rows for k in row)  # markdown table headers stay intact
+
+
+@pytest.mark.slow
+def test_the_attribution_benchmarks_return_their_figures(monkeypatch, embedded):
+    import math
+    import sys
+    from pathlib import Path
+
+    root = str(Path(__file__).resolve().parent.parent)
+    if root not in sys.path:
+        sys.path.insert(0, root)
+    from benchmarks import bench_attribute, common
+    from gemmdrift import suite
+
+    monkeypatch.setattr(common, "sizes", lambda: suite.SIZES["quick"])
+    monkeypatch.setattr(common, "model", lambda dtype="bfloat16": embedded)
+    monkeypatch.setattr(bench_attribute, "COUNTERFACTUAL_OPS", ("sdpa",))
+    bench = bench_attribute.Attribution()
+    f = bench.setup_cache()
+    assert bench.track_local_bits(f, "sdpa") == 0  # below the window: bit-identical on its own input
+    assert bench.track_left_flips(f, "sdpa") == 0 and bench.track_left_max_dlogit(f, "sdpa") == 0
+    assert math.isnan(bench.track_left_flips(f, "self_attn.q_proj"))  # not run: NaN, skipped
+    assert bench.track_local_bits(f, "self_attn.q_proj") == 0

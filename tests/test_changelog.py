@@ -1,0 +1,218 @@
+"""The numerics changelog (issue 30): a planted release pair built by hand covers every section, an empty change
+and a changed tree; bad input is one line, exit 2; the shipped pages are what the command writes."""
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gemmdrift import changelog as cl
+from gemmdrift import changelog_view as view
+from gemmdrift import history
+from gemmdrift.changelog_cli import write_changelog
+from gemmdrift.changelog_predict import Predictor
+from gemmdrift.errors import GemmdriftError
+
+ROOT = Path(__file__).resolve().parent.parent
+COLUMNS = ["result", "params", "version", "started_at", "duration", "stats_ci_99_a", "stats_ci_99_b", "stats_q_25",
+           "stats_q_75", "stats_number", "stats_repeat", "samples", "profile"]
+
+
+def entry(value, params=()):
+    values = value if isinstance(value, list) else [value]
+    return [values, [list(p) for p in params], "v1", 0, 0.1] + [None] * 8
+
+
+def write_release(root, machine, mlx, date, *, dlogit, tree, rope, kld, layer=0.01, commit="aaaaaaaa"):
+    """One asv result file of a release with a drift figure, a layer figure, a summation tree, an op probe row,
+    a golden-logit KLD and an emulated control."""
+    d = root / machine
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "machine.json").write_text(json.dumps({"machine": machine, "version": 1}))
+    results = {
+        "bench_env.track_mlx_version": entry(history.encode_version(mlx)),
+        "bench_env.track_backend": entry(0.0),
+        "bench_stack.DecodeVsVerify.track_max_abs_dlogit": entry(list(dlogit), [["'verify2'", "'verify3'"]]),
+        "bench_stack.DecodeVsVerifyLayers.track_rel_l2": entry([0.0, layer], [["'verify2'"], ["'layer 0'", "'layer 1'"]]),
+        "bench_fingerprint.Fingerprint.track_tree_id_t1": entry([tree, 77.0],
+                                                                [["'matmul:bfloat16'", "'matmul:float32'"]]),
+        "bench_kernels.OpsDrift.track_bits_lost": entry([rope, 0.0], [["'rope'", "'sdpa'"]]),
+        "bench_golden.GoldenLogits.track_kld_mean": entry([kld], [["'decode'"]]),
+        "bench_kernels.KernelDrift.track_bits_lost": entry([5.0, 3.0 + date], [["'emulated:splitk4'"], ["1", "2"]]),
+    }
+    doc = {"commit_hash": commit * 5, "env_name": f"env-{mlx}", "date": date, "params": {"machine": machine},
+           "python": "3.11", "requirements": {"mlx": mlx, "mlx-lm": "0.31.3"}, "env_vars": {},
+           "result_columns": COLUMNS, "results": results, "durations": {}, "version": 2}
+    (d / f"{commit}-env-{mlx}.json").write_text(json.dumps(doc))
+
+
+@pytest.fixture
+def planted(tmp_path):
+    """0.29.4 -> 0.30.6: the envelope falls, a tree changes, RoPE's probe row goes to 0 bits, the golden KLD falls;
+    0.30.6 -> 0.31.2: nothing changes."""
+    root = tmp_path / "results"
+    write_release(root, "m1", "0.29.4", 1, dlogit=(8.25, 0.5), tree=4660.0, rope=15.0, kld=0.02, layer=0.04)
+    write_release(root, "m1", "0.30.6", 2, dlogit=(0.4375, 0.5), tree=4661.0, rope=0.0, kld=0.005, commit="bbbbbbbb")
+    write_release(root, "m1", "0.31.2", 3, dlogit=(0.4375, 0.5), tree=4661.0, rope=0.0, kld=0.005, commit="cccccccc")
+    return root
+
+
+def test_measured_section_lists_every_change_with_its_ratio_and_counts_the_rest(planted):
+    df = history.read_results(planted)
+    m = cl.measured(df, "0.29.4", "0.30.6")
+    (e,) = m.machines
+    # 2 dlogit + 2 layers + 2 trees + 2 probe rows + 1 golden; the emulated control is not an mlx kernel
+    assert e["compared"] == 9
+    changed = {(r["benchmark"].rpartition(".")[2], r["params"]): (r["old"], r["new"], r["ratio"]) for r in e["changed"]}
+    assert changed == {("track_max_abs_dlogit", "verify2"): (8.25, 0.4375, 0.4375 / 8.25),
+                       ("track_rel_l2", "verify2, layer 1"): (0.04, 0.01, 0.01 / 0.04)}
+    assert e["trees"] == [{"path": "matmul:bfloat16", "T": "T=1", "old": f"{4660:x}", "new": f"{4661:x}"}]
+    assert [(r["params"], r["old"], r["new"]) for r in e["probe"]] == [("rope", 15.0, 0.0)]
+    assert [(r["old"], r["new"]) for r in e["golden"]] == [(0.02, 0.005)]
+    assert e["identical"] == 9 - 2 - 1 - 1 - 1
+    text = view.markdown(view.measured_blocks(m))
+    assert "4 of 9 drift figures identical, 5 changed" in text
+    assert "| 8.25 | 0.4375 | ×0.053 |" in text  # 0.4375 / 8.25 = 0.0530...
+    assert "`matmul:bfloat16` | T=1 | `1234` | `1235`" in text
+    assert "`bench_kernels.OpsDrift.track_bits_lost[rope]` | 15 | 0 |" in text
+
+
+def test_an_empty_change_is_stated_and_counted(planted):
+    m = cl.measured(history.read_results(planted), "0.30.6", "0.31.2")
+    text = view.markdown(view.measured_blocks(m) + view.ops_blocks(m, []))
+    assert "No drift figure changed: 9 of 9 drift figures identical" in text
+    assert "Nothing to attribute: no drift figure changed." in text
+    assert "| figure |" not in text.split("Golden")[0]  # nothing listed, only counted
+
+
+def test_default_pairs_and_release_names(planted):
+    df = history.read_results(planted)
+    pairs = cl.default_pairs(df)
+    assert ("0.29.4", "0.30.6") in pairs and ("0.30.6", "0.31.2") in pairs
+    assert ("0.32.0", "0.32.1") in pairs  # dispatch read, no results: predictions only
+    with pytest.raises(GemmdriftError, match=r"unknown release 0\.99\.0 \(known: 0\.29\.4, .*0\.31\.2"):
+        cl.resolve("0.99.0", df, "--to")
+
+
+def test_the_page_names_the_op_from_the_release_comparison(planted, tmp_path):
+    ops = tmp_path / "ops"
+    ops.mkdir()
+    (ops / "x.json").write_text(json.dumps({
+        "from": {"mlx": "0.29.4", "mlx_lm": "0.30.2"}, "to": {"mlx": "0.30.6", "mlx_lm": "0.30.2"}, "compared": 40,
+        "positions": "297-300", "machine": "m1",
+        "changed": [{"op": "self_attn.rope", "layer": 0, "frac_differ": 0.25, "max_ulp": 3.0},
+                    {"op": "self_attn.rope", "layer": 1, "frac_differ": 0.5, "max_ulp": 2.0},
+                    {"op": "sdpa", "layer": 1, "frac_differ": 0.1, "max_ulp": 1.0}]}))
+    (ops / "other.json").write_text(json.dumps({"from": {"mlx": "0.31.2"}, "to": {"mlx": "0.32.4"}, "compared": 1,
+                                                "changed": []}))
+    out = tmp_path / "pages"
+    write_changelog([planted], out, pair=("0.29.4", "0.30.6"), ops_dirs=[ops], predict=False)
+    text = (out / "0.29.4..0.30.6.md").read_text()
+    assert "in forward order: `self_attn.rope`, `sdpa`." in text
+    assert "| 0 | `self_attn.rope` | 0-1 | 0.5 | 3 |" in text
+    assert "No counterfactual ran" in text
+    html = (out / "0.29.4..0.30.6.html").read_text()
+    assert "<code>self_attn.rope</code>" in html and '<a href="index.html">' in html
+
+
+def test_predicted_section_names_gemv_wide_on_m3_m4_and_says_prediction(tmp_path):
+    cache = tmp_path / "replayed.json"
+    p = Predictor(cache=cache)
+    rows = p.differences("0.32.0", "0.32.1")
+    # The known answer (issue 30): the embedded Gemma's dense q_proj (K=640, N=1024) on M3 / M4 class chips.
+    dense = [r for r in rows if r["model"] == "gemma3-270m" and r["weights"] == "bf16" and "q_proj" in r["ops"]
+             and "M3" in r["chips"]]
+    ts = sorted(t for r in dense for t in r["T"])
+    assert ts == list(range(2, 16))
+    assert all(r["old"] == "steel GEMM" and r["new"].startswith("gemv_wide") for r in dense)
+    assert {"M3", "M4", "M3 Max", "M4 Max"} <= set(dense[0]["chips"]) and "M1" not in dense[0]["chips"]
+    assert not p.differences("0.31.2", "0.31.2")
+    # Envelopes come from the cache, keyed by the chip's plan signature: a planted entry is shown, labelled.
+    for rel, dl in (("0.32.0", 0.375), ("0.32.1", 0.0625)):
+        p._cache[f"M3|{p.signature('M3', rel)}"] = {"verify:2": {"max_abs_dlogit": dl, "max_abs_dgap": 0.0,
+                                                                 "flips": 0.0}, "verify:3": {
+            "max_abs_dlogit": dl, "max_abs_dgap": 0.0, "flips": 0.0}}
+    assert p.signature("M3", "0.32.0") != p.signature("M3", "0.32.1")
+    assert p.signature("M1", "0.32.0") == p.signature("M1", "0.32.1")  # M1 dispatches alike: one replay serves both
+    text = view.markdown(p.blocks("0.32.0", "0.32.1"))
+    assert "| M3 | verify:2 | 0.375 / 0 / 0 | 0.0625 / 0 / 0 |" in text
+    for para in text.split("\n\n")[1:]:
+        if not para.startswith("|"):
+            assert "prediction" in para.lower(), para
+    assert "not knowable" in view.markdown(p.blocks("0.29.4", "0.30.6"))
+
+
+def _cli(*args, cwd=None):
+    return subprocess.run([sys.executable, "-m", "gemmdrift", "changelog", *args], capture_output=True, text=True,
+                          cwd=cwd)
+
+
+def test_bad_input_is_one_line_exit_2(planted, tmp_path):
+    out = str(tmp_path / "o")
+    r = _cli("--results", str(planted), "--from", "0.29.4", "--to", "0.77.1", "--out", out, "--no-predict")
+    assert r.returncode == 2 and "known: 0.29.4" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    write_release(planted, "m2", "0.33.0", 4, dlogit=(1, 1), tree=1.0, rope=0, kld=0, commit="dddddddd")
+    r = _cli("--results", str(planted), "--from", "0.31.2", "--to", "0.33.0", "--out", out, "--no-predict")
+    assert r.returncode == 2 and "no machine in common" in r.stderr and "m1 (cpu)" in r.stderr and "m2 (cpu)" in r.stderr
+    bad = planted / "m1" / "eeeeeeee-env-x.json"
+    bad.write_text("{not json")
+    r = _cli("--results", str(planted), "--out", out, "--no-predict")
+    assert r.returncode == 2 and "eeeeeeee-env-x.json" in r.stderr and "Traceback" not in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+    bad.unlink()
+    r = _cli("--results", str(tmp_path / "missing"), "--out", out, "--no-predict")
+    assert r.returncode == 2 and "missing" in r.stderr
+    ops = tmp_path / "ops"
+    ops.mkdir()
+    (ops / "broken.json").write_text("[1]")
+    r = _cli("--results", str(planted), "--ops", str(ops), "--out", out, "--no-predict")
+    assert r.returncode == 2 and "broken.json" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    assert not Path(out).exists()  # nothing written before every input was read
+
+
+def test_index_lists_every_pair_with_its_answer(planted, tmp_path):
+    out = tmp_path / "pages"
+    write_changelog([planted], out, predict=False)
+    index = (out / "index.md").read_text()
+    assert "[0.30.6 → 0.31.2](0.30.6..0.31.2.md): m1: no drift figure changed (9 series)" in index
+    assert "[0.29.4 → 0.30.6](0.29.4..0.30.6.md): m1: 5 of 9 drift figures changed" in index
+    for link in re.findall(r"\]\(([^)]+\.md)\)", index):
+        assert (out / link).is_file() and (out / (link[:-3] + ".html")).is_file()
+
+
+def test_shipped_pages_are_what_the_command_writes(tmp_path):
+    shipped = ROOT / "docs" / "changelog"
+    if not (shipped / "index.md").is_file():
+        pytest.skip("no shipped pages yet")
+    out = tmp_path / "pages"
+    write_changelog([ROOT / "benchmarks" / "reference"], out, ops_dirs=[ROOT / cl.OPS_DIR], root=ROOT,
+                    cache=shipped / "replayed.json")
+    made = sorted(p.name for p in out.iterdir())
+    have = sorted(p.name for p in shipped.iterdir() if p.suffix in (".md", ".html"))
+    assert made == have, "`make changelog` writes other pages than docs/changelog/ holds"
+    for name in made:
+        assert (out / name).read_text() == (shipped / name).read_text(), f"docs/changelog/{name} is stale: make changelog"
+
+
+def test_shipped_reference_pages_state_the_known_answers():
+    shipped = ROOT / "docs" / "changelog"
+    if not (shipped / "index.md").is_file():
+        pytest.skip("no shipped pages yet")
+    text = (shipped / "0.29.4..0.30.6.md").read_text()
+    assert "`bench_stack.DecodeVsVerify.track_max_abs_dlogit[verify2]` | 8.281 | 0.4375 |" in text
+    for pair in ("0.30.6..0.31.2", "0.31.2..0.32.4+lm0.32.2"):
+        assert "No drift figure changed: 263 of 263 drift figures identical" in (shipped / f"{pair}.md").read_text()
+    assert "in forward order: `self_attn.rope`." in text  # the release comparison of ops (mlx fast.cpp's RoPE)
+    pred = (shipped / "0.32.0..0.32.1.md").read_text()
+    assert re.search(r"\| M3, M3 Max, M3 Ultra, M4, M4 Max \| the embedded Gemma \| bf16 \| `q_proj`.* \| 2-5 \| "
+                     r"steel GEMM \| gemv_wide", pred)
+    assert "| M3 | verify:2 | 0.375 / 0.125 / 0 | 0.0625 / 0 / 0 |" in pred  # the replayed envelope under each
+
+
+def test_gate_points_at_the_page_of_the_pair_it_judges():
+    r = subprocess.run([sys.executable, "-m", "gemmdrift", "gate", "--results", str(ROOT / "benchmarks" / "reference"),
+                        "--candidate", "0.30.6"], capture_output=True, text=True, cwd=ROOT)
+    assert "0.29.4..0.30.6" in r.stdout or "--from 0.29.4 --to 0.30.6" in r.stdout, r.stdout[-500:]

@@ -1,0 +1,119 @@
+"""The release comparison of ops (issue 29 item 4): every op captured once, recomputed under another interpreter.
+
+The other release is planted: this interpreter with a ``sitecustomize`` that scales ``mx.fast.rope``'s output by
+(1 + 2**-7), so RoPE alone changes, by one or two bf16 ULPs wherever its output is not zero.
+"""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import make_tiny
+from gemmdrift import release_ops as ro
+from gemmdrift.errors import GemmdriftError
+
+PLANT = """import os
+if os.environ.get("GEMMDRIFT_PLANT_ROPE"):
+    import mlx.core as mx
+    _rope = mx.fast.rope
+    mx.fast.rope = lambda *a, **k: _rope(*a, **k) * 1.0078125
+"""
+
+
+@pytest.fixture(scope="module")
+def captured(tmp_path_factory):
+    d = tmp_path_factory.mktemp("release_ops")
+    lm = make_tiny()
+    doc = ro.capture_ops(lm, list(range(1, 12)), 8, d / "capture.json")
+    return d, doc
+
+
+def test_capture_names_every_op_in_forward_order_and_copies_its_arrays(captured):
+    d, doc = captured
+    layer0 = [c["op"] for c in doc["calls"] if c["layer"] == 0]
+    assert layer0 == ["input_layernorm", "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
+                      "self_attn.q_norm", "self_attn.k_norm", "self_attn.rope", "self_attn.rope", "sdpa",
+                      "self_attn.o_proj", "post_attention_layernorm", "pre_feedforward_layernorm", "mlp.gate_proj",
+                      "mlp.up_proj", "mlp.down_proj", "post_feedforward_layernorm"]
+    assert sorted({c["layer"] for c in doc["calls"]}) == [0, 1, 2, 3]
+    assert [c["seq"] for c in doc["calls"]] == list(range(len(doc["calls"])))
+    with np.load(d / "capture.npz") as z:
+        keys = {c["layer"]: z[c["args"][1]["array"]].shape[2] for c in doc["calls"] if c["op"] == "sdpa"}
+    # The keys each sdpa call of the block saw (copies, not the caches' buffers, which later steps overwrite):
+    # the global layers all 8 prompt positions and the 3 of the block; the sliding ones (window 8) the
+    # RotatingKVCache's 7 + 3.
+    assert keys == {0: 10, 1: 11, 2: 10, 3: 11}
+    assert doc["positions"] == "8-10"
+    assert (d / "capture.json").is_file() and not list(d.glob("*.tmp*"))
+
+
+def test_the_same_interpreter_recomputes_every_op_bit_for_bit(captured):
+    d, doc = captured
+    res = ro.release_comparison(d / "capture.json", sys.executable, None, d / "same")
+    assert res["compared"] == len(doc["calls"]) and res["changed"] == [] and res["errors"] == []
+
+
+def test_a_planted_op_change_in_another_interpreter_is_named_alone(captured, tmp_path, monkeypatch):
+    d, doc = captured
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(PLANT)
+    monkeypatch.setenv("PYTHONPATH", str(site))
+    monkeypatch.setenv("GEMMDRIFT_PLANT_ROPE", "1")
+    work = tmp_path / "w"
+    work.mkdir()
+    res = ro.release_comparison(d / "capture.json", sys.executable, None, work)
+    assert res["errors"] == []
+    assert [c["op"] for c in res["changed"]] == ["self_attn.rope"] * 8  # q and k, four layers, nothing else
+    assert [c["layer"] for c in res["changed"]] == [0, 0, 1, 1, 2, 2, 3, 3]
+    with np.load(d / "capture.npz") as z:
+        for c in res["changed"]:
+            rec = doc["calls"][c["seq"]]
+            out = z[rec["out"]["array"]]
+            nonzero = (out & 0x7FFF) != 0  # the bf16 bits of a nonzero value
+            assert c["frac_differ"] == pytest.approx(nonzero.mean())
+            assert c["max_ulp"] in (1.0, 2.0)  # x * (1 + 2**-7) is one or two bf16 ULPs from x
+
+
+def test_ulp_distance_of_bf16_bits():
+    a = np.array([0x3F80, 0x3F80, 0x0000, 0x8001], dtype=np.uint16)  # 1.0, 1.0, +0, -tiny
+    b = np.array([0x3F81, 0x3F80, 0x8000, 0x0001], dtype=np.uint16)  # next, same, -0, +tiny
+    assert ro.ulp_distance(a, b, "bfloat16").tolist() == [1, 0, 0, 2]
+
+
+def test_another_interpreter_is_probed_before_any_model_loads(tmp_path):
+    with pytest.raises(GemmdriftError, match="no such file"):
+        ro.probe_python(str(tmp_path / "nope"))
+    with pytest.raises(GemmdriftError, match="mlx does not import"):
+        ro.probe_python("/usr/bin/python3")
+    sh = tmp_path / "notpython"
+    sh.write_text("#!/bin/sh\necho hello\n")
+    sh.chmod(0o755)
+    with pytest.raises(GemmdriftError, match="not a Python interpreter"):
+        ro.probe_python(str(sh))
+    info = ro.probe_python(sys.executable)
+    assert info["mlx"] == ro.this_python()["mlx"]
+    r = subprocess.run([sys.executable, "-m", "gemmdrift.release_ops", "compare", "--python", str(tmp_path / "nope"),
+                        "--out", str(tmp_path / "o")], capture_output=True, text=True)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
+    assert not (tmp_path / "o").exists()
+    r = subprocess.run([sys.executable, "-m", "gemmdrift", "attribute", "--python", "/usr/bin/python3", "--out",
+                        str(tmp_path / "o")], capture_output=True, text=True)  # the attribute command's mode
+    assert r.returncode == 2 and "mlx does not import" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "o").exists()
+
+
+def test_the_shipped_release_comparisons_name_rope_for_0294():
+    shipped = Path(__file__).resolve().parent.parent / "benchmarks" / "release_ops"
+    docs = [json.loads(p.read_text()) for p in sorted(shipped.glob("*.json"))]
+    if not docs:
+        pytest.skip("no shipped release comparisons")
+    old = [d for d in docs if "0.29.4" in (d["from"]["mlx"], d["to"]["mlx"])]
+    assert old and all({c["op"] for c in d["changed"]} == {"self_attn.rope"} for d in old)
+    for d in docs:
+        if "0.29.4" not in (d["from"]["mlx"], d["to"]["mlx"]):
+            assert d["changed"] == [], (d["from"], d["to"])

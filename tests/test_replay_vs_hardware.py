@@ -1,0 +1,71 @@
+"""The deterministic rows of the reconciliation with published hardware measurements (issue 31 item 1,
+docs/replay-vs-hardware.md): where mlx's dispatch switches kernels on the chips lablup/mlxcel measured, at
+the mlx they ran (ml-explore/mlx b7c3dd6d = v0.32.0 + 5 commits, before #3791), and what that means for the
+block-vs-chain statistic (``metrics.differing_bytes``) when both arms run one row-invariant kernel."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from gemmdrift.dispatch import chip_named, choose, qmv_batch_limit, parse_version
+from gemmdrift.kernels.replay_paths import plan_for, run_plan
+from gemmdrift.metrics import differing_bytes
+
+MLXCEL_MLX = "0.32.0"  # b7c3dd6d: v0.32.0-5 by git describe (its version.h says 0.32.1-dev)
+
+
+def _kernel(chip: str, T: int, K: int, N: int, version: str = MLXCEL_MLX) -> str:
+    return choose(chip_named(chip), "quantized_matmul", T=T, K=K, N=N, dtype="float16", mlx_version=version,
+                  bits=4, group_size=64).kernel
+
+
+def test_m1_ultra_is_qmv_to_t11_and_leaves_it_at_12_the_batch_limit():
+    # mlxcel #1182: "bit-equal from T=1 up to T=11 and breaks at T=12, get_qmv_batch_limit exactly".
+    c = chip_named("M1 Ultra")
+    assert c.arch == "applegpu_g13d"
+    assert qmv_batch_limit(5120, 17408, c, parse_version(MLXCEL_MLX)) == 12
+    assert {_kernel("M1 Ultra", t, 5120, 17408) for t in range(1, 12)} == {"qmv_fast"}
+    assert _kernel("M1 Ultra", 12, 5120, 17408).startswith("qmm")
+
+
+def test_m5_max_takes_qmv_wide_from_t2_and_its_batch_limit_is_10_at_the_mlx_mlxcel_ran():
+    # mlxcel #1186: the differing bytes step at T=2 (qmv_wide) and at T=10 (the batch limit) on 5376 -> 5376.
+    c = chip_named("M5 Max")
+    assert c.arch == "applegpu_g17s"
+    for K, N in ((5120, 17408), (5376, 5376), (5120, 5120)):
+        assert qmv_batch_limit(K, N, c, parse_version(MLXCEL_MLX)) == 10
+        assert _kernel("M5 Max", 1, K, N).startswith("qmv") and _kernel("M5 Max", 1, K, N) != "qmv_wide"
+        assert {_kernel("M5 Max", t, K, N) for t in range(2, 10)} == {"qmv_wide"}
+        assert _kernel("M5 Max", 10, K, N).startswith("qmm")
+    # From v0.32.1 (#3791) the large-shape limit moved: the boundary is a property of the release.
+    assert qmv_batch_limit(5120, 17408, c, parse_version("0.32.1")) > 10
+
+
+def _draws(seed, K, N, T):
+    import mlx.core as mx
+
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((T, K)).astype(np.float16).astype(np.float32)
+    wq, sc, bi = mx.quantize(mx.array(rng.standard_normal((N, K)).astype(np.float16)), group_size=64, bits=4)
+    return x, (np.array(wq), np.array(sc.astype(mx.float32)), np.array(bi.astype(mx.float32)), 4, 64)
+
+
+def _block_vs_chain(chip, T, K, N, version):
+    x, quant = _draws(7, K, N, T)
+    kw = dict(K=K, N=N, dtype="float16", mlx_version=version, bits=4, group_size=64)
+    one, blk = plan_for(chip, "quantized_matmul", T=1, **kw), plan_for(chip, "quantized_matmul", T=T, **kw)
+    block = run_plan(blk, x, dtype="float16", quant=quant).y.astype(np.float16)
+    chain = np.concatenate([run_plan(one, x[t:t + 1], dtype="float16", quant=quant).y for t in range(T)])
+    return differing_bytes(block, chain.astype(np.float16), axis=0), one.recipe.kernel, blk.recipe.kernel
+
+
+@pytest.mark.parametrize("version", ["0.32.0", "0.32.4"])
+def test_the_m1_ultra_row_is_zero_bytes_and_the_m5_max_row_is_not(version):
+    # M1 Ultra, T=3: qmv_fast in both arms, one row's arithmetic independent of T: 0 bytes, as measured.
+    d, k1, k3 = _block_vs_chain("M1 Ultra", 3, 1024, 256, version)
+    assert (k1, k3) == ("qmv_fast", "qmv_fast") and d.tolist() == [0, 0, 0]
+    # M5 Max, T=3: qmv_fast against qmv_wide, another order: bytes differ (the measured row differs too); at
+    # 0.32.4 (float sums) rarely, so more outputs.
+    d, k1, k3 = _block_vs_chain("M5 Max", 3, 1024, 256 if version == "0.32.0" else 4096, version)
+    assert (k1, k3) == ("qmv_fast", "qmv_wide") and d.sum() > 0

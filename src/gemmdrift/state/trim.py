@@ -10,11 +10,13 @@ from .common import CONTINUATION, KV_BITS, PREFILL_STEP
 
 def _synthetic_kv(n: int, heads: int = 1, dim: int = 64, seed: int = 0):
     import mlx.core as mx
+    import numpy as np
 
-    mx.random.seed(seed)
-    # On the CPU stream: the same keys and values on every device (a GPU's erfinv may differ in the last bits).
-    k = mx.random.normal((1, heads, n, dim), stream=mx.cpu).astype(mx.bfloat16)
-    v = mx.random.normal((1, heads, n, dim), stream=mx.cpu).astype(mx.bfloat16)
+    # numpy's Generator: the same keys and values on every platform and chip (mx.random.normal's erfinv differs
+    # between Metal chips, mlx #3568, and its CPU kernel is not known to be identical across CPUs; issue 31).
+    rng = np.random.default_rng(seed)
+    k = mx.array(rng.standard_normal((1, heads, n, dim), dtype=np.float32)).astype(mx.bfloat16)
+    v = mx.array(rng.standard_normal((1, heads, n, dim), dtype=np.float32)).astype(mx.bfloat16)
     mx.eval(k, v)
     return k, v
 

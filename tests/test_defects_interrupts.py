@@ -35,3 +35,16 @@ def test_a_group_ctrl_c_on_fingerprint_leaves_no_worker_traceback(tmp_path):
     assert p.returncode == 130, err
     assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
     assert "gemmdrift fingerprint: interrupted:" in err.strip().splitlines()[-1]
+
+
+def test_state_interrupted_with_finished_cells_says_they_are_kept(tmp_path):
+    # D11a: three rollback cells on disk, no half of the sweep: the message said "nothing had finished".
+    from argparse import Namespace
+
+    from gemmdrift.checkpoint import Interrupted
+    from gemmdrift.interrupts import on_interrupt
+
+    msg = on_interrupt(Namespace(command="state", out=str(tmp_path)), Interrupted(None, 0, 2, "3 finished rollback cells"))
+    assert "nothing had finished" not in msg and "3 finished rollback cells are kept" in msg
+    assert "no partial result is written" in msg and str(tmp_path / ".checkpoints") in msg
+

@@ -51,6 +51,8 @@ def on_interrupt(args: Any, exc: KeyboardInterrupt) -> str:
                     f"(`gemmdrift report` marks it); " + said)
         except Exception as e:  # a second failure must not hide the checkpoints, which are already on disk
             said = f"the partial result could not be written ({e.__class__.__name__}: {e}); " + said
+    elif isinstance(exc, Interrupted) and exc.kept:  # say what is there, not "nothing" (issue 33 D11a)
+        said = f"{exc.kept} are kept, but no part of the result had finished (so no partial result is written); " + said
     elif isinstance(exc, Interrupted):
         said = "nothing had finished; " + said
     return f"gemmdrift {command}: interrupted: {said}"

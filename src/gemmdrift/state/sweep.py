@@ -404,7 +404,9 @@ def measure_state(lm, *, operations: Sequence[str] = DEFAULT_OPERATIONS, where: 
         parts = [p for p in (saved[g] or ck.load("-".join(g), list(g)) for g in groups) if p is not None]
         result = _state_result(lm, operations, where, ks, ladder, envelope, parts, n, env, t_start,
                                {**partial_inputs(len(parts), len(groups), "half of the sweep"), **impl_extra}) if parts else None
-        raise Interrupted(result, len(parts), len(groups)) from None
+        cells = len(list(ck.dir.glob("rollback-cell-*.json"))) if ck.dir is not None and ck.dir.is_dir() else 0
+        kept = f"{cells} finished rollback cell{'s' if cells != 1 else ''}" if cells and not parts else ""
+        raise Interrupted(result, len(parts), len(groups), kept) from None
     return _state_result(lm, operations, where, ks, ladder, envelope, [saved[g] for g in groups], n, env, t_start,
                          dict(impl_extra))
 

@@ -20,10 +20,9 @@ DECODE_N = 16  # greedy tokens per timed run, after the essay (past the 512 wind
 DECODE_REPEATS = 3  # paired rounds after one warm-up round (the median is tracked)
 
 
-def _grid_counts(lm, spec):
-    from gemmdrift import cachebench, plugins, state
+def _grid_counts(r):
+    from gemmdrift import state
 
-    r = cachebench.measure_state_impl(lm, plugins.load_cache_impl(spec), **GRID)
     t = r.tables["state"]
     return {"non_exact": float(t["verdict"].isin(state.NON_EXACT).sum()),
             "state_bugs": float((t["verdict"] == "STATE BUG").sum()),
@@ -38,8 +37,13 @@ class CacheCandidates:
     param_names = ["cache"]
 
     def setup_cache(self):
-        lm = common.model()
-        return {name: _grid_counts(lm, spec) for name, spec in CANDIDATES.items()}
+        from gemmdrift import suite
+
+        # Each candidate's grid computes on one core (a plug-in's sweep runs in one process): side by side,
+        # a process each, two at a time (gemmdrift.suite.side_by_side; each computes what it computes alone).
+        parts = {name: (suite.cache_impl_part, dict(spec=spec, **GRID)) for name, spec in CANDIDATES.items()}
+        results = suite.side_by_side(common.model(), parts)
+        return {name: _grid_counts(results[name]) for name in CANDIDATES}
 
     def track_non_exact(self, f, cache):
         """Rounding, STATE BUG or refused cases of the grid (0: exact wherever it applies)."""

@@ -7,45 +7,34 @@ positions whose top-1 token agrees. On the release and backend that made the bas
 share 1; a kernel or cache change of a later mlx or mlx-lm moves them, and `gemmdrift history` shows it.
 """
 
-# Pinned inputs (never change them, only append): the first GOLDEN_TOKENS tokens of each shipped base, which
-# cross the embedded Gemma's 512-token sliding window, so the RotatingKVCache's paths are compared as well.
-GOLDEN_SET = "linux-cpu"
-GOLDEN_BASES = ("decode", "verify-2")
-GOLDEN_TOKENS = 576
+from . import common
+from .common import GOLDEN_BASES, GOLDEN_SET, GOLDEN_TOKENS  # noqa: F401  (pinned in common, where Probes computes them)
 
 
-class GoldenLogits:
-    """The embedded Gemma (bfloat16) against the shipped linux-cpu bases."""
+class GoldenLogits(common.Probes):
+    """The embedded Gemma (bfloat16) against the shipped linux-cpu bases (computed by common.Probes, a part per
+    base: ``golden:<base>``)."""
 
     params = [list(GOLDEN_BASES)]
     param_names = ["base"]
-    timeout = 7200
-
-    def setup_cache(self):
-        from gemmdrift.golden import compare_golden
-
-        from . import common
-
-        lm = common.model()
-        return {b: dict(compare_golden(lm, f"{GOLDEN_SET}/{b}", GOLDEN_TOKENS)[0].figures) for b in GOLDEN_BASES}
 
     def track_kld_mean(self, figures, base):
         """Mean KLD(shipped base ‖ this release) per position (a lower bound: the base keeps its top-64)."""
-        return float(figures[base].get("kld_mean", float("nan")))
+        return float(figures[f"golden:{base}"].get("kld_mean", float("nan")))
 
     track_kld_mean.unit = "nats"
     track_kld_mean.version = "1"
 
     def track_kld_p999(self, figures, base):
         """The 99.9th percentile of the per-position KLD(shipped base ‖ this release)."""
-        return float(figures[base].get("kld_p99.9", float("nan")))
+        return float(figures[f"golden:{base}"].get("kld_p99.9", float("nan")))
 
     track_kld_p999.unit = "nats"
     track_kld_p999.version = "1"
 
     def track_same_top1(self, figures, base):
         """The share of positions whose top-1 token is the shipped base's."""
-        return float(figures[base].get("same_top1_share", float("nan")))
+        return float(figures[f"golden:{base}"].get("same_top1_share", float("nan")))
 
     track_same_top1.unit = "share"
     track_same_top1.version = "1"

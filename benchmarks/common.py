@@ -30,6 +30,12 @@ FP_N = 64
 STATE_OPERATIONS = ("rollback", "trim", "trim_prompt_cache", "save_load", "server_reuse", "batch")
 STATE_WHERE = None
 STATE_KS = None
+# The golden logits (bench_golden.GoldenLogits, computed by Probes): the first GOLDEN_TOKENS tokens of each
+# shipped base, which cross the embedded Gemma's 512-token sliding window, so the RotatingKVCache's paths are
+# compared as well.
+GOLDEN_SET = "linux-cpu"
+GOLDEN_BASES = ("decode", "verify-2")
+GOLDEN_TOKENS = 576
 
 
 @lru_cache(maxsize=None)
@@ -116,16 +122,18 @@ class Probes:
     """One setup_cache for the measurements of the decode/verify stack (bench_stack.DecodeVsVerify*), the
     cache-state sweep (bench_state.StateExactness), the divergence probe (bench_diverge.Divergence), the
     prefill chunks (bench_stack.PrefillChunks*), the kernel probe (bench_kernels.KernelDrift), the
-    fingerprints (bench_fingerprint.Fingerprint) and the ops probe (bench_kernels.OpsDrift): they inherit
-    it, and asv runs a setup_cache once per source location.
+    fingerprints (bench_fingerprint.Fingerprint), the ops probe (bench_kernels.OpsDrift) and the golden
+    logits, one part per shipped base (bench_golden.GoldenLogits): they inherit it, and asv runs a
+    setup_cache once per source location.
 
-    The seven run whole, side by side, each in a process of its own, two at a time on a multi-core CPU
+    The nine run whole, side by side, each in a process of its own, two at a time on a multi-core CPU
     (gemmdrift.suite.side_by_side), longest first. One at a time, each left a core idle for part of its
     run (the divergence probe's prompt prefill and speculative stream, the ops probe, every measurement's
-    model loads); together the two cores stay busy. Each part computes what it computes alone, with the
-    same pinned inputs (tests compare). Returns ``{part: figures}``.
+    model loads); together the two cores stay busy. The golden bases joined them (issue 33): in a setup of
+    their own the shorter base's core idled while the decode base ran on. Each part computes what it
+    computes alone, with the same pinned inputs (tests compare). Returns ``{part: figures}``.
 
-    The cost: `asv run --bench` with any one of these benchmarks computes all seven (about 7 minutes on a
+    The cost: `asv run --bench` with any one of these benchmarks computes all nine (about 9 minutes on a
     2-core CPU). GEMMDRIFT_BENCH_PARTS=diverge,kernels (a comma-separated subset of PROBE_PARTS) computes
     only those; the others' benchmarks are then skipped (NaN), never 0.
     """
@@ -152,7 +160,9 @@ class Probes:
                                                          draw_k=0)),
             "ops": (kernels.measure_ops, {}),
         }
-        assert tuple(parts) == PROBE_PARTS
+        golden = {f"golden:{b}": (suite.golden_part, dict(name=f"{GOLDEN_SET}/{b}", n_tokens=GOLDEN_TOKENS))
+                  for b in GOLDEN_BASES}
+        parts = {p: {**parts, **golden}[p] for p in PROBE_PARTS}  # the start order: longest first
         only = [p.strip() for p in os.environ.get("GEMMDRIFT_BENCH_PARTS", "").split(",") if p.strip()]
         unknown = [p for p in only if p not in parts]
         if unknown:
@@ -163,8 +173,10 @@ class Probes:
     setup_cache.timeout = 7200
 
 
-# The parts of Probes, longest first (the order they start in).
-PROBE_PARTS = ("decode", "state", "diverge", "prefill", "kernels", "fingerprint", "ops")
+# The parts of Probes, longest first (the order they start in; the golden decode base, 576 teacher-forced T=1
+# steps, is the longest on the CPU).
+PROBE_PARTS = ("golden:decode", "decode", "state", "diverge", "golden:verify-2", "prefill", "kernels", "fingerprint",
+               "ops")
 
 
 def on_gpu() -> bool:

@@ -116,15 +116,19 @@ def test_the_shared_probe_setup_serves_every_probe_as_each_alone(quick, small_fi
 
     from gemmdrift import fingerprint, kernels, state, suite
 
+    from gemmdrift import golden
+
     classes = (bench_stack.DecodeVsVerify, bench_stack.DecodeVsVerifyLayers, small_state.StateExactness,
                bench_diverge.Divergence, bench_stack.PrefillChunks, bench_stack.PrefillChunksLayers,
-               bench_kernels.KernelDrift, bench_kernels.OpsDrift, small_fingerprints.Fingerprint)
+               bench_kernels.KernelDrift, bench_kernels.OpsDrift, small_fingerprints.Fingerprint,
+               bench_golden.GoldenLogits)
     assert len({cls.setup_cache for cls in classes}) == 1  # one source location: asv runs it once
     # Speed (issue 25, item 7): setup_cache runs its parts in worker processes (each loads the model
     # itself; the parent's copy only gives their recipe, so the session's copy serves) while this process
     # computes the same parts alone, instead of one after the other: the two halves share no state, and the
     # parts alone otherwise left a core idle for most of their run. Every figure is still compared.
     monkeypatch.setattr(common, "model", lambda dtype="bfloat16": embedded)
+    monkeypatch.setattr(common, "GOLDEN_TOKENS", 12)
     with ThreadPoolExecutor(1) as side:
         probes = side.submit(common.Probes().setup_cache)
         sizes = common.sizes()
@@ -142,6 +146,8 @@ def test_the_shared_probe_setup_serves_every_probe_as_each_alone(quick, small_fi
             list(small_fingerprints.FP_PATHS), K=small_fingerprints.FP_K, ts=small_fingerprints.FP_TS,
             N=small_fingerprints.FP_N, draw_k=0).figures)
         alone_parts["ops"] = dict(kernels.measure_ops(embedded).figures)
+        for b in common.GOLDEN_BASES:
+            alone_parts[f"golden:{b}"] = dict(golden.compare_golden(embedded, f"linux-cpu/{b}", 12)[0].figures)
         cache = probes.result()
     assert tuple(cache) == common.PROBE_PARTS
     for cls in (bench_stack.PrefillChunks, bench_stack.PrefillChunksLayers, bench_diverge.Divergence,
@@ -185,6 +191,8 @@ def test_the_shared_probe_setup_serves_every_probe_as_each_alone(quick, small_fi
     assert cache["kernels"] == alone_parts["kernels"]
     assert cache["fingerprint"] == alone_parts["fingerprint"]
     assert cache["ops"] == alone_parts["ops"]
+    for b in common.GOLDEN_BASES:
+        assert cache[f"golden:{b}"] == alone_parts[f"golden:{b}"] and cache[f"golden:{b}"]
 
 
 @pytest.mark.slow
@@ -194,10 +202,21 @@ def test_golden_benchmarks_against_the_shipped_base(monkeypatch, embedded):
 
     from gemmdrift.golden import read_logits, resolve_golden
 
-    monkeypatch.setattr(bench_golden, "GOLDEN_TOKENS", 12)
+    from gemmdrift import golden, suite
+
+    monkeypatch.setattr(common, "GOLDEN_TOKENS", 12)
     monkeypatch.setattr(common, "model", lambda dtype="bfloat16": embedded)
+    # Speed (issue 33): the bases are parts of the shared probe setup (a process each, side by side with the
+    # other parts; each loads the model itself); every figure is the one the base gives compared alone here.
+    monkeypatch.setenv("GEMMDRIFT_BENCH_PARTS", "golden:decode,golden:verify-2")
+    seen, side = [], suite.side_by_side
+    monkeypatch.setattr(suite, "side_by_side", lambda lm, parts, workers=None: seen.append(list(parts)) or side(lm, parts))
     bench = bench_golden.GoldenLogits()
+    assert bench.setup_cache.__func__ is common.Probes.setup_cache  # one setup: asv runs it once for all
     cache = bench.setup_cache()
+    assert seen == [[f"golden:{b}" for b in bench_golden.GOLDEN_BASES]]
+    for b in bench_golden.GOLDEN_BASES:
+        assert cache[f"golden:{b}"] == dict(golden.compare_golden(embedded, f"linux-cpu/{b}", 12)[0].figures), b
     for b in bench_golden.GOLDEN_BASES:
         values = [finite(bench.track_kld_mean(cache, b)), finite(bench.track_kld_p999(cache, b)),
                   finite(bench.track_same_top1(cache, b))]

@@ -340,8 +340,13 @@ def test_the_candidates_benchmark_counts_each_designs_grid(monkeypatch):
     monkeypatch.setattr(common, "model", lambda dtype="bfloat16": make_tiny())
     monkeypatch.setattr(bench_caches, "GRID", dict(operations=("rollback", "draft_trim"), where=("below", "past"),
                                                    ks=(1,)))
+    from gemmdrift import suite
+
+    seen, side = [], suite.side_by_side
+    monkeypatch.setattr(suite, "side_by_side", lambda lm, parts, workers=None: seen.append(list(parts)) or side(lm, parts))
     b = bench_caches.CacheCandidates()
     f = b.setup_cache()
+    assert seen == [list(bench_caches.CANDIDATES)]  # the three grids side by side where the model reloads (issue 33)
     # rollback past the window: mlx-lm refuses r=1 (1 case); the draft's rewind past the window: 4 cases.
     assert b.track_non_exact(f, "mlx-lm") == 5.0 and b.track_state_bugs(f, "mlx-lm") == 5.0
     assert b.track_non_exact(f, "overlay") == 0.0

@@ -9,6 +9,8 @@ compared (the bf16 outputs would hide most order differences), and the end-to-en
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 
@@ -274,3 +276,62 @@ def test_numba_caches_under_gemmdrift_s_cache_unless_the_user_chose(tmp_path):
     env["NUMBA_CACHE_DIR"] = str(tmp_path / "mine")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == str(tmp_path / "mine")
+
+
+def test_a_kernel_s_first_compile_holds_the_compile_lock(tmp_path, monkeypatch):
+    """compile_once: a kernel's first call in a process compiles it holding NUMBA_CACHE_DIR/<module>.<name>.lock,
+    so a second process reaching it on an empty cache waits and loads the first's (issue 33: test workers)."""
+    import fcntl
+
+    from numba import njit
+
+    from gemmdrift.kernels.replay_jitcore import compile_once
+
+    @compile_once
+    @njit
+    def twice(a):
+        return a * 2
+
+    monkeypatch.setenv("NUMBA_CACHE_DIR", str(tmp_path))
+    lock = tmp_path / f"{__name__}.twice.lock"
+    held, compile = [], twice.kernel.compile
+
+    def probe(sig):  # another open of the lock file cannot take it while the compile runs
+        with open(lock, "a") as other:
+            try:
+                fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                held.append(False)
+            except BlockingIOError:
+                held.append(True)
+        return compile(sig)
+
+    monkeypatch.setattr(twice.kernel, "compile", probe)
+    assert np.array_equal(twice(np.arange(3.0)), [0.0, 2.0, 4.0])
+    assert held and all(held)  # every compile ran under the lock
+    assert len(twice.kernel.signatures) == 1  # compiled once, for the types the call dispatches on
+    assert np.array_equal(twice(np.arange(2.0)), [0.0, 2.0]) and len(held) == 1  # later calls: no compile
+
+
+def test_two_processes_on_an_empty_cache_compile_a_kernel_once(tmp_path):
+    """Two processes released together onto an empty numba cache: one compiles (a cache miss), the other
+    loads its result (a hit). Without the lock both compiled."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("import sys, time, pathlib; import numpy as np; from gemmdrift.kernels import replay_jitcore as C; "
+            "d = pathlib.Path(sys.argv[1]); (d / ('ready' + sys.argv[2])).touch()\n"
+            "while not (d / 'go').exists(): time.sleep(0.005)\n"
+            "assert C.min_nonzero(np.array([0, 3, 2], np.float32)) == 2.0; s = C._min_key.kernel.stats\n"
+            "print(sum(s.cache_misses.values()), sum(s.cache_hits.values()))")
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "numba")}
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(tmp_path), str(i)], env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for i in range(2)]
+    deadline = time.time() + 300
+    while not all((tmp_path / f"ready{i}").exists() for i in range(2)) and time.time() < deadline:
+        time.sleep(0.01)
+    (tmp_path / "go").touch()
+    outs = [p.communicate(timeout=300) for p in procs]
+    assert all(p.returncode == 0 for p in procs), [o[1][-500:] for o in outs]
+    misses, hits = zip(*(map(int, o[0].split()) for o in outs))
+    assert sorted(misses) == [0, 1] and sorted(hits) == [0, 1]

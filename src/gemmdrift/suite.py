@@ -149,6 +149,22 @@ def fingerprint_part(lm, **kwargs):
     return measure(**kwargs)
 
 
+def golden_part(lm, name: str, n_tokens: int | None = None):
+    """:func:`gemmdrift.golden.compare_golden` as a part of :func:`side_by_side`: the comparison's Result."""
+    from .golden import compare_golden
+
+    return compare_golden(lm, name, n_tokens)[0]
+
+
+def cache_impl_part(lm, spec: str, **grid):
+    """The state grid on a cache implementation ``spec`` (``module:function``) as a part of :func:`side_by_side`
+    (:func:`gemmdrift.cachebench.measure_state_impl`, one process)."""
+    from .cachebench import measure_state_impl
+    from .plugins import load_cache_impl
+
+    return measure_state_impl(lm, load_cache_impl(spec), **grid)
+
+
 def _key(part: str, lm, sizes: Sizes, *more: Any) -> str:
     """What a finished part depends on: its sizes, the model, and the mlx/mlx-lm versions."""
     from .models import resume_key

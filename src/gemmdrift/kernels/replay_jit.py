@@ -28,7 +28,8 @@ from ..errors import GemmdriftError
 from . import replay_dense as rd
 import math
 
-from .replay_jitcore import DTYPE_CODE, NB, ZERO, _round_odd_sum, add_rounded, fl, fma32, njit, np, rnd
+from .replay_jitcore import (DTYPE_CODE, NB, ZERO, _round_odd_sum, add_rounded, compile_once, fl, fma32, njit, np,
+                             rnd)
 
 MMA_CODE = {"H1": 1, "H2": 2, "H3": 3, "H4": 4}  # k_mma's how: an integer, one loop per hypothesis
 
@@ -131,6 +132,7 @@ def _ladder(r, base, n, ftz):
 # ------------------------------------------------------------------------------ dense
 
 
+@compile_once
 @njit(cache=True)
 def k_lanes(x, w, block, tn, kend, sn, bn, ftz, out):
     """rd.cpu_sequential (block = tn = sn = bn = 1), rd.metal_gemv (kend: K padded to the block), rd.cuda_gemv
@@ -181,6 +183,7 @@ def _dot4(x0, x1, x2, x3, wt, k, j, pairwise, ftz):
     return fl(fl(fl(p0 + p1, ftz) + p2, ftz) + p3, ftz)
 
 
+@compile_once
 @njit(cache=True)
 def k_wide(x, w, kl, pairwise, ftz, out):
     """rd.metal_gemv_wide: per block of 8*kl vec4s, lane l's ``a`` adds dot4s i*kl + l (i = 0..7) from +0,
@@ -284,6 +287,7 @@ def _h4(a, p0, p1, p2, p3, p4, p5, p6, p7):
     return r
 
 
+@compile_once
 @njit(cache=True)
 def k_mma(x, w, ranges, pstart, how, ftz, out):
     """rd._mma_chain per partition (steel fused, split-K): partition p chains its K ranges

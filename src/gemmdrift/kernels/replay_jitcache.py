@@ -29,11 +29,12 @@ from __future__ import annotations
 import os
 from typing import Callable
 
-from .replay_jitcore import njit, np
+from .replay_jitcore import compile_once, njit, np
 
 DEFAULT_MB = 1024
 
 
+@compile_once
 @njit(cache=True)
 def _same_words(a, b):
     """a == b bit for bit (flat uint32 arrays of one size), stopping at the first difference."""

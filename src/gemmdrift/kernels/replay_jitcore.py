@@ -17,11 +17,15 @@ numba is never given ``fastmath``: without it LLVM neither contracts ``a*b + c``
 into an FMA nor reorders a float sum, which is what makes these loops the
 recipes' order. Kernels are cached (``cache=True``) in ``NUMBA_CACHE_DIR``,
 which defaults to ``<gemmdrift cache>/numba`` (set here, before numba is
-imported, unless the user set it).
+imported, unless the user set it), and each kernel's first compile in a process
+holds a lock in that directory (:func:`compile_once`): processes started
+together on an empty cache (test workers, side-by-side parts) compile a kernel
+once, the others load it from the cache.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 
 from ..files import cache_dir
@@ -175,6 +179,40 @@ def add_rounded(a, b, code):
     return rnd(_odd_f32(_round_odd_sum(np.float64(a), np.float64(b))), code)
 
 
+def compile_once(kernel):
+    """``kernel`` (a cached numba dispatcher, called from Python only), whose first call in this process
+    compiles it -- or loads it from numba's cache -- holding an exclusive lock on
+    ``NUMBA_CACHE_DIR/<module>.<name>.lock``. numba itself does not lock: two processes reaching a kernel at
+    once on an empty cache both compiled it (the quantized ones take 10-20 s of CPU each); now the second
+    waits and loads the first's. Where the lock cannot be taken (no fcntl, an unwritable directory) the call
+    compiles as numba would. The dispatcher is ``.kernel`` of the returned function."""
+
+    @functools.wraps(kernel.py_func)
+    def call(*args):
+        if not kernel.signatures:
+            _compile_locked(kernel, args)
+        return kernel(*args)
+
+    call.kernel = kernel
+    return call
+
+
+def _compile_locked(kernel, args) -> None:
+    try:
+        import fcntl
+
+        folder = os.environ.get("NUMBA_CACHE_DIR") or str(cache_dir() / "numba")
+        os.makedirs(folder, exist_ok=True)
+        lock = open(os.path.join(folder, f"{kernel.py_func.__module__}.{kernel.__name__}.lock"), "a")
+    except (ImportError, OSError):
+        return
+    with lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        # The argument types the call dispatches on: the cache's entry when another process wrote it.
+        kernel.compile(tuple(kernel.typeof_pyval(a) for a in args))
+
+
+@compile_once
 @njit(cache=True)
 def _min_key(a):
     """min over a (contiguous float32, flat) of ``(bits & 0x7FFFFFFF) - 1`` as uint32, NaN keyed highest:
@@ -196,4 +234,4 @@ def min_nonzero(a) -> float:
 
 
 __all__ = ["NB", "TINY", "ZERO", "DTYPE_CODE", "fma32", "bits32", "from_bits32", "fl", "rnd", "add_rounded",
-           "min_nonzero", "njit", "np", "prange"]
+           "min_nonzero", "compile_once", "njit", "np", "prange"]

@@ -25,7 +25,8 @@ from ..errors import GemmdriftError
 from . import replay_quant as rq
 from .replay_jit import _h1, _h2, _ladder, _qtile, _tile
 from .replay_jitcache import TileCache
-from .replay_jitcore import DTYPE_CODE, NB, ZERO, _bf16, _f16, add_rounded, fl, fma32, njit, np, prange, rnd
+from .replay_jitcore import (DTYPE_CODE, NB, ZERO, _bf16, _f16, add_rounded, compile_once, fl, fma32, njit, np,
+                             prange, rnd)
 
 DEQUANT = {"cpu": 0, "fma": 1, "mul-add": 2, "dtype": 3}
 CONTRIB = {name: i for i, name in enumerate(rq.CONTRIB)}  # fma, fma-bias, mul-add
@@ -35,6 +36,7 @@ SIMD = {"xor16": 0, "xor1": 1, "sequential": 2}
 TB = 8  # rows of x per pass over a tile: each weight row read from L1 TB times, not once per row from L2
 
 
+@compile_once
 @njit(cache=True, parallel=True)
 def k_prep(wq, scales, biases, bits, gs, mode, code, ftz, W, S, B):
     """Every tile of a weight, as the kernels read it: W[i] (K+1, NB) the transposed rows i*NB.. of the codes
@@ -47,6 +49,7 @@ def k_prep(wq, scales, biases, bits, gs, mode, code, ftz, W, S, B):
             _tile(biases, i * NB, B[i])
 
 
+@compile_once
 @njit(cache=True, parallel=True)
 def k_cpu_qmm(x, W, code, N, out):
     """rq.cpu_qmm_t's loop: ``sum = T(float32(sum + T(x*w)))``, k = 0..K-1 from 0, ``w = T(T(s*q)+b)`` (W, mode 0).
@@ -157,6 +160,7 @@ def _qmv_tile(x, qt, st, bt, n0, N, bits, gs, vpt, float_sums, code, contrib, si
                 out[t0 + tt, n0 + j] = rt[0, j]
 
 
+@compile_once
 @njit(cache=True, parallel=True)
 def k_qmv(x, W, S, B, N, bits, gs, vpt, float_sums, code, contrib, simd, ftz, out):
     """rq.metal_qmv on the code tiles W (mode -1): lane l of block b covers ``k = 32*vpt*b + vpt*l + [0, vpt)``;
@@ -221,6 +225,7 @@ def _wide_tile(x, W, i, N, gs, contract, ftz, r, out):
                 out[t0 + tt, n0 + j] = rt[0, j]
 
 
+@compile_once
 @njit(cache=True, parallel=True)
 def k_qmv_wide(x, W, N, gs, contract, ftz, out):
     """rq.metal_qmv_wide on W (mode 1, float32, FTZ as the call's): lane l takes groups l, l+8, ...; per 8-value
@@ -275,6 +280,7 @@ def _mma_tile(x, W, i, N, ranges, pstart, h2, ftz, acc, ks, out):
                     out[p, t0 + tt, n0 + j] = acc[tt, j]
 
 
+@compile_once
 @njit(cache=True, parallel=True)
 def k_mma_q(x, W, N, ranges, pstart, h2, ftz, out):
     """.replay_jit.k_mma on the dequantized tiles W (qmm_t, qmm_t_splitk): partition p chains its K ranges from
@@ -289,6 +295,7 @@ def k_mma_q(x, W, N, ranges, pstart, h2, ftz, out):
             _mma_tile(x, W, i, N, ranges, pstart, h2, False, acc, ks, out)
 
 
+@compile_once
 @njit(cache=True)
 def k_partials_dtype(parts, code, out):
     """rq.qmm_partials with ``partials=dtype``: each partition's float32 chain rounded to the dtype; thread y of

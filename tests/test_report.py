@@ -201,8 +201,8 @@ def test_a_partial_run_directory_says_what_is_missing(tiny, tmp_path):
     files.write_json(tmp_path / "kernels" / "done.json", {"key": "k", "seconds": 1.0})
     (tmp_path / "stack-decode").mkdir()  # started, interrupted before any result
     lines = reading(report.report_blocks(tmp_path))
-    assert lines[-5:] == [f"`{name}/` has not finished: rerun `gemmdrift run` with the same `--out` to resume it."
-                          for name in ("stack-decode", "stack-prefill", "diverge", "state", "predict")]
+    assert lines[-6:] == [f"`{name}/` has not finished: rerun `gemmdrift run` with the same `--out` to resume it."
+                          for name in ("stack-decode", "stack-prefill", "diverge", "state", "predict", "attribute")]
     assert [b[1] for b in report.report_blocks(tmp_path) if b[0] == "h2"][1] == report.PART_TITLES["kernels"]
 
 

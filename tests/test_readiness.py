@@ -46,16 +46,16 @@ def test_every_measuring_command_forces_true_float32_before_its_handler(monkeypa
 
     seen = {}
 
-    def handler(args):
+    def handler(args, *_):  # attribute's handler also takes the cli module
         seen["var"], seen["policy"] = os.environ.get("MLX_ENABLE_TF32"), envinfo.TF32_POLICY
         return 0
 
-    from gemmdrift import goldcli, replay_cli
+    from gemmdrift import attribute_cli, goldcli, replay_cli
 
     required = {"triage": ["--stream-a", "a", "--stream-b", "b"]}
     # Commands whose handler lives in their own module.
     handlers = {"logits": (goldcli, "cmd_logits"), "compare": (goldcli, "cmd_compare"),
-                "replay check": (replay_cli, "cmd_replay_check")}
+                "replay check": (replay_cli, "cmd_replay_check"), "attribute": (attribute_cli, "cmd_attribute")}
     monkeypatch.setattr(envinfo, "TF32_POLICY", None)
     for name in runenv.MEASURING:
         monkeypatch.delenv("MLX_ENABLE_TF32", raising=False)

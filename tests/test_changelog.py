@@ -15,15 +15,9 @@ from gemmdrift import history
 from gemmdrift.changelog_cli import write_changelog
 from gemmdrift.changelog_predict import Predictor
 from gemmdrift.errors import GemmdriftError
+from test_history import COLUMNS, entry  # asv 0.6's result columns and one result entry, as history reads them
 
 ROOT = Path(__file__).resolve().parent.parent
-COLUMNS = ["result", "params", "version", "started_at", "duration", "stats_ci_99_a", "stats_ci_99_b", "stats_q_25",
-           "stats_q_75", "stats_number", "stats_repeat", "samples", "profile"]
-
-
-def entry(value, params=()):
-    values = value if isinstance(value, list) else [value]
-    return [values, [list(p) for p in params], "v1", 0, 0.1] + [None] * 8
 
 
 def write_release(root, machine, mlx, date, *, dlogit, tree, rope, kld, layer=0.01, commit="aaaaaaaa"):

@@ -105,3 +105,56 @@ def test_stack_replay_sm90_is_refused_before_computing_when_the_length_needs_the
                      "and runs far away into the woods", "--out", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert "cublaslt" in err[-1] and "no replay recipe" in err[-1]
+
+
+def _no_load(monkeypatch):
+    import gemmdrift.models as models
+
+    def boom(*a, **k):
+        raise AssertionError("the model was loaded")
+
+    monkeypatch.setattr(models, "load_model", boom)
+
+
+def test_triage_replay_sm90_is_refused_before_the_load(tmp_path, capsys, monkeypatch):
+    # D8: triage's streams carry the prompt, so the continuation's blocks (stream B under verify: T >= 2, every
+    # CUDA T >= 2 is cuBLASLt) are known before the load: one line, exit 2, nothing printed before it
+    _no_load(monkeypatch)
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    a.write_text(json.dumps({"prompt": list(range(2, 14)), "tokens": [5, 6, 7, 8]}))
+    b.write_text(json.dumps({"prompt": list(range(2, 14)), "tokens": [5, 6, 9, 8]}))
+    for chip in ("sm90", "sm80"):
+        assert cli.main(["triage", "--kernels", f"replay:{chip}", "--stream-a", str(a), "--stream-b", str(b),
+                         "--schedule-a", "prefill:2048,decode", "--schedule-b", "prefill:2048,verify:2",
+                         "--out", str(tmp_path / chip)]) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and "cublaslt" in err and "no replay recipe" in err, err
+        assert not (tmp_path / chip).exists()
+    # both under decode past the prompt (T=1: cuda_gemv has a recipe): not refused, the run goes on to the load
+    with pytest.raises(AssertionError, match="the model was loaded"):
+        cli.main(["triage", "--kernels", "replay:sm90", "--stream-a", str(a), "--stream-b", str(b),
+                  "--schedule-a", "prefill:2048,decode", "--schedule-b", "prefill:2048,decode",
+                  "--out", str(tmp_path / "ok")])
+
+
+def test_triage_ts_are_the_continuation_blocks():
+    from gemmdrift.kernels.replay_model import triage_ts
+
+    # prompt of 12: split 11, positions 11.. teacher-forced; stream A of 4 under decode -> T=1 (11, 12, 13, 14);
+    # stream B of 5 under verify:2 (blocks of 3) -> 11..13, 14..15: T=3 and 2
+    assert triage_ts(["prefill:2048,decode", "prefill:2048,verify:2"], 12, [4, 5]) == {1, 3, 2}
+    assert triage_ts(["prefill:2048,decode", "prefill:2048,verify:3"], 12, [4, 2]) == {1, 2}
+    assert triage_ts(["prefill:2048,decode", "prefill:2048,verify:3"], 1, [4, 4]) == set()
+
+
+def test_diverge_replay_sm90_is_refused_before_the_load(tmp_path, capsys, monkeypatch):
+    # D8: the speculative stream's first verify feeds min(n, k) + 1 >= 2 rows: refused before the load
+    _no_load(monkeypatch)
+    for extra in ([], ["--k", "1"], ["--n", "1"]):
+        assert cli.main(["diverge", "--kernels", "replay:sm90", "--prompt", "hi", "--n", "4", *extra,
+                         "--out", str(tmp_path / "d")]) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and "cublaslt" in err and "no replay recipe" in err, err
+    with pytest.raises(AssertionError, match="the model was loaded"):  # plain vs plain: T=1 only past the prompt
+        cli.main(["diverge", "--kernels", "replay:sm90", "--prompt", "hi", "--n", "4", "--compare", "prefill",
+                  "--out", str(tmp_path / "ok")])

@@ -217,7 +217,7 @@ def cmd_kernels(args) -> int:
     paths = args.paths.split(",")
     for p in paths:
         kernels.parse_path(p)  # a bad path fails before the model loads
-    from .kernels.replay_model import KernelsOption
+    from .kernels.replay_model import KernelsOption, lm_shapes
 
     # replay:<chip>[@variant]: checked before loading
     kopt = KernelsOption(args.kernels, ops=args.ops, calibration=args.calibration)
@@ -275,10 +275,14 @@ def cmd_diverge(args) -> int:
         texts = builtin_prompts() if args.prompts == "builtin" else read_prompts(args.prompts)
         if args.context is not None:
             _context_text(args.context)
-    from .kernels.replay_model import KernelsOption
+    from .kernels.replay_model import KernelsOption, lm_shapes
 
     # replay:<chip>[@variant]: checked before loading
     kopt = KernelsOption(args.kernels, draft=args.draft, calibration=args.calibration)
+    # the speculative stream's first verify feeds min(n, k) + 1 rows: a chip with no recipe for it (every CUDA
+    # T >= 2 is cuBLASLt) is refused before the load (D8)
+    spec_ts = {min(args.n, args.k) + 1} if args.compare == "speculative" else set()
+    kopt.check_calls(_replay_shapes(args) or [], spec_ts, args.dtype)
     from .diverge import measure_divergence_stats, measure_diverge
     from .envinfo import environment
     from .models import describe
@@ -291,6 +295,8 @@ def cmd_diverge(args) -> int:
         opts["rollback"] = args.rollback
     record = {**opts, "draft": args.draft or "self", "draft_quantize": args.draft_quantize, "rollback": args.rollback}
     cachebench.diverge_options(impl, rb, lm, draft, opts, record)
+    if kopt.text:  # the same with the loaded model's shapes (a GGUF, a quantized checkpoint)
+        kopt.check_calls(lm_shapes(lm), spec_ts, lm.description.dtype)
     out = Path(args.out)
     env = environment()
     print(f"gemmdrift diverge: {describe(lm.description)}", file=sys.stderr)
@@ -334,6 +340,12 @@ def cmd_triage(args) -> int:
     args.schedule_a, why_a = stream_schedule(args.schedule_a, args.stream_a, D.SCHEDULE_PLAIN, "--schedule-a")
     args.schedule_b, why_b = stream_schedule(args.schedule_b, args.stream_b, D.SCHEDULE_SPECULATIVE, "--schedule-b")
     _precheck(args)  # every check before the first line printed
+    from .kernels.replay_model import lm_shapes, triage_ts
+
+    if not any(x is not None for x in (args.prompt, args.prompt_file, args.prompt_ids)) and (pa or pb):
+        # a call the chip has no recipe for (every CUDA T >= 2 is cuBLASLt): refused before the load (D8)
+        kopt.check_calls(_replay_shapes(args) or [], triage_ts((args.schedule_a, args.schedule_b), len(pa or pb),
+                                                               (len(sa), len(sb))), args.dtype)
     print(f"gemmdrift triage: stream A under {args.schedule_a} ({why_a}); stream B under {args.schedule_b} "
           f"({why_b})", file=sys.stderr)
 
@@ -351,6 +363,9 @@ def cmd_triage(args) -> int:
         if prompt is None:
             raise GemmdriftError("the stream files carry no prompt: give --prompt, --prompt-file or --prompt-ids")
     check_length(lm.description, len(prompt) + max(len(sa), len(sb)), "the prompt and the longer stream")
+    if kopt.text:  # the same with the loaded model's shapes and the prompt given, before any computing
+        kopt.check_calls(lm_shapes(lm), triage_ts((args.schedule_a, args.schedule_b), len(prompt),
+                                                  (len(sa), len(sb))), lm.description.dtype)
     with kopt.installed(lm):
         result = measure_triage(lm, prompt, sa, sb, args.schedule_a, args.schedule_b, envelope=args.envelope,
                                 env=environment())

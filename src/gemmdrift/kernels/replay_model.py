@@ -290,6 +290,19 @@ def replayed_ts(schedules, n: int, split: int | None, *, replay_prefix: bool = F
     return {b - a for s in schedules for a, b in parse_schedule(s).blocks(n, split) if (a, b) not in shared}
 
 
+def triage_ts(schedules, prompt_len: int, stream_lens) -> set[int]:
+    """The row counts a replayed ``triage`` surely feeds the projections: every block of each stream's
+    teacher-forced run from the last prompt token on (its continuation; only blocks before it can be shared and
+    computed natively). A subset of what the run replays, so a refusal from it is never a false one."""
+    from ..schedules import parse_schedule
+
+    split = prompt_len - 1
+    if split < 1:
+        return set()  # a one-token prompt: the schedule loses its prefill phase; asked again after the load
+    return {b - a for s, m in zip(schedules, stream_lens) if m > 0
+            for a, b in parse_schedule(s).blocks(split + m, split) if a >= split}
+
+
 def config_shapes(config: dict, quant: tuple[int, int] | None = None) -> list[tuple]:
     """(name, K, N, quant) of one decoder layer's projections and the LM head, from a Gemma-3-like config (no
     weights); None for a config whose layers differ from one another (Gemma 4's global head dim) or that is
@@ -343,4 +356,4 @@ def _head_slot(lm, head) -> tuple[Any, str]:
     raise GemmdriftError("cannot find the module holding the LM head")
 
 
-__all__ = ["ReplayLog", "replayed", "KernelsOption", "replayed_ts", "config_shapes", "model_shapes", "lm_shapes"]
+__all__ = ["ReplayLog", "replayed", "KernelsOption", "replayed_ts", "triage_ts", "config_shapes", "model_shapes", "lm_shapes"]

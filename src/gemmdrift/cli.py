@@ -217,7 +217,7 @@ def cmd_kernels(args) -> int:
     paths = args.paths.split(",")
     for p in paths:
         kernels.parse_path(p)  # a bad path fails before the model loads
-    from .kernels.replay_model import KernelsOption, lm_shapes
+    from .kernels.replay_model import KernelsOption
 
     # replay:<chip>[@variant]: checked before loading
     kopt = KernelsOption(args.kernels, ops=args.ops, calibration=args.calibration)

@@ -29,10 +29,11 @@ DIR = ".checkpoints"
 class Interrupted(KeyboardInterrupt):
     """Ctrl-C during a checkpointed measurement: ``result`` is the partial Result (None if nothing finished)."""
 
-    def __init__(self, result: Any = None, done: int = 0, total: int = 0, kept: str = "") -> None:
+    def __init__(self, result: Any = None, done: int = 0, total: int = 0, kept: str = "", what: str = "") -> None:
         super().__init__(f"{done} of {total} units finished")
         self.result, self.done, self.total = result, done, total
         self.kept = kept  # smaller units kept though no unit finished (e.g. "3 finished rollback cells")
+        self.what = what  # what ``result`` holds, when "done of total" does not say it all (state's cells)
 
 
 def partial_inputs(done: int, total: int, unit: str) -> dict[str, Any]:

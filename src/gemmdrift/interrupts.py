@@ -42,13 +42,15 @@ def on_interrupt(args: Any, exc: KeyboardInterrupt) -> str:
     if how is None:
         return f"gemmdrift {command}: interrupted: nothing was written (this command does not checkpoint; rerun it)"
     said = how.format(out=out)
+    if command == "state" and not _state_kept(exc, out):  # say "kept in OUT/.checkpoints" only when true
+        return "gemmdrift state: interrupted: nothing had finished, so nothing is kept; rerun the same command"
     if isinstance(exc, Interrupted) and exc.result is not None and out is not None:
         from . import store
 
         try:
             store.write_result(exc.result, out, draw=False)
-            said = (f"{exc.done} of {exc.total} finished, written to {Path(out)}/ as a partial result "
-                    f"(`gemmdrift report` marks it); " + said)
+            said = (f"{exc.what or f'{exc.done} of {exc.total}'} finished, written to {Path(out)}/ as a partial "
+                    f"result (`gemmdrift report` marks it); " + said)
         except Exception as e:  # a second failure must not hide the checkpoints, which are already on disk
             said = f"the partial result could not be written ({e.__class__.__name__}: {e}); " + said
     elif isinstance(exc, Interrupted) and exc.kept:  # say what is there, not "nothing" (issue 33 D11a)
@@ -56,3 +58,14 @@ def on_interrupt(args: Any, exc: KeyboardInterrupt) -> str:
     elif isinstance(exc, Interrupted):
         said = "nothing had finished; " + said
     return f"gemmdrift {command}: interrupted: {said}"
+
+
+def _state_kept(exc: KeyboardInterrupt, out: Any) -> bool:
+    """Whether an interrupted ``state`` left anything in OUT/.checkpoints: its Interrupted knows (a half of the
+    sweep or a rollback cell finished, now or in an earlier run); an interrupt before the sweep looks there."""
+    if isinstance(exc, Interrupted):
+        return exc.result is not None or exc.done > 0 or bool(exc.kept)
+    from .checkpoint import DIR
+
+    d = Path(out) / DIR / "state" if out is not None else None
+    return d is not None and d.is_dir() and any(d.iterdir())

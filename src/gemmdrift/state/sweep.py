@@ -401,14 +401,48 @@ def measure_state(lm, *, operations: Sequence[str] = DEFAULT_OPERATIONS, where: 
                 saved[g] = _sweep(lm, g, setups=setups, checkpoint=ck if ck.dir else None, **args)
                 ck.save("-".join(g), saved[g], list(g))
     except KeyboardInterrupt:
-        parts = [p for p in (saved[g] or ck.load("-".join(g), list(g)) for g in groups) if p is not None]
+        done = {g: saved[g] or ck.load("-".join(g), list(g)) for g in groups}
+        parts = [p for p in done.values() if p is not None]
+        halves = len(parts)
+        partial = partial_inputs(halves, len(groups), "half of the sweep")
+        what = f"{halves} of {len(groups)} {'half' if len(groups) == 1 else 'halves'} of the sweep"
+        unfinished = next((g for g in groups if "rollback" in g and done[g] is None), None)
+        if unfinished is not None and ck.dir is not None:  # the finished cells of the rollback still running
+            cells, n_cells, total_cells = _finished_cells(lm, ck, where, ks, caches)
+            if n_cells:
+                parts.append(cells)
+                what += f" and {n_cells} of {total_cells} rollback cells (judged before the float32 ladder)"
+                partial["partial"].update(unit=f"half of the sweep, and {n_cells} of {total_cells} rollback cells "
+                                               f"of the unfinished one (judged before the float32 ladder)",
+                                          cells={"done": n_cells, "total": total_cells})
         result = _state_result(lm, operations, where, ks, ladder, envelope, parts, n, env, t_start,
-                               {**partial_inputs(len(parts), len(groups), "half of the sweep"), **impl_extra}) if parts else None
-        cells = len(list(ck.dir.glob("rollback-cell-*.json"))) if ck.dir is not None and ck.dir.is_dir() else 0
-        kept = f"{cells} finished rollback cell{'s' if cells != 1 else ''}" if cells and not parts else ""
-        raise Interrupted(result, len(parts), len(groups), kept) from None
+                               {**partial, **impl_extra}) if parts else None
+        raise Interrupted(result, halves, len(groups), what=what) from None
     return _state_result(lm, operations, where, ks, ladder, envelope, [saved[g] for g in groups], n, env, t_start,
                          dict(impl_extra))
+
+
+def _finished_cells(lm, ck, where, ks, caches) -> tuple[dict[str, Any], int, int]:
+    """The rollback cells (setup x prefix position) :func:`_sweep` saved under ``ck`` before the interrupt, as a
+    sweep part (their rows as judged before the ladder), with how many finished of how many; the cells are the
+    ones :func:`_sweep` runs for these arguments (the model's own setups)."""
+    where_for = (lambda name: DEFAULT_WHERE.get(name, WHERE)) if where is None else (lambda name, w=tuple(where): w)
+    wanted = tuple(WHERE) if where is None else tuple(where)
+    k_max = max(max(ks or KS), max(KS))
+    lengths = {w: p for w, p in prefix_lengths(_window(lm), k_max).items() if w in wanted}
+    setups = [s for s in model_setups(lm)
+              if (s.name in caches if caches is not None else s.name not in OPTIONAL_SETUPS)]
+    keys = [(s, w, p) for s in setups if s.make is not None for w, p in lengths.items() if w in where_for(s.name)]
+    rows: list[dict[str, Any]] = []
+    finished = 0
+    for s, w, p in keys:
+        saved = ck.load("rollback-cell", s.name, w, p, check=lambda u: "cases" in u)
+        if saved is not None:
+            finished += 1
+            rows += [c["row"] for c in saved["cases"]]
+    part = {"rows": rows, "lengths": lengths, "setups": {s.name: s.note for s in setups}, "fp32_probe": None,
+            "computed_prefix": 0, "prefix_seconds": 0.0}
+    return part, finished, len(keys)
 
 
 def _state_result(lm, operations, where, ks, ladder, envelope, parts, n, env, t_start, extra) -> Result:

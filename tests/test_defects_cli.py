@@ -157,6 +157,18 @@ def test_dispatch_refuses_what_mlx_refuses(capsys, argv, needle):
     assert needle in refused(capsys, *argv)
 
 
+@pytest.mark.parametrize("argv,needle", [
+    # a flag of another --op was dropped without a word: a dense matmul's table printed for "--bits 7"
+    (["dispatch", "--chip", "M3", "--K", "640", "--N", "2048", "--bits", "7"], "--bits is a flag of --op quantized"),
+    (["dispatch", "--chip", "M3", "--K", "640", "--N", "2048", "--group-size", "48"], "--group-size is a flag"),
+    (["dispatch", "--chip", "M3", "--K", "640", "--N", "2048", "--mode", "nvfp4"], "--mode is a flag"),
+    (["dispatch", "--chip", "M3", "--K", "640", "--N", "2048", "--v-head-dim", "0"], "--v-head-dim is a flag of --op sdpa"),
+    (["dispatch", "--chip", "M3", "--op", "sdpa", "--K", "640"], "--K is a flag of --op matmul"),
+])
+def test_dispatch_refuses_a_flag_of_another_op(capsys, argv, needle):
+    assert needle in refused(capsys, *argv)
+
+
 def test_dispatch_still_answers_what_mlx_accepts(capsys):
     for extra in (["--K", "640"], ["--K", "640", "--bits", "8", "--group-size", "128"],
                   ["--K", "640", "--mode", "nvfp4"], ["--K", "640", "--mode", "mxfp8"]):

@@ -161,6 +161,18 @@ def check_quantization(mode: str, bits: int | None, group_size: int | None, K: i
     return bits, group
 
 
+def check_op_flags(args) -> None:
+    """One line for a flag of another ``--op`` (``--op matmul --bits 7`` answered for a dense matmul, silently)."""
+    given = {"--bits": args.bits is not None, "--group-size": args.group_size is not None,
+             "--mode": args.mode != "affine", "--v-head-dim": args.v_head_dim is not None,
+             "--K": args.K is not None, "--N": args.N is not None}
+    for flag, ops in (("--bits", ("quantized_matmul",)), ("--group-size", ("quantized_matmul",)),
+                      ("--mode", ("quantized_matmul",)), ("--v-head-dim", ("sdpa",)),
+                      ("--K", ("matmul", "quantized_matmul")), ("--N", ("matmul", "quantized_matmul"))):
+        if given[flag] and args.op not in ops:
+            raise GemmdriftError(f"{flag} is a flag of --op {' and '.join(ops)}, not of --op {args.op}")
+
+
 def records(args) -> tuple[list[dict[str, Any]], str]:
     """One record per T (T, kernel, label, params, source, note, chip, mlx), and a header line."""
     from dataclasses import replace
@@ -176,6 +188,7 @@ def records(args) -> tuple[list[dict[str, Any]], str]:
     if args.no_nax:
         chip = replace(chip, nax=False, note="NAX off (--no-nax)")
     ts = parse_ts(args.ts)
+    check_op_flags(args)
     version = args.mlx or recorded_mlx or installed_mlx()
     parse_version(version)
     shape: dict[str, Any]

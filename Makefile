@@ -69,7 +69,7 @@ golden: env
 
 # The flag tables of docs/commands.md, regenerated from the CLI's parsers (tests/test_docs.py checks them).
 docs: env
-	$(BIN)/python -m gemmdrift.clidoc docs/commands.md
+	$(BIN)/python -m gemmdrift.cli.doc docs/commands.md
 
 clean:
 	rm -rf .venv .venv-cuda12 .venv-cuda13 .asv results

@@ -1,4 +1,4 @@
-"""Which op (gemmdrift.attribute, issue 29): the main job's pair, decode vs verify:2 past the sliding window on
+"""Which op (gemmdrift.attribution.attribute, issue 29): the main job's pair, decode vs verify:2 past the sliding window on
 the embedded Gemma, attributed to op classes.
 
 Per op class: its local drift (log2(1 + max ULP) over layers and positions, each op fed the reference's input)
@@ -14,7 +14,7 @@ CLASSES = ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_att
            "self_attn.k_norm", "self_attn.rope", "sdpa", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj",
            "input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm", "post_feedforward_layernorm",
            "residual", "norm", "lm_head"]
-# Pinned here, not read from gemmdrift.attribute.PART_SIZES (which `gemmdrift run` may retune).
+# Pinned here, not read from gemmdrift.attribution.attribute.PART_SIZES (which `gemmdrift run` may retune).
 OVERHEAD_SIZES = dict(tokens=96, split=64)
 COUNTERFACTUAL_OPS = None  # every class the model exposes
 
@@ -29,7 +29,7 @@ class Attribution:
 
     def setup_cache(self):
         from gemmdrift import suite
-        from gemmdrift.attribute import attribute
+        from gemmdrift.attribution.attribute import attribute
 
         lm, s = common.model(), common.sizes()
         r = attribute(lm, suite.stream(lm, s.tokens), list(PAIR), split=s.split, counterfactual=("each",),
@@ -67,7 +67,7 @@ class OpTapsOverhead:
 
     def setup_cache(self):
         from gemmdrift import suite
-        from gemmdrift.attribute import taps_overhead
+        from gemmdrift.attribution.attribute import taps_overhead
 
         lm = common.model()
         return taps_overhead(lm, suite.stream(lm, OVERHEAD_SIZES["tokens"]),

@@ -31,7 +31,7 @@ class Batch:
     def setup_cache(self):
         if not common.long_benchmarks():
             return common.skipped_long()
-        from gemmdrift.batch import measure_batch
+        from gemmdrift.measure.batch import measure_batch
         from gemmdrift.prompts import builtin_prompts, builtin_text
 
         lm = common.model()
@@ -95,7 +95,7 @@ class Server:
         if not common.long_benchmarks():
             return common.skipped_long()
         from gemmdrift.prompts import builtin_prompts, builtin_text
-        from gemmdrift.server import measure_server
+        from gemmdrift.measure.server import measure_server
 
         r = measure_server("embedded", builtin_text("essay"), SERVER_N,
                            companions=builtin_prompts()[:SERVER_COMPANIONS])

@@ -1,7 +1,7 @@
 """Cache candidates for speculative decoding past the sliding window (issue 24), judged side by side.
 
-mlx-lm 0.32.2's own caches, the overlay cache gemmdrift ships (``gemmdrift.exact_cache``) and the
-unroll-and-cut design of mlx-swift-lm #584 rebuilt from its description (``gemmdrift.cache_designs``):
+mlx-lm 0.32.2's own caches, the overlay cache gemmdrift ships (``gemmdrift.caches.exact``) and the
+unroll-and-cut design of mlx-swift-lm #584 rebuilt from its description (``gemmdrift.caches.designs``):
 the state grid's non-exact cases per candidate (``CacheCandidates``), and the decode speed and cache
 memory against mlx-lm's (``CacheDecodeCost``, a long benchmark on the CPU: three prefills of the essay).
 """
@@ -10,8 +10,8 @@ from . import common
 
 CANDIDATES = {
     "mlx-lm": "mlx_lm.models.cache:make_prompt_cache",
-    "overlay": "gemmdrift.exact_cache:make_cache",
-    "unroll-cut": "gemmdrift.cache_designs:unroll_cut",
+    "overlay": "gemmdrift.caches.exact:make_cache",
+    "unroll-cut": "gemmdrift.caches.designs:unroll_cut",
 }
 # Pinned grid: every operation a speculative server performs, below and just past the window, k = 1..3.
 GRID = dict(operations=("rollback", "trim", "trim_prompt_cache", "draft_trim", "save_load", "server_reuse"),
@@ -62,7 +62,7 @@ class CacheCandidates:
 
 class CacheDecodeCost:
     """Greedy decode after the essay with each candidate's caches against mlx-lm's, in one run
-    (gemmdrift.cachebench.decode_cost: paired rounds, median)."""
+    (gemmdrift.state.bench.decode_cost: paired rounds, median)."""
 
     timeout = 7200
     params = [[c for c in CANDIDATES if c != "mlx-lm"]]
@@ -71,7 +71,8 @@ class CacheDecodeCost:
     def setup_cache(self):
         if not common.long_benchmarks():
             return common.skipped_long()
-        from gemmdrift import cachebench, plugins
+        from gemmdrift.state import bench as cachebench
+        from gemmdrift.caches import plugins
         from gemmdrift.prompts import builtin_text
 
         lm = common.model()

@@ -1,7 +1,7 @@
 """Greedy divergence of mlx-lm generate vs speculative generate (self-draft, K=2) past the window.
 
 The setup (common.Probes, shared with four other probes) returns the figures of the probe's Result; each
-track_ looks up one named figure (gemmdrift.diverge.diverge_figures), NaN when it was not measured.
+track_ looks up one named figure (gemmdrift.measure.diverge.diverge_figures), NaN when it was not measured.
 """
 
 from . import common

@@ -4,7 +4,7 @@
 def track_mlx_version():
     import mlx.core as mx
 
-    from gemmdrift.history import encode_version
+    from gemmdrift.measure.history import encode_version
 
     return encode_version(mx.__version__)
 
@@ -14,8 +14,8 @@ track_mlx_version.version = "1"
 
 
 def track_backend():
-    from gemmdrift.envinfo import device_record
-    from gemmdrift.history import BACKEND_CODES
+    from gemmdrift.machine.envinfo import device_record
+    from gemmdrift.measure.history import BACKEND_CODES
 
     codes = {name: code for code, name in BACKEND_CODES.items()}
     return float(codes.get(device_record()["backend"], -1))
@@ -29,7 +29,7 @@ def track_mlx_lm_version():
     """The mlx-lm really imported (the matrix pairs one mlx release with several mlx-lm releases)."""
     from importlib.metadata import version
 
-    from gemmdrift.history import encode_version
+    from gemmdrift.measure.history import encode_version
 
     return encode_version(version("mlx-lm"))
 

@@ -1,8 +1,8 @@
-"""This release against the shipped golden logits (gemmdrift.golden, issue 23): distribution-level drift.
+"""This release against the shipped golden logits (gemmdrift.measure.golden, issue 23): distribution-level drift.
 
 The shipped bases (src/gemmdrift/data/golden/linux-cpu) were computed on the Linux CPU backend with mlx 0.32.4
 in bfloat16. Each run teacher-forces the same tokens under the same schedule and compares with
-gemmdrift.golden.compare_golden: KLD(base ‖ this release) mean and 99.9th percentile, and the share of
+gemmdrift.measure.golden.compare_golden: KLD(base ‖ this release) mean and 99.9th percentile, and the share of
 positions whose top-1 token agrees. On the release and backend that made the base, KLD is exactly 0 and the
 share 1; a kernel or cache change of a later mlx or mlx-lm moves them, and `gemmdrift history` shows it.
 """

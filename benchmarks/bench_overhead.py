@@ -34,14 +34,14 @@ class TapOverhead:
             self.time_tapped(schedule)
 
     def time_plain_mlx_lm(self, schedule):
-        from gemmdrift.taps import run_plain
+        from gemmdrift.model.taps import run_plain
 
         run_plain(self.lm.model, self.tokens, schedule, split=SPLIT, logit_positions=range(SPLIT, TOKENS))
 
     time_plain_mlx_lm.version = "c13cdbb075cbf81b0df0dd7bc15eb5598c594bab4710d44ff7e7fd4404eba72f"
 
     def time_tapped(self, schedule):
-        from gemmdrift.taps import run_schedule
+        from gemmdrift.model.taps import run_schedule
 
         run_schedule(self.lm.model, self.tokens, schedule, split=SPLIT, positions=range(SPLIT, TOKENS),
                      logit_positions=range(SPLIT, TOKENS))

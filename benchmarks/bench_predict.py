@@ -1,4 +1,4 @@
-"""The predicted GPU drift (gemmdrift.predict, the main job's replay part): decode vs verify:2 and verify:3 below
+"""The predicted GPU drift (gemmdrift.replay.predict, the main job's replay part): decode vs verify:2 and verify:3 below
 the window on the embedded Gemma, replayed for M1, M3 and the CUDA gemv with the recipes of the installed mlx.
 
 A new mlx release whose kernels changed (a recipe, a dispatch limit) moves these series in `gemmdrift
@@ -9,7 +9,7 @@ cuBLASLt, whose order is not knowable (NaN: skipped). Every value is a predictio
 
 from . import common
 
-# Pinned here (not read from gemmdrift.predict.SIZES, which `gemmdrift run` may retune): a one-token prompt,
+# Pinned here (not read from gemmdrift.replay.predict.SIZES, which `gemmdrift run` may retune): a one-token prompt,
 # positions 1..4 compared, every variant of the recipes each chip runs for those calls.
 PREDICT_SIZES = dict(tokens=5, split=1, chips=("M1", "M3", "sm90"), variants="all")
 CHIPS = ["M1", "M3", "sm90"]
@@ -29,7 +29,7 @@ class PredictedDrift:
     timeout = 3600
 
     def setup_cache(self):
-        from gemmdrift.predict import PredictSizes, predict_drift
+        from gemmdrift.replay.predict import PredictSizes, predict_drift
 
         return dict(predict_drift(common.model(), PredictSizes(**PREDICT_SIZES)).figures)
 

@@ -1,7 +1,7 @@
 """Layer-stack drift and the logit envelope of the main schedule pairs (gemmdrift.suite).
 
 The setup (common.Probes, shared with the other probes) returns the figures of each measurement's Result;
-each track_ looks up one named figure (gemmdrift.stack.stack_figures), NaN when it was not measured.
+each track_ looks up one named figure (gemmdrift.measure.stack.stack_figures), NaN when it was not measured.
 """
 
 from . import common

@@ -56,7 +56,7 @@ class ExactRollbackDivergence:
     def setup_cache(self):
         if not common.long_benchmarks():
             return common.skipped_long()
-        from gemmdrift import diverge
+        from gemmdrift.measure import diverge
         from gemmdrift.prompts import builtin_prompts, builtin_text
 
         lm = common.model()

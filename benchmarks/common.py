@@ -40,7 +40,7 @@ GOLDEN_TOKENS = 576
 
 @lru_cache(maxsize=None)
 def model(dtype="bfloat16"):
-    from gemmdrift.models import load_model
+    from gemmdrift.model import load_model
 
     return load_model("embedded", dtype=dtype)
 

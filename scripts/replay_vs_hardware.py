@@ -45,7 +45,7 @@ def operands(seed: int, K: int, N: int, T: int):
 
 def block_vs_chain(chip: str, K: int, N: int, T: int, version: str, x, quant) -> tuple[np.ndarray, str, str]:
     """Differing bytes per position between the chip's T-row call and T one-row calls, replayed at a release."""
-    from gemmdrift.kernels.replay_paths import plan_for, run_plan
+    from gemmdrift.replay.paths import plan_for, run_plan
     from gemmdrift.metrics import differing_bytes
 
     kw = dict(K=K, N=N, dtype="float16", mlx_version=version, bits=4, group_size=64)

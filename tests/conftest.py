@@ -72,7 +72,7 @@ def make_tiny(dtype: str = "bfloat16", seed: int = 0, **overrides):
     import mlx.core as mx
     from mlx_lm.models import gemma3_text
 
-    from gemmdrift.models import LoadedModel, _cast, layer_types
+    from gemmdrift.model import LoadedModel, cast_model, layer_types
 
     mx.random.seed(seed)
     config = {**TINY_CONFIG, **overrides}
@@ -83,7 +83,7 @@ def make_tiny(dtype: str = "bfloat16", seed: int = 0, **overrides):
             lambda w: w * 4 if w.ndim == 2 else w, model.parameters()
         )
     )
-    _cast(model, dtype)
+    cast_model(model, dtype)
     mx.eval(model.parameters())
     info = {"source": "tiny", "kind": "tiny", "dtype": dtype, "synthetic": True, "architecture": "gemma3_text",
             "n_layers": config["num_hidden_layers"], "layer_types": layer_types(model),
@@ -116,6 +116,6 @@ def tiny():
 
 @pytest.fixture(scope="session")
 def embedded():
-    from gemmdrift.models import load_model
+    from gemmdrift.model import load_model
 
     return load_model("embedded", dtype="bfloat16")

@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 
 from conftest import make_tiny
-from gemmdrift import optaps
-from gemmdrift.attribute import attribute, explain_flip
+from gemmdrift.model import optaps
+from gemmdrift.attribution.attribute import attribute, explain_flip
 from gemmdrift.errors import GemmdriftError
 from test_optaps import one_ulp_up
 
@@ -111,8 +111,8 @@ def test_explain_flip_names_the_planted_cause_of_a_flip(tiny):
 
 
 def test_triage_explain_adds_the_cause_and_leaves_the_verdict(tiny):
-    from gemmdrift.attribute_cli import explain_divergence
-    from gemmdrift.diverge import triage_result
+    from gemmdrift.cli.attribute import explain_divergence
+    from gemmdrift.measure.diverge import triage_result
 
     plant = {(2, "mlp.down_proj"): lambda out, args: -4 * out}
     r = attribute(tiny, TOKENS[:8], [DECODE, VERIFY], split=2, counterfactual=[], perturb=plant)
@@ -125,7 +125,7 @@ def test_triage_explain_adds_the_cause_and_leaves_the_verdict(tiny):
     e = after.details["triage"]["explanation"]
     assert e["causes"] == ["mlp.down_proj"] and "mlp.down_proj is made invariant" in e["said"]
     assert after.details["triage"]["verdict"] == "NEAR-TIE" and after.figures == before.figures
-    from gemmdrift.summaries import text
+    from gemmdrift.view.summaries import text
 
     assert "which op (--explain): the flip at position" in text(after)
 
@@ -133,7 +133,7 @@ def test_triage_explain_adds_the_cause_and_leaves_the_verdict(tiny):
 def test_every_report_row_carries_a_command_that_parses_to_its_cell(tiny):
     import shlex
 
-    from gemmdrift.attribute_view import counterfactual_rows, ops_rows, report_part
+    from gemmdrift.view.attribute import counterfactual_rows, ops_rows, report_part
     from gemmdrift.cli import build_parser
 
     key = (3, "self_attn.k_norm")

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from conftest import make_tiny
-from gemmdrift import batch, metrics
+from gemmdrift.measure import batch
+from gemmdrift import metrics
 from gemmdrift.errors import GemmdriftError
 
 RNG = np.random.default_rng(0)
@@ -82,7 +83,8 @@ def test_compare_row_known_answers():
 
 
 def test_measure_batch_result_and_store_round_trip(tiny, tmp_path):
-    from gemmdrift import store, summaries
+    from gemmdrift import store
+    from gemmdrift.view import summaries
 
     r = batch.measure_batch(tiny, {"t": TARGET}, {"short": SHORT, "long": LONG}, 6, batch_sizes=(1, 2, 4))
     t = r.tables["batch"]
@@ -94,7 +96,7 @@ def test_measure_batch_result_and_store_round_trip(tiny, tmp_path):
     back = store.read_result(tmp_path / "b")
     assert back.kind == "batch" and dict(back.figures) == dict(r.figures)
     assert "batch" in summaries.text(r)
-    from gemmdrift.server import stream_files
+    from gemmdrift.measure.server import stream_files
 
     files = stream_files(r)
     assert len(files) == 2 * len(t) and all("prompt" in f and "tokens" in f for f in files.values())
@@ -209,7 +211,8 @@ def test_a_planted_mask_shift_shows_from_the_first_layer(tiny):
 
 @pytest.mark.linux_cpu_reference
 def test_measure_batch_with_layers_tables_figure_and_text(tiny, tmp_path):
-    from gemmdrift import plots, store, summaries
+    from gemmdrift.view import plots, summaries
+    from gemmdrift import store
 
     r = batch.measure_batch(tiny, {"t": TARGET}, {"short": SHORT}, 5, batch_sizes=(1, 2), reference=False,
                             layers=True)
@@ -235,10 +238,10 @@ def test_measure_batch_with_layers_tables_figure_and_text(tiny, tmp_path):
 def test_ladder_counts_count_every_verdict_of_the_rows_the_ladder_judged():
     import pandas as pd
 
-    from gemmdrift.batch import ladder_counts
+    from gemmdrift.measure.batch import ladder_counts
     from types import SimpleNamespace
 
-    from gemmdrift.summaries import BATCH_COLUMNS, batch_text
+    from gemmdrift.view.summaries import BATCH_COLUMNS, batch_text
 
     assert ladder_counts(pd.DataFrame({"ladder": ["", ""]})) == {}  # no ladder ran: no figures
     assert ladder_counts(pd.DataFrame({"verdict": ["IDENTICAL"]})) == {}

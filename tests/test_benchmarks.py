@@ -67,7 +67,7 @@ def quick(monkeypatch, embedded):
 def test_env_benchmarks():
     import mlx.core as mx
 
-    from gemmdrift.history import decode_version
+    from gemmdrift.measure.history import decode_version
 
     assert decode_version(finite(bench_env.track_mlx_version())) == ".".join(mx.__version__.split(".")[:3])
     assert finite(bench_env.track_backend()) == 0.0  # the CPU backend here
@@ -116,7 +116,7 @@ def test_the_shared_probe_setup_serves_every_probe_as_each_alone(quick, small_fi
 
     from gemmdrift import fingerprint, kernels, state, suite
 
-    from gemmdrift import golden
+    from gemmdrift.measure import golden
 
     classes = (bench_stack.DecodeVsVerify, bench_stack.DecodeVsVerifyLayers, small_state.StateExactness,
                bench_diverge.Divergence, bench_stack.PrefillChunks, bench_stack.PrefillChunksLayers,
@@ -200,9 +200,10 @@ def test_golden_benchmarks_against_the_shipped_base(monkeypatch, embedded):
     """This machine made the shipped bases: on their mlx and backend KLD is exactly 0 and the top-1 all agree."""
     import mlx.core as mx
 
-    from gemmdrift.golden import read_logits, resolve_golden
+    from gemmdrift.measure.golden import read_logits, resolve_golden
 
-    from gemmdrift import golden, suite
+    from gemmdrift.measure import golden
+    from gemmdrift import suite
 
     monkeypatch.setattr(common, "GOLDEN_TOKENS", 12)
     monkeypatch.setattr(common, "model", lambda dtype="bfloat16": embedded)
@@ -377,7 +378,7 @@ def test_replay_cost_benchmark_runs():
 def test_predicted_drift_benchmarks_at_quick_sizes(monkeypatch, embedded):
     """bench_predict at a smaller size (M3's default variant and the CUDA gemv decode): every predicted figure
     is finite, what was not predicted (M1 here; CUDA's cuBLASLt verify) is NaN (skipped), never 0."""
-    from gemmdrift.predict import SIZES
+    from gemmdrift.replay.predict import SIZES
 
     monkeypatch.setattr(bench_predict, "PREDICT_SIZES", {**bench_predict.PREDICT_SIZES, "chips": ("M3", "sm90"),
                                                          "variants": "default"})

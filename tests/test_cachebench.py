@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 from conftest import make_tiny
-from gemmdrift import cachebench, plugins
+from gemmdrift.state import bench as cachebench
+from gemmdrift.caches import plugins
 from gemmdrift.errors import GemmdriftError
 
 PLUGINS = str(Path(__file__).resolve().parent / "cache_plugins.py")
@@ -43,7 +44,7 @@ def test_mlx_lm_rotating_cache_as_a_plug_in_is_a_state_bug_exactly_where_r_ge_1_
 
 def test_a_do_nothing_trim_is_a_state_bug_where_drafts_are_rejected_and_the_overlay_is_exact_on_the_same_cells():
     _, bad = _grid(f"{PLUGINS}:trim_nothing", operations=("rollback",), ladder=False)
-    _, good = _grid("gemmdrift.exact_cache:make_cache", operations=("rollback",), ladder=False)
+    _, good = _grid("gemmdrift.caches.exact:make_cache", operations=("rollback",), ladder=False)
     assert list(bad["params"]) == list(good["params"]) and list(bad["where"]) == list(good["where"])
     assert ((bad["verdict"] == "STATE BUG") == (bad["r"] >= 1)).all()
     assert (bad[bad["r"] >= 1]["reason"].str.contains("offset")).all()
@@ -51,7 +52,7 @@ def test_a_do_nothing_trim_is_a_state_bug_where_drafts_are_rejected_and_the_over
 
 
 def test_the_overlay_is_exact_on_the_whole_grid_and_model_free_trims():
-    r, t = _grid("gemmdrift.exact_cache:make_cache")
+    r, t = _grid("gemmdrift.caches.exact:make_cache")
     judged = t[t["verdict"] != "not applicable"]
     assert set(judged["verdict"]) == {"EXACT"}, judged[judged["verdict"] != "EXACT"][["operation", "where", "reason"]]
     ops = set(judged["operation"])
@@ -75,8 +76,8 @@ def test_the_drafts_rewind_after_t1_drafting_tells_the_designs_apart():
         t = t[t["cache"] != "KVCache"]
         return {(w, p): v for w, p, v in zip(t["where"], t["params"], t["verdict"])}
 
-    own, cut, ours = (verdicts(s) for s in (f"{PLUGINS}:mlx_lm_own", "gemmdrift.cache_designs:unroll_cut",
-                                             "gemmdrift.exact_cache:make_cache"))
+    own, cut, ours = (verdicts(s) for s in (f"{PLUGINS}:mlx_lm_own", "gemmdrift.caches.designs:unroll_cut",
+                                             "gemmdrift.caches.exact:make_cache"))
     assert set(ours.values()) == {"EXACT"} and len(ours) == 8
     assert {v for (w, _), v in own.items() if w == "past"} == {"STATE BUG"}
     assert {v for (w, _), v in own.items() if w == "below"} == {"EXACT"}
@@ -117,7 +118,7 @@ def test_a_bad_factory_is_one_line_on_the_loaded_model(attr, needle):
     ("--cache-impl", "/no/such/file.py:f", "no such file"),
     ("--cache-impl", "justaname", "expected module:attribute"),
     ("--rollback", f"{PLUGINS}:rollback_three", "wrong signature"),
-    ("--rollback", "gemmdrift.exact_cache:make_cache", "wrong signature"),
+    ("--rollback", "gemmdrift.caches.exact:make_cache", "wrong signature"),
 ])
 def test_a_bad_spec_is_one_line_before_the_model_loads(flag, spec, needle):
     from test_cli import assert_user_error, gd
@@ -142,14 +143,14 @@ def test_cli_state_with_the_overlay_writes_exact_rows_and_records_it(tmp_path):
     from test_models import save_tiny
 
     save_tiny(tmp_path / "m")
-    r = gd("state", "--model", str(tmp_path / "m"), "--cache-impl", "gemmdrift.exact_cache:make_cache", "--ops",
+    r = gd("state", "--model", str(tmp_path / "m"), "--cache-impl", "gemmdrift.caches.exact:make_cache", "--ops",
            "rollback", "--where", "past", "--k", "2", "--out", str(tmp_path / "o"), "--json")
     assert r.returncode == 0, r.stderr
     s = json.loads(r.stdout)
     assert s["cases"] == 3 and not s["state_bugs"]
     meta = json.loads((tmp_path / "o" / "meta.json").read_text()) if (tmp_path / "o" / "meta.json").exists() else None
     text = json.dumps(meta) if meta else "".join(p.read_text() for p in (tmp_path / "o").glob("*.json"))
-    assert "gemmdrift.exact_cache:make_cache" in text and "sha256" in text
+    assert "gemmdrift.caches.exact:make_cache" in text and "sha256" in text
 
 
 # ----------------------------------------------------------------------------- the overlay itself
@@ -171,7 +172,7 @@ def test_the_overlay_computes_what_mlx_lm_computes_without_rollbacks():
     order instead of ring order (attention sums in another order), so equal to rounding."""
     from mlx_lm.models.cache import make_prompt_cache
 
-    from gemmdrift.exact_cache import make_cache
+    from gemmdrift.caches.exact import make_cache
 
     lm = make_tiny("float32", seed=2)
     toks = list(range(5, 5 + 40))
@@ -186,7 +187,7 @@ def test_the_overlay_computes_what_mlx_lm_computes_without_rollbacks():
 def test_the_overlay_keeps_at_most_reserve_rows_apart_and_refuses_deeper_trims_past_the_window():
     import mlx.core as mx
 
-    from gemmdrift.exact_cache import OverlayRotatingKVCache
+    from gemmdrift.caches.exact import OverlayRotatingKVCache
 
     c = OverlayRotatingKVCache(8, reserve=4)
     for i in range(20):
@@ -205,8 +206,8 @@ def test_the_overlay_keeps_at_most_reserve_rows_apart_and_refuses_deeper_trims_p
 def test_speculative_decoding_past_the_window_with_the_overlay_is_plain_greedy():
     """mlx-lm's own speculative_generate_step, a draft that is mostly rejected, window 8: with mlx-lm's
     caches the stream leaves the envelope; with the overlay's, it is plain greedy (or parts at a near-tie)."""
-    from gemmdrift import diverge as dv
-    from gemmdrift.exact_cache import make_cache
+    from gemmdrift.measure import diverge as dv
+    from gemmdrift.caches.exact import make_cache
 
     lm = make_tiny("float32", seed=3)
     draft = make_tiny("float32", seed=7).model
@@ -220,12 +221,12 @@ def test_speculative_decoding_past_the_window_with_the_overlay_is_plain_greedy()
 
 
 def test_diverge_with_a_plug_in_cache_and_rollback_records_both():
-    from gemmdrift import diverge as dv
+    from gemmdrift.measure import diverge as dv
 
     lm = make_tiny("float32", seed=3)
     prompt = list(range(10, 22))
-    out = dv.diverge(lm, prompt, 12, k=2, cache_impl="gemmdrift.exact_cache:make_cache",
-                     rollback="gemmdrift.exact_cache:rollback", workers=1)
+    out = dv.diverge(lm, prompt, 12, k=2, cache_impl="gemmdrift.caches.exact:make_cache",
+                     rollback="gemmdrift.caches.exact:rollback", workers=1)
     assert out["triage"]["verdict"] in ("IDENTICAL", "NEAR-TIE")
     # A rollback that drops nothing: mlx-lm's loop goes on from caches holding rejected drafts.
     bad = dv.diverge(lm, prompt, 12, k=2, draft=make_tiny("float32", seed=7).model,
@@ -236,7 +237,7 @@ def test_diverge_with_a_plug_in_cache_and_rollback_records_both():
 def test_factory_installed_gives_every_make_prompt_cache_the_implementation():
     from mlx_lm.models.cache import RotatingKVCache, make_prompt_cache
 
-    from gemmdrift.exact_cache import OverlayRotatingKVCache, make_cache
+    from gemmdrift.caches.exact import OverlayRotatingKVCache, make_cache
 
     lm = make_tiny()
     with cachebench.factory_installed(lm.model, make_cache):
@@ -253,8 +254,8 @@ def test_self_draft_is_the_targets_first_layers_with_its_norm_and_head(tmp_path,
     import mlx.core as mx
     from mlx_lm.models.cache import KVCache
 
-    from gemmdrift import models
-    from gemmdrift.draft_self import parse_self, self_draft
+    from gemmdrift import model as models
+    from gemmdrift.model.draft_self import parse_self, self_draft
     from test_models import save_tiny
 
     monkeypatch.setenv("GEMMDRIFT_CACHE", str(tmp_path / "cache"))
@@ -282,25 +283,25 @@ def test_the_launcher_installs_both_in_the_server_process_and_refuses_bad_specs(
     import subprocess
     import sys
 
-    from gemmdrift import serve_launch
-    from gemmdrift.server import MlxLmServer
+    from gemmdrift.caches import serve_launch
+    from gemmdrift.measure.server import MlxLmServer
 
     server, gen = importlib.import_module("mlx_lm.server"), importlib.import_module("mlx_lm.generate")
     old = server.make_prompt_cache, gen.trim_prompt_cache
     try:
-        serve_launch.install("gemmdrift.exact_cache:make_cache", "gemmdrift.exact_cache:rollback")
-        from gemmdrift.exact_cache import OverlayRotatingKVCache, rollback
+        serve_launch.install("gemmdrift.caches.exact:make_cache", "gemmdrift.caches.exact:rollback")
+        from gemmdrift.caches.exact import OverlayRotatingKVCache, rollback
 
         lm = make_tiny()
         assert any(type(c) is OverlayRotatingKVCache for c in server.make_prompt_cache(lm.model))
         assert gen.trim_prompt_cache is rollback
     finally:
         server.make_prompt_cache, gen.trim_prompt_cache = old
-    r = subprocess.run([sys.executable, "-m", "gemmdrift.serve_launch", "--cache-impl", "nope_mod:f", "--",
+    r = subprocess.run([sys.executable, "-m", "gemmdrift.caches.serve_launch", "--cache-impl", "nope_mod:f", "--",
                         "--model", "/no/such"], capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "cannot import module 'nope_mod'" in r.stderr and "Traceback" not in r.stderr
     cmd = MlxLmServer("/m", plugins={"cache_impl": "a:b", "rollback": None}, port=1).command()
-    assert cmd[1:5] == ["-m", "gemmdrift.serve_launch", "--cache-impl=a:b", "--"] and "--model" in cmd
+    assert cmd[1:5] == ["-m", "gemmdrift.caches.serve_launch", "--cache-impl=a:b", "--"] and "--model" in cmd
 
 
 def test_cli_server_refuses_bad_plug_ins_and_drafts_before_any_server_starts(tmp_path):
@@ -322,10 +323,10 @@ def test_cli_stack_runs_every_schedule_on_the_plug_in_and_records_it(tmp_path):
             "--schedules", "prefill:4,decode", "prefill:4,verify:2", "--no-local"]
     assert_user_error(gd(*base, "--cache-impl", f"{PLUGINS}:too_few", "--out", str(tmp_path / "bad")),
                       "returned 3 caches for 4 layers")
-    r = gd(*base, "--cache-impl", "gemmdrift.exact_cache:make_cache", "--out", str(tmp_path / "o"), "--json")
+    r = gd(*base, "--cache-impl", "gemmdrift.caches.exact:make_cache", "--out", str(tmp_path / "o"), "--json")
     assert r.returncode == 0, r.stderr
     meta = json.loads((tmp_path / "o" / "meta.json").read_text())
-    assert meta["inputs"]["cache_impl"]["spec"] == "gemmdrift.exact_cache:make_cache"
+    assert meta["inputs"]["cache_impl"]["spec"] == "gemmdrift.caches.exact:make_cache"
     assert len(meta["inputs"]["cache_impl"]["sha256"]) == 64
 
 
@@ -363,7 +364,7 @@ def test_the_overlays_reused_view_is_what_the_ring_and_overlay_give(keep):
     from the ring and the overlay alone, bit for bit, and both equal a numpy model of the window."""
     import mlx.core as mx
 
-    from gemmdrift.exact_cache import OverlayRotatingKVCache
+    from gemmdrift.caches.exact import OverlayRotatingKVCache
 
     rng = np.random.default_rng(keep)
     fast, slow = OverlayRotatingKVCache(8, keep=keep, reserve=4), OverlayRotatingKVCache(8, keep=keep, reserve=4)
@@ -440,7 +441,7 @@ def test_cli_state_and_report_on_a_refusing_implementation(tmp_path):
 
 
 def test_the_server_checkpoint_key_names_the_plug_ins():
-    from gemmdrift.server import plugin_key
+    from gemmdrift.measure.server import plugin_key
 
     assert plugin_key(None) == "" and plugin_key({"cache_impl": None, "rollback": None}) == ""
     a = plugin_key({"cache_impl": "m:f", "rollback": "m:r"})

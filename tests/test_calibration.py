@@ -16,7 +16,7 @@ import pytest
 
 from gemmdrift import cli
 from gemmdrift.errors import GemmdriftError
-from gemmdrift.kernels import replay_calib as RC
+from gemmdrift.replay import calib as RC
 
 RECORDS = json.loads((Path(__file__).parent / "data" / "env_records.json").read_text())
 CHIP, MLX = "M3 Max", "0.32.4"
@@ -28,8 +28,8 @@ PLANTED = "mma=H2"  # the default is H1
 def calibrated(tmp_path_factory):
     """The check against the planted device on layer 0's k_proj and gate_proj, and the file it writes."""
     from gemmdrift import kernels
-    from gemmdrift.kernels.replay_check import check_replay, planted_device
-    from gemmdrift.models import load_model
+    from gemmdrift.replay.check import check_replay, planted_device
+    from gemmdrift.model import load_model
 
     lm = load_model("embedded", dtype="bfloat16")
     projs = kernels.projections(lm, layers=[0], names=["k_proj", "gate_proj"])
@@ -71,8 +71,8 @@ def test_the_calibration_finds_the_planted_variant(calibrated):
 
 
 def test_every_command_given_the_file_replays_the_measured_variant(calibrated, tiny, capsys):
-    from gemmdrift.kernels.replay_model import KernelsOption
-    from gemmdrift.predict import PredictSizes, predict_drift
+    from gemmdrift.replay.model import KernelsOption
+    from gemmdrift.replay.predict import PredictSizes, predict_drift
 
     _, path, record = calibrated
     text = RC.resolve(CHIP, MLX, [path], registry=False).text
@@ -94,7 +94,7 @@ def test_every_command_given_the_file_replays_the_measured_variant(calibrated, t
 
 
 def test_the_registry_is_read_and_disagreeing_files_are_refused(calibrated, tmp_path, monkeypatch):
-    from gemmdrift.kernels.replay_model import KernelsOption
+    from gemmdrift.replay.model import KernelsOption
 
     _, path, record = calibrated
     reg = tmp_path / "registry"
@@ -126,7 +126,7 @@ def _bad(tmp_path, record, name, change):
 ])
 def test_a_bad_calibration_file_is_one_line_exit_2_naming_it(calibrated, tmp_path, capsys, monkeypatch, name,
                                                              change, needle):
-    import gemmdrift.kernels.replay_paths as rp
+    import gemmdrift.replay.paths as rp
 
     monkeypatch.setattr(rp, "installed_mlx", lambda: MLX)  # the file's release is this replay's, except above
     _, _, record = calibrated
@@ -167,7 +167,7 @@ def test_the_shipped_registry_is_empty_and_documented():
 
 
 def test_the_check_says_per_path_which_variants_exist_and_refuses_fp_modes_in_one_line(calibrated):
-    from gemmdrift.kernels.replay_check import check_paths, check_text
+    from gemmdrift.replay.check import check_paths, check_text
 
     result, _, _ = calibrated
     text = check_text(result)

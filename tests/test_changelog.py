@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 
 from gemmdrift import changelog as cl
-from gemmdrift import changelog_view as view
-from gemmdrift import history
-from gemmdrift.changelog_cli import write_changelog
-from gemmdrift.changelog_predict import Predictor
+from gemmdrift.changelog import pages as view
+from gemmdrift.measure import history
+from gemmdrift.cli.changelog import write_changelog
+from gemmdrift.changelog.predicted import Predictor
 from gemmdrift.errors import GemmdriftError
 from test_history import COLUMNS, entry  # asv 0.6's result columns and one result entry, as history reads them
 

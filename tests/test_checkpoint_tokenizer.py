@@ -12,8 +12,8 @@ import json
 
 import pytest
 
-from gemmdrift import gguf_gemma
-from gemmdrift.models import SentencePieceTokenizer
+from gemmdrift.model import gguf_gemma
+from gemmdrift.model import SentencePieceTokenizer
 from gemmdrift.prompts import builtin_prompts, builtin_text
 
 TRICKY = [

@@ -22,8 +22,8 @@ class ModelLoaded(Exception):
 
 @pytest.fixture
 def no_model(monkeypatch):
-    import gemmdrift.models as models
-    import gemmdrift.server as server
+    import gemmdrift.model as models
+    import gemmdrift.measure.server as server
 
     def boom(*a, **k):
         raise ModelLoaded()
@@ -51,7 +51,7 @@ def refused(capsys, *argv) -> str:
 
 
 def test_parse_ints_counts_a_range_before_building_it():
-    from gemmdrift.cliargs import MAX_VALUES, parse_ints
+    from gemmdrift.ranges import MAX_VALUES, parse_ints
 
     assert parse_ints("1-5,8, 10 - 11", "--ts") == [1, 2, 3, 4, 5, 8, 10, 11]
     assert parse_ints("-1", "--layers") == [-1]
@@ -82,7 +82,7 @@ def test_huge_ts_ranges_are_refused_at_once(no_model, capsys, argv, tmp_path):
 
 
 def test_replay_check_takes_ranges(no_model, tmp_path):
-    from gemmdrift.replay_cli import _ints
+    from gemmdrift.cli.replay import _ints
 
     assert _ints("1-4", "--ts") == [1, 2, 3, 4] and _ints("0-3,17", "--layers") == [0, 1, 2, 3, 17]
     with pytest.raises(ModelLoaded):  # accepted: the command goes on to load the model
@@ -108,7 +108,7 @@ def test_empty_or_conflicting_specs_are_refused(no_model, capsys, tmp_path, argv
 
 
 def test_exact_is_accepted_as_a_variant_name(no_model, tmp_path):
-    from gemmdrift.kernels.replay import RECIPES, check_variant_text, parse_variant
+    from gemmdrift.replay import RECIPES, check_variant_text, parse_variant
 
     check_variant_text("exact")  # the name printed for a recipe with no open order (T=1's cpu gemv, ...)
     for recipe in RECIPES.values():
@@ -123,7 +123,7 @@ def test_exact_is_accepted_as_a_variant_name(no_model, tmp_path):
     (["--model", "shape:gemma3-270m"], "--model"),
 ])
 def test_compare_two_files_refuses_model_flags(no_model, capsys, tmp_path, flags, needle):
-    from gemmdrift.golden import resolve_golden
+    from gemmdrift.measure.golden import resolve_golden
 
     base = resolve_golden("linux-cpu")
     line = refused(capsys, "compare", "--base", base, "--other", base, *flags, "--out", tmp_path / "o")

@@ -8,7 +8,7 @@ from gemmdrift import cli
 
 
 def _replayed_copy(tmp_path):
-    from gemmdrift.golden import read_logits, resolve_golden, write_logits
+    from gemmdrift.measure.golden import read_logits, resolve_golden, write_logits
 
     lf = read_logits(resolve_golden("linux-cpu"))
     lf.header["kernels"] = "replay:M1@mma=H2"  # as `logits --kernels replay:M1@mma=H2` writes it
@@ -18,7 +18,7 @@ def _replayed_copy(tmp_path):
 
 
 def test_comparing_a_replayed_file_says_prediction(tmp_path, capsys):
-    from gemmdrift.golden import resolve_golden
+    from gemmdrift.measure.golden import resolve_golden
     from gemmdrift.report import build_report
 
     rep, out = _replayed_copy(tmp_path), tmp_path / "cx"

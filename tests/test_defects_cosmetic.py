@@ -21,7 +21,7 @@ def _one_error(capsys, argv) -> str:
 
 
 def test_a_plugin_that_exits_at_import_is_one_line(tmp_path, capsys, monkeypatch):
-    import gemmdrift.models as models
+    import gemmdrift.model as models
 
     monkeypatch.setattr(models, "load_model", lambda *a, **k: pytest.fail("the model was loaded"))
     plug = tmp_path / "exitmod.py"
@@ -31,7 +31,7 @@ def test_a_plugin_that_exits_at_import_is_one_line(tmp_path, capsys, monkeypatch
 
 
 def test_self_draft_ranges_agree(tmp_path):
-    from gemmdrift.draft_self import self_draft
+    from gemmdrift.model.draft_self import self_draft
     from gemmdrift.errors import GemmdriftError
 
     (tmp_path / "config.json").write_text(json.dumps({"num_hidden_layers": 18, "sliding_window_pattern": 6}))
@@ -46,9 +46,9 @@ def test_self_draft_ranges_agree(tmp_path):
 def test_state_grid_draws_without_a_tight_layout_warning():
     import pandas as pd
 
-    from gemmdrift import plots
+    from gemmdrift.view import plots
 
-    t = pd.DataFrame([{"cache": "gemmdrift.exact_cache:make_cache", "operation": "rollback", "where": "below",
+    t = pd.DataFrame([{"cache": "gemmdrift.caches.exact:make_cache", "operation": "rollback", "where": "below",
                        "verdict": "EXACT"}])
     with warnings.catch_warnings(record=True) as got:
         warnings.simplefilter("always")

@@ -71,7 +71,7 @@ def test_triage_schedule_reason_has_no_nested_parentheses(tmp_path):
 def test_embedded_position_bound_is_the_gguf_files():
     # The constant batch checks before loading is the embedded file's own context_length.
     from gemmdrift import defaults as D
-    from gemmdrift import gguf_gemma
+    from gemmdrift.model import gguf_gemma
 
     config = gguf_gemma.gguf_config(gguf_gemma._reader(gguf_gemma.embedded_gguf()))
     assert config["max_position_embeddings"] == D.EMBEDDED_MAX_POSITIONS
@@ -87,7 +87,7 @@ def test_batch_huge_n_is_refused_before_the_embedded_model_loads(tmp_path):
 def test_batch_huge_n_on_another_model_is_the_first_line_after_the_load(tmp_path):
     # A model whose bound is known only once loaded (here the embedded model's converted mlx-lm directory, given
     # as a directory): the refusal is the first line after the load, before batch's description line.
-    from gemmdrift import gguf_gemma
+    from gemmdrift.model import gguf_gemma
 
     d = gguf_gemma.converted_dir(gguf_gemma.embedded_gguf(), progress=False)
     r = gd("batch", "--model", str(d), "--prompt", "hi", "--n", "100000", "--batch-sizes", "1",
@@ -102,7 +102,7 @@ def test_quantize_keeps_stdout_clean(capsys):
     # Regression: mlx-lm's quantize_model printed "[INFO] Quantized model with 4.5 bits per weight." on stdout,
     # before a --json summary, which then did not parse. load_model quantizes through models._quantize.
     from conftest import TINY_CONFIG, make_tiny
-    from gemmdrift.models import Quantization, _quantize
+    from gemmdrift.model import Quantization, _quantize
 
     lm = make_tiny()
     capsys.readouterr()
@@ -118,7 +118,7 @@ def test_server_default_draft_conversion_keeps_stdout_clean(tmp_path, monkeypatc
     # stdout (planted here: the real conversion takes a minute).
     import importlib
 
-    from gemmdrift import server
+    from gemmdrift.measure import server
 
     module = importlib.import_module("mlx_lm.convert")  # the module (the package's attribute is the function)
 
@@ -139,7 +139,7 @@ def test_server_default_draft_conversion_keeps_stdout_clean(tmp_path, monkeypatc
 
 
 def _ladder_rows(value: float):
-    # The columns stack's ladder table has (gemmdrift.stack: pair, tap, layer, rel_l2_<base>, rel_l2_float32, ...)
+    # The columns stack's ladder table has (gemmdrift.measure.stack: pair, tap, layer, rel_l2_<base>, rel_l2_float32, ...)
     import pandas as pd
 
     pair = "prefill:8,decode vs prefill:8,verify:2"
@@ -153,7 +153,8 @@ def test_ladder_figure_saves_for_bit_identical_and_drifting_schedules(tmp_path, 
     # Regression: all-zero drift raised "Data cannot be log-scaled because all values are <= 0" when saved.
     import matplotlib.pyplot as plt
 
-    from gemmdrift import files, plots
+    from gemmdrift import files
+    from gemmdrift.view import plots
 
     fig = plots.ladder(_ladder_rows(value), "bfloat16")
     ax = fig.axes[0]
@@ -171,7 +172,8 @@ def test_a_figure_that_fails_loses_no_result(tmp_path, monkeypatch, capsys):
     # command printed nothing: the measured run was lost. Now: one warning line, every file but that figure.
     import pandas as pd
 
-    from gemmdrift import plots, store
+    from gemmdrift.view import plots
+    from gemmdrift import store
     from gemmdrift.result import Result, tidy
 
     class Broken:
@@ -203,7 +205,7 @@ def test_a_figure_that_fails_loses_no_result(tmp_path, monkeypatch, capsys):
 def base_copy(tmp_path):
     import shutil
 
-    from gemmdrift.golden import resolve_golden
+    from gemmdrift.measure.golden import resolve_golden
 
     b = tmp_path / "g" / "base.npz"
     b.parent.mkdir()
@@ -256,7 +258,7 @@ def plug(tmp_path):
 
 def test_diverge_rollback_that_raises_is_refused_in_one_line(tiny, plug):
     # Regression: RuntimeError from the plug-in as a traceback (four chained ones from a worker), exit 1.
-    from gemmdrift.diverge import diverge
+    from gemmdrift.measure.diverge import diverge
     from gemmdrift.errors import GemmdriftError
 
     with pytest.raises(GemmdriftError) as e:
@@ -267,7 +269,7 @@ def test_diverge_rollback_that_raises_is_refused_in_one_line(tiny, plug):
 
 
 def test_diverge_cache_impl_that_raises_is_refused_in_one_line(tiny, plug):
-    from gemmdrift.diverge import diverge
+    from gemmdrift.measure.diverge import diverge
     from gemmdrift.errors import GemmdriftError
 
     with pytest.raises(GemmdriftError, match=r"refused: .*--cache-impl .*:upd\) raised RuntimeError: update exploded"):
@@ -276,10 +278,10 @@ def test_diverge_cache_impl_that_raises_is_refused_in_one_line(tiny, plug):
 
 def test_stack_cache_impl_that_raises_is_refused_in_one_line(tiny, plug):
     # Regression: `stack --cache-impl plug:upd` ended in a traceback `RuntimeError: update exploded`.
-    from gemmdrift import cachebench
+    from gemmdrift.state import bench as cachebench
     from gemmdrift.errors import GemmdriftError
-    from gemmdrift.plugins import load_cache_impl
-    from gemmdrift.stack import measure_stack
+    from gemmdrift.caches.plugins import load_cache_impl
+    from gemmdrift.measure.stack import measure_stack
 
     impl = load_cache_impl(f"{plug}:upd")
     with pytest.raises(GemmdriftError, match=r"refused: .*--cache-impl .*:upd\) raised RuntimeError: update exploded"):
@@ -305,7 +307,7 @@ def test_diverge_plugin_that_raises_in_a_worker_is_one_line_end_to_end(tmp_path,
 def test_server_cache_impl_is_checked_on_the_loaded_model_before_any_server(tmp_path, monkeypatch):
     # Regression: a factory returning 3 caches for 18 layers was found only inside the draft server, 40 s later,
     # as "request failed (Remote end closed connection without response); server log: ------".
-    from gemmdrift import server
+    from gemmdrift.measure import server
     from gemmdrift.errors import GemmdriftError
 
     p = tmp_path / "few.py"
@@ -319,7 +321,7 @@ def test_server_cache_impl_is_checked_on_the_loaded_model_before_any_server(tmp_
         raise AssertionError("the in-process reference ran before the plug-in was checked")
 
     monkeypatch.setattr(server.MlxLmServer, "start", no_server)
-    monkeypatch.setattr("gemmdrift.diverge.generate_plain", no_compute)
+    monkeypatch.setattr("gemmdrift.measure.diverge.generate_plain", no_compute)
     with pytest.raises(GemmdriftError, match=r"--cache-impl: .*few\.py:few\(model\) returned 3 caches for 18 layers"):
         server.measure_server("embedded", "Hello", 2, cases=["draft"], triage=False,
                               plugins={"cache_impl": f"{p}:few", "rollback": None})
@@ -328,7 +330,7 @@ def test_server_cache_impl_is_checked_on_the_loaded_model_before_any_server(tmp_
 def test_server_error_shows_the_cause_from_its_log(tmp_path):
     # Regression: a request whose handler raised is logged by the HTTP server as a traceback between two rules of
     # dashes; the error showed the rule ("server log: ----------------------------------------").
-    from gemmdrift import server
+    from gemmdrift.measure import server
 
     log = tmp_path / "server.log"
     log.write_text("----------------------------------------\n"

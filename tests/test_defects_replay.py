@@ -47,7 +47,7 @@ def test_replay_check_help_says_what_json_prints(capsys):
 
 
 def test_replay_check_refuses_an_unmodelled_release_before_the_load(tmp_path, capsys, monkeypatch):
-    import gemmdrift.models as models
+    import gemmdrift.model as models
 
     def boom(*a, **k):
         raise AssertionError("the model was loaded")
@@ -63,7 +63,7 @@ def test_replay_check_refuses_an_unmodelled_release_before_the_load(tmp_path, ca
 def test_stack_replay_sm90_is_refused_before_the_load_when_the_length_is_known(tmp_path, capsys, monkeypatch):
     # D8: every CUDA T >= 2 is cuBLASLt (no recipe); the verify blocks of the schedules are known from
     # --tokens and --split, the shapes from the embedded model's config: refused before the model loads.
-    import gemmdrift.models as models
+    import gemmdrift.model as models
 
     def boom(*a, **k):
         raise AssertionError("the model was loaded")
@@ -81,8 +81,8 @@ def test_stack_replay_sm90_is_refused_before_the_load_when_the_length_is_known(t
 
 
 def test_replayed_ts_are_the_blocks_past_the_shared_prefix():
-    from gemmdrift.kernels.replay_model import config_shapes, replayed_ts
-    from gemmdrift.models import SHAPES
+    from gemmdrift.replay.model import config_shapes, replayed_ts
+    from gemmdrift.model import SHAPES
 
     assert replayed_ts(["prefill:512,decode", "prefill:512,verify:2"], 40, 32) == {1, 3, 2}  # 8 = 3 + 3 + 2
     assert replayed_ts(["prefill:32,decode", "prefill:32,verify:3"], 40, 32) == {1, 4}
@@ -95,7 +95,7 @@ def test_replayed_ts_are_the_blocks_past_the_shared_prefix():
 @pytest.mark.slow
 def test_stack_replay_sm90_is_refused_before_computing_when_the_length_needs_the_tokenizer(tmp_path, capsys,
                                                                                            monkeypatch):
-    import gemmdrift.stack as stack
+    import gemmdrift.measure.stack as stack
 
     def boom(*a, **k):
         raise AssertionError("the run was computed")
@@ -108,7 +108,7 @@ def test_stack_replay_sm90_is_refused_before_computing_when_the_length_needs_the
 
 
 def _no_load(monkeypatch):
-    import gemmdrift.models as models
+    import gemmdrift.model as models
 
     def boom(*a, **k):
         raise AssertionError("the model was loaded")
@@ -138,7 +138,7 @@ def test_triage_replay_sm90_is_refused_before_the_load(tmp_path, capsys, monkeyp
 
 
 def test_triage_ts_are_the_continuation_blocks():
-    from gemmdrift.kernels.replay_model import triage_ts
+    from gemmdrift.replay.model import triage_ts
 
     # prompt of 12: split 11, positions 11.. teacher-forced; stream A of 4 under decode -> T=1 (11, 12, 13, 14);
     # stream B of 5 under verify:2 (blocks of 3) -> 11..13, 14..15: T=3 and 2

@@ -9,7 +9,7 @@ import pytest
 
 from conftest import make_tiny
 from gemmdrift.errors import GemmdriftError
-from gemmdrift.models import LoadedModel, ModelDescription, describe, resume_key
+from gemmdrift.model import LoadedModel, ModelDescription, describe, resume_key
 
 
 def test_the_record_round_trips_and_code_reads_typed_fields():
@@ -71,19 +71,20 @@ def test_asv_pins_the_inputs_that_decide_the_weights():
 
 
 def test_the_conversion_key_names_the_gguf_version(tmp_path, monkeypatch):
-    from gemmdrift import envinfo, gguf_gemma
+    from gemmdrift.machine import envinfo
+    from gemmdrift.model import gguf_gemma
 
     f = tmp_path / "m.gguf"
     f.write_bytes(b"x")
-    real = envinfo._version
+    real = envinfo.dist_version
     key = gguf_gemma._file_key(f)
-    monkeypatch.setattr(envinfo, "_version", lambda name: "0.0.1" if name == "gguf" else real(name))
+    monkeypatch.setattr(envinfo, "dist_version", lambda name: "0.0.1" if name == "gguf" else real(name))
     assert gguf_gemma._file_key(f) != key
 
 
 def test_every_environment_record_names_gguf_and_the_weights():
-    from gemmdrift.envinfo import environment
-    from gemmdrift.models import weights_record
+    from gemmdrift.machine.envinfo import environment
+    from gemmdrift.model import weights_record
 
     env = environment()
     assert env["gguf"] and env["weights_package"]
@@ -96,7 +97,7 @@ def test_the_embedded_weights_carry_their_digest(embedded, tmp_path):
     import hashlib
     from pathlib import Path
 
-    from gemmdrift.stack import measure_stack
+    from gemmdrift.measure.stack import measure_stack
 
     d = embedded.description
     digest = d.extra["weights_sha256"]

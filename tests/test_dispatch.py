@@ -22,10 +22,11 @@ from pathlib import Path
 
 import pytest
 
-from gemmdrift import cli, dispatch, platforminfo
+from gemmdrift import cli, dispatch
+from gemmdrift.machine import platforminfo
 from gemmdrift.dispatch import chip_from_env, chip_named, choose
-from gemmdrift.envinfo import metal_generation
-from gemmdrift.kernels import _reference_backend, plot_thresholds
+from gemmdrift.machine.envinfo import metal_generation
+from gemmdrift.kernels import reference_backend, plot_thresholds
 
 RECORDS = json.loads((Path(__file__).parent / "data" / "env_records.json").read_text())
 CHIP_RECORDS = ("M1", "M2 Ultra", "M3 Max", "M4", "M5", "sm80", "sm90")
@@ -180,7 +181,7 @@ def test_unknown_architecture_is_said_not_guessed():
     assert chip_from_env(rec) is None
     assert chip_from_env({"backend": "cuda", "architecture": ""}) is None
     assert chip_from_env({"backend": "gpu", "architecture": "x"}) is None
-    target, _, chip, origin = _reference_backend(rec)
+    target, _, chip, origin = reference_backend(rec)
     assert chip is None and "unknown architecture 'applegpu_x1': no prediction" in origin
     import pandas as pd
 
@@ -217,9 +218,9 @@ def test_cpu_rule_is_labelled_by_its_platform():
     assert c.kernel == "cpu_not_read" and "Darwin arm64" in c.note
     assert dispatch.kernel_for("cpu", "matmul", 4, mlx_version="0.32.4", chip=chip_from_env(mac), K=640,
                                N=2048) == "cpu (not read)"
-    _, _, _, origin = _reference_backend(mac)
+    _, _, _, origin = reference_backend(mac)
     assert origin.startswith("Metal (reference)") and "not known to be row-invariant" in origin
-    _, _, _, origin = _reference_backend(RECORDS["cpu Linux x86_64"])
+    _, _, _, origin = reference_backend(RECORDS["cpu Linux x86_64"])
     assert "not known" not in origin
 
 
@@ -270,7 +271,7 @@ def test_device_record_asks_device_info_for_the_device_in_use(monkeypatch):
     # mlx 0.30.4-0.31.1 bind device_info's default argument at import: the record must pass the device.
     import mlx.core as mx
 
-    from gemmdrift import envinfo
+    from gemmdrift.machine import envinfo
 
     real, calls = mx.device_info, []
     monkeypatch.setattr(mx, "device_info", lambda *a, **k: calls.append(a) or real(*a, **k))  # a spy on the real call

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from conftest import make_tiny
-from gemmdrift import diverge as dv
+from gemmdrift.measure import diverge as dv
 from gemmdrift.errors import GemmdriftError
 
 
@@ -177,7 +177,7 @@ def test_divergence_stats_resume_from_checkpoint(tmp_path, monkeypatch):
     lm = near_tie_model()
     prompts = [list(range(10, 22)), list(range(30, 36))]
     df = dv.divergence_stats(lm, prompts, 16, checkpoint=tmp_path, k=2)
-    from gemmdrift.summaries import divergence_summary
+    from gemmdrift.view.summaries import divergence_summary
 
     s = divergence_summary(df)
     assert s["prompts"] == 2 and s["diverged"] == int(df["first_divergence"].notna().sum())
@@ -244,8 +244,8 @@ def test_a_corrupt_prompt_checkpoint_is_discarded_and_resume_keys_name_the_dtype
 def test_the_two_streams_in_two_processes_are_the_same_streams(tmp_path, rollback):
     """diverge() runs the plain and the speculative stream side by side in two processes (gemmdrift.workers);
     each is the computation one process does: the same tokens, the same divergence and triage."""
-    from gemmdrift.diverge import diverge
-    from gemmdrift.models import load_model
+    from gemmdrift.measure.diverge import diverge
+    from gemmdrift.model import load_model
     from test_models import save_tiny
 
     save_tiny(tmp_path / "m")
@@ -287,7 +287,7 @@ def test_diverge_with_the_shared_prefill_in_one_or_two_processes_gives_mlx_lm_s_
     """One process (one shared prefill) against two (the prefilled caches pickled to the other process, which
     generates the plain stream and runs its teacher-forced triage run): the same streams, divergence and
     triage, and the streams are the ones mlx-lm's generators give when they prefill themselves."""
-    from gemmdrift.models import load_model
+    from gemmdrift.model import load_model
     from test_models import save_tiny
 
     save_tiny(tmp_path / "m")

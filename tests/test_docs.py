@@ -2,7 +2,7 @@
 
 README.md and every page under docs/: each relative link (and its #anchor) resolves, each `gemmdrift ...`
 command line written in them parses with today's CLI (parse only: nothing runs), and each flag table equals
-what `python -m gemmdrift.clidoc` generates from the parsers (every command has one, in docs/commands.md).
+what `python -m gemmdrift.cli.doc` generates from the parsers (every command has one, in docs/commands.md).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from gemmdrift import clidoc
+from gemmdrift.cli import doc as clidoc
 from gemmdrift.cli import build_parser
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -191,7 +191,7 @@ def test_command_lines_parse(path, parser):
 @pytest.mark.parametrize("path", DOCS, ids=_rel)
 def test_flag_tables_match_the_parsers(path):
     text = path.read_text(encoding="utf-8")
-    assert clidoc.render(text) == text, f"stale flag table: run `python -m gemmdrift.clidoc {_rel(path)}`"
+    assert clidoc.render(text) == text, f"stale flag table: run `python -m gemmdrift.cli.doc {_rel(path)}`"
 
 
 def test_every_command_has_a_flag_table():
@@ -199,7 +199,7 @@ def test_every_command_has_a_flag_table():
     missing = [name for name, p in clidoc.commands().items() if name not in clidoc.marked(text)
                and any(not isinstance(a, (argparse._HelpAction, argparse._SubParsersAction)) for a in p._actions)]
     assert missing == [], ("add `<!-- flags:NAME -->` / `<!-- /flags:NAME -->` to docs/commands.md, then run "
-                           "`python -m gemmdrift.clidoc docs/commands.md`")
+                           "`python -m gemmdrift.cli.doc docs/commands.md`")
 
 
 def test_readme_is_a_front_page():
@@ -217,7 +217,7 @@ def test_the_checkers_catch_what_they_are_for(tmp_path, parser):
         "[gone](c.md) [bad anchor](b.md#nope) `[in code](d.md)`\n\n"
         "```sh\ngemmdrift stack --tokens 40 \\\n    --split 32   # a comment\ngemmdrift stack --tokens many\n"
         "echo gemmdrift kernels\n.venv/bin/gemmdrift nosuchcommand\n```\n\n"
-        "Run `gemmdrift diverge --n 4` or `gemmdrift.exact_cache:make_cache`; `gemmdrift triage` judges and\n"
+        "Run `gemmdrift diverge --n 4` or `gemmdrift.caches.exact:make_cache`; `gemmdrift triage` judges and\n"
         "`gemmdrift nosuch` does not exist.\n", encoding="utf-8")
     assert broken_links(page) == ["c.md: no such file", "b.md#nope: no heading #nope in b.md"]
     lines = command_lines(page)

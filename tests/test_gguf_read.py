@@ -10,9 +10,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gemmdrift import gguf_gemma
+from gemmdrift.model import gguf_gemma
 from gemmdrift.errors import GemmdriftError
-from gemmdrift.gguf_read import GGUFFile
+from gemmdrift.model.gguf_read import GGUFFile
 
 gguf = pytest.importorskip("gguf")
 

@@ -9,7 +9,7 @@ import time
 import numpy as np
 import pytest
 
-from gemmdrift import golden, twostats
+from gemmdrift.measure import golden, twostats
 from gemmdrift.errors import GemmdriftError
 
 
@@ -351,7 +351,7 @@ def test_stack_gets_the_two_run_figures_from_the_same_function():
     """stack's logit comparison adds KLD, same top-1, Δp and the perplexity ratio; its own figures stay."""
     from conftest import make_tiny
 
-    from gemmdrift.stack import ENVELOPE_FIGURES, measure_stack
+    from gemmdrift.measure.stack import ENVELOPE_FIGURES, measure_stack
 
     lm = make_tiny("float32")
     tokens = [int(t) for t in np.random.default_rng(4).integers(0, 97, 24)]
@@ -396,7 +396,7 @@ def test_compare_golden_on_the_command_line(tmp_path):
 
 
 def test_a_prefill_block_handed_to_the_sink_in_slices_gives_the_same_view(tiny, monkeypatch):
-    from gemmdrift import taps
+    from gemmdrift.model import taps
 
     tokens = [int(t) for t in np.random.default_rng(6).integers(0, 97, 20)]
     whole, _ = golden.run_view(tiny, tokens, "prefill:16", split=None, top_k=6)

@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from gemmdrift import kernels, store, suite, summaries
+from gemmdrift import kernels, store, suite
+from gemmdrift.view import summaries
 
 # Gemma 3 270M's projections (K, N): the MLP's gate/up and down, and the vocabulary-sized LM head.
 GATE, DOWN, HEAD = (640, 2048), (2048, 640), (640, 262144)
@@ -88,7 +89,7 @@ def test_a_budget_cut_sweep_says_what_it_left_out(tiny, tmp_path):
 
 def test_tap_overhead_warms_up_on_a_gpu_only(monkeypatch, tiny):
     from benchmarks import bench_overhead, common
-    from gemmdrift import taps
+    from gemmdrift.model import taps
 
     calls = []
     monkeypatch.setattr(common, "model", lambda: tiny)
@@ -107,7 +108,7 @@ def test_tap_overhead_warms_up_on_a_gpu_only(monkeypatch, tiny):
 
 
 def test_the_batch_sweep_warms_every_batch_size_before_timing_it(monkeypatch, tiny):
-    from gemmdrift import batch
+    from gemmdrift.measure import batch
 
     events = []
     real_alone, real_batch = batch.generate_alone, batch.generate_batch
@@ -132,7 +133,7 @@ def test_the_batch_sweep_warms_every_batch_size_before_timing_it(monkeypatch, ti
 
 def test_the_size_set_is_recorded_beside_the_figures(monkeypatch):
     from benchmarks import bench_env, common
-    from gemmdrift import history
+    from gemmdrift.measure import history
 
     assert set(bench_env.SIZE_CODES) == set(common.BENCH_SIZES)
     assert bench_env.track_sizes() == 0.0  # this CPU runs the cpu sizes

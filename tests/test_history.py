@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from gemmdrift import history
+from gemmdrift.measure import history
 from gemmdrift.errors import GemmdriftError
 
 COLUMNS = ["result", "params", "version", "started_at", "duration", "stats_ci_99_a", "stats_ci_99_b", "stats_q_25",
@@ -90,7 +90,7 @@ def test_layer_profiles_regroup_per_layer_series(results):
     p = profiles[("m1", "cpu", "bench_stack.Layers.track_rel_l2", "verify2")]
     assert sorted(zip(p["release"], p["tap_index"], p["value"])) == [
         ("0.31.2", 0, 0.0), ("0.31.2", 1, 0.01), ("0.32.4", 0, 0.0), ("0.32.4", 1, 0.01)]
-    from gemmdrift import plots
+    from gemmdrift.view import plots
 
     plots.plot_layer_profile(p, "t")
 

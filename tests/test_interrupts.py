@@ -132,7 +132,7 @@ def test_state_resumes_finished_rollback_cells_with_their_ladder(tiny, tmp_path,
 
 
 def test_batch_resumes_finished_rows(tiny, tmp_path, capsys):
-    from gemmdrift import batch
+    from gemmdrift.measure import batch
 
     kw = dict(batch_sizes=(1, 2), reference=False)
     progress, _ = _interrupt_after(2, " row ")  # B=1 row 0, then B=2 row 0; B=2 row 1 not yet
@@ -172,7 +172,7 @@ class _Tok:
 
 
 def _fake_server(calls, stop_at):
-    from gemmdrift import server
+    from gemmdrift.measure import server
 
     class Fake:
         """mlx_lm.server faked: greedy-looking deterministic replies, no process (the CLI test runs none)."""
@@ -202,7 +202,8 @@ def _fake_server(calls, stop_at):
 
 
 def test_server_resumes_finished_cases(tmp_path, monkeypatch):
-    from gemmdrift import models, server
+    from gemmdrift import model as models
+    from gemmdrift.measure import server
 
     lm = make_tiny("float32")
     lm.tokenizer = _Tok()

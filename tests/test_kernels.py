@@ -13,9 +13,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from gemmdrift import dispatch, kernels, metrics, store, summaries
+from gemmdrift import dispatch, kernels, metrics, store
+from gemmdrift.view import summaries
 from gemmdrift.errors import GemmdriftError
-from gemmdrift.models import load_model
+from gemmdrift.model import load_model
 
 REAL_PATHS = ["model", "dense:float32", "quant:affine-q4-g64", "quant:affine-q8-g64"]
 DRIFT = ["frac_differ", "max_ulp", "rows_differ"]
@@ -365,7 +366,7 @@ def test_bad_input_is_a_user_error(tiny, monkeypatch):
         kernels.parse_path("emulated:splitk1")
     with pytest.raises(GemmdriftError, match="no input rows"):
         kernels.sweep(tiny, {}, projs, ["model"], ts=[1, 2])
-    monkeypatch.setattr("gemmdrift.models.available_quant_modes", lambda: ["affine"])
+    monkeypatch.setattr("gemmdrift.model.available_quant_modes", lambda: ["affine"])
     with pytest.raises(GemmdriftError, match="mxfp4.*not available"):
         kernels.parse_path("quant:mxfp4-q4-g32")
 
@@ -497,7 +498,7 @@ def test_a_corrupt_kernels_checkpoint_is_discarded_and_recomputed(tiny, tmp_path
 def test_units_in_two_processes_are_the_units_of_one(tmp_path):
     """sweep() runs its (projection, path) units in two processes (gemmdrift.workers), longest first: the same
     table, in the same order, and every unit checkpointed by the process that measured it."""
-    from gemmdrift.models import load_model
+    from gemmdrift.model import load_model
     from test_models import save_tiny
 
     save_tiny(tmp_path / "m")

@@ -1,7 +1,9 @@
-"""The house has one-way flow: every module imports only modules below it, so there is no import cycle.
+"""The house has one-way flow between its wings, and within each wing between its modules: no import cycle.
 
-measure (taps, kernels, stack, diverge, history) -> Result -> summaries / plots -> store -> report -> suite
--> cli. A new module adds one line to RANKS (its place in the flow); a new import that points upwards fails here.
+A wing is a folder of src/gemmdrift (``model/``, ``replay/``, ``view/``, ...) or a module standing alone at the
+top (``errors``, ``store``, ``suite``, ...). WINGS ranks the wings: a module may import another wing only if that
+wing ranks strictly lower. RANKS ranks the modules inside a wing the same way. A new module adds one line to
+RANKS (a new wing one line to WINGS); an import that points upwards fails here.
 """
 
 from __future__ import annotations
@@ -14,56 +16,67 @@ import pytest
 
 SRC = Path(__file__).resolve().parent.parent / "src" / "gemmdrift"
 
-# Lower rank = lower in the house. A module may import only modules of a strictly lower rank.
-RANKS = {
-    # foundations: no gemmdrift imports but errors
-    "errors": 0, "defaults": 0, "files": 1, "text": 1, "metrics": 1, "schedules": 1, "dispatch": 4, "checks": 1, "prompts": 2,
-    "envinfo": 1,
-    "platforminfo": 0, "dispatch.base": 1, "dispatch.chips": 2, "dispatch.metal": 2, "dispatch.cuda": 2, "dispatch.cpu": 3,
-    "backends": 0, "memory": 1,
-    "runenv": 2,  # the CLI's pre-measurement settings and the compute record of resume keys
-    "result": 2, "gguf_gemma": 2, "gguf_read": 0,
-    "models": 3,
-    "taps": 4, "workers": 4, "checkpoint": 4,
-    "native_kernels": 1,  # which models are replayed now; their shared prefix on this machine's kernels (issue 22)
-    # measurements: each returns a Result
-    "kernels.replay_core": 1, "kernels.replay_dense": 2, "kernels.replay_quant": 3, "kernels.replay": 5,
-    "kernels.replay_jitcore": 1.5, "kernels.replay_jit": 2.5, "kernels.replay_jitquant": 4,  # compiled replay
-    "kernels.replay_paths": 6, "kernels.replay_model": 7, "kernels.replay_units": 8.5, "kernels.replay_check": 10, "replay_cli": 16,
-    "kernels.capture": 5, "kernels.paths": 6, "kernels.table": 7, "kernels.ops": 8, "kernels.runs": 9,
-    "kernels": 10, "stack": 5, "diverge": 5, "history": 5,
-    "kernels.replay_jitcache": 2,  # the compiled replay's tile cache
-    "kernels.replay_calib": 6.5,  # calibration files: a chip's measured variant (issue 31)
-    "speculative": 4,  # diverge's stream primitives and exact rollback (issue 25)
-    "fingerprint": 11, "state": 5, "batch": 6, "server": 6,
-    "state.reading": 4.1, "state.common": 4.2, "state.rollback": 4.3, "state.trim": 4.3,  # state/ (issue 25)
-    "state.saveload": 4.3, "state.server_reuse": 4.3, "state.batch": 4.3, "state.sweep": 4.4,
-    "fingerprint.probes": 10.1, "fingerprint.recovery": 10.2, "fingerprint.describe": 10.3,  # fingerprint/
-    "exact_cache": 0, "cache_designs": 0, "plugins": 1, "cachebench": 6, "serve_launch": 7, "draft_self": 4,
-    # downstream of a Result
-    "summaries": 12, "plots": 12,
-    "legacy": 13,
-    "store": 14,
-    "report": 15, "interrupts": 15,
-    "suite": 16,
-    "dispatch_cli": 16,
-    "twostats": 3, "golden": 5, "goldview": 11, "goldcli": 16,  # logits / compare (issue 23)
-    "cliargs": 2,  # the CLI's list and range arguments (issue 25)
-    "predict": 11, "predict_view": 11.5,  # predicted GPU drift, the main job's replay part (issue 22)
-    "optaps": 5.5,  # op taps inside every decoder layer and local drift per op (issue 29)
-    "attribute": 8,  # which op: local drift, counterfactual per op class, the verdict (issue 29)
-    "attribute_view": 11.6,  # its summary, text, report section and figure
-    "attribute_cli": 16.5,  # `gemmdrift attribute` and its MODES (--primitives, --python plug in there)
-    "changelog": 6,  # the numerics changelog's measured part and its release pairs (issue 30)
-    "changelog_view": 7,  # the changelog's pages: Markdown and HTML from one list of blocks (issue 30)
-    "changelog_predict": 12,  # the changelog's predicted section: dispatch differences, replayed envelopes (issue 30)
-    "changelog_cli": 16,  # `gemmdrift changelog` (issue 30)
-    "release_ops": 5,  # ops captured once, recomputed under another mlx release's interpreter (issue 29 item 4)
-    "primitives_operands": 4.5, "primitives_ops": 7.5, "primitives": 8.6,  # the one-second gate (issue 29, item 6)
-    "primitives_view": 8.7, "primitives_cli": 16,  # its text and JSON; its flags for `gemmdrift attribute`
-    "clidoc": 18,  # the docs' flag tables, generated from the CLI's parsers (issue 32)
-    "cli": 17, "__main__": 18, "": 19,  # "" is the package itself (gemmdrift/__init__.py)
+# Lower rank = lower in the house.
+WINGS = {
+    # the shared ground, standing alone at the top: no gemmdrift imports but errors
+    "errors": 0, "defaults": 0, "text": 0, "metrics": 0, "files": 1, "schedules": 1, "checks": 1,
+    "ranges": 2,  # list and range arguments ('1-17,24', 'A:B') and the default split of a stream
+    "prompts": 2, "result": 2,
+    "machine": 3,  # machine/: backend wheels, platform facts, memory, the environment record, runenv
+    "dispatch": 3,  # dispatch/: which kernel MLX runs per chip, T and version, read from the mlx source
+    "model": 4,  # model/: model sources, GGUF, layer and op taps, projections, drafts
+    "caches": 4,  # caches/: the exact cache, other designs, plug-in loading
+    "checkpoint": 5, "workers": 5,
+    "exact_cache": 5, "cache_designs": 5, "serve_launch": 5,  # the documented plug-in and -m paths, kept working
+    "measure": 6,  # measure/: stack, diverge, batch, server, golden logits, history
+    "kernels": 7,  # kernels/: GEMV vs GEMM per projection and path
+    "state": 7,  # state/: cache exactness, and the bench for someone else's cache
+    "replay": 8,  # replay/: the recipes, the compiled engine, the whole model replayed, check, predict
+    "fingerprint": 9,  # fingerprint/: accumulation-order trees recovered black-box
+    "attribution": 10,  # attribution/: which op (op taps' local drift, counterfactuals, releases, the gate)
+    "release_ops": 11,
+    "changelog": 11,  # changelog/: the numerics changelog of mlx
+    "view": 12,  # view/: summaries, printed text, figures and report sections per kind
+    "legacy": 13, "store": 14, "report": 15, "interrupts": 15, "suite": 16,
+    "cli": 17,  # cli/: the command line and its parsers per command
+    "clidoc": 18, "__main__": 18, "": 19,  # "" is the package itself (gemmdrift/__init__.py)
 }
+
+# Inside a wing (a wing's own name is its __init__.py).
+RANKS = {
+    "machine": 0, "machine.platforminfo": 0, "machine.backends": 0, "machine.memory": 1, "machine.envinfo": 1,
+    "machine.runenv": 2,
+    "dispatch.base": 1, "dispatch.chips": 2, "dispatch.metal": 2, "dispatch.cuda": 2, "dispatch.cpu": 3, "dispatch": 4,
+    "model.gguf_read": 0, "model.draft_self": 0, "model.native": 0, "model.gguf_gemma": 1, "model": 2,
+    "model.taps": 3, "model.projections": 4, "model.optaps": 4,
+    "caches": 0, "caches.exact": 0, "caches.designs": 0, "caches.plugins": 1, "caches.serve_launch": 2,
+    "measure": 0, "measure.twostats": 1, "measure.speculative": 1, "measure.stack": 2, "measure.diverge": 2,
+    "measure.golden": 2, "measure.history": 2, "measure.batch": 3, "measure.server": 3,
+    "kernels.paths": 6, "kernels.table": 7, "kernels.ops": 8, "kernels.runs": 9, "kernels": 10,
+    "state.reading": 4.1, "state.common": 4.2, "state.rollback": 4.3, "state.trim": 4.3,
+    "state.saveload": 4.3, "state.server_reuse": 4.3, "state.batch": 4.3, "state.sweep": 4.4, "state": 5,
+    "state.bench": 6,  # the test bench for cache fixes (point state, diverge, stack, server at a plug-in)
+    "replay.core": 1, "replay.jitcore": 1.5, "replay.dense": 2, "replay.jitcache": 2, "replay.jit": 2.5,
+    "replay.quant": 3, "replay.jitquant": 4, "replay": 5, "replay.paths": 6, "replay.calib": 6.5, "replay.model": 7,
+    "replay.check": 10, "replay.predict": 11,
+    "fingerprint.probes": 10.1, "fingerprint.recovery": 10.2, "fingerprint.describe": 10.3, "fingerprint": 11,
+    "attribution": 0, "attribution.primitives_operands": 4.5, "attribution.release_ops": 5,
+    "attribution.primitives_ops": 7.5, "attribution.attribute": 8, "attribution.primitives": 8.6,
+    "changelog": 6, "changelog.pages": 7, "changelog.predicted": 12,
+    "view": 0, "view.compare": 11, "view.predict": 11.5, "view.attribute": 11.6, "view.primitives": 11.7,
+    "view.summaries": 12, "view.plots": 12,
+    "cli.golden": 1, "cli.dispatch": 1, "cli.replay": 1, "cli.primitives": 1, "cli.changelog": 1,
+    "cli.attribute": 2, "cli": 3, "cli.doc": 4,
+}
+
+
+def wing(name: str) -> str:
+    return name.partition(".")[0]
+
+
+def rank(name: str) -> tuple[float, float]:
+    """(wing rank, rank inside the wing); a module standing alone is its wing."""
+    return WINGS[wing(name)], RANKS.get(name, 0) if name != wing(name) or name in RANKS else 0
 
 
 def _modules():
@@ -99,29 +112,51 @@ def _imports(name: str, path: Path) -> set[str]:
 
 def test_every_module_has_a_place():
     names = [n for n, _ in _modules()]
-    unknown = [n for n in names if n not in RANKS]
-    assert not unknown, f"modules without a place in the house: {unknown} (add them to RANKS in {__file__})"
+    unknown = [n for n in names if wing(n) not in WINGS or ("." in n and n not in RANKS)
+               or ("." not in n and n and (SRC / n).is_dir() and n not in RANKS)]
+    assert not unknown, f"modules without a place in the house: {unknown} (add them to WINGS/RANKS in {__file__})"
+
+
+def _resolve(dep: str) -> str:
+    """A ``from X import name`` target: the module itself, or the module that holds ``name``."""
+    if dep in RANKS or dep in WINGS:
+        return dep
+    head = dep.rpartition(".")[0]
+    return head if head in RANKS or head in WINGS else dep
 
 
 def test_no_module_imports_one_above_it():
     bad = []
     for name, path in _modules():
         for dep in sorted(_imports(name, path)):
-            if dep not in RANKS:
-                dep = dep.rpartition(".")[0] if dep.rpartition(".")[0] in RANKS else dep
+            dep = _resolve(dep)
             if dep == name:
                 continue
-            if RANKS.get(dep, -1) >= RANKS.get(name, 10**6):
-                bad.append(f"{name or 'gemmdrift'} (rank {RANKS.get(name)}) imports {dep} (rank {RANKS.get(dep)})")
+            if wing(dep) != wing(name):
+                ok = WINGS.get(wing(dep), 10**6) < WINGS.get(wing(name), -1)
+            else:
+                ok = RANKS.get(dep, -1) < RANKS.get(name, 10**6)
+            if not ok:
+                bad.append(f"{name or 'gemmdrift'} (rank {rank(name)}) imports {dep} "
+                           f"(rank {rank(dep) if wing(dep) in WINGS else None})")
     assert not bad, "imports that point upwards (or sideways):\n" + "\n".join(bad)
+
+
+def test_every_wing_is_a_folder_with_a_docstring():
+    for d in sorted(p for p in SRC.iterdir() if p.is_dir() and (p / "__init__.py").exists()):
+        assert d.name in WINGS, f"{d.name}/ is not a wing of the house"
+        assert ast.get_docstring(ast.parse((d / "__init__.py").read_text(encoding="utf-8"))), d.name
 
 
 def test_the_layering_check_sees_a_planted_cycle(tmp_path):
     planted = tmp_path / "stack.py"
-    planted.write_text("def f():\n    from .report import build_report\n    from . import store, metrics\n")
-    deps = _imports("stack", planted)
-    assert deps == {"report", "store", "metrics"}
-    assert [d for d in deps if RANKS[d] >= RANKS["stack"]] != []
+    planted.write_text("def f():\n    from ..report import build_report\n    from .. import store, metrics\n"
+                       "    from .batch import x\n")
+    deps = _imports("measure.stack", planted)
+    assert deps == {"report", "store", "metrics", "measure.batch"}
+    up = [d for d in deps if (WINGS[wing(d)] >= WINGS["measure"]) if wing(d) != "measure"]
+    assert sorted(up) == ["report", "store"]  # another wing above measure/
+    assert RANKS["measure.batch"] >= RANKS["measure.stack"]  # and a module above stack inside its own wing
 
 
 @pytest.mark.parametrize("name", [n for n, _ in _modules() if n not in ("__main__",)])
@@ -131,7 +166,8 @@ def test_every_module_imports(name):
 
 def test_the_cli_defaults_are_the_library_defaults():
     """The CLI's defaults come from the library (gemmdrift.defaults), not copies in argparse."""
-    from gemmdrift import cli, defaults, diverge, history, kernels, suite
+    from gemmdrift import cli, defaults, kernels, suite
+    from gemmdrift.measure import diverge, history
 
     p = cli.build_parser()
     sub = {a.dest: a for a in p._subparsers._group_actions[0].choices["kernels"]._actions}
@@ -146,3 +182,23 @@ def test_the_cli_defaults_are_the_library_defaults():
     assert p.parse_args(["gate"]).threshold == history.GATE_THRESHOLD
     # triage: the schedule written in the stream file, else defaults.SCHEDULE_SPECULATIVE (cmd_triage, issue 25)
     assert p.parse_args(["triage", "--stream-a", "a", "--stream-b", "b"]).schedule_b is None
+
+
+def test_the_documented_paths_still_work():
+    """The plug-in paths and ``python -m`` entries the docs gave before the wings still load the same code."""
+    import subprocess
+    import sys
+
+    from gemmdrift.caches import designs, exact, plugins
+
+    assert plugins.load_cache_impl("gemmdrift.exact_cache:make_cache").obj is exact.make_cache
+    assert plugins.load_rollback("gemmdrift.exact_cache:rollback").obj is exact.rollback
+    assert plugins.load_cache_impl("gemmdrift.cache_designs:unroll_cut").obj is designs.unroll_cut
+    for old, new in [("release_ops", "attribution.release_ops"), ("serve_launch", "caches.serve_launch"),
+                     ("clidoc", "cli.doc")]:
+        shim = importlib.import_module(f"gemmdrift.{old}")
+        assert shim.main is importlib.import_module(f"gemmdrift.{new}").main, old
+    doc = SRC.parent.parent / "docs" / "commands.md"
+    r = subprocess.run([sys.executable, "-m", "gemmdrift.clidoc", "--check", str(doc)], capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0, r.stderr

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from gemmdrift import memory
+from gemmdrift.machine import memory
 from gemmdrift.errors import GemmdriftError
 
 GB = 10**9
@@ -66,7 +66,8 @@ def test_workers_get_the_device_type_and_index():
 
 @pytest.mark.slow
 def test_the_server_refuses_before_loading_when_its_copies_do_not_fit(monkeypatch, capsys):
-    from gemmdrift import cli, models, server
+    from gemmdrift import cli, model as models
+    from gemmdrift.measure import server
 
     monkeypatch.setattr(memory, "device_budget", lambda: (10**6, "Metal's recommended working set"))
     monkeypatch.setattr(models, "load_model", lambda *a, **k: pytest.fail("the model loaded before the check"))
@@ -81,7 +82,7 @@ def test_the_server_refuses_before_loading_when_its_copies_do_not_fit(monkeypatc
 def test_the_server_frees_its_copy_while_the_servers_run_and_reloads_it(monkeypatch):
     import numpy as np
 
-    from gemmdrift import server
+    from gemmdrift.measure import server
 
     target = memory.checkpoint_bytes(server.checkpoint_dir("embedded"))
     # Room for one copy and a bit, not two: gemmdrift's copy must go while the servers run.
@@ -101,8 +102,8 @@ def test_the_server_frees_its_copy_while_the_servers_run_and_reloads_it(monkeypa
     assert seen["during"] is None and seen["after"] is not None
     assert r.details["inprocess"]["tokens"]  # the in-process reference ran before the copy was freed
     # The reloaded model computes what the first did.
-    from gemmdrift.diverge import generate_plain
-    from gemmdrift.models import load_model
+    from gemmdrift.measure.diverge import generate_plain
+    from gemmdrift.model import load_model
 
     ids = server.request_ids(load_model(str(server.checkpoint_dir("embedded")), dtype="float32"),
                              "The capital of France is")

@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from conftest import make_tiny
-from gemmdrift import gguf_gemma, models
+from gemmdrift.model import gguf_gemma
+from gemmdrift import model as models
 from gemmdrift.errors import GemmdriftError
 
 SENTENCE = "The keeper wound the clock every four hours, and he wrote the weather in his ledger."

@@ -4,9 +4,10 @@ import numpy as np
 import pytest
 
 from conftest import make_tiny
-from gemmdrift import metrics, optaps
+from gemmdrift import metrics
+from gemmdrift.model import optaps
 from gemmdrift.errors import GemmdriftError
-from gemmdrift.taps import common_prefix, run_schedule
+from gemmdrift.model.taps import common_prefix, run_schedule
 
 TOKENS = np.random.default_rng(0).integers(0, 97, 128).tolist()
 DECODE, VERIFY = "prefill:2,decode", "prefill:2,verify:2"

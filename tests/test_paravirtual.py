@@ -11,7 +11,7 @@ import pytest
 
 from gemmdrift import cli
 from gemmdrift.dispatch import chip_from_env, not_a_chip
-from gemmdrift.envinfo import metal_generation
+from gemmdrift.machine.envinfo import metal_generation
 from gemmdrift.errors import GemmdriftError
 
 RECORDS = json.loads((Path(__file__).parent / "data" / "env_records.json").read_text())
@@ -54,7 +54,7 @@ def test_dispatch_from_a_paravirtual_record_is_one_line_exit_2(tmp_path, capsys)
 
 
 def test_replay_check_on_a_paravirtual_device_says_so_before_any_model():
-    from gemmdrift.kernels.replay_check import check_replay
+    from gemmdrift.replay.check import check_replay
 
     with pytest.raises(GemmdriftError, match="paravirtual GPU.*give --chip"):
         check_replay(None, {}, [], env=PARAVIRTUAL)

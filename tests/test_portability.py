@@ -52,8 +52,9 @@ def test_seeded_synthetic_draws_keep_their_values():
 
     # Drawn on the CPU stream now (a GPU's erfinv may differ in the last bits); on this CPU the values are
     # those drawn before the change, bit for bit (the hashes were taken from main before it).
-    from gemmdrift import models, state
-    from gemmdrift.kernels import capture, paths
+    from gemmdrift import model as models, state
+    from gemmdrift.model import projections as capture
+    from gemmdrift.kernels import paths
 
     k, v = state._synthetic_kv(40, heads=2)
     # numpy Generator draws since issue 31 (portable across platforms and chips; mx.random.normal's were
@@ -77,7 +78,7 @@ def test_seeded_synthetic_draws_keep_their_values():
 def test_selecting_a_device_after_mlx_lm_generate_warns(monkeypatch, capsys):
     import mlx.core as mx
 
-    from gemmdrift import envinfo
+    from gemmdrift.machine import envinfo
 
     assert envinfo.generation_stream_warning(mx.Device(mx.cpu), mx.Device(mx.cpu)) is None
     msg = envinfo.generation_stream_warning(mx.Device(mx.gpu), mx.Device(mx.cpu))

@@ -1,4 +1,4 @@
-"""The main job's prediction part (gemmdrift.predict): known answers on the tiny model."""
+"""The main job's prediction part (gemmdrift.replay.predict): known answers on the tiny model."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 
 from conftest import make_tiny
-from gemmdrift import predict
+from gemmdrift.replay import predict
 from gemmdrift.errors import GemmdriftError
 
 TOKENS = [2, 5, 9, 11, 40]
@@ -35,8 +35,8 @@ def test_a_planted_recipe_difference_gives_the_drift_of_the_same_two_runs_comput
     """M1 with mma=H4 (MMA-Sim's aligned-and-truncated fused sum) differs from decode's gemv at T=3: the part's
     per-layer rel_l2 and max_abs equal numpy on the same two runs made directly under the replay (no shared
     prefix, no measure_stack, no decode reference shared from mma=H1's checkpoint)."""
-    from gemmdrift.kernels.replay_model import replayed
-    from gemmdrift.taps import run_schedule
+    from gemmdrift.replay.model import replayed
+    from gemmdrift.model.taps import run_schedule
 
     result, _ = run
     pos = np.arange(1, 5)
@@ -108,7 +108,7 @@ def test_cuda_verify_is_refused_and_only_its_gemv_decode_is_shown(run):
 
 
 def test_resume_reruns_nothing_and_gives_the_same_tables(lm, run, monkeypatch):
-    from gemmdrift import taps
+    from gemmdrift.model import taps
 
     result, ck = run
 
@@ -155,7 +155,7 @@ def test_bad_sizes_are_one_line_errors(sizes, needle):
 
 def test_report_renders_the_part_and_an_older_run_without_it(lm, run, tmp_path):
     from gemmdrift import files, report, store
-    from gemmdrift.stack import measure_stack
+    from gemmdrift.measure.stack import measure_stack
 
     result, _ = run
     old = tmp_path / "old"
@@ -177,7 +177,7 @@ def test_report_renders_the_part_and_an_older_run_without_it(lm, run, tmp_path):
     assert "not knowable" in md
     back = store.read_result(new / "predict")  # read back from disk: the same figures
     assert dict(back.figures) == dict(result.figures)
-    from gemmdrift import summaries
+    from gemmdrift.view import summaries
 
     text = summaries.text(back)
     assert "Predicted GPU drift (replay)" in text and "not knowable (mlx" in text
@@ -187,7 +187,7 @@ def test_the_main_job_keys_the_part_by_its_own_sizes_and_leaves_the_other_keys_a
     from dataclasses import asdict, replace
 
     from gemmdrift import suite
-    from gemmdrift.models import resume_key
+    from gemmdrift.model import resume_key
 
     s = suite.SIZES["quick"]
     assert suite._key("stack-decode", lm, s) == resume_key(lm.description, "stack-decode", asdict(s))

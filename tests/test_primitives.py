@@ -15,10 +15,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gemmdrift import metrics, primitives
+from gemmdrift import metrics
+from gemmdrift.attribution import primitives
 from gemmdrift.errors import GemmdriftError
-from gemmdrift.primitives_operands import model_ops, quant_for, seeded
-from gemmdrift.primitives_ops import Probe, parity
+from gemmdrift.attribution.primitives_operands import model_ops, quant_for, seeded
+from gemmdrift.attribution.primitives_ops import Probe, parity
 
 SMALL = "shape:gemma3-270m"  # the embedded Gemma's shapes (K=640), no GGUF needed
 
@@ -131,7 +132,7 @@ def test_quantization_as_it_ships_per_module():
 
 @pytest.fixture
 def quantized_dir(tmp_path):
-    from gemmdrift.models import SHAPES
+    from gemmdrift.model import SHAPES
 
     config = {**SHAPES["gemma3-270m"], "torch_dtype": "bfloat16",
               "quantization": {"group_size": 64, "bits": 4, "mode": "affine",
@@ -174,8 +175,8 @@ def test_a_planted_device_with_another_reduction_order_for_t_above_1_shows_diffe
     The float32 sums differ in their last bits; after rounding to bf16 only a byte or two of q_proj's 2048 per
     position moves (whether any does is draw-dependent, as lablup/mlxcel notes): the full N=1024 is needed to see it.
     """
-    from gemmdrift.kernels.replay_paths import plan_for, run_plan
-    from gemmdrift.primitives_ops import _linear_operands
+    from gemmdrift.replay.paths import plan_for, run_plan
+    from gemmdrift.attribution.primitives_ops import _linear_operands
 
     g = primitives.gate(SMALL, ts=[1, 2, 4], ops=["q_proj"], kernels="replay:M1", fail_closed=False)
     t = g.table.set_index("T")
@@ -259,7 +260,7 @@ def test_exact_needs_every_width_up_to_k_plus_1_measured_and_equal():
 def _local_drift_below_the_window(lm, k: int) -> dict[int, float]:
     """frac_differ of each layer's local drift, decode vs verify:k, over positions below the sliding window
     (stack's local mode: every layer fed the reference's own input)."""
-    from gemmdrift.stack import measure_stack
+    from gemmdrift.measure.stack import measure_stack
 
     from tests.test_taps_stack import TOKENS
 
@@ -328,7 +329,7 @@ def _cli(argv, capsys):
 def test_the_flags_reuse_a_parsers_own_and_run_is_none_without_primitives():
     import argparse
 
-    from gemmdrift import primitives_cli
+    from gemmdrift.cli import primitives as primitives_cli
 
     p = argparse.ArgumentParser()
     p.add_argument("--model", default="elsewhere")
@@ -350,7 +351,7 @@ def test_the_flags_reuse_a_parsers_own_and_run_is_none_without_primitives():
     (["--operand-seed", "x"], "--operand-seed"),
 ])
 def test_bad_input_on_the_command_line_is_one_line_and_exit_2(argv, needle, capsys, monkeypatch, tmp_path):
-    from gemmdrift import primitives_ops
+    from gemmdrift.attribution import primitives_ops
 
     monkeypatch.setattr(primitives_ops, "parity", lambda *a, **k: pytest.fail("computed despite bad input"))
     code, out, err = _cli(["--primitives", "--model", SMALL, *argv, "--out", str(tmp_path / "o")], capsys)
@@ -417,7 +418,7 @@ def test_the_gate_benchmark_tracks_the_verdict():
 def test_several_seeds_each_checked_and_equal_only_if_equal_on_all(monkeypatch):
     """An op is equal only if it is on every seed's draws: a planted op that differs on one seed's draws only
     (as a one-byte difference can) makes the whole row unequal, and the gate not exact."""
-    from gemmdrift import primitives_ops
+    from gemmdrift.attribution import primitives_ops
 
     real = primitives_ops.parity
 
@@ -438,7 +439,7 @@ def test_several_seeds_each_checked_and_equal_only_if_equal_on_all(monkeypatch):
     g = primitives.gate(SMALL, ts=[1, 2], ops=["k_norm"], seed=[1165, 7], fail_closed=False)
     assert sorted(set(g.table["seed"])) == [7, 1165] and len(g.table) == 2 * 2 * 2  # layouts x seeds x T
     assert not g.exact(1) and g.exact(0)
-    from gemmdrift.primitives_view import text
+    from gemmdrift.view.primitives import text
 
     line = next(x for x in text(g).splitlines() if x.startswith("self_attn.k_norm"))
     assert line.split()[-2:] == ["=", "1B"]
@@ -446,7 +447,7 @@ def test_several_seeds_each_checked_and_equal_only_if_equal_on_all(monkeypatch):
 
 
 def test_a_multimodal_config_nests_its_text_model_and_its_quantization_paths():
-    from gemmdrift.models import SHAPES
+    from gemmdrift.model import SHAPES
 
     cfg = {"model_type": "gemma3", "text_config": dict(SHAPES["gemma3-270m"]), "vision_config": {},
            "torch_dtype": "float16", "quantization": {"group_size": 64, "bits": 4,
@@ -458,7 +459,7 @@ def test_a_multimodal_config_nests_its_text_model_and_its_quantization_paths():
 
 
 def test_the_command_computes_in_the_configs_dtype_unless_told(tmp_path, capsys):
-    from gemmdrift.models import SHAPES
+    from gemmdrift.model import SHAPES
 
     (tmp_path / "config.json").write_text(json.dumps({**SHAPES["gemma3-270m"], "torch_dtype": "float16"}))
     code, out, err = _cli(["--primitives", "--model", str(tmp_path), "--ops", "k_norm", "--ts", "1-2", "--json"],
@@ -482,7 +483,7 @@ def _gate_verdicts(g) -> dict[tuple[str, int], bool]:
 
 
 def _attribution_ops(lm, k: int):
-    from gemmdrift.attribute import attribute
+    from gemmdrift.attribution.attribute import attribute
 
     from tests.test_taps_stack import TOKENS
 
@@ -508,7 +509,7 @@ def _matched(ops, verdicts, n_layers):
 
 @pytest.mark.linux_cpu_reference
 def test_an_op_the_gate_calls_equal_carries_no_local_drift_in_the_whole_model_attribution():
-    """The issue's cross-check against the whole-model attribution (gemmdrift.attribute, local drift per op
+    """The issue's cross-check against the whole-model attribution (gemmdrift.attribution.attribute, local drift per op
     and layer): below the window, every (layer, op) the gate calls bit-equal for T = 1..k+1 carries exactly 0
     local drift under decode vs verify:k. A planted row-dependent norm (one ULP on multi-row calls) turns both
     at once: the gate calls exactly the norms unequal, and the attribution finds drift in exactly those."""

@@ -30,7 +30,7 @@ class Loaded(Exception):
 
 @pytest.fixture
 def no_model(monkeypatch):
-    from gemmdrift import models
+    from gemmdrift import model as models
 
     def refuse(*a, **k):
         raise Loaded()
@@ -148,7 +148,8 @@ def test_a_failed_write_loses_nothing(tmp_path):
 
 def test_batch_and_server_refuse_n_above_positions(monkeypatch, capsys, tmp_path):
     """Refused after the model loads (its positions are in its config) and before any generation."""
-    from gemmdrift import batch, models, server
+    from gemmdrift.measure import batch, server
+    from gemmdrift import model as models
 
     from test_interrupts import _Tok
 
@@ -196,7 +197,9 @@ def test_history_closes_its_figures(tmp_path, monkeypatch):
     selection draws 371, and matplotlib warned after 20)."""
     import matplotlib.pyplot as plt
 
-    from gemmdrift import history, plots, store
+    from gemmdrift.measure import history
+    from gemmdrift.view import plots
+    from gemmdrift import store
 
     plt.close("all")
     r = history.history_result(history.read_results([str(REPO / "benchmarks" / "reference")]),

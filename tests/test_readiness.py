@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 
 from conftest import make_tiny
-from gemmdrift import envinfo, runenv, state
+from gemmdrift.machine import envinfo, runenv
+from gemmdrift import state
 from gemmdrift.result import Verdict
 
 
@@ -50,7 +51,7 @@ def test_every_measuring_command_forces_true_float32_before_its_handler(monkeypa
         seen["var"], seen["policy"] = os.environ.get("MLX_ENABLE_TF32"), envinfo.TF32_POLICY
         return 0
 
-    from gemmdrift import attribute_cli, goldcli, replay_cli
+    from gemmdrift.cli import attribute as attribute_cli, golden as goldcli, replay as replay_cli
 
     required = {"triage": ["--stream-a", "a", "--stream-b", "b"]}
     # Commands whose handler lives in their own module.
@@ -142,7 +143,7 @@ def test_the_state_ladder_probes_its_rung(tf32_rung):
 
 
 def test_batch_ladder_on_a_tf32_rung_says_unreliable(tf32_rung):
-    from gemmdrift import batch
+    from gemmdrift.measure import batch
     from test_batch import LONG, TARGET
 
     rows = batch.sweep(make_tiny("bfloat16"), TARGET, {"long": LONG}, 8, batch_sizes=(2,), rows="ends",
@@ -152,7 +153,7 @@ def test_batch_ladder_on_a_tf32_rung_says_unreliable(tf32_rung):
 
 
 def test_stack_does_not_track_a_tf32_figure_under_a_float32_name():
-    from gemmdrift.stack import measure_stack, stack_result
+    from gemmdrift.measure.stack import measure_stack, stack_result
 
     from test_taps_stack import TOKENS
 
@@ -203,7 +204,7 @@ def _planted_device(monkeypatch, **fields):
 
 
 def test_resume_keys_change_with_the_device_and_every_mlx_variable(monkeypatch):
-    from gemmdrift.models import resume_key
+    from gemmdrift.model import resume_key
 
     d = make_tiny().description
     key = resume_key(d, "part")
@@ -223,7 +224,7 @@ def test_resume_keys_change_with_the_device_and_every_mlx_variable(monkeypatch):
 
 
 def test_a_stack_resumed_on_another_device_recomputes(tmp_path, monkeypatch, capsys):
-    from gemmdrift.stack import measure_stack
+    from gemmdrift.measure.stack import measure_stack
 
     from test_taps_stack import TOKENS
 
@@ -287,7 +288,7 @@ def test_fp16_subnormals_are_checked_before_fp16_fingerprints(monkeypatch):
     assert list(t[t["path"] == "matmul:float16"]["status"]) == [fp.FP16_FLUSHED]
     assert "matmul:float16.unrecovered" not in r.figures  # not an unrecoverable kernel: no figure at all
     assert r.figure("matmul:float32.unrecovered") == 0.0
-    from gemmdrift import summaries
+    from gemmdrift.view import summaries
 
     assert summaries.summary(r)["paths"]["matmul:float16"]["status"] == fp.FP16_FLUSHED
     assert "matmul:float16     fp16 subnormals flushed on this device" in summaries.text(r)

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from conftest import make_tiny
-from gemmdrift import release_ops as ro
+from gemmdrift.attribution import release_ops as ro
 from gemmdrift.errors import GemmdriftError
 
 PLANT = """import os
@@ -97,7 +97,7 @@ def test_another_interpreter_is_probed_before_any_model_loads(tmp_path):
         ro.probe_python(str(sh))
     info = ro.probe_python(sys.executable)
     assert info["mlx"] == ro.this_python()["mlx"]
-    r = subprocess.run([sys.executable, "-m", "gemmdrift.release_ops", "compare", "--python", str(tmp_path / "nope"),
+    r = subprocess.run([sys.executable, "-m", "gemmdrift.attribution.release_ops", "compare", "--python", str(tmp_path / "nope"),
                         "--out", str(tmp_path / "o")], capture_output=True, text=True)
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
     assert not (tmp_path / "o").exists()

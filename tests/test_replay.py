@@ -15,9 +15,9 @@ import pytest
 
 from gemmdrift import fingerprint as F
 from gemmdrift.errors import GemmdriftError
-from gemmdrift.kernels import replay as R
-from gemmdrift.kernels import replay_core as C
-from gemmdrift.kernels.replay_paths import parse_replay_path, plan_for
+from gemmdrift import replay as R
+from gemmdrift.replay import core as C
+from gemmdrift.replay.paths import parse_replay_path, plan_for
 
 TS = (1, 2, 3, 4, 8, 16, 33)
 
@@ -144,7 +144,7 @@ def test_a_wrong_order_is_not_identical():
 def test_variants_change_bits_and_are_named():
     """Every variant is a different order: the float32 accumulators differ (the bf16 outputs rarely do, which
     is the drift being studied), and each result names its variant."""
-    from gemmdrift.kernels import replay_dense as D
+    from gemmdrift.replay import dense as D
 
     rng = np.random.default_rng(4)
     x = C.round_to(rng.standard_normal((2, 1024)).astype(np.float32), "bfloat16")
@@ -158,7 +158,7 @@ def test_variants_change_bits_and_are_named():
     names = [R.replay_matmul("steel_gemm", x[:1], w[:8], dtype="bfloat16", params={"bk": 32}, variant=f"mma={v}").variant
              for v in D.MMA8]
     assert names == [f"mma={v}" for v in D.MMA8]
-    from gemmdrift.kernels import replay_quant as Q
+    from gemmdrift.replay import quant as Q
 
     q = rng.integers(0, 16, size=(64, 1024)).astype(np.float32)
     sc = C.round_to(rng.random((64, 16)).astype(np.float32) * 0.01, "bfloat16")
@@ -174,7 +174,7 @@ def test_variants_change_bits_and_are_named():
 
 def test_bias_rules_differ_where_the_source_says():
     # gemv rounds the accumulator to bf16 before a native bf16 bias add; steel rounds acc + bias once.
-    from gemmdrift.kernels.replay_dense import epilogue
+    from gemmdrift.replay.dense import epilogue
 
     acc = np.array([1.0 + 2 ** -8 + 2 ** -12], np.float32)  # just above a bf16 tie: bf16(acc) = 1 + 2**-7
     bias = np.array([2.0 ** -8], np.float32)
@@ -381,7 +381,7 @@ GROUPS = ("layer 0", "last layer", "lm_head rows 0-4095")
 @pytest.mark.parametrize("group", GROUPS)
 @pytest.mark.parametrize("path", ["dense:bfloat16", "dense:float32", "quant:affine-q4-g64", "quant:affine-q8-g64"])
 def test_replay_cpu_is_bit_identical_to_mlx_on_the_embedded_gemma(embedded, gemma_rows, path, group):
-    from gemmdrift.kernels.replay_check import check_replay
+    from gemmdrift.replay.check import check_replay
 
     projs, rows = gemma_rows
     layer = {GROUPS[0]: 0, GROUPS[1]: embedded.n_layers - 1, GROUPS[2]: embedded.n_layers}[group]
@@ -427,7 +427,7 @@ def test_recipe_for_takes_a_dispatch_choice():
     (["--mlx-version", "abc"], "cannot read mlx version"),
 ])
 def test_replay_check_bad_input_exits_2_before_loading(argv, match, capsys, monkeypatch):
-    from gemmdrift import cli, models
+    from gemmdrift import cli, model as models
 
     monkeypatch.setattr(models, "load_model", lambda *a, **k: pytest.fail("the model was loaded"))
     assert cli.main(["replay", "check", *argv]) == 2
@@ -488,7 +488,7 @@ def test_the_model_under_replay_cpu_is_the_model_bit_for_bit_and_under_m3_a_pred
     import mlx.core as mx
     from mlx_lm.models.cache import make_prompt_cache
 
-    from gemmdrift.kernels.replay_model import replayed
+    from gemmdrift.replay.model import replayed
 
     tokens = mx.array([[3, 14, 15, 92, 65, 35, 89, 79]])
 
@@ -512,8 +512,8 @@ def test_the_model_under_replay_cpu_is_the_model_bit_for_bit_and_under_m3_a_pred
 
 
 def test_stack_under_replay_cpu_equals_stack_and_under_m3_says_it_is_a_prediction(tiny):
-    from gemmdrift.kernels.replay_model import KernelsOption
-    from gemmdrift.stack import measure_stack
+    from gemmdrift.replay.model import KernelsOption
+    from gemmdrift.measure.stack import measure_stack
 
     toks = [3, 14, 15, 92, 65, 35, 89, 79, 32, 38, 46, 26, 43, 38, 32, 79]
     scheds = ["prefill:8,decode", "prefill:8,verify:3"]
@@ -539,7 +539,7 @@ def test_stack_under_replay_cpu_equals_stack_and_under_m3_says_it_is_a_predictio
     (["--kernels", "replay:M3", "--ladder"], "--ladder with --kernels"),
 ])
 def test_stack_kernels_bad_input_exits_2_before_loading(argv, match, capsys, monkeypatch, tmp_path):
-    from gemmdrift import cli, models
+    from gemmdrift import cli, model as models
 
     monkeypatch.setattr(models, "load_model", lambda *a, **k: pytest.fail("the model was loaded"))
     assert cli.main(["stack", "--out", str(tmp_path / "s"), *argv]) == 2

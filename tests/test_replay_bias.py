@@ -12,8 +12,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gemmdrift.kernels import replay as R
-from gemmdrift.kernels.replay_paths import plan_for
+from gemmdrift import replay as R
+from gemmdrift.replay.paths import plan_for
 
 K, N = 640, 2048  # Gemma 3 270M's hidden -> FFN shape, where the IndexError was seen (M1, T = 1)
 

@@ -15,12 +15,12 @@ import numpy as np
 import pytest
 
 from gemmdrift.errors import GemmdriftError
-from gemmdrift.kernels import replay as R
-from gemmdrift.kernels import replay_dense as rd
-from gemmdrift.kernels import replay_quant as rq
-from gemmdrift.kernels.replay_core import round_to
-from gemmdrift.kernels.replay_jit import dense_acc
-from gemmdrift.kernels.replay_jitquant import quant_acc
+from gemmdrift import replay as R
+from gemmdrift.replay import dense as rd
+from gemmdrift.replay import quant as rq
+from gemmdrift.replay.core import round_to
+from gemmdrift.replay.jit import dense_acc
+from gemmdrift.replay.jitquant import quant_acc
 
 TS = (1, 3, 8, 16, 33)  # T classes: the GEMV, the small batches 2..8, 16, and a block past 32
 
@@ -219,8 +219,8 @@ def test_fma_is_correctly_rounded_where_the_addend_is_below_half_an_ulp():
     (found by the compiled engine: the numpy emulation used to round such ties to even)."""
     import fractions
 
-    from gemmdrift.kernels import replay_core as C
-    from gemmdrift.kernels.replay_jitcore import fma32, njit
+    from gemmdrift.replay import core as C
+    from gemmdrift.replay.jitcore import fma32, njit
 
     @njit
     def hw(a, b, c, out):
@@ -249,8 +249,8 @@ def test_fma_is_correctly_rounded_where_the_addend_is_below_half_an_ulp():
 
 
 def test_compiled_min_nonzero_decides_ftz_as_numpy_does():
-    from gemmdrift.kernels import replay_core as C
-    from gemmdrift.kernels.replay_jitcore import min_nonzero
+    from gemmdrift.replay import core as C
+    from gemmdrift.replay.jitcore import min_nonzero
 
     cases = [np.zeros((3, 4)), [[0.0, -0.0, np.nan, 3e-45, -1e-40]], [[np.inf, 0.0]], [[np.nan, -2.5, 7.0]],
              np.random.default_rng(0).standard_normal((64, 33)) * 1e-39]
@@ -267,7 +267,7 @@ def test_numba_caches_under_gemmdrift_s_cache_unless_the_user_chose(tmp_path):
     import subprocess
     import sys
 
-    code = ("from gemmdrift.kernels import replay as R; R.replay_engine(); import numba; "
+    code = ("from gemmdrift import replay as R; R.replay_engine(); import numba; "
             "print(numba.config.CACHE_DIR)")
     env = {k: v for k, v in os.environ.items() if k not in ("NUMBA_CACHE_DIR", "GEMMDRIFT_REPLAY_ENGINE")}
     env["GEMMDRIFT_CACHE"] = str(tmp_path / "g")
@@ -285,7 +285,7 @@ def test_a_kernel_s_first_compile_holds_the_compile_lock(tmp_path, monkeypatch):
 
     from numba import njit
 
-    from gemmdrift.kernels.replay_jitcore import compile_once
+    from gemmdrift.replay.jitcore import compile_once
 
     @compile_once
     @njit
@@ -319,7 +319,7 @@ def test_two_processes_on_an_empty_cache_compile_a_kernel_once(tmp_path):
     import subprocess
     import sys
 
-    code = ("import sys, time, pathlib; import numpy as np; from gemmdrift.kernels import replay_jitcore as C; "
+    code = ("import sys, time, pathlib; import numpy as np; from gemmdrift.replay import jitcore as C; "
             "d = pathlib.Path(sys.argv[1]); (d / ('ready' + sys.argv[2])).touch()\n"
             "while not (d / 'go').exists(): time.sleep(0.005)\n"
             "assert C.min_nonzero(np.array([0, 3, 2], np.float32)) == 2.0; s = C._min_key.kernel.stats\n"

@@ -7,12 +7,12 @@ import numpy as np
 import pytest
 
 from gemmdrift.errors import GemmdriftError
-from gemmdrift.kernels import replay as R
-from gemmdrift.kernels import replay_jitcache as JC
-from gemmdrift.kernels import replay_quant as rq
-from gemmdrift.kernels.replay_check import seeded_q4_weight
-from gemmdrift.kernels.replay_core import round_to
-from gemmdrift.kernels.replay_jitquant import prepare
+from gemmdrift import replay as R
+from gemmdrift.replay import jitcache as JC
+from gemmdrift.replay import quant as rq
+from gemmdrift.replay.check import seeded_q4_weight
+from gemmdrift.replay.core import round_to
+from gemmdrift.replay.jitquant import prepare
 
 
 def _same(a, b) -> bool:
@@ -120,7 +120,7 @@ def test_the_lm_head_s_chunks_are_cached_one_entry_each(monkeypatch, cache):
 
 
 def test_speed_ratio_times_the_first_call_on_an_emptied_cache_and_the_cached_call(cache):
-    from gemmdrift.kernels.replay_check import speed_ratio
+    from gemmdrift.replay.check import speed_ratio
 
     f = speed_ratio("qmv", 1, 128, 64, reps=3)
     # Each round: one miss (the cache emptied first), then one hit.

@@ -19,7 +19,7 @@ def _state_bits(cache) -> list[np.ndarray]:
 
 def _spy(monkeypatch):
     """Record every prefix stack makes and the prefix each run starts from."""
-    from gemmdrift import stack
+    from gemmdrift.measure import stack
 
     made, used = [], []
     real_prefix, real_run = stack.common_prefix, stack.run_schedule
@@ -40,9 +40,9 @@ def _spy(monkeypatch):
 
 def test_stack_under_replay_shares_one_native_prefix(monkeypatch):
     from conftest import make_tiny
-    from gemmdrift.kernels.replay_model import KernelsOption, replayed
-    from gemmdrift.stack import measure_stack
-    from gemmdrift.taps import common_prefix
+    from gemmdrift.replay.model import KernelsOption, replayed
+    from gemmdrift.measure.stack import measure_stack
+    from gemmdrift.model.taps import common_prefix
 
     tiny = make_tiny(seed=1, hidden_size=256, intermediate_size=512)  # wide enough for M3's order to show
 
@@ -75,8 +75,8 @@ def test_stack_under_replay_shares_one_native_prefix(monkeypatch):
 
 
 def test_stack_under_replay_cpu_with_native_prefix_equals_the_measured_run(tiny):
-    from gemmdrift.kernels.replay_model import KernelsOption
-    from gemmdrift.stack import measure_stack
+    from gemmdrift.replay.model import KernelsOption
+    from gemmdrift.measure.stack import measure_stack
 
     plain = measure_stack(tiny, TOKS, SCHEDS, split=8, local=True, workers=1)
     opt = KernelsOption("replay:cpu")
@@ -88,8 +88,8 @@ def test_stack_under_replay_cpu_with_native_prefix_equals_the_measured_run(tiny)
 
 def test_measure_stack_under_replay_refuses_workers_and_the_ladder(tiny):
     from gemmdrift.errors import GemmdriftError
-    from gemmdrift.kernels.replay_model import replayed
-    from gemmdrift.stack import measure_stack
+    from gemmdrift.replay.model import replayed
+    from gemmdrift.measure.stack import measure_stack
 
     with replayed(tiny, "M3"):
         with pytest.raises(GemmdriftError, match="one process"):
@@ -108,7 +108,7 @@ def _kernel_inputs(lm, names=("q_proj", "mlp.down_proj", "lm_head")):
 
 def test_kernels_replayed_on_cpu_is_the_measured_table_and_says_what_it_skipped(tiny):
     from gemmdrift import kernels
-    from gemmdrift.kernels.replay_model import KernelsOption
+    from gemmdrift.replay.model import KernelsOption
 
     projs, inputs = _kernel_inputs(tiny)
     paths = ["model", "quant:affine-q4-g64", "emulated:splitk4"]
@@ -129,14 +129,14 @@ def test_kernels_replayed_on_cpu_is_the_measured_table_and_says_what_it_skipped(
     t1 = [c for c in rec["calls"] if c["projection"] == name and c["T"] == 1]
     assert sum(c["count"] for c in t1) == 2 * (8 + 1)  # two paths: 8 distinct rows, and the repeat, each
     assert {c["T"] for c in rec["calls"] if c["projection"] == name} == {1, 2, 3, 4, 8}
-    from gemmdrift import summaries
+    from gemmdrift.view import summaries
 
     assert summaries.text(r).startswith("PREDICTION for cpu") and summaries.summary(r)["replay"]["prediction"]
 
 
 def test_kernels_replayed_on_sm90_and_m5_skip_the_unknowable_block_sizes(tiny):
     from gemmdrift import kernels
-    from gemmdrift.kernels.replay_model import KernelsOption
+    from gemmdrift.replay.model import KernelsOption
 
     projs, inputs = _kernel_inputs(tiny, ("q_proj",))
     opt = KernelsOption("replay:sm90")
@@ -159,29 +159,32 @@ def test_a_replayed_kernels_unit_builds_its_own_proxy_from_the_text(tiny):
     """What a worker process runs (the job carries replay:<chip> as text) is the unit the sweep measured."""
     from gemmdrift import kernels
     from gemmdrift.errors import GemmdriftError
-    from gemmdrift.kernels.replay_model import KernelsOption
+    from gemmdrift.replay.model import KernelsOption
     from gemmdrift.kernels.runs import _unit_job
+    from gemmdrift.replay.model import replay_operator
 
     projs, inputs = _kernel_inputs(tiny, ("q_proj",))
     text = "replay:M3@dot4=pairwise"
     r = kernels.measure_kernels(tiny, inputs, projs, ["model"], [1, 2, 3], workers=1, kernels=KernelsOption(text))
     p = projs[0]
     unit = _unit_job(tiny, layer=p.layer, name=p.name, path="model", rows=inputs[p.key], plan=[2, 3],
-                     repeat_t1=True, synthetic=True, kind="captured", unit_file=None, kernels=text)
+                     repeat_t1=True, synthetic=True, kind="captured", unit_file=None, kernels=text,
+                     wrap=replay_operator)
     cols = ["T", "metric", "value"]
     assert unit[cols].reset_index(drop=True).equals(r.tables["kernels"][cols].reset_index(drop=True))
     # The proxy really computes the unit (here bf16 rounds M3's and this CPU's float32 sums alike): unplanned,
     # sm90's T=2 reaches cuBLASLt, whose order nobody knows, and is refused rather than computed natively.
     with pytest.raises(GemmdriftError, match="cuBLASLt"):
         _unit_job(tiny, layer=p.layer, name=p.name, path="model", rows=inputs[p.key], plan=[2], repeat_t1=True,
-                  synthetic=True, kind="captured", unit_file=None, kernels="replay:sm90")
+                  synthetic=True, kind="captured", unit_file=None, kernels="replay:sm90",
+                  wrap=replay_operator)
 
 
 def test_diverge_and_triage_under_replay(monkeypatch):
     from conftest import make_tiny
-    from gemmdrift import diverge as dv
+    from gemmdrift.measure import diverge as dv
     from gemmdrift.errors import GemmdriftError
-    from gemmdrift.kernels.replay_model import KernelsOption
+    from gemmdrift.replay.model import KernelsOption
 
     lm = make_tiny(seed=1, hidden_size=256, intermediate_size=512, sliding_window_pattern=1)
     prompt = list(range(10, 22))
@@ -219,7 +222,7 @@ def test_diverge_and_triage_under_replay(monkeypatch):
     (["stack", "--replay-prefix"], "--replay-prefix needs --kernels"),
 ])
 def test_kernels_bad_input_exits_2_before_loading(argv, match, capsys, monkeypatch, tmp_path):
-    from gemmdrift import cli, models
+    from gemmdrift import cli, model as models
 
     monkeypatch.setattr(models, "load_model", lambda *a, **k: pytest.fail("the model was loaded"))
     for name in ("a", "b"):
@@ -232,7 +235,7 @@ def test_kernels_bad_input_exits_2_before_loading(argv, match, capsys, monkeypat
 
 def test_a_replayed_result_reads_as_a_prediction_in_its_report(tiny, tmp_path):
     from gemmdrift import kernels, store
-    from gemmdrift.kernels.replay_model import KernelsOption
+    from gemmdrift.replay.model import KernelsOption
     from gemmdrift.report import build_report
 
     projs, inputs = _kernel_inputs(tiny, ("q_proj",))
@@ -247,11 +250,11 @@ def test_a_replayed_result_reads_as_a_prediction_in_its_report(tiny, tmp_path):
 def test_a_replayed_run_resumes_only_from_its_own_checkpoints(tiny):
     """A replayed run with its prefix computed natively has other run keys than this machine's run and than a run
     whose prefix was replayed too (checkpoints made before the prefix was native), so neither is resumed."""
-    from gemmdrift.kernels.replay_model import KernelsOption
-    from gemmdrift.stack import _run_key
+    from gemmdrift.replay.model import KernelsOption
+    from gemmdrift.measure.stack import run_key
 
     pos = np.arange(8, 16)
-    key = lambda: _run_key(tiny, TOKS, SCHEDS[1], "accumulated", "bfloat16", 8, pos, pos)  # noqa: E731
+    key = lambda: run_key(tiny, TOKS, SCHEDS[1], "accumulated", "bfloat16", 8, pos, pos)  # noqa: E731
     native = key()
     keys = {}
     for rp in (False, True):

@@ -21,10 +21,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gemmdrift.kernels import replay as R
-from gemmdrift.kernels import replay_core as C
-from gemmdrift.kernels import replay_dense as rd
-from gemmdrift.kernels import replay_quant as rq
+from gemmdrift import replay as R
+from gemmdrift.replay import core as C
+from gemmdrift.replay import dense as rd
+from gemmdrift.replay import quant as rq
 
 NT = 1024  # independent 8x8x8 problems, as in the probe
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from gemmdrift.dispatch import chip_named, choose, qmv_batch_limit, parse_version
-from gemmdrift.kernels.replay_paths import plan_for, run_plan
+from gemmdrift.replay.paths import plan_for, run_plan
 from gemmdrift.metrics import differing_bytes
 
 MLXCEL_MLX = "0.32.0"  # b7c3dd6d: v0.32.0-5 by git describe (its version.h says 0.32.1-dev)

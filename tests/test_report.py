@@ -12,7 +12,7 @@ import pytest
 from conftest import make_tiny, plant_zero_first_key
 from gemmdrift import kernels, report, store
 from gemmdrift.errors import GemmdriftError
-from gemmdrift.stack import measure_stack
+from gemmdrift.measure.stack import measure_stack
 
 TOKENS = np.random.default_rng(0).integers(0, 97, 128).tolist()
 ENV = {"backend": "cpu", "mlx": "0.32.4", "mlx_lm": "0.32.2", "device_name": "test cpu", "architecture": "x86_64",
@@ -104,7 +104,8 @@ def _triage(verdict, index=3):
 
 
 def test_triage_reading_and_html_page(tmp_path):
-    from gemmdrift import files, plots
+    from gemmdrift import files
+    from gemmdrift.view import plots
 
     t = _triage("OUTSIDE ENVELOPE")
     files.save_figure(tmp_path / "triage.png", plots.triage(t))
@@ -150,7 +151,8 @@ def test_report_input_errors(tmp_path):
 @pytest.mark.skipif(shutil.which("chromium") is None, reason="Debian's chromium is not installed")
 def test_report_renders_in_headless_chromium(tmp_path):
     t = _triage("NEAR-TIE")
-    from gemmdrift import files, plots
+    from gemmdrift import files
+    from gemmdrift.view import plots
 
     files.save_figure(tmp_path / "triage.png", plots.triage(t))
     files.write_json(tmp_path / "triage.json", {"env": ENV, "triage": t})
@@ -178,7 +180,8 @@ def test_ops_reading(tiny, tmp_path):
 
 
 def test_history_page_shows_profiles_and_whole_model_figures(tmp_path):
-    from gemmdrift import files, plots
+    from gemmdrift import files
+    from gemmdrift.view import plots
 
     pd.DataFrame([{"machine": "m1", "backend": "cpu", "series": "s", "0.31.2": 0.5, "0.32.4": 0.52}]).to_csv(
         tmp_path / "history_wide.csv", index=False)
@@ -224,7 +227,7 @@ def test_report_refuses_a_corrupt_json_file_by_name(tmp_path, name, content):
 def test_the_state_legend_explains_every_verdict_a_state_cell_can_show():
     from gemmdrift.report import STATE_LEGEND
     from gemmdrift.result import Verdict
-    from gemmdrift.summaries import STATE_SEVERITY
+    from gemmdrift.view.summaries import STATE_SEVERITY
 
     assert list(STATE_LEGEND) == STATE_SEVERITY  # the legend in the cells' order, nothing missing or extra
     state_verdicts = {Verdict.EXACT, Verdict.ROUNDING, Verdict.STATE_BUG, Verdict.UNRELIABLE, Verdict.REFUSED,

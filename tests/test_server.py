@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from gemmdrift import server
+from gemmdrift.measure import server
 from gemmdrift.errors import GemmdriftError
 
 
@@ -49,7 +49,7 @@ def freed_run():
     the model twice): the embedded Gemma's concurrent case, with room for one copy of the model and a bit, not
     two, so gemmdrift's copy is freed while the server runs and loaded again for the triage. The default plan
     (the copy kept) runs through the real server in test_real_server_chat_completions_path."""
-    from gemmdrift import memory
+    from gemmdrift.machine import memory
 
     target = memory.checkpoint_bytes(server.checkpoint_dir("embedded"))
     said = []
@@ -126,7 +126,7 @@ def test_real_server_chat_completions_path(tmp_path):
     import json
     import os
 
-    from gemmdrift.gguf_gemma import converted_dir, embedded_gguf
+    from gemmdrift.model.gguf_gemma import converted_dir, embedded_gguf
 
     src = converted_dir(embedded_gguf())
     ckpt = tmp_path / "chat"

@@ -145,7 +145,7 @@ def _conf(name):
 
 @pytest.mark.parametrize("name, package", [("asv.cuda.conf.json", "mlx-cuda-13"), ("asv.cuda12.conf.json", "mlx-cuda-12")])
 def test_the_cuda_matrices_pin_released_wheels_with_tf32_off(name, package):
-    from gemmdrift.backends import RELEASES
+    from gemmdrift.machine.backends import RELEASES
 
     cpu, cuda = _conf("asv.conf.json"), _conf(name)
     # Everything but the matrix is the CPU config's: the same benchmarks, build, install and results.
@@ -183,14 +183,14 @@ def test_the_cuda_page_names_the_cuda_releases():
 
 
 def test_installed_backend_wheels_are_listed_from_the_metadata():
-    from gemmdrift.backends import installed
+    from gemmdrift.machine.backends import installed
 
     planted = {"mlx-cpu": "0.32.4", "mlx-cuda-13": "0.32.4"}
     assert installed(planted.get) == planted  # both: the record lists every one, not the first
 
 
 def test_backend_wheel_problems():
-    from gemmdrift.backends import problems
+    from gemmdrift.machine.backends import problems
 
     assert problems({"mlx-cpu": "0.32.4"}, "cpu", False, "0.32.4") == []
     assert problems({"mlx-cuda-13": "0.32.4"}, "cuda", True, "0.32.4") == []
@@ -203,8 +203,8 @@ def test_backend_wheel_problems():
 
 
 def test_this_environment_has_one_consistent_backend_wheel():
-    from gemmdrift.backends import check, installed
-    from gemmdrift.envinfo import environment
+    from gemmdrift.machine.backends import check, installed
+    from gemmdrift.machine.envinfo import environment
 
     assert check() == []  # this venv: mlx-cpu of mlx's version only
     env = environment()
@@ -215,7 +215,7 @@ def test_this_environment_has_one_consistent_backend_wheel():
 
 
 def test_a_mixed_environment_is_said_in_the_record(monkeypatch, capsys):
-    from gemmdrift import backends
+    from gemmdrift.machine import backends
 
     monkeypatch.setattr(backends, "installed", lambda: {"mlx-cpu": "0.32.4", "mlx-cuda-13": "0.32.4"})
     monkeypatch.setattr(backends, "_WARNED", set())

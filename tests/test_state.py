@@ -269,7 +269,8 @@ def test_batch_vs_alone_is_reusable_and_catches_a_planted_filter(monkeypatch):
 
 
 def test_result_round_trips_through_the_store_with_a_grid(tmp_path):
-    from gemmdrift import store, summaries
+    from gemmdrift import store
+    from gemmdrift.view import summaries
 
     lm = make_tiny()
     r = state.measure_state(lm, operations=("rollback", "trim_prompt_cache"), where=("below", "past"), ks=(1,),
@@ -322,7 +323,7 @@ def test_cli_state_bad_input_is_one_line_before_loading(args, needle):
 
 def test_exact_rollback_decoder_is_mlx_lm_where_mlx_lm_can_trim():
     """All-global caches (KVCache only): mlx-lm's trim works, so both decoders give the same stream."""
-    from gemmdrift import diverge as dv
+    from gemmdrift.measure import diverge as dv
 
     lm = make_tiny("float32", seed=3, sliding_window_pattern=1)
     draft = make_tiny("float32", seed=7, sliding_window_pattern=1).model
@@ -336,7 +337,7 @@ def test_exact_rollback_decoder_is_mlx_lm_where_mlx_lm_can_trim():
 def test_exact_rollback_decoder_fixes_the_sliding_window_state_bug(dtype):
     """Sliding window 8, a draft that is mostly rejected: mlx-lm's stream is generated from a cache that kept
     rejected drafts (OUTSIDE the envelope); the exact rollback restores snapshots and reproduces plain greedy."""
-    from gemmdrift import diverge as dv
+    from gemmdrift.measure import diverge as dv
 
     lm = make_tiny(dtype, seed=3)
     draft = make_tiny(dtype, seed=7).model
@@ -384,7 +385,7 @@ def test_state_benchmark_tracks_counts_and_nan_for_missing_cases(monkeypatch):
 
 
 def test_rollback_comparison_puts_both_rollbacks_side_by_side(tmp_path):
-    from gemmdrift import diverge as dv
+    from gemmdrift.measure import diverge as dv
 
     lm = make_tiny("float32", seed=3)
     prompts = [list(range(10, 22)), list(range(30, 41))]
@@ -423,7 +424,7 @@ def test_exact_rollback_benchmark_summarises_both_rollbacks(monkeypatch):
     import pandas as pd
 
     from benchmarks import bench_state
-    from gemmdrift import diverge as dv
+    from gemmdrift.measure import diverge as dv
 
     calls = {}
 
@@ -457,7 +458,7 @@ def test_exact_rollback_benchmark_summarises_both_rollbacks(monkeypatch):
 def test_sweep_in_two_processes_gives_the_same_table(tmp_path):
     """The sweep split over two processes (rollback | the rest), each loading the model again, gives the
     table one process gives, row for row; the record says how many processes ran it."""
-    from gemmdrift.models import load_model
+    from gemmdrift.model import load_model
     from test_models import save_tiny
 
     save_tiny(tmp_path / "m")

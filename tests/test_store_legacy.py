@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from gemmdrift import files, report, store, summaries
+from gemmdrift import files, report, store
+from gemmdrift.view import summaries
 from gemmdrift.errors import GemmdriftError
 
 LEGACY = Path(__file__).resolve().parent / "data" / "legacy"

@@ -6,8 +6,8 @@ import pytest
 from conftest import make_tiny, plant_zero_first_key
 from gemmdrift import metrics
 from gemmdrift.errors import GemmdriftError
-from gemmdrift.stack import compare_taps, measure_stack, pair_verdict
-from gemmdrift.taps import run_schedule
+from gemmdrift.measure.stack import compare_taps, measure_stack, pair_verdict
+from gemmdrift.model.taps import run_schedule
 
 TOKENS = np.random.default_rng(0).integers(0, 97, 128).tolist()
 
@@ -201,7 +201,7 @@ def test_shared_prefix_gives_bit_identical_results():
     for key, taps in shared_taps.items():
         assert np.array_equal(taps.logits, fresh_taps[key].logits)
     # The copied caches are independent: the prefix can be reused again.
-    from gemmdrift.taps import common_prefix
+    from gemmdrift.model.taps import common_prefix
 
     p = common_prefix(lm.model, TOKENS[:30], schedules, 10, 12)
     assert p.length == 10 and p.blocks == [(0, 5), (5, 10)]
@@ -223,7 +223,7 @@ def test_quantized_model_with_blocks_that_read_no_logits():
 
 
 def test_stack_resumes_from_its_checkpoint(tmp_path, monkeypatch):
-    from gemmdrift import stack
+    from gemmdrift.measure import stack
 
     lm = make_tiny("float32")
     kwargs = dict(split=10, ladder=False, checkpoint=tmp_path)
@@ -244,7 +244,7 @@ def test_peak_memory_does_not_grow_with_depth_beyond_the_taps():
     # output as the next layer runs; the tapped run must not hold them all until the end.
     import mlx.core as mx
 
-    from gemmdrift.taps import run_plain
+    from gemmdrift.model.taps import run_plain
 
     toks = TOKENS[:128]
     extra = {}
@@ -288,14 +288,14 @@ def _env(backend, arch="", mlx="0.32.4", tf32=None):
     (_env("gpu"), "unknown"),
 ])
 def test_fp32_matmul_mode_from_the_env_record(env, mode):
-    from gemmdrift.envinfo import fp32_matmul_mode
+    from gemmdrift.machine.envinfo import fp32_matmul_mode
 
     assert fp32_matmul_mode(env) == mode
 
 
 def test_ladder_verdicts_on_a_tf32_rung_are_unreliable():
     from gemmdrift.result import Verdict
-    from gemmdrift.stack import float32_rung, ladder_table, ladder_verdict
+    from gemmdrift.measure.stack import float32_rung, ladder_table, ladder_verdict
 
     # bf16 -> TF32 shrinks rounding drift ~8x: below the 10x "semantic" line.
     assert ladder_verdict(1e-2, 1.25e-3, true_float32=True)[1] == Verdict.SEMANTIC
@@ -321,7 +321,7 @@ def test_ladder_verdicts_on_a_tf32_rung_are_unreliable():
 
 
 def test_fp32_probe_tells_tf32_from_float32(monkeypatch):
-    from gemmdrift import envinfo
+    from gemmdrift.machine import envinfo
 
     def tf32(a, b):  # numpy: inputs rounded to nearest with 10 mantissa bits, as tensor cores do
         def r(x):
@@ -352,7 +352,7 @@ def test_a_corrupt_stack_checkpoint_is_discarded_and_recomputed(tmp_path, capsys
     err = capsys.readouterr().err
     assert f"checkpoint {victim} is corrupt" in err and err.count("done before (resumed)") == 1
     assert again.tables["stack"].equals(first.tables["stack"])
-    from gemmdrift.taps import load_taps
+    from gemmdrift.model.taps import load_taps
 
     load_taps(victim)  # rewritten whole
 
@@ -360,7 +360,7 @@ def test_a_corrupt_stack_checkpoint_is_discarded_and_recomputed(tmp_path, capsys
 def test_ladder_rungs_in_two_processes_give_the_same_result(tmp_path):
     """The rungs of the ladder (bfloat16 and float32) side by side in two processes (gemmdrift.workers), each
     loading the model again, give the tables one process gives; local drift and the float32 record too."""
-    from gemmdrift.models import load_model
+    from gemmdrift.model import load_model
     from test_models import save_tiny
 
     save_tiny(tmp_path / "m")
@@ -379,7 +379,7 @@ def test_ladder_rungs_in_two_processes_give_the_same_result(tmp_path):
 def test_runs_that_share_nothing_in_two_processes_give_the_same_result(tmp_path, capsys, monkeypatch):
     """Without the ladder and local drift, schedules that share no leading block (prefill chunks of 24 vs 8)
     run in two processes: the tables one process gives; their checkpoints resume in one process."""
-    from gemmdrift.models import load_model
+    from gemmdrift.model import load_model
     from test_models import save_tiny
 
     save_tiny(tmp_path / "m")
@@ -414,7 +414,7 @@ def test_side_by_side_runs_whole_parts_that_start_no_processes_of_their_own(tmp_
     """suite.side_by_side: each part whole in a worker, which gives any measurement there one process
     (no nested pools); the results come back by name, as the parts give them alone."""
     from gemmdrift import suite, workers
-    from gemmdrift.models import load_model
+    from gemmdrift.model import load_model
     from test_models import save_tiny
 
     save_tiny(tmp_path / "m")

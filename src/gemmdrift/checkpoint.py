@@ -3,7 +3,7 @@
 `state` (a family of cache operations), `batch` (a row), `server` (a request)
 and `fingerprint` (a path at one T) save every finished unit as a JSON file
 under ``OUT/.checkpoints/<kind>/``, named by the one resume-key scheme
-(:func:`gemmdrift.models.resume_key`: model, dtype, quantization, mlx and
+(:func:`gemmdrift.model.resume_key`: model, dtype, quantization, mlx and
 mlx-lm versions, and the unit's own inputs). A rerun with the same inputs
 loads what finished and computes the rest; a checkpoint made with other
 inputs has another name and is never reused. A corrupt one is discarded by
@@ -45,7 +45,7 @@ class Checkpoints:
     """The finished units of one measurement, saved as JSON under ``out/.checkpoints/kind/``.
 
     ``out`` None keeps nothing (the library called without an output directory).
-    ``description``: the model's :class:`~gemmdrift.models.ModelDescription` (None for model-free
+    ``description``: the model's :class:`~gemmdrift.model.ModelDescription` (None for model-free
     measurements such as fingerprints); ``parts``: the measurement's own inputs (JSON-able).
     """
 
@@ -58,7 +58,7 @@ class Checkpoints:
         """A picklable recipe (for worker processes): ``Checkpoints.from_spec(spec)`` rebuilds it."""
         if self.dir is None:
             return None
-        from .models import ModelDescription
+        from .model import ModelDescription
 
         d = self.description
         return {"dir": str(self.dir), "description": d.as_dict() if isinstance(d, ModelDescription) else None,
@@ -68,7 +68,7 @@ class Checkpoints:
     def from_spec(cls, spec: dict[str, Any] | None) -> "Checkpoints":
         if spec is None:
             return cls(None, "", None)
-        from .models import ModelDescription
+        from .model import ModelDescription
 
         ck = cls(None, "", ModelDescription.from_dict(spec["description"]) if spec["description"] else None,
                  *spec["parts"])
@@ -79,7 +79,7 @@ class Checkpoints:
         """The file of one unit: its name, then the resume key of everything it depends on."""
         if self.dir is None:
             return None
-        from .models import resume_key
+        from .model import resume_key
 
         key = resume_key(self.description, *self.parts, unit, *unit_parts)
         safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in unit)[:60]

@@ -245,7 +245,7 @@ def check_length(info: Mapping[str, Any], n_tokens: int, what: str) -> None:
         raise GemmdriftError(f"{what} has {n_tokens:,} tokens: more than the model's {limit:,} positions")
 
 
-LM_TAG = "+lm"  # in a release label: MLX+lmMLXLM (see gemmdrift.history)
+LM_TAG = "+lm"  # in a release label: MLX+lmMLXLM (see gemmdrift.measure.history)
 
 
 def split_release(label: str) -> tuple[str, str]:

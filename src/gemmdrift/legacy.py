@@ -57,7 +57,7 @@ def _meta(d: Path) -> tuple[dict[str, Any], dict[str, Any]]:
 
 
 def _stack(d: Path) -> Result:
-    from .stack import stack_result
+    from .measure.stack import stack_result
 
     env, inputs = _meta(d)
     tables = {"stack": _csv(d / "stack.csv"), "positions": _csv(d / "positions.csv"),
@@ -76,7 +76,7 @@ def _kernels(d: Path) -> Result:
 
 
 def _diverge(d: Path) -> Result:
-    from .diverge import diverge_result
+    from .measure.diverge import diverge_result
     from .files import read_object
 
     env, inputs = _meta(d)
@@ -85,14 +85,14 @@ def _diverge(d: Path) -> Result:
 
 
 def _divergence(d: Path) -> Result:
-    from .diverge import divergence_result
+    from .measure.diverge import divergence_result
 
     env, inputs = _meta(d)
     return divergence_result(_csv(d / "divergence.csv"), inputs, env)
 
 
 def _triage(d: Path) -> Result:
-    from .diverge import triage_result
+    from .measure.diverge import triage_result
 
     from .files import read_object
 
@@ -114,7 +114,7 @@ READERS = {"stack": _stack, "kernels": _kernels, "diverge": _diverge, "divergenc
 def check_summary(d: Path, result: Result) -> None:
     """A summary.json beside a result must be the summary of that result (at least its keys): a corrupt or
     truncated one means the directory was damaged, and is refused by name."""
-    from . import summaries
+    from .view import summaries
     from .files import read_object
 
     path = Path(d) / "summary.json"

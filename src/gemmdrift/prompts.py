@@ -130,7 +130,7 @@ def read_stream(path: str) -> tuple[list[int] | None, list[int]]:
     return None, parse_token_ids(text, str(p))
 
 
-BATCH_SCHEDULE = "batch:"  # a batch row's stream file: "batch:B4,row3,prefill:2048,decode" (gemmdrift.batch)
+BATCH_SCHEDULE = "batch:"  # a batch row's stream file: "batch:B4,row3,prefill:2048,decode" (gemmdrift.measure.batch)
 
 
 def stream_schedule(given: str | None, path: str, default: str, flag: str) -> tuple[str, str]:

@@ -18,7 +18,7 @@ import pandas as pd
 from . import files, store
 from .errors import GemmdriftError
 from .result import Verdict
-from .summaries import replay_note, stack_summary, triage_items
+from .view.summaries import replay_note, stack_summary, triage_items
 from .text import cell as _cell
 from .text import fmt, md_table as _md_table, text_table  # noqa: F401  (text_table: kept importable from here)
 
@@ -133,7 +133,7 @@ def _headline(figure: str) -> bool:
 
 
 def _kernels_part(d: Path, env: dict[str, Any]) -> tuple[list[Block], list[str]]:
-    from .summaries import kernels_summary, print_kernels
+    from .view.summaries import kernels_summary, print_kernels
 
     df = _result(d).tables["kernels"]
     s = kernels_summary(df)
@@ -268,7 +268,7 @@ def _triage_part(d: Path, env: dict[str, Any]) -> tuple[list[Block], list[str]]:
 
 
 def _divergence_part(d: Path, env: dict[str, Any]) -> tuple[list[Block], list[str]]:
-    from .summaries import divergence_summary
+    from .view.summaries import divergence_summary
 
     df = _result(d).tables["divergence"]
     s = divergence_summary(df)
@@ -293,14 +293,14 @@ def _history_part(d: Path, env: dict[str, Any]) -> tuple[list[Block], list[str]]
 
 def _generic_part(d: Path, env: dict[str, Any]) -> tuple[list[Block], list[str]]:
     """A kind without its own part: its printed summary."""
-    from .summaries import text
+    from .view.summaries import text
 
     return [("pre", text(_result(d)))], []
 
 
 def _fingerprint_part(d: Path, env: dict[str, Any]) -> tuple[list[Block], list[str]]:
     from .store import read_result
-    from .summaries import fingerprint_summary
+    from .view.summaries import fingerprint_summary
 
     s = fingerprint_summary(read_result(d))
     reading = []
@@ -323,7 +323,7 @@ def _fingerprint_part(d: Path, env: dict[str, Any]) -> tuple[list[Block], list[s
     return blocks, reading
 
 
-STATE_LEGEND = {  # every verdict a state cell can show (summaries._state_cells), in its order of severity
+STATE_LEGEND = {  # every verdict a state cell can show (summaries.state_cells), in its order of severity
     "STATE BUG": "different entries or offsets, or an operation refused while the generator carried on",
     "refused": "a cache under test (--cache-impl) raised or broke the cache protocol in this case",
     "unreliable": "a difference that did not shrink enough where the float32 rung was not true float32 (TF32 "
@@ -337,7 +337,7 @@ STATE_LEGEND = {  # every verdict a state cell can show (summaries._state_cells)
 
 def _state_part(d: Path, env: dict[str, Any]) -> tuple[list[Block], list[str]]:
     from .store import read_result
-    from .summaries import _state_cells, state_summary
+    from .view.summaries import state_cells, state_summary
 
     r = read_result(d)
     t = r.tables["state"]
@@ -348,7 +348,7 @@ def _state_part(d: Path, env: dict[str, Any]) -> tuple[list[Block], list[str]]:
               f"same state and with the same blocks, and compares the cache contents in temporal order and the next "
               f"position's logits. Prefix lengths: {pre} (sliding window {s['window']}).  "
               + "; ".join(f"{v}: {what}" for v, what in STATE_LEGEND.items()) + ". The full table is state.csv."),
-        ("table", _state_cells(t).to_dict(orient="records")),
+        ("table", state_cells(t).to_dict(orient="records")),
     ]
     reading = []
     bugs = t[t["verdict"] == "STATE BUG"]
@@ -413,7 +413,7 @@ KINDS_READ = "run, stack, kernels, diverge, triage, history, state, batch, serve
 
 
 def _compare_part(d: Path, env: dict[str, Any]) -> tuple[list[Block], list[str]]:
-    from .goldview import compare_part
+    from .view.compare import compare_part
 
     return compare_part(_result(d))
 
@@ -424,13 +424,13 @@ FIGURES["compare"] = [("compare.png", "KLD(base ‖ other) and Δp of the correc
 
 
 def _predict_part(d: Path, env: dict[str, Any]) -> tuple[list[Block], list[str]]:
-    from .predict_view import report_part
+    from .view.predict import report_part
 
     return report_part(_result(d))
 
 
 def _replay_check_part(d: Path, env: dict[str, Any]) -> tuple[list[Block], list[str]]:
-    from .kernels.replay_check import report_part
+    from .replay.check import report_part
 
     return report_part(_result(d))  # names the chip and says whether it is a prediction (issue 33 D17)
 
@@ -444,7 +444,7 @@ FIGURES["predict"] = [("predict_drift.png", "per-layer drift predicted per chip 
 
 
 def _attribute_part(d: Path, env: dict[str, Any]) -> tuple[list[Block], list[str]]:
-    from .attribute_view import report_part
+    from .view.attribute import report_part
 
     return report_part(_result(d))
 
@@ -469,7 +469,7 @@ def _environment(d: Path, parts: list[tuple[Path, str]]) -> tuple[dict[str, Any]
 
 def report_blocks(d: str | Path) -> list[Block]:
     """The report page of a results directory (one command's output, or a `gemmdrift run` directory)."""
-    from .models import describe
+    from .model import describe
 
     d = Path(d)
     if not d.is_dir():

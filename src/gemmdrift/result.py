@@ -10,7 +10,7 @@ A :class:`Result` is frozen and validated when it is made. It carries:
 
 * ``kind``: what was measured ("stack", "kernels", "state", ...);
 * ``inputs``: the exact inputs (model description, tokens, sizes, ...), JSON-able;
-* ``env``: the environment record (:func:`gemmdrift.envinfo.environment`);
+* ``env``: the environment record (:func:`gemmdrift.machine.envinfo.environment`);
 * ``frame``: one long tidy frame with the same columns for every kind
   (:data:`TIDY_COLUMNS`, plus any extra label columns a kind needs);
 * ``figures``: the named figures that are tracked (asv ``track_`` benchmarks

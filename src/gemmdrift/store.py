@@ -9,8 +9,8 @@ A Result directory holds::
     <table>.csv    the kind's own tables (stack.csv, positions.csv, ...)
     <doc>.json     the kind's own documents (DOCUMENTS[kind]: diverge.json, stream_a.json, triage.json,
                    streams/*.json, ...)
-    summary.json   gemmdrift.summaries.summary(result)
-    *.png          gemmdrift.plots.draw(result)
+    summary.json   gemmdrift.view.summaries.summary(result)
+    *.png          gemmdrift.view.plots.draw(result)
     result.json    {"format", "kind", "files"}: written last, it marks the directory complete
 
 Every file is written atomically (:mod:`gemmdrift.files`).
@@ -61,7 +61,7 @@ def write_result(result: Result, out: str | Path, *, draw: bool = True) -> dict[
 
 
 def _write_result(result: Result, out: str | Path, draw: bool) -> dict[str, Path]:
-    from . import summaries
+    from .view import summaries
 
     out = Path(out)
     written: dict[str, Path] = {}
@@ -104,7 +104,7 @@ def _draw_figures(result: Result, out: Path) -> dict[str, Path]:
     end of the write (the tables, the figures' data, are already written: `gemmdrift report` redraws)."""
     import sys
 
-    from . import plots
+    from .view import plots
 
     def warn(name, e):
         print(f"gemmdrift: warning: {result.kind}: figure {name} not drawn ({type(e).__name__}: "
@@ -219,7 +219,7 @@ DOCUMENTS["triage"] = lambda r: {"triage.json": {"env": dict(r.env), "triage": d
 
 
 def _stream_documents(result: Result) -> dict[str, Any]:
-    from .server import stream_files
+    from .measure.server import stream_files
 
     return {f"streams/{name}": obj for name, obj in stream_files(result).items()}
 

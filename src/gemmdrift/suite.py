@@ -75,7 +75,7 @@ def stream(lm, n: int) -> list[int]:
 
 def decode_family(lm, sizes: Sizes, checkpoint: Path | None = None, env: dict[str, Any] | None = None):
     """Decode (T=1) vs verify:2 and verify:3 after the same prefill, with local drift and the ladder (a Result)."""
-    from .stack import measure_stack
+    from .measure.stack import measure_stack
 
     tokens = stream(lm, sizes.tokens)
     return measure_stack(lm, tokens, DECODE_FAMILY, split=sizes.split, ladder=sizes.ladder, checkpoint=checkpoint,
@@ -86,7 +86,7 @@ def prefill_family(lm, sizes: Sizes, checkpoint: Path | None = None, env: dict[s
     """The whole stream prefilled in chunks of 2048 (one chunk here) vs 512."""
     import numpy as np
 
-    from .stack import measure_stack
+    from .measure.stack import measure_stack
 
     tokens = stream(lm, sizes.tokens)
     # No local drift here: it would cost a third full prefill for a pair that is
@@ -108,7 +108,7 @@ def kernel_probe(lm, sizes: Sizes, checkpoint: Path | None = None, env: dict[str
 
 def divergence_probe(lm, sizes: Sizes, env: dict[str, Any] | None = None):
     """mlx-lm plain vs speculative (self-draft, K=2) greedy generation past the window, with triage (a Result)."""
-    from .diverge import measure_diverge
+    from .measure.diverge import measure_diverge
 
     prompt = stream(lm, sizes.diverge_prompt)
     return measure_diverge(lm, prompt, sizes.diverge_n, k=2, env=env,
@@ -150,32 +150,32 @@ def fingerprint_part(lm, **kwargs):
 
 
 def golden_part(lm, name: str, n_tokens: int | None = None):
-    """:func:`gemmdrift.golden.compare_golden` as a part of :func:`side_by_side`: the comparison's Result."""
-    from .golden import compare_golden
+    """:func:`gemmdrift.measure.golden.compare_golden` as a part of :func:`side_by_side`: the comparison's Result."""
+    from .measure.golden import compare_golden
 
     return compare_golden(lm, name, n_tokens)[0]
 
 
 def cache_impl_part(lm, spec: str, **grid):
     """The state grid on a cache implementation ``spec`` (``module:function``) as a part of :func:`side_by_side`
-    (:func:`gemmdrift.cachebench.measure_state_impl`, one process)."""
-    from .cachebench import measure_state_impl
-    from .plugins import load_cache_impl
+    (:func:`gemmdrift.state.bench.measure_state_impl`, one process)."""
+    from .state.bench import measure_state_impl
+    from .caches.plugins import load_cache_impl
 
     return measure_state_impl(lm, load_cache_impl(spec), **grid)
 
 
 def _key(part: str, lm, sizes: Sizes, *more: Any) -> str:
     """What a finished part depends on: its sizes, the model, and the mlx/mlx-lm versions."""
-    from .models import resume_key
+    from .model import resume_key
 
     return resume_key(lm.description, part, asdict(sizes), *more)
 
 
 def predict_part(lm, name: str, checkpoint: Path | None = None, env: dict[str, Any] | None = None,
                  calibration: tuple[str, ...] = ()):
-    """Decode vs verify:2 / verify:3 predicted for M1, M3 and the CUDA gemv (:mod:`gemmdrift.predict`)."""
-    from .predict import SIZES as PREDICT_SIZES, predict_drift
+    """Decode vs verify:2 / verify:3 predicted for M1, M3 and the CUDA gemv (:mod:`gemmdrift.replay.predict`)."""
+    from .replay.predict import SIZES as PREDICT_SIZES, predict_drift
 
     return predict_drift(lm, PREDICT_SIZES[name], checkpoint=checkpoint, env=env, calibration=calibration)
 
@@ -230,7 +230,7 @@ def main_job(out: str | Path = "results/run", sizes: str | None = None, model: s
              dtype: str = "bfloat16", calibration: tuple[str, ...] | list[str] = ()) -> dict[str, Path]:
     """Run every part, write tables, figures and the report; resume finished parts.
 
-    ``calibration``: calibration files the prediction part applies (:mod:`gemmdrift.kernels.replay_calib`).
+    ``calibration``: calibration files the prediction part applies (:mod:`gemmdrift.replay.calib`).
 
     Each part writes its own directory and a ``done.json`` marker last; a part
     whose marker matches the current inputs is not run again.
@@ -238,10 +238,11 @@ def main_job(out: str | Path = "results/run", sizes: str | None = None, model: s
     Returns:
         The report's paths, ``{"markdown": ..., "html": ...}``.
     """
-    from . import envinfo, report, state, store
-    from .envinfo import environment
-    from .models import describe, load_model
-    from .runenv import compute_record
+    from .machine import envinfo
+    from . import report, state, store
+    from .machine.envinfo import environment
+    from .model import describe, load_model
+    from .machine.runenv import compute_record
 
     if envinfo.TF32_POLICY != "keep":  # the CLI's --tf32 keep opts out
         envinfo.force_true_float32()  # float32 paths and the ladder rung: before mlx's first matmul
@@ -250,11 +251,11 @@ def main_job(out: str | Path = "results/run", sizes: str | None = None, model: s
         raise GemmdriftError(f"unknown size {name!r} (choose {', '.join(SIZES)})")
     s = SIZES[name]
     out = Path(out)
-    from .envinfo import _version
-    from .models import parse_dtype
+    from .machine.envinfo import dist_version
+    from .model import parse_dtype
 
-    run_inputs = {"model": model, "dtype": parse_dtype(dtype), "sizes": name, "mlx": _version("mlx"),
-                  "mlx_lm": _version("mlx-lm"), "compute": compute_record()}  # another device or MLX_* setting: refused
+    run_inputs = {"model": model, "dtype": parse_dtype(dtype), "sizes": name, "mlx": dist_version("mlx"),
+                  "mlx_lm": dist_version("mlx-lm"), "compute": compute_record()}  # another device or MLX_* setting: refused
     check_resume(out, run_inputs)  # before the model loads
     env = environment()
     lm = load_model(model, dtype=dtype)
@@ -273,11 +274,11 @@ def main_job(out: str | Path = "results/run", sizes: str | None = None, model: s
         ("attribute", "which op: local drift per op, the counterfactual per op class",
          lambda d: attribute_part(lm, name, d / "checkpoint", env)),
     ]
-    from .attribute import PART_SIZES as ATTRIBUTE_SIZES, attribute_part
-    from .predict import SIZES as PREDICT_SIZES
+    from .attribution.attribute import PART_SIZES as ATTRIBUTE_SIZES, attribute_part
+    from .replay.predict import SIZES as PREDICT_SIZES
 
     calibration = tuple(str(c) for c in calibration)
-    from .kernels.replay_calib import registry_files
+    from .replay.calib import registry_files
 
     # its own sizes, beside the job's; a calibration (given or in the registry) changes what it replays
     cal_key = [Path(f).read_text(encoding="utf-8") for f in [*calibration, *map(str, registry_files())]]

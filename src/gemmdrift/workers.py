@@ -7,7 +7,7 @@ schedules that share nothing, the two sides of the divergence probe, whole measu
 :func:`gemmdrift.suite.side_by_side`) finish sooner side by side -- not twice as fast on this
 2-core machine: two bf16 matmul loops side by side ran at 1.7x the speed of one. Each worker
 is a fresh spawned process (mlx state is not fork-safe) that loads the
-model again from the recipe :func:`gemmdrift.models.load_model` left on it, and
+model again from the recipe :func:`gemmdrift.model.load_model` left on it, and
 runs module-level functions ``fn(lm, **job)``; results come back pickled, in job
 order. The numbers are the same as in one process: every part computes exactly what
 it would have computed there (tests compare the tables).
@@ -70,7 +70,7 @@ def check_workers(lm, workers: int | None, parts: int) -> int:
         raise GemmdriftError(f"workers must be at least 1, got {workers}")
     if workers > 1 and not can_reload(lm):
         raise GemmdriftError("a measurement in several processes needs a model it can load again "
-                             "(one loaded by gemmdrift.models.load_model)")
+                             "(one loaded by gemmdrift.model.load_model)")
     n = max(1, min(workers, parts))
     if n > 1:
         _check_gpu_copies(lm, n)
@@ -84,7 +84,7 @@ def _check_gpu_copies(lm, workers: int) -> None:
     import mlx.core as mx
     from mlx.utils import tree_flatten
 
-    from .memory import check_copies, device_budget
+    from .machine.memory import check_copies, device_budget
 
     if mx.default_device().type != mx.gpu:
         return
@@ -97,8 +97,8 @@ def _init(recipe: dict[str, Any], tf32_off: bool, device: tuple[str, int]) -> No
     global _LM
     import mlx.core as mx
 
-    from . import envinfo
-    from .models import load_model
+    from .machine import envinfo
+    from .model import load_model
 
     if tf32_off:
         envinfo.force_true_float32()  # inherited MLX_ENABLE_TF32=0; records that this process forced it
@@ -147,7 +147,7 @@ def _run_fresh(lm, fn, jobs, workers: int, done) -> list[Any]:
 
 
 def _init_args(lm) -> tuple:
-    from . import envinfo
+    from .machine import envinfo
 
     tf32_off = bool(envinfo.TF32_FORCED_OFF) or os.environ.get(envinfo.TF32_VAR) == "0"
     return dict(lm.recipe), tf32_off, _device_name()

@@ -108,7 +108,7 @@ def _macos(env: Mapping[str, Any]) -> tuple[int, int] | None:
 
 
 def chip_from_env(env: Mapping[str, Any]) -> Chip | None:
-    """The chip of an environment record (:func:`gemmdrift.envinfo.environment`), or None if it cannot be read.
+    """The chip of an environment record (:func:`gemmdrift.machine.envinfo.environment`), or None if it cannot be read.
 
     Reads ``backend``, ``architecture`` (Metal ``applegpu_gNNx``, CUDA ``sm_XY``),
     ``compute_capability_major``/``minor`` (CUDA), ``macos`` (the macOS version,

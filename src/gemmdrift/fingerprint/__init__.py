@@ -158,11 +158,11 @@ from .describe import (  # noqa: F401
 def _predict(spec: PathSpec, env: dict[str, Any], K: int, N: int, T: int) -> tuple[str, str]:
     """(predicted kernel, origin) from gemmdrift.dispatch; Metal's rules labelled as reference on the CPU."""
     from ..dispatch import kernel_for
-    from ..kernels import _reference_backend
+    from ..kernels import reference_backend
 
     if not spec.dispatch_op:
         return "", ""
-    target, version, chip, origin = _reference_backend(env, None)
+    target, version, chip, origin = reference_backend(env, None)
     if chip is None:  # a GPU whose architecture the record does not name: no prediction, not a default chip
         return "", origin
     shape: dict[str, Any]
@@ -196,7 +196,7 @@ def measure(paths: Sequence[str], *, K: int = 1024, ts: Iterable[int] = (1, 2, 3
             and a rerun loads it; Ctrl-C raises :class:`gemmdrift.checkpoint.Interrupted` with the partial Result.
     """
     from ..checkpoint import Checkpoints, Interrupted, partial_inputs
-    from ..envinfo import environment
+    from ..machine.envinfo import environment
 
     specs = [parse_path(p) for p in paths]
     ts = sorted(set(int(t) for t in ts))

@@ -295,8 +295,8 @@ def parse_path(text: str) -> PathSpec:
     parts = text.strip().split(":")
     op = parts[0]
     bad = GemmdriftError(f"unsupported path {text!r} (known: {PATH_HELP})")
-    if op == "replay":  # a replayed kernel recipe (gemmdrift.kernels.replay_paths)
-        from ..kernels.replay_paths import parse_replay_path
+    if op == "replay":  # a replayed kernel recipe (gemmdrift.replay.paths)
+        from ..replay.paths import parse_replay_path
 
         r = parse_replay_path(text)
         return PathSpec(text.strip(), "replay", r.dtype, r.mode, r.bits, r.group_size)
@@ -352,7 +352,7 @@ def make_reducer(spec: PathSpec, K: int, T: int, N: int, window: int | None = No
     if spec.op == "numpy":
         return numpy_reducer(K)
     if spec.op == "replay":
-        from ..kernels.replay_paths import replay_probe
+        from ..replay.paths import replay_probe
 
         fn, batch, meta = replay_probe(spec.text, K, T, N)
         return Reducer(spec.text, K, encoding_for(spec.dtype, K, window=window), fn, rows=T, batch=batch, meta=meta)

@@ -44,19 +44,19 @@ error metrics (``err_*``, see :func:`metrics.error_vs_exact`) exist for T=1
 
 The package, by job (each module imports only those listed before it):
 
-* :mod:`.capture`: projections and captured input rows;
+* :mod:`gemmdrift.model.projections`: projections and captured input rows;
 * :mod:`.paths`: paths, operators, float64 references, timing bodies;
 * :mod:`.table`: the tidy table, dispatch switches, the ``kernels`` Result and its figures;
 * :mod:`.ops`: the other ops (sdpa, rms_norm, rope, softmax);
 * :mod:`.runs`: the sweep with its checkpoints, and ``measure_kernels`` / ``measure_ops``.
 """
 
-from .capture import *  # noqa: F401,F403
-from .capture import __all__ as _capture
+from ..model.projections import *  # noqa: F401,F403
+from ..model.projections import __all__ as _capture
 from .paths import *  # noqa: F401,F403
 from .paths import __all__ as _paths
 from .table import *  # noqa: F401,F403
-from .table import _reference_backend  # noqa: F401  (gemmdrift.fingerprint reads it)
+from .table import reference_backend  # noqa: F401  (gemmdrift.fingerprint reads it)
 from .table import __all__ as _table
 from .ops import *  # noqa: F401,F403
 from .ops import __all__ as _ops

@@ -1,4 +1,4 @@
-"""Kernels, part 4: the other ops whose shape changes between decode and verification (sdpa, RMSNorm, RoPE,
+"""The other ops whose shape changes between decode and verification (sdpa, RMSNorm, RoPE,
 softmax), a block of T queries against each query alone. See :mod:`gemmdrift.kernels`."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import pandas as pd
 
 from .. import metrics
 from ..errors import GemmdriftError
-from ..taps import to_numpy
-from .capture import INPUT_SEED
+from ..model.taps import to_numpy
+from ..model.projections import INPUT_SEED
 from .table import OP_NAMES, TABLE_COLUMNS, block_drift
 
 DEFAULT_QUERY_LENGTHS = tuple(range(1, 17))
@@ -108,7 +108,7 @@ def ops_sweep(lm, *, ops: Sequence[str] = OP_NAMES, query_lengths: Iterable[int]
     import mlx.core as mx
     from mlx_lm.models.cache import create_attention_mask
 
-    from ..models import mx_dtype
+    from ..model import mx_dtype
 
     bad = [o for o in ops if o not in OP_NAMES]
     if bad:

@@ -1,4 +1,4 @@
-"""Kernels, part 2: paths (how a projection is computed: model, dense:<dtype>, quant:..., emulated:splitk<P>),
+"""Kernel paths (how a projection is computed: model, dense:<dtype>, quant:..., emulated:splitk<P>),
 the operators that run them, and their float64 references. See :mod:`gemmdrift.kernels`."""
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from typing import Any, Callable
 import numpy as np
 
 from ..errors import GemmdriftError
-from ..models import Quantization, available_quant_modes, parse_dtype, parse_quantization
-from ..taps import to_numpy
-from .capture import DEFAULT_MAX_ROWS, Projection, _linear_types, synthetic_rows
+from ..model import Quantization, available_quant_modes, parse_dtype, parse_quantization
+from ..model.taps import to_numpy
+from ..model.projections import DEFAULT_MAX_ROWS, Projection, linear_types, synthetic_rows
 
 # Float64 reference weights are built in slices of at most this many bytes.
 EXACT_CHUNK_BYTES = 64 << 20
@@ -70,7 +70,7 @@ def _quant_kwargs(q: Quantization) -> dict[str, Any]:
     return {"group_size": q.group_size, "bits": q.bits, **({} if q.mode == "affine" else {"mode": q.mode})}
 
 
-def _quant_of(module) -> Quantization | None:
+def quant_of(module) -> Quantization | None:
     import mlx.nn as nn
 
     if isinstance(module, (nn.QuantizedLinear, nn.QuantizedEmbedding)):
@@ -88,7 +88,7 @@ def _synthetic_dense(proj: Projection, dtype: str):
     import mlx.core as mx
     import mlx.nn as nn
 
-    from ..models import SYNTHETIC_SEED, mx_dtype
+    from ..model import SYNTHETIC_SEED, mx_dtype
 
     key = mx.random.key(zlib.crc32(f"{SYNTHETIC_SEED}:{proj.layer}:{proj.name}".encode()))
     k, n = proj.in_dims, proj.out_dims
@@ -113,15 +113,15 @@ def dense_weights(lm, proj: Projection, dtype: str):
     if lm.description.kind == "shape":
         return _synthetic_dense(proj, dtype)
     mod = proj.module
-    bias = mod["bias"] if isinstance(mod, _linear_types()) and "bias" in mod else None
-    q = _quant_of(mod)
+    bias = mod["bias"] if isinstance(mod, linear_types()) and "bias" in mod else None
+    q = quant_of(mod)
     if q is None:
         return mod["weight"], bias
     w = mx.dequantize(mod["weight"], mod["scales"], mod.get("biases"), **_quant_kwargs(q))
     return w, bias
 
 
-class _Operator:
+class Operator:
     """One path on one projection: a callable x (1, T, K) -> (1, T, N) and its exact reference."""
 
     def __init__(self, run: Callable, run_block: Callable, in_dtype: str, out_dtype: str, quant: str,
@@ -211,12 +211,12 @@ def _arrays(module) -> list:
     return [v for _, v in tree_flatten(module.parameters())]
 
 
-def build_operator(lm, proj: Projection, path: PathSpec) -> _Operator:
+def build_operator(lm, proj: Projection, path: PathSpec) -> Operator:
     """The operands and kernels of ``path`` on ``proj`` (one projection's copies alive at a time)."""
     import mlx.core as mx
     import mlx.nn as nn
 
-    from ..models import mx_dtype
+    from ..model import mx_dtype
 
     compute = lm.description.dtype
     k, n = proj.in_dims, proj.out_dims
@@ -232,27 +232,27 @@ def build_operator(lm, proj: Projection, path: PathSpec) -> _Operator:
     if path.kind == "dense":
         dt = mx_dtype(path.dtype)
         lin = linear(w.astype(dt), None if bias is None else bias.astype(dt))
-        return _Operator(lin, lin, path.dtype, path.dtype, "", _dense_rows(lin.weight), lin.get("bias"), n, k,
+        return Operator(lin, lin, path.dtype, path.dtype, "", _dense_rows(lin.weight), lin.get("bias"), n, k,
                          _arrays(lin))
     if path.kind == "emulated":
         lin = linear(w, bias)
         out_dt = mx_dtype(compute)
         wf = w.astype(mx.float32)  # exact upcast, made once per projection
-        return _Operator(lin, lambda x: split_k(x, wf, bias, path.partitions, out_dt), compute, compute, "",
+        return Operator(lin, lambda x: split_k(x, wf, bias, path.partitions, out_dt), compute, compute, "",
                          _dense_rows(w), bias, n, k, _arrays(lin) + [wf])
     if path.kind == "quant":
         q = path.quant
         qlin = nn.QuantizedLinear.from_linear(linear(w, bias), **_quant_kwargs(q))
-        return _Operator(qlin, qlin, compute, compute, q.label,
+        return Operator(qlin, qlin, compute, compute, q.label,
                          _quant_rows(qlin["weight"], qlin["scales"], qlin.get("biases"), q), bias, n, k, _arrays(qlin))
     # "model": the module as loaded (a shape model's lazy module is rebuilt from seeded weights).
-    mod, q = proj.module, _quant_of(proj.module)
+    mod, q = proj.module, quant_of(proj.module)
     if lm.description.kind == "shape":
         mod = linear(w, bias) if q is None else nn.QuantizedLinear.from_linear(linear(w, bias), **_quant_kwargs(q))
     run = mod.as_linear if isinstance(mod, (nn.Embedding, nn.QuantizedEmbedding)) else mod
     if q is None:
-        return _Operator(run, run, compute, compute, "", _dense_rows(mod["weight"]), bias, n, k, _arrays(mod))
-    return _Operator(run, run, compute, compute, q.label,
+        return Operator(run, run, compute, compute, "", _dense_rows(mod["weight"]), bias, n, k, _arrays(mod))
+    return Operator(run, run, compute, compute, q.label,
                      _quant_rows(mod["weight"], mod["scales"], mod.get("biases"), q), bias, n, k, _arrays(mod))
 
 
@@ -275,7 +275,7 @@ def time_projection(lm, proj: Projection, path: str, t: int, rows: np.ndarray | 
     """
     import mlx.core as mx
 
-    from ..models import mx_dtype
+    from ..model import mx_dtype
 
     if t < 1:
         raise GemmdriftError(f"block size must be at least 1, got {t}")
@@ -324,7 +324,7 @@ def detach(lm, proj: Projection) -> Operand:
         kind = str(v.dtype).rsplit(".", 1)[-1]
         arrays[name] = (to_numpy(v) if v.dtype in _float_dtypes() else np.array(v, copy=True), kind)
     cls = next(c for c in classes if isinstance(mod, c)).__name__
-    return Operand(proj.layer, proj.name, proj.in_dims, proj.out_dims, lm.description.dtype, cls, _quant_of(mod),
+    return Operand(proj.layer, proj.name, proj.in_dims, proj.out_dims, lm.description.dtype, cls, quant_of(mod),
                    arrays)
 
 

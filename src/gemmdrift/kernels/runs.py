@@ -1,4 +1,4 @@
-"""Kernels, part 3: the sweep (GEMV vs GEMM per projection and path, with its checkpoints) and the measurement
+"""The sweep (GEMV vs GEMM per projection and path, with its checkpoints) and the measurement
 functions that return a ``kernels`` Result. See :mod:`gemmdrift.kernels`."""
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ import pandas as pd
 
 from .. import defaults, files, metrics
 from ..errors import GemmdriftError
-from ..taps import to_numpy
-from .capture import Projection, inputs_digest
+from ..model.taps import to_numpy
+from ..model.projections import Projection, inputs_digest
 from .ops import ops_sweep
-from .paths import PathSpec, _Operator, build_operator, parse_path
+from .paths import PathSpec, Operator, build_operator, parse_path
 from .table import TABLE_COLUMNS, block_drift, kernels_result
 
 # T=1 is the reference (always computed). 2..17, 24, 32 and 33 bracket the
@@ -77,13 +77,13 @@ def plan_ts(ts: Iterable[int], flops_per_row: float, n_rows: int, flop_budget: f
     return plan
 
 
-def _label(proj: Projection, path: PathSpec, op: _Operator, synthetic: bool, inputs: str) -> dict[str, Any]:
+def _label(proj: Projection, path: PathSpec, op: Operator, synthetic: bool, inputs: str) -> dict[str, Any]:
     return {"layer": proj.layer, "projection": proj.name, "path": path.text, "dtype": op.out_dtype,
             "quant": op.quant, "emulated": path.emulated, "synthetic": synthetic, "inputs": inputs,
             "K": proj.in_dims, "N": proj.out_dims, "key_length": math.nan}
 
 
-def measure_unit(op: _Operator, rows: np.ndarray, plan: Sequence[int],
+def measure_unit(op: Operator, rows: np.ndarray, plan: Sequence[int],
                  repeat_t1: bool = True) -> list[tuple[int, dict[str, float]]]:
     """(T, metrics) for T=1 and each GEMM block size of ``plan``.
 
@@ -93,7 +93,7 @@ def measure_unit(op: _Operator, rows: np.ndarray, plan: Sequence[int],
     """
     import mlx.core as mx
 
-    from ..models import mx_dtype
+    from ..model import mx_dtype
 
     used = min(len(rows), max(plan)) if plan else len(rows)
     # Captured rows are exact values of the compute dtype; a dense path of another dtype rounds them here.
@@ -180,8 +180,8 @@ def sweep(lm, inputs: Mapping[tuple[int, str], np.ndarray], projs: Sequence[Proj
             an interrupted sweep resumes.
         workers: processes for the units (:mod:`gemmdrift.workers`; default 2 on a multi-core CPU). Every
             unit computes the same in any process; the longest start first.
-        kernels: a :class:`.replay_model.KernelsOption` (``replay:<chip>[@variant]``): every unit's operator
-            replays that chip's recipes, what cannot be replayed is skipped (:mod:`.replay_units`); its
+        kernels: a :class:`gemmdrift.replay.model.KernelsOption` (``replay:<chip>[@variant]``): every unit's operator
+            replays that chip's recipes, what cannot be replayed is skipped (:func:`gemmdrift.replay.model.plan_unit`); its
             ``log`` gets the record.
 
     Returns:
@@ -191,7 +191,7 @@ def sweep(lm, inputs: Mapping[tuple[int, str], np.ndarray], projs: Sequence[Proj
     """
     from tqdm.auto import tqdm
 
-    from ..runenv import compute_record
+    from ..machine.runenv import compute_record
     from ..workers import check_workers, run_jobs
 
     specs = [parse_path(p) for p in paths]
@@ -207,8 +207,9 @@ def sweep(lm, inputs: Mapping[tuple[int, str], np.ndarray], projs: Sequence[Proj
     ckpt = Path(checkpoint) if checkpoint is not None else None
     replay = kernels if kernels is not None and kernels.text else None
     log = replay.units_log() if replay is not None else None
-    if replay is not None:
-        from .replay_units import plan_unit  # the replay engine is imported only by a replayed sweep
+    plan_unit = wrap = None
+    if replay is not None:  # the replay engine is imported only by a replayed sweep
+        plan_unit, wrap = replay.unit_hooks()
     if ckpt is not None:
         _open_checkpoint(ckpt, {"model": lm.description.source, "dtype": lm.description.dtype,
                                 "quantization": lm.info["quantization"], "ts": ts, "max_t": max_t,
@@ -232,7 +233,7 @@ def sweep(lm, inputs: Mapping[tuple[int, str], np.ndarray], projs: Sequence[Proj
                 continue
         jobs.append(dict(layer=proj.layer, name=proj.name, path=spec.text, rows=rows, plan=plan, repeat_t1=1 in ts,
                          synthetic=synthetic, kind=kind, unit_file=unit_file,
-                         **({"kernels": replay.text} if replay is not None else {})))
+                         **({"kernels": replay.text, "wrap": wrap} if replay is not None else {})))
         # Longest first (quantized matmuls are ~20x slower on the reference CPU), so two processes end together.
         where.append((i, proj.flops_per_row * (len(rows) + sum(plan)) * (20 if spec.quant is not None else 1)))
     order = sorted(range(len(jobs)), key=lambda j: -where[j][1])
@@ -250,21 +251,20 @@ def sweep(lm, inputs: Mapping[tuple[int, str], np.ndarray], projs: Sequence[Proj
 
 
 def _unit_job(lm, *, layer: int, name: str, path: str, rows: np.ndarray, plan: Sequence[int], repeat_t1: bool,
-              synthetic: bool, kind: str, unit_file: Path | None, kernels: str | None = None) -> pd.DataFrame:
+              synthetic: bool, kind: str, unit_file: Path | None, kernels: str | None = None,
+              wrap=None) -> pd.DataFrame:
     """One (projection, path) unit of :func:`sweep`, saved to ``unit_file`` when given (module level: units
     may run in other processes, each with its own model). ``kernels``: replay:<chip>[@variant], the
-    operator replayed (:func:`.replay_units.replay_operator`)."""
+    operator replayed by ``wrap`` (:func:`gemmdrift.replay.model.replay_operator`, given by the sweep)."""
     import mlx.core as mx
 
-    from .capture import projections
+    from ..model.projections import projections
 
     spec = parse_path(path)
     proj = projections(lm, layers=[layer], names=[name])[0]
     op = build_operator(lm, proj, spec)
     if kernels:
-        from .replay_units import replay_operator
-
-        op = replay_operator(lm, op, proj, kernels)
+        op = wrap(lm, op, proj, kernels)
     labels = _label(proj, spec, op, synthetic, kind)
     measured = measure_unit(op, rows, plan, repeat_t1=repeat_t1)
     del op  # one projection's weights and quantized copies alive at a time
@@ -286,8 +286,8 @@ def measure_kernels(lm, inputs: Mapping[tuple[int, str], np.ndarray], projs: Seq
         env: the environment record (default: taken now).
         **kw: passed to :func:`sweep` (max_t, flop_budget, always_t, checkpoint).
     """
-    from ..envinfo import environment
-    from ..models import weights_record
+    from ..machine.envinfo import environment
+    from ..model import weights_record
 
     env = {**(env if env is not None else environment()), **weights_record(lm.description)}
     ts = list(ts)
@@ -319,8 +319,8 @@ def measure_kernels(lm, inputs: Mapping[tuple[int, str], np.ndarray], projs: Seq
 
 def measure_ops(lm, *, env: Mapping[str, Any] | None = None, **kw):
     """:func:`ops_sweep` alone as a ``kernels`` Result (``**kw`` passed on: ops, query_lengths, key_lengths)."""
-    from ..envinfo import environment
-    from ..models import weights_record
+    from ..machine.envinfo import environment
+    from ..model import weights_record
 
     env = {**(env if env is not None else environment()), **weights_record(lm.description)}
     rec = {"model": lm.info, **{k: list(v) for k, v in kw.items()}}

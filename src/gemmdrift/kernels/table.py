@@ -1,4 +1,4 @@
-"""Kernels, part 5: the tidy kernel table (columns, normalisation after a CSV round trip, worst over T), the
+"""The tidy kernel table (columns, normalisation after a CSV round trip, worst over T), the
 dispatch switches drawn beside it, and the ``kernels`` Result with its tracked figures. See :mod:`gemmdrift.kernels`."""
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ def plot_thresholds(df: pd.DataFrame, env: Mapping[str, Any],
     """
     from ..dispatch import thresholds
 
-    target, version, chip, origin = _reference_backend(env, chip)
+    target, version, chip, origin = reference_backend(env, chip)
     if chip is None:
         return {}, origin
     df = normalize(df)
@@ -89,7 +89,7 @@ def plot_thresholds(df: pd.DataFrame, env: Mapping[str, Any],
     return out, origin
 
 
-def _reference_backend(env: Mapping[str, Any], chip: Any = None) -> tuple[str, str, Any, str]:
+def reference_backend(env: Mapping[str, Any], chip: Any = None) -> tuple[str, str, Any, str]:
     """(backend whose dispatch rules apply, mlx version, :class:`~gemmdrift.dispatch.Chip` or None, description).
 
     Metal and CUDA results use their own chip, read from the record's
@@ -133,7 +133,7 @@ def ops_thresholds(df: pd.DataFrame, env: Mapping[str, Any],
     """
     from ..dispatch import thresholds
 
-    target, version, chip, origin = _reference_backend(env, chip)
+    target, version, chip, origin = reference_backend(env, chip)
     if chip is None:
         return {}, origin
     ops = df[is_op(df)]

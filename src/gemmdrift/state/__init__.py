@@ -54,95 +54,55 @@ shows up as ROUNDING, never as a state bug."""
 
 from __future__ import annotations
 
+import importlib
+
 from ..errors import GemmdriftError  # noqa: F401  (callers catch it as state.GemmdriftError)
-from .reading import (  # noqa: F401
-    LADDER_ROUNDING_SHRINK,
-    KNOWN_CLASSES,
-    _NOT_CACHES,
-    mlx_lm_version,
-    cache_classes,
-    _Absent,
-    _cls,
-    _np,
-    _live,
-    read_cache,
-    _rotating_like,
-    _ForeignMeta,
-    _Foreign,
-    read_caches,
-    Diff,
-    compare_readings,
-    merge_diffs,
-    logit_diff,
-    judge,
-)
-from .common import (  # noqa: F401
-    KS,
-    WHERE,
-    PREFILL_STEP,
-    CONTINUATION,
-    COMPUTE_LIMIT_EXTRA,
-    KV_BITS,
-    OPTIONAL_SETUPS,
-    DEFAULT_KS,
-    DEFAULT_WHERE,
-    OPERATIONS,
-    DEFAULT_OPERATIONS,
-    _LastRow,
-    forward,
-    head,
-    logit_diffs,
-    Prefix,
-    compute_prefix,
-    fill,
-    Setup,
-    _kv_group,
-    model_setups,
-    prefix_lengths,
-    _window,
-    _stream,
-    _alt,
-    _material,
-    _continuation,
-)
-from .rollback import (  # noqa: F401
-    _rollback_side,
-    rollback_cases,
-)
-from .trim import (  # noqa: F401
-    _synthetic_kv,
-    class_factories,
-    _feed_direct,
-    trim_case,
-)
-from .saveload import (  # noqa: F401
-    save_load_case,
-)
-from .server_reuse import (  # noqa: F401
-    lru_prompt_cache_class,
-    server_case,
-)
-from .batch import (  # noqa: F401
-    batch_vs_alone,
-    batch_check,
-    _forward_rows,
-)
-from .sweep import (  # noqa: F401
-    _row,
-    _Float32,
-    _raised,
-    _progress,
-    _sweep,
-    measure_state,
-    _state_result,
-    WORKER_GROUPS,
-    _MODEL_OPERATIONS,
-    _workers,
-    _sweep_job,
-    _f32,
-    NON_EXACT,
-    figure_name,
-    _result,
-    SHORT,
-    short_sweep,
-)
+
+# What the submodules define, read from here (``state.measure_state``, ``from gemmdrift.state import Setup``).
+# Each submodule loads on the first use of one of its names, so that importing a single module of this wing
+# (``gemmdrift.state.bench``, which the command line reads on every start) does not load them all.
+_FROM = {
+    "reading": (
+        "LADDER_ROUNDING_SHRINK", "KNOWN_CLASSES", "_NOT_CACHES", "mlx_lm_version", "cache_classes", "_Absent",
+        "_cls", "_np", "_live", "read_cache", "_rotating_like", "_ForeignMeta", "_Foreign", "read_caches",
+        "Diff", "compare_readings", "merge_diffs", "logit_diff", "judge"
+    ),
+    "common": (
+        "KS", "WHERE", "PREFILL_STEP", "CONTINUATION", "COMPUTE_LIMIT_EXTRA", "KV_BITS", "OPTIONAL_SETUPS",
+        "DEFAULT_KS", "DEFAULT_WHERE", "OPERATIONS", "DEFAULT_OPERATIONS", "_LastRow", "forward", "head",
+        "logit_diffs", "Prefix", "compute_prefix", "fill", "Setup", "_kv_group", "model_setups",
+        "prefix_lengths", "_window", "_stream", "_alt", "_material", "_continuation"
+    ),
+    "rollback": ("_rollback_side", "rollback_cases"),
+    "trim": ("_synthetic_kv", "class_factories", "_feed_direct", "trim_case"),
+    "saveload": ("save_load_case",),
+    "server_reuse": ("lru_prompt_cache_class", "server_case"),
+    "batch": ("batch_vs_alone", "batch_check", "_forward_rows"),
+    "sweep": (
+        "_row", "_Float32", "_raised", "_progress", "_sweep", "measure_state", "_state_result", "WORKER_GROUPS",
+        "_MODEL_OPERATIONS", "_workers", "_sweep_job", "_f32", "NON_EXACT", "figure_name", "_result", "SHORT",
+        "short_sweep"
+    ),
+}
+_WHERE = {name: module for module, names in _FROM.items() for name in names}
+
+
+def __getattr__(name: str):
+    """A name of a submodule (loaded now, then kept here), or a submodule itself."""
+    module = _WHERE.get(name)
+    if module is None:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        try:
+            return importlib.import_module(f"{__name__}.{name}")
+        except ModuleNotFoundError as exc:
+            if exc.name != f"{__name__}.{name}":
+                raise
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_WHERE))

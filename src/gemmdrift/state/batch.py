@@ -41,10 +41,10 @@ def batch_vs_alone(lm, seq: Sequence[int], other: Sequence[int], *, op: str, ste
     make = cache_factory or (lambda m: C.make_prompt_cache(m))
     old = None
     if dtype is not None and dtype != lm.description.dtype:
-        from ..models import _cast
+        from ..model import cast_model
 
         old = lm.description.dtype
-        _cast(lm.model, dtype)
+        cast_model(lm.model, dtype)
     try:
         def prefill(tokens):
             c = make(lm.model)
@@ -87,9 +87,9 @@ def batch_vs_alone(lm, seq: Sequence[int], other: Sequence[int], *, op: str, ste
         return {"diff": d, "steps": before + steps, "members_after": members}
     finally:
         if old is not None:
-            from ..models import _cast
+            from ..model import cast_model
 
-            _cast(lm.model, old)
+            cast_model(lm.model, old)
 
 
 def batch_check(lm, seq: Sequence[int], other: Sequence[int], *, op: str, steps: int = 2, before: int = 1,
@@ -105,7 +105,7 @@ def batch_check(lm, seq: Sequence[int], other: Sequence[int], *, op: str, steps:
     kw = dict(op=op, steps=steps, before=before, cache_factory=cache_factory)
     d = batch_vs_alone(lm, seq, other, **kw)["diff"]
     f32 = batch_vs_alone(lm, seq, other, dtype="float32", **kw)["diff"] if (not d.identical and d.structure) else None
-    from ..runenv import rung_true_float32
+    from ..machine.runenv import rung_true_float32
 
     probe = rung_true_float32() if f32 is not None else None  # TF32 float32 cannot tell rounding from a bug
     verdict, reason, shrink = judge(d, f32, envelope=envelope, true_float32=probe is None or probe["true_float32"])
@@ -116,7 +116,7 @@ def _forward_rows(model, toks: list[list[int]], cache: list):
     """A batched T=1 step; the normed row of sequence 0."""
     import mlx.core as mx
 
-    from ..taps import StopForward, find_final_norm
+    from ..model.taps import StopForward, find_final_norm
 
     owner, name = find_final_norm(model)
     norm = owner[name]

@@ -47,7 +47,7 @@ class _LastRow:
         return getattr(self._norm, name)
 
     def __call__(self, x, *args, **kwargs):
-        from ..taps import StopForward
+        from ..model.taps import StopForward
 
         y = self._norm(x, *args, **kwargs)
         self._sink.append(y[:, -1:])
@@ -61,7 +61,7 @@ def forward(model, tokens: Sequence[int], cache: list, keep_last: bool = False):
     """
     import mlx.core as mx
 
-    from ..taps import StopForward, find_final_norm
+    from ..model.taps import StopForward, find_final_norm
 
     owner, name = find_final_norm(model)
     norm = owner[name]

@@ -12,7 +12,7 @@ from ..errors import GemmdriftError
 from ..result import Verdict
 
 
-LADDER_ROUNDING_SHRINK = 100.0  # as gemmdrift.stack: rounding shrinks by >= 100x at float32
+LADDER_ROUNDING_SHRINK = 100.0  # as gemmdrift.measure.stack: rounding shrinks by >= 100x at float32
 
 
 # Cache classes of mlx_lm.models.cache this module knows how to read in temporal order.
@@ -22,9 +22,9 @@ _NOT_CACHES = ("TokenBuffer", "PromptTrie", "PromptTrieResult", "LRUPromptCache"
 
 
 def mlx_lm_version() -> str:
-    from ..envinfo import _version
+    from ..machine.envinfo import dist_version
 
-    return str(_version("mlx-lm") or "")
+    return str(dist_version("mlx-lm") or "")
 
 
 def cache_classes() -> list[str]:
@@ -233,11 +233,11 @@ def judge(bf: Diff, f32: Diff | None = None, *, refused: bool = False, envelope:
         refused: the library refused the operation (e.g. ``trim_prompt_cache`` returned 0)
             and the generator went on as if it had succeeded.
         envelope: largest max|Δlogit| still called rounding (None: the ladder alone decides).
-        true_float32: the float32 rerun was true float32 (:func:`gemmdrift.runenv.rung_true_float32`); on a
+        true_float32: the float32 rerun was true float32 (:func:`gemmdrift.machine.runenv.rung_true_float32`); on a
             TF32 rung rounding shrinks only ~8x, so a drift that shrank less than rounding would is UNRELIABLE,
             not a STATE BUG.
     """
-    from ..runenv import unreliable_reason
+    from ..machine.runenv import unreliable_reason
 
     if refused:
         why = "refused (trimmed nothing) and generation carried on as if it had"

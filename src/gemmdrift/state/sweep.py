@@ -57,18 +57,18 @@ class _Float32:
         self.lm = lm
 
     def __enter__(self):
-        from ..models import _cast
-        from ..runenv import rung_true_float32
+        from ..model import cast_model
+        from ..machine.runenv import rung_true_float32
 
         self.old = self.lm.description.dtype
-        _cast(self.lm.model, "float32")
+        cast_model(self.lm.model, "float32")
         self.probe = rung_true_float32()  # TF32 (CUDA, M5-class GPUs) cannot tell rounding from a bug
         return self
 
     def __exit__(self, *exc):
-        from ..models import _cast
+        from ..model import cast_model
 
-        _cast(self.lm.model, self.old)
+        cast_model(self.lm.model, self.old)
         return False
 
 
@@ -338,7 +338,7 @@ def measure_state(lm, *, operations: Sequence[str] = DEFAULT_OPERATIONS, where: 
     """Check every cache operation of ``operations`` on the model's caches; one row per case.
 
     Args:
-        lm: the loaded model (:func:`gemmdrift.models.load_model`).
+        lm: the loaded model (:func:`gemmdrift.model.load_model`).
         operations: any of :data:`OPERATIONS`.
         where: prefix lengths relative to the sliding window (:func:`prefix_lengths`). Default: all
             four, except below and past for the QuantizedKVCache; given explicitly, for every cache.
@@ -361,7 +361,7 @@ def measure_state(lm, *, operations: Sequence[str] = DEFAULT_OPERATIONS, where: 
             :class:`gemmdrift.checkpoint.Interrupted` with the partial Result (planted ``setups``: no checkpoints).
     """
     from ..checkpoint import Checkpoints, Interrupted, partial_inputs
-    from ..envinfo import environment
+    from ..machine.envinfo import environment
 
     unknown_ops = [o for o in operations if o not in OPERATIONS]
     if unknown_ops:

@@ -1,0 +1,336 @@
+"""Which op: every drift, flip and divergence attributed to the op and layer that made it (issue 29).
+
+:func:`attribute` is the one library function every axis goes through: two schedules on this machine, a
+replayed chip (``kernels="replay:<chip>"``), a planted change (``perturb``), and the first divergence of
+``triage`` / ``diverge`` (:func:`explain_flip`). For a pair (reference A, schedule B) over the same tokens:
+
+1. **local drift per op** (:mod:`gemmdrift.model.optaps`): B run with every op fed A's input to it; per (layer, op,
+   position) the share of differing bits, max ULP and rel L2, and the first op in forward order whose output
+   bits differ at each position;
+2. **the counterfactual** per op class: B rerun with that class's outputs replaced by A's (the class made
+   invariant, everything else as it is), and "all but one" (every other class made invariant), measured at the
+   logits: max|Δlogit|, max|Δgap|, flips, KLD, same top-1. The classes whose replacement removes the flips are
+   the cause, said in one line (:func:`verdict_line`).
+
+The prefix both schedules share is computed once (natively under a replay, as ``stack`` does); the LM head runs
+only at the compared positions. Runs: A (record), B as it is (layer taps only), B (local), one per
+counterfactual.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+import pandas as pd
+
+from ..model import native as native_kernels, optaps
+from ..checkpoint import Checkpoints
+from ..errors import GemmdriftError
+from ..result import Result, env_labels, figure_name, tidy
+from ..schedules import parse_schedule
+from ..measure.stack import compare_taps
+from ..model.taps import common_prefix, run_schedule
+
+DIRECTIONS = ("each", "all-but-one")
+ENVELOPE = ("max_abs_dlogit", "max_abs_dgap", "flips", "kld_mean", "same_top1_share")
+
+
+def _envelope(ref_taps, taps, kinds, tokens, labels) -> dict[str, Any]:
+    """The logit envelope of ``taps`` against the reference (:func:`gemmdrift.measure.stack.compare_taps`) and the
+    positions that flip."""
+    _, per_pos, env = compare_taps(ref_taps, taps, kinds, labels, tokens=tokens)
+    flips = [int(p) for p in per_pos["position"][per_pos["flip"]]] if per_pos is not None else []
+    return {**{k: float(env[k]) if k in env else float("nan") for k in ENVELOPE}, "flip_positions": flips}
+
+
+def _say(text: str) -> None:
+    print(f"  {text}", file=sys.stderr, flush=True)
+
+
+def ops_summary(local: pd.DataFrame) -> pd.DataFrame:
+    """Per (layer, op): positions with differing bits, the largest share, ULP and rel L2, the first such position."""
+    rows = []
+    for (layer, op), g in local.groupby(["layer", "op"], sort=False):
+        hit = g[g["frac_differ"] > 0]
+        rows.append({"layer": int(layer), "op": op, "class": g["class"].iloc[0], "kind": g["kind"].iloc[0],
+                     "order": int(g["order"].iloc[0]), "positions_differ": int(len(hit)),
+                     "frac_differ": float(g["frac_differ"].max()), "max_ulp": float(g["max_ulp"].max()),
+                     "rel_l2": float(g["rel_l2"].max()),
+                     "first_position": int(hit["position"].min()) if len(hit) else -1})
+    return pd.DataFrame(rows).sort_values("order", kind="stable").reset_index(drop=True) if rows else pd.DataFrame()
+
+
+def _positions_text(ps: Sequence[int]) -> str:
+    ps = list(ps)
+    if len(ps) > 4:
+        return f"{len(ps)} positions ({', '.join(map(str, ps[:3]))}, ..., {ps[-1]})"
+    return " and ".join([", ".join(map(str, ps[:-1])), str(ps[-1])]) if len(ps) > 1 else str(ps[0])
+
+
+def verdict_line(pair: str, base: Mapping[str, Any], counterfactual: pd.DataFrame, summary: pd.DataFrame) -> str:
+    """One line per pair: which op classes the flips (or the logit drift) come from, and whether a projection
+    matters. A cause is a class that drifts on its own (local drift) and whose counterfactual removes the flips;
+    replacing an op downstream of the drift removes it too, and is not called a cause."""
+    hit = summary[summary["positions_differ"] > 0] if len(summary) else summary
+    if base["max_abs_dlogit"] == 0 and not len(hit):
+        return f"{pair}: bit-identical at the logits and at every op; nothing to attribute"
+    short = optaps.short_class
+    parts = []
+    drifting = list(dict.fromkeys(hit["class"])) if len(hit) else []
+    if len(hit):
+        layers = {c: sorted(set(int(x) for x in hit[hit["class"] == c]["layer"])) for c in drifting}
+        parts.append("local drift in " + "; ".join(f"{short(c)} (layer{'s' if len(v) > 1 else ''} "
+                                                    f"{','.join(map(str, v))})" for c, v in layers.items())
+                     + f" from position {int(hit['first_position'].min())}")
+    else:
+        parts.append("no op drifts on its own input")
+    each = counterfactual[counterfactual["direction"] == "each"] if len(counterfactual) else counterfactual
+    flips = list(base["flip_positions"])
+    if flips:
+        removers = [r["class"] for _, r in each.iterrows() if r["flips"] == 0]
+        causes = [short(c) for c in removers if c in drifting]
+        where = f"the flip{'s' if len(flips) > 1 else ''} at {_positions_text(flips)}"
+        verb = "disappear" if len(flips) > 1 else "disappears"
+        if causes:
+            parts.append(f"{where} {verb} when {' or '.join(causes)} {'is' if len(causes) == 1 else 'are each'} "
+                         "made invariant")
+        elif removers:
+            parts.append(f"{where} {verb} only when an op downstream of the drift is replaced "
+                         f"({', '.join(short(c) for c in removers[:4])})")
+        elif len(each):
+            parts.append(f"{where} survive every single op class made invariant")
+    elif len(each) and base["max_abs_dlogit"] > 0:
+        mine = each[each["class"].isin(drifting)]
+        zero = [short(r["class"]) for _, r in mine.iterrows() if r["max_abs_dlogit"] == 0]
+        if zero:
+            parts.append(f"no flips; the logit drift (max|dlogit| {base['max_abs_dlogit']:.3g}) is gone when "
+                         f"{' or '.join(zero)} {'is' if len(zero) == 1 else 'are each'} made invariant")
+        elif len(mine):
+            best = mine.sort_values("max_abs_dlogit").iloc[0]
+            parts.append(f"no flips; max|dlogit| {base['max_abs_dlogit']:.3g} shrinks most with "
+                         f"{short(best['class'])} made invariant (to {best['max_abs_dlogit']:.3g})")
+    proj_hit = sorted(set(hit[hit["kind"].isin(["linear", "head"])]["class"])) if len(hit) else []
+    parts.append("projections with local drift: " + ", ".join(short(c) for c in proj_hit) if proj_hit
+                 else "no projection matters")
+    return f"{pair}: " + "; ".join(parts)
+
+
+def attribute(lm, tokens: Sequence[int], schedules: Sequence[str], *, split: int | None = None,
+              positions: Sequence[int] | None = None, ops: Sequence[str] | None = None,
+              counterfactual: Sequence[str] = DIRECTIONS, kernels: str | None = None,
+              perturb: Mapping[tuple[int, str], Callable] | None = None, checkpoint: str | None = None,
+              env: dict[str, Any] | None = None, record: dict[str, Any] | None = None) -> Result:
+    """Attribute the drift between two schedules to ops, layers and op classes.
+
+    Args:
+        lm: a :class:`gemmdrift.model.LoadedModel`.
+        tokens: the token stream (teacher forced).
+        schedules: (reference A, schedule B), e.g. ``["prefill:512,decode", "prefill:512,verify:2"]``.
+        split: prompt/continuation boundary for two-phase schedules.
+        positions: compared positions (hidden states, ops and logits; default ``split..end``).
+        ops: op classes for the counterfactual (``q_proj``, ``sdpa``, ...; default every class the model exposes).
+        counterfactual: directions to run: ``each`` (one class made invariant), ``all-but-one``; empty: none.
+        kernels: ``replay:<chip>[@variant]``: both schedules under that chip's replayed projections.
+        perturb: ``(layer, op) -> f(output, args) -> output`` under schedule B only (planted changes, controls);
+            such a run is not checkpointed.
+        checkpoint: a directory: every finished part is saved there and a repeated call resumes from it.
+
+    Returns:
+        An ``attribute`` :class:`Result`: tables ``local`` (layer x op x position), ``ops`` (per layer and op),
+        ``first`` (first differing op per position), ``counterfactual`` (class x direction: the envelope left),
+        ``envelope`` (the pair as it is); ``details["verdict"]`` the one-line verdict.
+    """
+    from ..machine.envinfo import environment
+    from ..replay.model import KernelsOption
+    from ..model import weights_record
+
+    if len(schedules) != 2:
+        raise GemmdriftError(f"attribute compares two schedules (a reference and one other), got {len(schedules)}")
+    bad = [d for d in counterfactual if d not in DIRECTIONS]
+    if bad:
+        raise GemmdriftError(f"unknown counterfactual {bad[0]!r} (expected {', '.join(DIRECTIONS)} or none)")
+    a, b = (parse_schedule(s).text for s in schedules)
+    n = len(tokens)
+    if n < 2:
+        raise GemmdriftError(f"the token stream is too short ({n} tokens)")
+    for s in (a, b):
+        parse_schedule(s).blocks(n, split)
+    positions = np.unique(np.asarray(positions if positions is not None else
+                                     np.arange(split if split is not None else 0, n), dtype=np.int64))
+    if positions.size == 0 or positions[0] < 0 or positions[-1] >= n:
+        raise GemmdriftError(f"compared positions must lie in 0..{n - 1}")
+    exposed = optaps.exposed_ops(lm.model)
+    classes = exposed.resolve(ops, "op class") if ops else exposed.classes
+    site_list = optaps.sites(lm.model)  # before a replay's proxies go in
+    kopt = KernelsOption(kernels)
+    kinds = list(lm.description.layer_types)
+    pair = f"{a} vs {b}"
+    toks = [int(t) for t in tokens]
+    ck = Checkpoints(checkpoint if perturb is None else None, "attribute", lm.description, toks, a, b, split,
+                     [int(p) for p in positions], kopt.text)
+    runs: dict[str, Any] = {}
+    with kopt.installed(lm):
+        with native_kernels.shared_prefix(lm.model) as log:
+            prefix = common_prefix(lm.model, toks, [a, b], split, int(positions[0]))
+        native_kernels.say_prefix(log, prefix, "both schedules")
+
+        def reference():
+            if "ref" not in runs:
+                runs["ref"] = optaps.run_ops(lm.model, toks, a, split=split, prefix=prefix, logit_positions=positions,
+                                             keep_inputs=True, site_list=site_list)
+                _say(f"reference {a}: {runs['ref'][0].seconds:.1f} s")
+            return runs["ref"]
+
+        def run_b(**kw):
+            ref_taps, ref = reference()
+            taps, rec = optaps.run_ops(lm.model, toks, b, split=split, prefix=prefix, positions=positions,
+                                       logit_positions=positions, perturb=perturb, site_list=site_list,
+                                       reference=ref if kw else None, **kw)
+            return ref_taps, ref, taps, rec
+
+        part = ck.load("local")
+        if part is None:
+            ref_taps, ref = reference()
+            # B as it is needs its logits only: the layer taps' run without op taps (a planted change under B
+            # lives in the op taps, so then B runs with them)
+            acc_taps = (run_b()[2] if perturb else
+                        run_schedule(lm.model, toks, b, split=split, positions=positions, logit_positions=positions,
+                                     prefix=prefix))
+            base = _envelope(ref_taps, acc_taps, kinds, toks, {"pair": pair, "reference": a, "schedule": b,
+                                                               "mode": "accumulated", "dtype": lm.description.dtype})
+            _, _, _, loc = run_b(local=True)
+            local = optaps.local_drift(ref, loc, positions)
+            first = optaps.first_differing(local)
+            part = {"base": base, "local": local.to_dict("records"), "first": first.to_dict("records")}
+            ck.save("local", part)
+            _say(f"local drift: {int((local['frac_differ'] > 0).sum())} of {len(local)} (layer, op, position) differ")
+        base, local, first = part["base"], pd.DataFrame(part["local"]), pd.DataFrame(part["first"])
+        # Classes that carry local drift: "all but one" makes every other one of them invariant (replacing an
+        # op that drifts nowhere on its own only masks what flows through it, e.g. the LM head masks everything).
+        drifting = [c for c in exposed.classes if c in set(local["class"][local["frac_differ"] > 0])]
+        cf_rows = []
+        for direction in counterfactual:
+            for cls in classes if direction == "each" else [c for c in drifting if c in classes]:
+                replace = [cls] if direction == "each" else [c for c in drifting if c != cls]
+                row = ck.load("cf", direction, cls)
+                if row is None and not replace:  # the only drifting class: nothing else to make invariant
+                    row = {"class": cls, "direction": direction, **base}
+                if row is None:
+                    ref_taps, _, taps, _ = run_b(replace=replace)
+                    row = {"class": cls, "direction": direction,
+                           **_envelope(ref_taps, taps, kinds, toks, {"pair": pair, "reference": a, "schedule": b,
+                                                                      "mode": "counterfactual",
+                                                                      "dtype": lm.description.dtype})}
+                    ck.save("cf", row, direction, cls)
+                    _say(f"{direction:11s} {cls:28s} flips {row['flips']:.0f}  max|dlogit| {row['max_abs_dlogit']:.3g}")
+                cf_rows.append(row)
+    cf = pd.DataFrame(cf_rows, columns=["class", "direction", *ENVELOPE, "flip_positions"])
+    if len(cf):
+        cf["removes_flips"] = (cf["flips"] == 0) & (base["flips"] > 0)
+        cf["drifts_locally"] = cf["class"].isin(drifting)
+    summary = ops_summary(local)
+    verdict = verdict_line(pair, base, cf, summary)
+    env_record = {**(env if env is not None else environment()), **weights_record(lm.description)}
+    inputs = {"model": lm.info, "tokens": toks, "schedules": [a, b], "reference": a, "split": split,
+              "positions": [int(p) for p in positions], "ops": list(classes), "counterfactual": list(counterfactual),
+              "kernels": kopt.text or None, "planted": sorted(f"{k[0]}:{k[1]}" for k in (perturb or {})),
+              **(record or {})}
+    tables = {"local": local, "ops": summary, "first": first, "counterfactual": cf,
+              "envelope": pd.DataFrame([{"pair": pair, **{k: v for k, v in base.items() if k != "flip_positions"},
+                                         "flip_positions": list(base["flip_positions"])}])}
+    result = attribute_result(tables, inputs, env_record, {"verdict": verdict, "exposed": {
+        "layer_ops": exposed.names, "head": exposed.head, "part_of": exposed.part_of}})
+    ck.clear()
+    return kopt.label(result)
+
+
+def attribute_figures(tables: Mapping[str, pd.DataFrame], pair: str) -> dict[str, float]:
+    """Tracked figures: ``attr_local_bits/<pair>/<class>`` (log2(1 + max ULP) of the class's local drift over
+    layers and positions) and ``attr_left_<metric>/<pair>/<direction>/<class>`` (the envelope left)."""
+    from ..metrics import bits_lost
+
+    out: dict[str, float] = {}
+    s = tables.get("ops", pd.DataFrame())
+    for cls, g in (s.groupby("class", sort=False) if len(s) else []):
+        out[figure_name("attr_local_bits", pair, cls)] = bits_lost(float(g["max_ulp"].max()))
+    cf = tables.get("counterfactual", pd.DataFrame())
+    for _, r in cf.iterrows() if len(cf) else []:
+        for k in ("max_abs_dlogit", "flips"):
+            out[figure_name(f"attr_left_{k}", pair, r["direction"], r["class"])] = float(r[k])
+    return {k: v for k, v in out.items() if np.isfinite(v)}
+
+
+def attribute_result(tables: Mapping[str, pd.DataFrame], inputs: Mapping[str, Any], env: Mapping[str, Any],
+                     details: Mapping[str, Any]) -> Result:
+    pair = f"{inputs['schedules'][0]} vs {inputs['schedules'][1]}"
+    s = tables["ops"]
+    rows = ([{"pair": pair, "layer": int(r["layer"]), "op": r["op"], "metric": m, "value": float(r[m])}
+             for _, r in s.iterrows() for m in ("frac_differ", "max_ulp", "rel_l2")] if len(s) else [])
+    cf = tables["counterfactual"]
+    rows += ([{"pair": pair, "layer": -1, "op": f"{r['direction']}:{r['class']}", "metric": f"left_{m}",
+               "value": float(r[m])} for _, r in cf.iterrows() for m in ENVELOPE] if len(cf) else [])
+    frame = tidy(pd.DataFrame(rows, columns=["pair", "layer", "op", "metric", "value"]), **env_labels(env),
+                 model=inputs["model"].get("source", ""))
+    return Result(kind="attribute", inputs=inputs, env=env, frame=frame, figures=attribute_figures(tables, pair),
+                  tables=dict(tables), details=details)
+
+
+def explain_flip(lm, tokens: Sequence[int], schedules: Sequence[str], position: int, *, split: int | None = None,
+                 kernels: str | None = None, perturb: Mapping[tuple[int, str], Callable] | None = None) -> dict[str, Any]:
+    """At one position (the first divergence of ``triage`` / ``diverge``): the op classes whose counterfactual
+    removes the flip there (``removed_by``; ``causes``: those that drift on their own), and the first op whose
+    local output bits differ. It explains a verdict; it decides none."""
+    r = attribute(lm, tokens, schedules, split=split, positions=[position], counterfactual=("each",), kernels=kernels,
+                  perturb=perturb)
+    cf = r.tables["counterfactual"]
+    first = r.tables["first"]
+    flipped = position in list(r.tables["envelope"]["flip_positions"].iloc[0])
+    removes = [c for c, f in zip(cf["class"], cf["flip_positions"]) if position not in f] if flipped else []
+    drifting = set(r.tables["ops"]["class"][r.tables["ops"]["positions_differ"] > 0])
+    row = first[first["position"] == position]
+    return {"position": int(position), "flipped": bool(flipped), "removed_by": removes,
+            "causes": [c for c in removes if c in drifting],
+            "first_op": (f"layer {int(row['layer'].iloc[0])} {row['op'].iloc[0]}"
+                         if len(row) and int(row["layer"].iloc[0]) >= 0 else None),
+            "verdict": r.details["verdict"]}
+
+
+# The `attribute` part of `gemmdrift run`: the main job's pair (decode vs verify:2 past the sliding window on
+# the CPU sizes), the counterfactual for the attention core and two projections (the local drift of every op is
+# measured whatever the classes). Six runs over the 60 compared positions: within the 60 s the part may add.
+PART_OPS = ("sdpa", "q_proj", "down_proj")
+PART_SIZES = {"cpu": dict(tokens=560, split=500, ops=PART_OPS), "gpu": dict(tokens=2600, split=2300, ops=None),
+              "quick": dict(tokens=40, split=32, ops=("sdpa", "q_proj"))}
+
+
+def attribute_part(lm, name: str, checkpoint=None, env: dict[str, Any] | None = None) -> Result:
+    """The ``attribute`` part of the main job at sizes ``name`` (cpu, gpu, quick): decode vs verify:2."""
+    from .. import defaults
+    from ..prompts import builtin_stream
+
+    s = PART_SIZES[name]
+    return attribute(lm, builtin_stream(lm, s["tokens"]), list(defaults.STACK_SCHEDULES[:2]), split=s["split"],
+                     ops=s["ops"], counterfactual=("each",), checkpoint=str(checkpoint) if checkpoint else None,
+                     env=env, record={"prompt": "built-in text 'essay'", "sizes": name})
+
+
+def taps_overhead(lm, tokens: Sequence[int], schedules: Sequence[str], split: int) -> dict[str, float]:
+    """Seconds of the op taps (attribute without a counterfactual: reference, B accumulated, B local) against a
+    plain ``stack`` of the same pair (reference, accumulated, local), and their ratio (the budget is 1.3)."""
+    import time
+
+    from ..measure.stack import measure_stack
+
+    t0 = time.perf_counter()
+    measure_stack(lm, tokens, list(schedules), split=split, workers=1)
+    plain = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    attribute(lm, tokens, list(schedules), split=split, counterfactual=())
+    tapped = time.perf_counter() - t0
+    return {"stack_seconds": plain, "attribute_seconds": tapped, "ratio": tapped / plain}
+
+
+__all__ = ["attribute_part", "taps_overhead", "PART_SIZES", "attribute", "attribute_result", "attribute_figures", "verdict_line", "ops_summary", "explain_flip",
+           "DIRECTIONS"]

@@ -1,0 +1,244 @@
+"""The changelog's pages: one page per release pair (Markdown and HTML) and an index.
+
+A page is a list of blocks (``("h", level, text)``, ``("p", text)``, ``("list", items)``,
+``("table", headers, rows)``), written once and rendered twice: :func:`markdown` and :func:`html`.
+Inline text uses Markdown's backticks and ``[text](target.md)`` links; the HTML rendering turns them into
+``<code>`` and ``<a href="target.html">``.
+"""
+
+from __future__ import annotations
+
+import html as _html
+import math
+import re
+from typing import Any, Sequence
+
+from . import Measured, page_name
+
+Block = tuple
+
+
+def num(v: float) -> str:
+    """A figure as the page prints it: 4 significant digits, integers as integers."""
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "-"
+    if isinstance(v, float) and math.isinf(v):
+        return "∞" if v > 0 else "-∞"
+    if float(v).is_integer() and abs(v) < 1e15:
+        return str(int(v))
+    return f"{v:.4g}"
+
+
+def ratio(r: dict[str, Any]) -> str:
+    if math.isinf(r["ratio"]):
+        return "from 0"
+    return f"×{r['ratio']:.3g}" + (" (grew past the gate)" if r.get("regression") else "")
+
+
+def figure(r: dict[str, Any]) -> str:
+    return f"`{r['benchmark']}" + (f"[{r['params']}]" if r["params"] else "") + "`"
+
+
+def measured_blocks(m: Measured) -> list[Block]:
+    """The "Measured here" section."""
+    out: list[Block] = [("h", 2, "Measured here")]
+    if m.note:
+        have = "; ".join(f"{r}: {', '.join(ms)}" for r, ms in m.only.items())
+        return out + [("p", m.note + "." + (f" Results exist for {have}." if have else ""))]
+    for e in m.machines:
+        out.append(("h", 3, f"{e['machine']} ({e['backend']})"))
+        n_changed = e["compared"] - e["identical"]
+        if not n_changed:
+            out.append(("p", f"No drift figure changed: {e['identical']} of {e['compared']} drift figures identical "
+                             "(the summation trees and op probe rows among them)."))
+        else:
+            gate = (f"; {e['regressions']} grew past the gate's threshold" if e["regressions"] else
+                    "; none grew past the gate's threshold")
+            out.append(("p", f"{e['identical']} of {e['compared']} drift figures identical, {n_changed} changed"
+                             f"{gate}."))
+        if e["changed"]:
+            out.append(("table", ["figure", "before", "after", "ratio"],
+                        [[figure(r), num(r["old"]), num(r["new"]), ratio(r)] for r in e["changed"]]))
+        if n_changed:
+            out.append(("p", "**Summation trees.** " + ("None changed." if not e["trees"] else
+                                                         f"{len(e['trees'])} changed:")))
+            if e["trees"]:
+                out.append(("table", ["path", "T", "tree before", "tree after"],
+                            [[f"`{t['path']}`", t["T"], f"`{t['old']}`", f"`{t['new']}`"] for t in e["trees"]]))
+            out.append(("p", "**Op probe rows.** " + ("None changed bits." if not e["probe"] else
+                                                        f"{len(e['probe'])} changed:")))
+            if e["probe"]:
+                out.append(("table", ["probe row", "before", "after", "ratio"],
+                            [[figure(r), num(r["old"]), num(r["new"]), ratio(r)] for r in e["probe"]]))
+        golden = e["golden"]
+        if golden:
+            out.append(("p", "**Golden logits** (KLD of each release against the shipped base):"))
+            out.append(("table", ["figure", "before", "after", "ratio"],
+                        [[figure(r), num(r["old"]), num(r["new"]), ratio(r) if r["old"] != r["new"] else "="]
+                         for r in golden]))
+        else:
+            out.append(("p", "**Golden logits.** Not measured for both releases in these results."))
+    return out
+
+
+def ops_blocks(m: Measured, ops: Sequence[dict[str, Any]]) -> list[Block]:
+    """The "Which op moved" section, from the release comparisons of ops (:func:`gemmdrift.changelog.read_ops`)."""
+    out: list[Block] = [("h", 2, "Which op moved")]
+    moved = any(e["compared"] > e["identical"] for e in m.machines)
+    if not ops:
+        if m.machines and not moved:
+            return out + [("p", "Nothing to attribute: no drift figure changed.")]
+        return out + [("p", "No release comparison of ops for this pair (`gemmdrift attribute --python PATH` "
+                            "recomputes every op from captured inputs under another release).")]
+    for doc in ops:
+        a, b = doc["from"], doc["to"]
+        head = (f"Ops recomputed from inputs captured on {doc.get('machine', 'this machine')} "
+                f"({_MODEL.get(doc.get('model'), doc.get('model', '?'))}, positions {doc.get('positions', '?')}), "
+                f"mlx {a['mlx']} against mlx {b['mlx']} ({doc['compared']} op calls compared; "
+                f"`{doc['file']}`).")
+        out.append(("p", head))
+        if not doc["changed"]:
+            out.append(("p", "No op's output bits changed."))
+        else:
+            names = list(dict.fromkeys(c["op"] for c in doc["changed"]))
+            out.append(("p", "The ops whose output bits changed, in forward order: "
+                             + ", ".join(f"`{n}`" for n in names) + "."))
+            out.append(("table", ["first layer", "op", "layers", "largest share of elements differing", "max ULP"],
+                        [[str(c.get("first_layer", c.get("layer", "-"))), f"`{c['op']}`", str(c.get("layers", "-")),
+                          num(c.get("frac_differ", math.nan)), num(c.get("max_ulp", math.nan))]
+                         for c in _by_op(doc["changed"])]))
+        if doc.get("counterfactual"):
+            out.append(("p", "Counterfactual: " + str(doc["counterfactual"])))
+        elif doc["changed"]:
+            out.append(("p", "No counterfactual ran for this pair (the ops were recomputed from captured inputs; "
+                             "the whole model did not run under both releases with one op class swapped)."))
+    return out
+
+
+_MODEL = {"embedded": "the embedded Gemma", None: "the embedded Gemma"}
+
+
+def _by_op(changed: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per op name (forward order of first appearance): its layers, largest share and ULP."""
+    rows: dict[str, dict[str, Any]] = {}
+    for c in changed:
+        r = rows.setdefault(c["op"], {"op": c["op"], "first_layer": c.get("layer", "-"), "layer_list": [],
+                                      "frac_differ": 0.0, "max_ulp": 0.0})
+        if c.get("layer") is not None:
+            r["layer_list"].append(c["layer"])
+        r["frac_differ"] = max(r["frac_differ"], float(c.get("frac_differ", 0.0)))
+        r["max_ulp"] = max(r["max_ulp"], float(c.get("max_ulp", 0.0)))
+    for r in rows.values():
+        r["layers"] = _ranges(sorted(set(r.pop("layer_list")))) or "-"
+    return list(rows.values())
+
+
+def _ranges(xs: Sequence[int]) -> str:
+    """[1, 2, 3, 7] -> '1-3, 7'."""
+    out, start, prev = [], None, None
+    for x in list(xs) + [None]:
+        if start is None:
+            start = prev = x
+        elif x is not None and x == prev + 1:
+            prev = x
+        else:
+            out.append(f"{start}" if start == prev else f"{start}-{prev}")
+            start = prev = x
+    return ", ".join(out)
+
+
+def summary(m: Measured, ops: Sequence[dict[str, Any]]) -> str:
+    """The page's one-line answer, for the index."""
+    if m.note:
+        return "not measured here"
+    parts = []
+    for e in m.machines:
+        n = e["compared"] - e["identical"]
+        parts.append(f"{e['machine']}: " + (f"no drift figure changed ({e['compared']} series)" if not n else
+                                             f"{n} of {e['compared']} drift figures changed"))
+    names = list(dict.fromkeys(c["op"] for d in ops for c in d["changed"]))
+    if names:
+        parts.append("op moved: " + ", ".join(f"`{n}`" for n in names))
+    return "; ".join(parts)
+
+
+def page(m: Measured, ops: Sequence[dict[str, Any]], predicted: Sequence[Block], inputs: str) -> list[Block]:
+    """All blocks of one pair's page."""
+    title = f"mlx {m.old} → {m.new}: what changed in the bits"
+    cmd = f"gemmdrift changelog --from {m.old} --to {m.new}"
+    return ([("h", 1, title), ("p", f"Written by `{cmd}` from {inputs}. Back to the [index](index.md).")]
+            + measured_blocks(m) + ops_blocks(m, ops) + list(predicted))
+
+
+def index(rows: Sequence[tuple[str, str, str]], inputs: str) -> list[Block]:
+    """The index: one line per pair (old, new, summary), newest first."""
+    items = [f"[{old} → {new}]({page_name(old, new)}.md): {s}" for old, new, s in rows]
+    return [("h", 1, "The numerics changelog of mlx"),
+            ("p", "Per pair of releases: what changed in the bits on the machines measured here, which op moved, "
+                  "and what each chip's dispatch predicts (predictions, never measurements). Written by "
+                  f"`gemmdrift changelog` from {inputs}; `make changelog` writes these pages again."),
+            ("list", items)]
+
+
+# ------------------------------------------------------------------ rendering
+
+
+def markdown(blocks: Sequence[Block]) -> str:
+    out = []
+    for b in blocks:
+        if b[0] == "h":
+            out.append("#" * b[1] + " " + b[2])
+        elif b[0] == "p":
+            out.append(b[1])
+        elif b[0] == "list":
+            out.append("\n".join(f"- {i}" for i in b[1]))
+        elif b[0] == "table":
+            headers, rows = b[1], b[2]
+            lines = ["| " + " | ".join(headers) + " |", "|" + "|".join(" --- " for _ in headers) + "|"]
+            lines += ["| " + " | ".join(str(c).replace("|", "\\|") for c in r) + " |" for r in rows]
+            out.append("\n".join(lines))
+    return "\n\n".join(out) + "\n"
+
+
+_CODE = re.compile(r"`([^`]+)`")
+_LINK = re.compile(r"\[([^\]]+)\]\(([^)]+?)(\.md)?\)")
+_BOLD = re.compile(r"\*\*([^*]+)\*\*")
+
+
+def inline(text: str) -> str:
+    """Markdown inline (code, links to .md pages, bold) as HTML."""
+    parts = re.split(r"(`[^`]+`)", str(text))
+    out = []
+    for p in parts:
+        if p.startswith("`") and p.endswith("`") and len(p) > 1:
+            out.append(f"<code>{_html.escape(p[1:-1])}</code>")
+        else:
+            s = _html.escape(p, quote=False)
+            s = _LINK.sub(lambda m: f'<a href="{m.group(2)}{".html" if m.group(3) else ""}">{m.group(1)}</a>', s)
+            out.append(_BOLD.sub(r"<strong>\1</strong>", s))
+    return "".join(out)
+
+
+def html(blocks: Sequence[Block]) -> str:
+    title = next((b[2] for b in blocks if b[0] == "h"), "gemmdrift changelog")
+    body = []
+    for b in blocks:
+        if b[0] == "h":
+            body.append(f"<h{b[1]}>{inline(b[2])}</h{b[1]}>")
+        elif b[0] == "p":
+            body.append(f"<p>{inline(b[1])}</p>")
+        elif b[0] == "list":
+            body.append("<ul>\n" + "\n".join(f"<li>{inline(i)}</li>" for i in b[1]) + "\n</ul>")
+        elif b[0] == "table":
+            head = "".join(f"<th>{inline(h)}</th>" for h in b[1])
+            rows = "\n".join("<tr>" + "".join(f"<td>{inline(c)}</td>" for c in r) + "</tr>" for r in b[2])
+            body.append(f"<table>\n<tr>{head}</tr>\n{rows}\n</table>")
+    style = ("body{font-family:sans-serif;max-width:60em;margin:2em auto;line-height:1.4}"
+             "table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:2px 6px;text-align:left}"
+             "code{font-size:90%}")
+    plain = _html.escape(_CODE.sub(lambda m: m.group(1), title))
+    return (f"<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>{plain}"
+            f"</title><style>{style}</style></head>\n<body>\n" + "\n".join(body) + "\n</body></html>\n")
+
+
+__all__ = ["page", "index", "markdown", "html", "summary", "measured_blocks", "ops_blocks", "num"]

@@ -1,0 +1,300 @@
+"""The changelog's "Predicted per chip" section: dispatch differences between two releases, and the replayed
+decode-vs-verify envelope under each release's recipes.
+
+Dispatch: :func:`gemmdrift.dispatch.choose` (read from the mlx source, no mlx import) for every projection and
+the LM head of the embedded Gemma (Gemma 3 270M's shapes, ``models.SHAPES["gemma3-270m"]``) and of
+``shape:gemma4-31b``, dense bfloat16 and quantized affine 4 and 8 bits (group 64), and attention (T queries
+against the sliding window's keys), T = 1..33, on every named Apple chip class and size (M1..M5, base, Max,
+Ultra) and on sm80 and sm90. A release older than the rules read (0.30.5) is "not knowable"; one newer than
+the source read is given that source's rules, and the page says so.
+
+Envelope: :func:`gemmdrift.replay.predict.predict_drift` (the main job's replay part, one chip at a time, default
+variant) under each release's recipes, decode vs verify:2 and verify:3 on the embedded Gemma. A replay is
+computed once per (chip, release's plan signature) and kept in a JSON cache (the shipped one beside the pages,
+``docs/changelog/replayed.json``); pages are written from the cache, and ``--replay`` computes what is
+missing (it loads the model). Where the kernels' order is not knowable (NAX, cuBLASLt) it says so.
+Every line of this section says it is a prediction.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any, Sequence
+
+from ..checks import split_release
+from ..errors import GemmdriftError
+
+T_MAX = 33
+WEIGHTS = (("bf16", None), ("q4", 4), ("q8", 8))  # dense bfloat16; affine 4 and 8 bits, group 64
+GROUP = 64
+MODELS = (("the embedded Gemma", "gemma3-270m"), ("`shape:gemma4-31b`", "gemma4-31b"))
+ENVELOPE_CHIPS = ("M1", "M2", "M3", "M4", "M5", "sm90")  # replayed envelopes: one per GPU class (base size)
+ENVELOPE_KEYS = ("max_abs_dlogit", "max_abs_dgap", "flips")
+PREDICTION = "prediction"
+
+
+def chips() -> list[Any]:
+    """M1..M5 in every named size, then sm80 and sm90."""
+    from ..dispatch import CHIPS
+
+    metal = [c for c in CHIPS.values() if c.backend == "metal"]
+    cuda = [CHIPS[n] for n in ("sm80", "sm90")]
+    return metal + cuda
+
+
+def projection_shapes(name: str) -> list[tuple[str, int, int]]:
+    """(projection, K, N) of a model's layers and LM head, from its HF config in ``models.SHAPES``."""
+    from ..model import SHAPES
+
+    c = SHAPES[name]
+    h, inter, heads, kv, hd = (c["hidden_size"], c["intermediate_size"], c["num_attention_heads"],
+                               c["num_key_value_heads"], c["head_dim"])
+    out = [("q_proj", h, heads * hd), ("k_proj", h, kv * hd), ("v_proj", h, kv * hd), ("o_proj", heads * hd, h),
+           ("gate_proj", h, inter), ("up_proj", h, inter), ("down_proj", inter, h)]
+    if c.get("global_head_dim"):  # Gemma 4's full-attention layers: their own head dim and kv heads
+        ghd, gkv = c["global_head_dim"], c.get("num_global_key_value_heads", kv)
+        out += [("q_proj (global)", h, heads * ghd), ("k_proj (global)", h, gkv * ghd),
+                ("o_proj (global)", heads * ghd, h)]
+    return out + [("lm_head", h, c["vocab_size"])]
+
+
+def sdpa_shape(name: str) -> dict[str, int]:
+    from ..model import SHAPES
+
+    c = SHAPES[name]
+    return {"k_len": int(c["sliding_window"]), "head_dim": int(c["head_dim"]), "n_heads": int(c["num_attention_heads"]),
+            "n_kv_heads": int(c["num_key_value_heads"])}
+
+
+def _version_of(release: str) -> str:
+    return split_release(release)[0]
+
+
+def knowable(release: str) -> str | None:
+    """Why a release's dispatch cannot be predicted (its source was not read), or None."""
+    from ..dispatch import VERIFIED_FROM, parse_version
+
+    if parse_version(_version_of(release)) < VERIFIED_FROM:
+        return (f"mlx {_version_of(release)}'s dispatch was not read (the rules were read from "
+                f"{'.'.join(map(str, VERIFIED_FROM))} on): not knowable")
+    return None
+
+
+class Predictor:
+    """The predicted section of each page; dispatch tables per release computed once, replayed envelopes
+    cached per (chip, plan signature) in ``cache`` (JSON)."""
+
+    def __init__(self, cache: Path | None = None, replay: bool = False):
+        self.cache_path = Path(cache) if cache is not None else None
+        self.replay = replay
+        self._tables: dict[str, dict] = {}
+        self._cache = self._load()
+        self._dirty = False
+        self._lm = None
+
+    # ---------------------------------------------------------------- dispatch
+
+    def table(self, release: str) -> dict[tuple, str]:
+        """{(chip, model, weights, op, T): kernel label} under the release's mlx."""
+        from ..dispatch import choose, label
+
+        version = _version_of(release)
+        if version in self._tables:
+            return self._tables[version]
+        out: dict[tuple, str] = {}
+        for chip in chips():
+            for _, model in MODELS:
+                for wname, bits in WEIGHTS:
+                    for proj, K, N in projection_shapes(model):
+                        for T in range(1, T_MAX + 1):
+                            if bits is None:
+                                ch = choose(chip, "matmul", T=T, K=K, N=N, dtype="bfloat16", mlx_version=version)
+                            else:
+                                ch = choose(chip, "quantized_matmul", T=T, K=K, N=N, dtype="bfloat16",
+                                            mlx_version=version, bits=bits, group_size=GROUP)
+                            out[(chip.name, model, wname, proj, T)] = label(ch)
+                s = sdpa_shape(model)
+                for T in range(1, T_MAX + 1):
+                    ch = choose(chip, "sdpa", T=T, K=s["k_len"], N=s["head_dim"], dtype="bfloat16",
+                                mlx_version=version, n_heads=s["n_heads"], n_kv_heads=s["n_kv_heads"])
+                    out[(chip.name, model, "any", "sdpa", T)] = label(ch)
+        self._tables[version] = out
+        return out
+
+    def differences(self, old: str, new: str) -> list[dict[str, Any]]:
+        """One row per (chip, model, weights, old kernel -> new kernel): the ops and T it holds for."""
+        a, b = self.table(old), self.table(new)
+        groups: dict[tuple, dict[str, set]] = {}
+        for key, ka in a.items():
+            kb = b[key]
+            if ka == kb:
+                continue
+            chip, model, weights, op, T = key
+            g = groups.setdefault((chip, model, weights, ka, kb), {})
+            g.setdefault(op, set()).add(T)
+        rows = []
+        for (chip, model, weights, ka, kb), ops in groups.items():
+            by_ts: dict[tuple, list[str]] = {}
+            for op, ts in ops.items():
+                by_ts.setdefault(tuple(sorted(ts)), []).append(op)
+            for ts, names in by_ts.items():
+                rows.append({"chip": chip, "model": model, "weights": weights, "ops": names, "T": list(ts),
+                             "old": ka, "new": kb})
+        order = {c.name: i for i, c in enumerate(chips())}
+        merged: dict[tuple, list[str]] = {}  # chips whose rows are the same share one row
+        for r in rows:
+            merged.setdefault((r["model"], r["weights"], tuple(r["ops"]), tuple(r["T"]), r["old"], r["new"]),
+                              []).append(r["chip"])
+        out = [{"chips": sorted(cs, key=order.get), "model": m, "weights": w, "ops": list(o), "T": list(t),
+                "old": ka, "new": kb} for (m, w, o, t, ka, kb), cs in merged.items()]
+        return sorted(out, key=lambda r: (r["model"] != "gemma3-270m", r["weights"], order[r["chips"][0]], r["T"][0],
+                                          r["ops"]))
+
+    # ---------------------------------------------------------------- replayed envelopes
+
+    def _load(self) -> dict[str, Any]:
+        if self.cache_path is None or not self.cache_path.is_file():
+            return {}
+        try:
+            d = json.loads(self.cache_path.read_text())
+            if not isinstance(d, dict):
+                raise ValueError("not a JSON object")
+            return d
+        except (OSError, UnicodeDecodeError, ValueError) as e:
+            raise GemmdriftError(f"cannot read the replayed envelopes' cache {self.cache_path}: {e}") from None
+
+    def save(self) -> None:
+        if self._dirty and self.cache_path is not None:
+            from ..files import write_text
+
+            write_text(self.cache_path, json.dumps(self._cache, indent=1, sort_keys=True) + "\n")
+            self._dirty = False
+
+    def signature(self, chip: str, release: str) -> str:
+        """What a replay of the embedded Gemma's dense bf16 projections on ``chip`` computes under the release:
+        the recipe (kernel, parameters, default variant) the replay plans per projection at the T the predict
+        part calls (1, 3, 4), or why it has none: equal signatures run the same recipes on the same inputs, so
+        one replay serves every release that has it."""
+        from ..replay.paths import plan_for
+
+        parts = []
+        for proj, K, N in projection_shapes("gemma3-270m"):
+            for T in (1, 3, 4):
+                try:
+                    plan = plan_for(chip, "matmul", T=T, K=K, N=N, dtype="bfloat16", mlx_version=_version_of(release))
+                    what = (plan.recipe.kernel, sorted(plan.params.items()), sorted(plan.variant.items()))
+                except GemmdriftError as e:
+                    what = ("no recipe", re.sub(r"mlx [0-9.]+ ", "", str(e).partition(": ")[2]))  # the reason
+                parts.append(f"{proj}@{T}={what}")
+        return ";".join(parts)
+
+    def envelope(self, chip: str, release: str) -> dict[str, Any] | None:
+        """The cached replayed envelope (``verify:2``/``verify:3`` -> figures, or ``refused``), or None."""
+        key = f"{chip}|{self.signature(chip, release)}"
+        if key not in self._cache and self.replay:
+            self._cache[key] = self._run(chip, release)
+            self._dirty = True
+            self.save()  # each replay kept as soon as it is computed: an interrupted --replay resumes
+        return self._cache.get(key)
+
+    def _run(self, chip: str, release: str) -> dict[str, Any]:
+        from ..replay.predict import SIZES, PredictSizes, predict_drift
+
+        if self._lm is None:
+            from ..model import load_model
+
+            self._lm = load_model("embedded")
+        base = SIZES["cpu"]
+        sizes = PredictSizes(tokens=base.tokens, split=base.split, chips=(chip,), variants="default")
+        r = predict_drift(self._lm, sizes, mlx_version=_version_of(release))
+        env = r.tables["envelope"]
+        env = env[(env["source"] == PREDICTION) & (env["chip"] == chip)]
+        out: dict[str, Any] = {"mlx_recipes": _version_of(release)}
+        for _, row in env.iterrows():
+            out[row["schedule"].rpartition(",")[2]] = {k: float(row[k]) for k in ENVELOPE_KEYS if k in row}
+        ref = r.tables["refused"]
+        for _, row in ref[ref["chip"] == chip].iterrows():
+            out.setdefault("refused", {})[row["schedule"].rpartition(",")[2]] = str(row["reason"])
+        return out
+
+    # ---------------------------------------------------------------- the section
+
+    def blocks(self, old: str, new: str) -> list[tuple]:
+        from .pages import _ranges, num
+
+        out: list[tuple] = [("h", 2, "Predicted per chip"),
+                            ("p", "Every line of this section is a prediction from the dispatch rules read from the "
+                                  "mlx source (`gemmdrift dispatch --chip M3`) and the replay (`gemmdrift stack --kernels replay:M3`), "
+                                  "not a measurement on that chip.")]
+        why = [w for w in (knowable(old), knowable(new)) if w]
+        if why:
+            return out + [("p", f"Prediction: {why[0]}.")]
+        from ..dispatch import MIRROR_REVISION, MIRROR_VERSION, parse_version
+
+        newer = [r for r in (old, new) if parse_version(_version_of(r)) > MIRROR_VERSION]
+        if newer:
+            out.append(("p", f"Prediction: mlx {', '.join(_version_of(r) for r in newer)} is newer than the source "
+                             f"read ({MIRROR_REVISION}): its rules are taken as that source's."))
+        rows = self.differences(old, new)
+        names = {m: label for label, m in MODELS}
+        if not rows:
+            out.append(("p", f"Prediction: no dispatch difference between mlx {_version_of(old)} and "
+                             f"{_version_of(new)} on any chip listed (M1..M5 in every size, sm80, sm90) for the "
+                             "embedded Gemma's or `shape:gemma4-31b`'s projections (dense bf16, q4, q8) and "
+                             f"attention, T=1..{T_MAX}."))
+        else:
+            out.append(("p", f"Prediction: the kernel mlx {_version_of(new)} dispatches where mlx "
+                             f"{_version_of(old)}'s differs (T=1..{T_MAX}; weights bf16 dense, q4/q8 affine "
+                             f"group {GROUP}; chips without a row dispatch alike):"))
+            out.append(("table", ["chips", "model", "weights", "ops", "T", f"mlx {_version_of(old)}",
+                                  f"mlx {_version_of(new)}"],
+                        [[", ".join(r["chips"]), names[r["model"]], r["weights"], ", ".join(f"`{o}`" for o in r["ops"]),
+                          _ranges(r["T"]), r["old"], r["new"]] for r in rows]))
+        env_rows, missing = [], []
+        for chip in ENVELOPE_CHIPS:
+            cells = []
+            for rel in (old, new):
+                e = self.envelope(chip, rel)
+                if e is None:
+                    cells.append(None)
+                    continue
+                cells.append(e)
+            if None in cells:
+                missing.append(chip)
+                continue
+            scheds = ["verify:2", "verify:3"] + (["decode-vs-cpu"] if any("decode-vs-cpu" in e for e in cells) else [])
+            for sched in scheds:
+                row = [chip, "decode vs this CPU's decode" if sched == "decode-vs-cpu" else sched]
+                for e in cells:
+                    if sched in e:
+                        f = e[sched]
+                        row.append(f"{num(f['max_abs_dlogit'])} / {num(f['max_abs_dgap'])} / {num(f['flips'])}")
+                    else:
+                        why = e.get("refused", {}).get(sched)
+                        row.append("not knowable: " + _short(why) if why else "-")
+                env_rows.append(row)
+        if env_rows:
+            out.append(("p", "Prediction: decode vs verify on the embedded Gemma (positions 1..4, one-token "
+                             "prompt, each chip's default recipe variant) replayed under each release's recipes: "
+                             "max |Δlogit| / max |Δgap| / argmax flips; where verification is not knowable, the chip's T=1 "
+                             "kernels decoding the same stream against this CPU's decode."))
+            out.append(("table", ["chip", "pair", f"mlx {_version_of(old)} (prediction)",
+                                  f"mlx {_version_of(new)} (prediction)"], env_rows))
+        if missing:
+            out.append(("p", "Prediction: the replayed envelope of " + ", ".join(missing) + " is not in the cache "
+                             "(`gemmdrift changelog --replay` computes it)."))
+        return out
+
+
+def _short(reason: str) -> str:
+    """A refusal as a table cell: its first clause."""
+    text = str(reason)
+    for key in ("cuBLASLt", "NAX", "nax"):
+        if key in text:
+            return {"nax": "NAX"}.get(key, key) + " (order unknown)"
+    return text.split(":")[0][:80]
+
+
+__all__: Sequence[str] = ["Predictor", "chips", "projection_shapes", "knowable", "T_MAX", "MODELS", "WEIGHTS"]

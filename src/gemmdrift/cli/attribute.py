@@ -1,0 +1,158 @@
+"""``gemmdrift attribute``: which op made the drift between two schedules (issue 29).
+
+Flags as ``stack``'s (model, prompt, ``--schedules`` A B, ``--split``, ``--positions``, ``--kernels``), plus
+``--ops`` (the op classes of the counterfactual) and ``--counterfactual`` (``each``, ``all-but-one``, both, or
+``none``). Every input error that can be known before the model loads is one line and exit 2 before it loads;
+an unknown op name is refused right after (the model says which ops it exposes), before anything is computed.
+Finished parts are checkpointed under ``--out``: a rerun after Ctrl-C resumes.
+
+Other modes of the command plug in through :data:`MODES`: a list of ``(add_arguments(parser), run(args, cli))``
+pairs. ``add_arguments`` adds the mode's flags; ``run`` returns None when its flags were not given (the next mode
+is asked, and the plain attribution runs when none answers), else the exit code. A mode module appends itself
+at the bottom of this file, e.g. ``MODES.append((primitives_cli.add_arguments, primitives_cli.run))``.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+from .. import defaults as D
+from ..errors import GemmdriftError
+
+MODES: list[tuple[Callable[[Any], None], Callable[[Any, Any], int | None]]] = []
+DEFAULT_SCHEDULES = ("prefill:512,decode", "prefill:512,verify:2")
+
+
+def parse_counterfactual(text: str) -> list[str]:
+    """``each``, ``all-but-one``, ``each,all-but-one`` or ``none`` -> the directions to run."""
+    from ..attribution.attribute import DIRECTIONS
+
+    if text.strip() == "none":
+        return []
+    out = [t.strip() for t in text.split(",") if t.strip()]
+    bad = [t for t in out if t not in DIRECTIONS]
+    if bad or not out:
+        raise GemmdriftError(f"--counterfactual {text!r}: expected each, all-but-one, each,all-but-one or none")
+    return out
+
+
+def parse_ops(text: str | None) -> list[str] | None:
+    if text is None:
+        return None
+    out = [t.strip() for t in text.split(",") if t.strip()]
+    if not out:
+        raise GemmdriftError("--ops: give op names, e.g. q_proj,sdpa,k_norm")
+    return out
+
+
+def add_parser(sub, cli) -> None:
+    """Register ``attribute`` on the CLI's subparsers; ``cli`` is :mod:`gemmdrift.cli` (handed in, never imported)."""
+    s = sub.add_parser("attribute", help="which op made the drift: local drift per op and layer, and the "
+                                         "counterfactual per op class at the logits")
+    cli._add_model(s)
+    cli._add_prompt(s)
+    s.add_argument("--schedules", nargs="+", default=list(DEFAULT_SCHEDULES), metavar="SCHEDULE",
+                   help="the reference, then the schedule compared (default prefill:512,decode prefill:512,verify:2)")
+    s.add_argument("--split", type=int, help="prompt/continuation boundary (default: compare the last 128 tokens)")
+    s.add_argument("--positions", help="positions compared, A:B (default split:end)")
+    s.add_argument("--ops", help="op classes of the counterfactual, e.g. q_proj,sdpa,k_norm (default: every class "
+                                 "the model exposes; an unknown name lists them)")
+    s.add_argument("--counterfactual", default="each,all-but-one",
+                   help="each (one class made invariant), all-but-one (every other drifting class made invariant), "
+                        "both (default each,all-but-one) or none")
+    s.add_argument("--kernels", help=D.KERNELS_HELP)
+    cli._add_output(s, "results/attribute")
+    for add, _ in MODES:  # after --out and --json: a mode adds only the flags the command lacks
+        add(s)
+    s.set_defaults(func=lambda args: cmd_attribute(args, cli))
+
+
+def cmd_attribute(args, cli) -> int:
+    for _, run in MODES:
+        rc = run(args, cli)
+        if rc is not None:
+            return int(rc)
+    from ..checks import check_positive, check_range_text
+    from ..replay.model import KernelsOption
+    from ..schedules import parse_schedule
+
+    if len(args.schedules) != 2:
+        raise GemmdriftError(f"--schedules: give two (the reference and the one compared), got {len(args.schedules)}")
+    for text in args.schedules:
+        parse_schedule(text)
+    cli._precheck(args)
+    check_positive(split=args.split)
+    check_range_text(args.positions, "--positions")
+    directions = parse_counterfactual(args.counterfactual)
+    ops = parse_ops(args.ops)
+    if ops is not None and not directions:
+        raise GemmdriftError("--ops names the classes of the counterfactual: it needs --counterfactual other than none")
+    kopt = KernelsOption(args.kernels)
+    from ..attribution.attribute import attribute
+    from ..ranges import default_split, parse_range
+    from ..machine.envinfo import environment
+    from ..model import describe
+    from ..model.optaps import exposed_ops
+
+    lm = cli._load(args)
+    exposed = exposed_ops(lm.model)  # a model whose layers expose no op, or an unknown op name: exit 2 here
+    if ops is not None:
+        exposed.resolve(ops, "op class")
+    ids, label = cli._tokens(args, lm)
+    n = len(ids)
+    split = args.split if args.split is not None else default_split(n)
+    positions = parse_range(args.positions, n, "--positions")
+    print(f"gemmdrift attribute: {describe(lm.description)}; {n} tokens ({label}); split {split}", file=sys.stderr)
+    result = attribute(lm, ids, args.schedules, split=split, positions=positions, ops=ops,
+                       counterfactual=directions, kernels=kopt.text or None,
+                       checkpoint=str(Path(args.out) / kopt.dirname("checkpoint")), env=environment(),
+                       record={"prompt": label, **({"prompt_ids_file": args.prompt_ids} if args.prompt_ids else {})})
+    cli._write_and_print(args, result, args.out)
+    return 0
+
+
+def explain_divergence(lm, result, prompt, kernels: str | None = None, perturb=None):
+    """``triage`` / ``diverge`` ``--explain``: at the first divergence of ``result`` (a triage Result, or a diverge
+    Result carrying one), the op classes whose counterfactual removes the flip there
+    (:func:`gemmdrift.attribution.attribute.explain_flip`) added to its triage record as ``explanation``. The verdict is left
+    as it is: this explains it. ``perturb``: a planted change under schedule B (tests)."""
+    import dataclasses
+
+    from ..attribution.attribute import explain_flip
+
+    details = dict(result.details)
+    t = details.get("triage")
+    if not t or t.get("index") is None or t.get("bit_identical"):
+        return result  # nothing diverged, or not numerically: no op to name
+    d, split = int(t["index"]), len(prompt) - 1
+    stream_a = (result.inputs.get("stream_a") if result.kind == "triage"
+                else (details.get("stream_a") or {}).get("tokens")) or []
+    tokens = [int(x) for x in list(prompt) + list(stream_a)[:d]]  # both streams agree up to the divergence
+    position = int(t["position"])
+    e = explain_flip(lm, tokens[:position + 1], [t["schedule_a"], t["schedule_b"]], position,
+                     split=split if split >= 1 else None, kernels=kernels, perturb=perturb)
+    if not e["flipped"]:
+        e["said"] = (f"teacher-forced over the shared tokens, the two schedules do not flip at position {position}: "
+                     "no op class to name")
+    elif e["causes"]:
+        e["said"] = (f"the flip at position {position} disappears when {' or '.join(e['causes'])} is made invariant"
+                     + (f" (first op whose bits differ: {e['first_op']})" if e["first_op"] else ""))
+    else:
+        e["said"] = (f"the flip at position {position} survives every op class made invariant on its own"
+                     if not e["removed_by"] else
+                     f"the flip at position {position} disappears only when an op downstream of the drift is replaced "
+                     f"({', '.join(e['removed_by'][:4])})")
+    details["triage"] = {**t, "explanation": e}
+    return dataclasses.replace(result, details=details)
+
+
+# The release axis (issue 29 item 4): --python PATH recomputes every op from captured inputs under another mlx.
+from ..attribution import release_ops as _release_ops  # noqa: E402
+
+MODES.append((_release_ops.add_arguments, _release_ops.run))
+
+from . import primitives as primitives_cli  # noqa: E402  (a mode registers itself once MODES exists)
+
+MODES.append((primitives_cli.add_arguments, primitives_cli.run))  # --primitives: the one-second gate (item 6)

@@ -1,0 +1,157 @@
+"""`gemmdrift changelog`: the numerics changelog of mlx, one page per release pair (issue 30).
+
+    gemmdrift changelog                                  # every consecutive pair with data, and the index
+    gemmdrift changelog --from 0.29.4 --to 0.30.6        # one pair
+    gemmdrift changelog --results .asv/results benchmarks/reference --out results/changelog
+
+Releases are named as `gemmdrift history` and `gate` name them (``0.31.2``, ``0.32.4+lm0.31.3``; a bare mlx
+version names that mlx with the newest mlx-lm it ran with), or an mlx release whose dispatch was read from
+the mlx source (its page has predictions only). The shipped pages (``docs/changelog/``) are written by
+``make changelog`` from the shipped inputs; a test fails when they differ from what this command writes.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any, Sequence
+
+from ..errors import GemmdriftError
+
+RESULTS_HELP = ("asv results directories (default: this checkout's .asv/results, else the committed "
+                "benchmarks/reference)")
+
+
+def add_parser(sub) -> None:
+    s = sub.add_parser("changelog", help="what each mlx release changed in the bits: measured here, which op, "
+                                         "predicted per chip (Markdown and HTML pages)")
+    s.add_argument("--from", dest="old", metavar="A", help="the older release (with --to; default: every "
+                                                             "consecutive pair with data)")
+    s.add_argument("--to", dest="new", metavar="B", help="the newer release")
+    s.add_argument("--results", nargs="+", metavar="DIR", help=RESULTS_HELP)
+    s.add_argument("--ops", nargs="+", metavar="DIR",
+                   help="release comparisons of ops (gemmdrift.attribution.release_ops JSON; default benchmarks/release_ops)")
+    s.add_argument("--out", default=None, help="where the pages go (default docs/changelog of this checkout)")
+    s.add_argument("--no-predict", action="store_true", help="leave out the predicted section")
+    s.add_argument("--replay", action="store_true",
+                   help="replay the decode-vs-verify envelopes missing from the cache (loads the embedded Gemma)")
+    s.set_defaults(func=cmd_changelog)
+
+
+def _rel(path: Path, root: Path | None) -> str:
+    """A path as the page names it: relative to the checkout when inside it (pages must not depend on where
+    the checkout lies)."""
+    p = Path(path).resolve()
+    if root is not None:
+        try:
+            return p.relative_to(root.resolve()).as_posix()
+        except ValueError:
+            pass
+    return str(path)
+
+
+def cmd_changelog(args) -> int:
+    from ..measure.history import default_results, project_root
+
+    if (args.old is None) != (args.new is None):
+        raise GemmdriftError("give both --from and --to (or neither, for every consecutive pair)")
+    root = project_root()
+    if args.results:
+        dirs = [Path(d) for d in args.results]
+    else:
+        d, why = default_results()
+        print(f"gemmdrift changelog: {why}", file=sys.stderr)
+        dirs = [Path(d)]
+    from ..changelog import OPS_DIR, PAGES
+
+    ops_dirs = [Path(d) for d in args.ops] if args.ops else ([root / OPS_DIR] if root is not None else [])
+    for d in ops_dirs:
+        if not d.is_dir() and args.ops:
+            raise GemmdriftError(f"--ops: no directory {d}")
+    out = Path(args.out) if args.out else ((root / PAGES) if root is not None else PAGES)
+    written = write_changelog(dirs, out, pair=(args.old, args.new) if args.old else None, ops_dirs=ops_dirs,
+                              root=root, predict=not args.no_predict, replay=args.replay)
+    for p in written:
+        print(p)
+    return 0
+
+
+def write_changelog(results: Sequence[Path], out: Path, *, pair: tuple[str, str] | None = None,
+                    ops_dirs: Sequence[Path] = (), root: Path | None = None, predict: bool = True,
+                    replay: bool = False, cache: Path | None = None) -> list[Path]:
+    """Write the pages (Markdown and HTML) of one pair, or of every consecutive pair and the index.
+
+    Every input error (unknown release, no common machine, corrupt results or ops files) raises before a page
+    is written. Returns the paths written.
+    """
+    from .. import changelog as cl
+    from ..changelog import pages as view
+    from ..files import write_text
+    from ..measure.history import read_results
+
+    df = read_results([str(d) for d in results])
+    if pair is not None:
+        old, new = cl.resolve(pair[0], df, "--from"), cl.resolve(pair[1], df, "--to")
+        if old == new:
+            raise GemmdriftError(f"--from and --to name the same release ({old})")
+        pairs = [(old, new)]
+    else:
+        pairs = cl.default_pairs(df)
+    inputs = ", ".join(f"`{_rel(d, root)}`" for d in results)
+    ops_text = [f"`{_rel(d, root)}`" for d in ops_dirs if Path(d).is_dir()]
+    if ops_text:
+        inputs += " (release comparisons of ops: " + ", ".join(ops_text) + ")"
+    pages: list[tuple[str, str, list, str]] = []
+    predictor = None
+    if predict:
+        from ..changelog.predicted import Predictor
+
+        predictor = Predictor(cache=cache if cache is not None else default_cache(root, out), replay=replay)
+    for old, new in pairs:
+        m = cl.measured(df, old, new)
+        ops = cl.read_ops([d for d in ops_dirs if Path(d).is_dir()], old, new)
+        predicted = predictor.blocks(old, new) if predictor is not None else []
+        pages.append((old, new, view.page(m, ops, predicted, inputs), view.summary(m, ops)))
+    if predictor is not None:
+        predictor.save()
+    written = []
+    for old, new, blocks, _ in pages:
+        stem = out / cl.page_name(old, new)
+        written.append(write_text(Path(str(stem) + ".md"), view.markdown(blocks)))
+        written.append(write_text(Path(str(stem) + ".html"), view.html(blocks)))
+    if pair is None:
+        rows = [(o, n, s) for o, n, _, s in reversed(pages)]
+        idx = view.index(rows, inputs)
+        written.append(write_text(out / "index.md", view.markdown(idx)))
+        written.append(write_text(out / "index.html", view.html(idx)))
+    return written
+
+
+def default_cache(root: Path | None, out: Path) -> Path:
+    """The replayed envelopes' cache: the shipped one beside the shipped pages."""
+    from ..changelog import PAGES
+
+    return (root / PAGES / "replayed.json") if root is not None else out / "replayed.json"
+
+
+def gate_pointer(baseline: str, candidate: str) -> str:
+    """The line `gemmdrift gate` and `history` print: where the changelog page of the pair is (or how to write
+    it)."""
+    from ..changelog import PAGES, page_name
+    from ..measure.history import project_root
+
+    root = project_root()
+    page = PAGES / f"{page_name(baseline, candidate)}.md"
+    if root is not None and (root / page).is_file():
+        return f"what changed in the bits, op and prediction per chip: {page.as_posix()}"
+    return (f"what changed in the bits: `gemmdrift changelog --from {baseline} --to {candidate}` writes the page")
+
+
+__all__: list[Any] = ["add_parser", "cmd_changelog", "write_changelog", "gate_pointer"]
+
+
+def index_pointer() -> str:
+    """The line `gemmdrift history` prints: the changelog's index (every pair it judges side by side)."""
+    from ..changelog import PAGES
+
+    return f"what each release changed, pair by pair: {(PAGES / 'index.md').as_posix()} (`gemmdrift changelog`)"

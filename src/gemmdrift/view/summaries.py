@@ -1,0 +1,658 @@
+"""Summaries of a Result: the machine-readable dict (``summary.json``, ``--json``) and the printed text.
+
+Each kind registers its two functions in :data:`SUMMARIES` and :data:`TEXTS`;
+a kind without its own gets the generic ones (its tracked figures). Both read
+the Result only.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Mapping
+
+import pandas as pd
+
+from .. import kernels, metrics
+from ..result import Result
+from ..text import fmt, text_table
+
+
+def generic_summary(result: Result) -> dict[str, Any]:
+    return {"kind": result.kind, "figures": dict(result.figures)}
+
+
+def generic_text(result: Result) -> str:
+    if not result.figures:
+        return f"{result.kind}: no tracked figures"
+    df = pd.DataFrame({"figure": list(result.figures), "value": list(result.figures.values())})
+    return f"== {result.kind}\n" + text_table(df)
+
+
+SUMMARIES: dict[str, Callable[[Result], dict[str, Any]]] = {}
+TEXTS: dict[str, Callable[[Result], str]] = {}
+
+
+def summary(result: Result) -> dict[str, Any]:
+    """The machine-readable summary of any Result."""
+    out = SUMMARIES.get(result.kind, generic_summary)(result)
+    rep = _replay_record(result)
+    if rep:  # a replayed run (--kernels replay:<chip>): a prediction, and what was replayed
+        out = {**out, "replay": {k: rep.get(k) for k in ("prediction", "chip", "mlx_version", "variant", "replayed",
+                                                          "not_replayed", "prefix") if rep.get(k) is not None}
+               | {"skipped": len(rep.get("skipped") or [])}}
+    return out
+
+
+def text(result: Result) -> str:
+    """The printed summary of any Result (a replayed run says first that it is a prediction)."""
+    body = TEXTS.get(result.kind, generic_text)(result)
+    note = replay_note(result)
+    return body if note is None else note + "\n\n" + body
+
+
+def _replay_record(result: Result) -> Mapping[str, Any] | None:
+    """The ReplayLog record of a run made under ``--kernels replay:<chip>`` (``predict`` keeps a list of its
+    own runs' records there, and says what they are itself)."""
+    rep = (result.details or {}).get("replay")
+    return rep if isinstance(rep, Mapping) and "chip" in rep else None
+
+
+def replay_note(result: Result) -> str | None:
+    """What a replayed run (``--kernels replay:<chip>``) predicted and how, in one paragraph; None otherwise."""
+    rep = _replay_record(result)
+    if not rep:
+        return None
+    kernels = sorted({c["kernel"] for c in rep.get("calls") or []})
+    head = (f"PREDICTION for {rep['chip']} (replayed mlx {rep['mlx_version']} kernel orders, variant "
+            f"{rep['variant']}), not a measurement on it. Replayed: {rep['replayed']} ({', '.join(kernels) or 'none'})"
+            f"; on this machine's kernels: {rep['not_replayed']}."
+            + (f" Shared prefix: {rep['prefix']}." if rep.get("prefix") else "")
+            + (f" Not replayed, and not computed: {len(rep['skipped'])} (see details.replay.skipped)."
+               if rep.get("skipped") else ""))
+    return head
+
+
+# ---- stack
+
+
+def stack_frame(result: Result, dtype: str | None = None) -> pd.DataFrame:
+    """A wide per-layer view for printing: accumulated and local rel_l2, ULPs, differing fraction."""
+    t = result.tables["stack"]
+    if dtype is None:
+        dtype = result.inputs["model"]["dtype"]
+    t = t[t["dtype"] == dtype]
+    wide = t.pivot_table(index=["pair", "layer", "tap", "layer_type"], columns=["mode", "metric"], values="value",
+                         aggfunc="first")
+    cols = [c for c in [("accumulated", "frac_differ"), ("accumulated", "p99_ulp"), ("accumulated", "rel_l2"),
+                        ("local", "rel_l2")] if c in wide.columns]
+    out = wide[cols].copy()
+    out.columns = [f"{m}:{k}" for m, k in cols]
+    return out.reset_index().sort_values(["pair", "layer"])
+
+
+def stack_summary(result: Result) -> dict[str, Any]:
+    """The machine-readable summary (summary.json, and what --json prints)."""
+    from ..measure.stack import gaps, pair_verdict
+
+    base = result.inputs["model"]["dtype"]
+    table = result.tables["stack"]
+    env = result.tables.get("envelope", pd.DataFrame())
+    ladder = result.tables.get("ladder")
+    pairs = []
+    for pair in dict.fromkeys(table["pair"]):
+        t = table[(table["pair"] == pair) & (table["dtype"] == base)]
+        acc = t[(t["mode"] == "accumulated") & (t["metric"] == "frac_differ") & (t["tap"].str.startswith("layer"))]
+        first = acc[acc["value"] > 0]["layer"]
+        item: dict[str, Any] = {
+            "pair": pair,
+            "first_layer_with_drift": int(first.min()) if len(first) else None,
+            "max_rel_l2_hidden": float(t[(t["mode"] == "accumulated") & (t["metric"] == "rel_l2")
+                                         & (t["tap"] != "logits")]["value"].max()),
+        }
+        e = env[(env["pair"] == pair) & (env["dtype"] == base) & (env["mode"] == "accumulated")] if len(env) else env
+        if len(e):
+            row = e.iloc[0]
+            item.update({k: row[k] for k in ("positions", "max_abs_dlogit", "max_abs_dgap", "p99_abs_dgap", "flips",
+                                             "max_gap_at_flip")})
+            item["flip_gaps"] = gaps(row["flip_gaps"])
+        if ladder is not None and len(ladder):
+            item["ladder_verdict"] = pair_verdict(ladder, pair)
+            item["ladder_true_float32"] = (result.inputs.get("ladder_float32") or {}).get("true_float32")
+        pairs.append(item)
+    return {"model": result.inputs["model"]["source"], "dtype": base, "tokens": len(result.inputs["tokens"]),
+            "split": result.inputs["split"], "reference": result.inputs["reference"], "pairs": pairs}
+
+
+def stack_text(result: Result) -> str:
+    """Per-layer table and the envelope, as printed by `gemmdrift stack`."""
+    lines = []
+    wide = stack_frame(result)
+    for pair, s in wide.groupby("pair", sort=False):
+        lines.append(f"\n== {pair}  ({result.inputs['model']['dtype']})")
+        lines.append(text_table(s.drop(columns=["pair", "layer"])))
+    summ = stack_summary(result)
+    lines.append("\n== logit envelope")
+    rows = [{k: p.get(k) for k in ("pair", "positions", "max_abs_dlogit", "max_abs_dgap", "p99_abs_dgap", "flips",
+                                   "max_gap_at_flip", "ladder_verdict") if k in p} for p in summ["pairs"]]
+    lines.append(text_table(pd.DataFrame(rows)))
+    ladder = result.tables.get("ladder")
+    if ladder is not None and len(ladder):
+        lines.append("\n== precision ladder (rel_l2 at the logits and the last layer)")
+        last = ladder[ladder["tap"].isin(["logits", "norm"])]
+        lines.append(text_table(last))
+        rung = result.inputs.get("ladder_float32")
+        if rung:
+            lines.append(f"float32 rung: {rung['why']}")
+    return "\n".join(lines)
+
+
+SUMMARIES["stack"] = stack_summary
+TEXTS["stack"] = stack_text
+
+
+# ---- kernels
+
+
+def kernels_summary(df: pd.DataFrame) -> dict[str, Any]:
+    """Machine-readable summary (what ``--json`` prints): per path and per op, the worst drift and error."""
+    df = kernels.normalize(df)
+    proj = df[~kernels.is_op(df)]
+    ops = df[kernels.is_op(df)]
+    paths = []
+    for path, s in proj.groupby("path", sort=False):
+        drift = s[s["metric"] == "max_ulp"]
+        err = {m: (s[(s["metric"] == m) & (s["T"] == 1)]["value"], s[(s["metric"] == m) & (s["T"] > 1)]["value"])
+               for m in ("err_max_ulp", "err_rel_l2")}
+        worst = drift.loc[drift["value"].idxmax()] if len(drift) else None
+        item = {
+            "path": path,
+            "emulated": bool(s["emulated"].iloc[0]),
+            "dtype": s["dtype"].iloc[0],
+            "quant": s["quant"].iloc[0] or None,
+            "units": int(s.groupby(["layer", "projection"]).ngroups),
+            "max_T": int(s["T"].max()),
+            "max_ulp": float(drift["value"].max()) if len(drift) else 0.0,
+            "bits_lost": metrics.bits_lost(float(drift["value"].max())) if len(drift) else 0.0,
+            "units_with_drift": int(drift[drift["value"] > 0].groupby(["layer", "projection"]).ngroups),
+            "first_T_with_drift": int(drift[drift["value"] > 0]["T"].min()) if (drift["value"] > 0).any() else None,
+            **{f"{m}_{kind}": float(v.max()) if len(v) else None
+               for m, pair in err.items() for kind, v in zip(("gemv", "gemm"), pair)},
+        }
+        if worst is not None and worst["value"] > 0:
+            item["worst"] = {"layer": int(worst["layer"]), "projection": worst["projection"], "T": int(worst["T"]),
+                             "max_ulp": float(worst["value"])}
+        paths.append(item)
+    real = [p for p in paths if not p["emulated"]]
+    out: dict[str, Any] = {
+        "real_drift": any(p["max_ulp"] > 0 for p in real),
+        "emulated_control_detected": (any(p["max_ulp"] > 0 for p in paths if p["emulated"])
+                                      if any(p["emulated"] for p in paths) else None),
+        "synthetic": bool(proj["synthetic"].any()) if len(proj) else None,
+        "paths": paths,
+    }
+    if len(ops):
+        d = ops[ops["metric"] == "max_ulp"]
+        out["ops"] = [{"op": op, "variant": var, "max_ulp": float(s["value"].max()),
+                       "first_T_with_drift": int(s[s["value"] > 0]["T"].min()) if (s["value"] > 0).any() else None,
+                       "key_lengths_with_drift": sorted(int(k) for k in
+                                                       s[s["value"] > 0]["key_length"].dropna().unique())}
+                      for (op, var), s in d.groupby(["projection", "path"], sort=False)]
+    return out
+
+
+def print_kernels(df: pd.DataFrame) -> str:
+    """Per path: worst drift per projection name over layers and T, then the ops; emulated paths last, flagged."""
+    df = kernels.normalize(df)
+    lines = []
+    proj = df[~kernels.is_op(df)]
+    worst = kernels.worst_over_t(proj)
+    errs = proj[proj["metric"] == "err_rel_l2"]
+    order = sorted(dict.fromkeys(proj["path"]), key=lambda p: p.startswith("emulated"))
+    for path in order:
+        w = worst[worst["path"] == path]
+        emulated = bool(w["emulated"].iloc[0]) if len(w) else False
+        e = errs[errs["path"] == path]
+        rows = []
+        for name, s in w.groupby("projection", sort=False):
+            top = s.loc[s["worst"].idxmax()]
+            en = e[e["projection"] == name]
+            rows.append({"projection": name, "layers": len(s), "max_ulp": float(top["worst"]),
+                         "bits_lost": metrics.bits_lost(float(top["worst"])),
+                         "worst_layer": int(top["layer"]) if top["worst"] > 0 else "-",
+                         "first_T": float(s["first_T"].min()),
+                         "err_rel_l2_T1": float(en[en["T"] == 1]["value"].max()),
+                         "err_rel_l2_gemm": float(en[en["T"] > 1]["value"].max()) if (en["T"] > 1).any() else math.nan})
+        flag = "  [EMULATED negative control, not an mlx kernel]" if emulated else ""
+        flag += "  [synthetic]" if proj[proj["path"] == path]["synthetic"].any() else ""
+        max_t = int(proj[proj["path"] == path]["T"].max())
+        lines.append(f"\n== {path}: drift of T<={max_t} blocks against T=1 (worst over layers and T){flag}")
+        lines.append(text_table(pd.DataFrame(rows)))
+    ops = df[kernels.is_op(df)]
+    if len(ops):
+        d = ops[ops["metric"] == "max_ulp"]
+        rows = [{"op": op, "variant": var, "max_T": int(s["T"].max()), "key_lengths": s["key_length"].nunique(),
+                 "max_ulp": float(s["value"].max()),
+                 "first_T": float(s[s["value"] > 0]["T"].min()) if (s["value"] > 0).any() else math.nan}
+                for (op, var), s in d.groupby(["projection", "path"], sort=False)]
+        lines.append("\n== other ops: block of T queries against each query alone (seeded inputs)")
+        lines.append(text_table(pd.DataFrame(rows)))
+    return "\n".join(lines).lstrip("\n")
+
+
+SUMMARIES["kernels"] = lambda r: {**kernels_summary(r.tables["kernels"]),
+                                   **({"skipped": r.tables["skipped"].to_dict("records")} if "skipped" in r.tables else {})}
+TEXTS["kernels"] = lambda r: "\n".join(filter(None, [print_kernels(r.tables["kernels"]),
+                                                     kernels.describe_skipped(r.tables.get("skipped"))]))
+
+
+
+# ---- triage (also the words of a diverge result's triage)
+
+
+def triage_items(t: dict[str, Any], n: int | None = None) -> list[str]:
+    """A triage record (:class:`gemmdrift.measure.diverge.Triage` as a dict) in plain words, one item per finding."""
+    items = []
+    lengths = t.get("lengths") or []
+    if t.get("index") is None:
+        items.append(f"the streams agree{f' over {n} generated tokens' if n else ''}")
+        if len(lengths) == 2 and lengths[0] != lengths[1]:
+            items.append(f"the streams have unequal lengths: A {lengths[0]}, B {lengths[1]} generated tokens; "
+                         f"the first {min(lengths)} are compared")
+    else:
+        items += [
+            f"the streams part at generated token {t['index']} (the logits of position {t.get('position')}): "
+            f"`{t.get('context', '')}`",
+            f"teacher-forced under `{t['schedule_a']}`: top-2 {t.get('top2_a')}, gap {fmt(t.get('gap_a'))}; under "
+            f"`{t['schedule_b']}`: top-2 {t.get('top2_b')}, gap {fmt(t.get('gap_b'))}; Δgap {fmt(t.get('dgap'))}",
+            f"the competing tokens {t.get('token_a')} and {t.get('token_b')} are {fmt(t.get('margin'))} logits apart",
+            (f"hidden states first differ at tap {t['first_layer_differ']}" if t.get("first_layer_differ") is not None
+             else "hidden states are identical at every tap at that position") + "; the schedules are "
+            f"{'' if t.get('bit_identical') else 'not '}bit-identical on the shared prefix; the divergence alone: "
+            f"{t.get('divergence_verdict')}",
+        ]
+    items.append(f"envelope: {fmt(t.get('envelope'))} logits ({t.get('envelope_source', '')})")
+    for key in ("a", "b"):
+        c = t.get(f"stream_{key}_check") or {}
+        if c:
+            at = ("none" if c.get("first_outside") is None
+                  else f"token {c['first_outside']}, {fmt(c.get('margin_outside'))} logits below the argmax")
+            items.append(f"stream {key.upper()} teacher-forced under `{t.get(f'schedule_{key}')}`: "
+                         f"{c.get('mismatches')} of {c.get('tokens')} tokens are not the argmax; first outside the "
+                         f"envelope: {at}")
+    items.append(f"**verdict: {t['verdict']}** — {t['reason']}")
+    return items
+
+
+def triage_lines(t: dict[str, Any]) -> list[str]:
+    """:func:`triage_items` for a terminal: indented, without markdown."""
+    lines = [("  " if i else "") + x.replace("`", "").replace("**", "") for i, x in enumerate(triage_items(t))]
+    return lines + ([f"  which op (--explain): {t['explanation']['said']}"] if t.get("explanation") else [])
+
+
+SUMMARIES["triage"] = lambda r: dict(r.details["triage"])
+TEXTS["triage"] = lambda r: "\n".join(triage_lines(r.details["triage"]))
+
+
+# ---- diverge
+
+
+def diverge_text(result: Result) -> str:
+    r = result.details
+    n = r["n"]
+    lines = [f"A ({r['stream_a']['label']}, {r['stream_a']['schedule']}): {r['text_a']!r}",
+             f"B ({r['stream_b']['label']}, {r['stream_b']['schedule']}): {r['text_b']!r}"]
+    if r["first_divergence"] is None:
+        lines.append(f"no divergence in {n} tokens")
+    elif not r.get("triage"):
+        lines.append(f"first divergence at generated token {r['first_divergence']}")
+    if r.get("triage"):
+        lines += triage_lines(r["triage"])
+    return "\n".join(lines)
+
+
+SUMMARIES["diverge"] = lambda r: dict(r.details)
+TEXTS["diverge"] = diverge_text
+
+
+# ---- divergence (statistics over a prompt set)
+
+
+def divergence_summary(df: pd.DataFrame) -> dict[str, Any]:
+    """Divergence rates and the gap distribution at divergence points."""
+    from ..result import Verdict
+
+    div = df[df["first_divergence"].notna()]
+    compared = int(df["compared"].sum())
+    return {
+        "prompts": int(len(df)),
+        "diverged": int(len(div)),
+        "tokens_compared": compared,
+        "divergences_per_1k": 1000.0 * len(div) / compared if compared else 0.0,
+        "median_first_divergence": float(div["first_divergence"].median()) if len(div) else None,
+        "near_ties": int((div["verdict"] == Verdict.NEAR_TIE).sum()),
+        "outside_envelope": int((div["verdict"] == Verdict.OUTSIDE).sum()),
+        "margins": [float(x) for x in div["margin"]],
+    }
+
+
+def divergence_text(result: Result) -> str:
+    df = result.tables["divergence"]
+    s = divergence_summary(df)
+    text = text_table(df[["prompt", "prompt_tokens", "first_divergence", "verdict", "margin", "envelope",
+                          "acceptance"]])
+    return text + (f"\n\n{s['diverged']} of {s['prompts']} prompts diverged; "
+                   f"{s['divergences_per_1k']:.3g} divergences per 1,000 tokens; "
+                   f"{s['near_ties']} near-ties, {s['outside_envelope']} outside the envelope")
+
+
+SUMMARIES["divergence"] = lambda r: divergence_summary(r.tables["divergence"])
+TEXTS["divergence"] = divergence_text
+
+
+# ---- history (asv results by mlx version)
+
+
+def history_summary(result: Result) -> dict[str, Any]:
+    from ..measure.history import figure_names
+
+    from ..measure.history import label_releases, release_key
+
+    t, wide = result.tables["history"], result.tables["history_wide"]
+    if "release" not in t.columns:
+        t = label_releases(t)
+    return {"series": int(len(wide)), "versions": sorted(set(t["release"]), key=release_key),
+            "machines": sorted(set(t["machine"])),
+            "figures": list(figure_names(t)), "table": wide.to_dict(orient="records")}
+
+
+SUMMARIES["history"] = history_summary
+TEXTS["history"] = lambda r: text_table(r.tables["history_wide"])
+
+
+# ---- fingerprint
+
+
+_FP_UNMEASURED = ("not recoverable", "fp16 subnormals flushed on this device")  # fingerprint.FP16_FLUSHED
+
+
+def _fp_runs(table: pd.DataFrame) -> list[dict[str, Any]]:
+    """One row per path and run of consecutive T with the same trees and the same predicted kernel."""
+    out: list[dict[str, Any]] = []
+    for path, s in table.groupby("path", sort=False):
+        if s["status"].isin(_FP_UNMEASURED).all():  # not recoverable, or fp16 subnormals flushed here
+            out.append({"path": path, "T": "", "trees": s["status"].iloc[0], "predicted": "",
+                        "description": s["description"].iloc[0]})
+            continue
+        prev = None
+        for t, g in s.groupby("T", sort=True):
+            fps = [f or "not recovered" for f in dict.fromkeys(g["fingerprint"])]
+            pred = g["predicted_kernel"].iloc[0]
+            key = (tuple(fps), pred if isinstance(pred, str) else "")  # read back from CSV, "" is NaN
+            desc = "; ".join(dict.fromkeys(g["description"]))
+            if prev is not None and prev["key"] == key:
+                prev["T1"] = int(t)
+                continue
+            prev = {"path": path, "T0": int(t), "T1": int(t), "key": key, "description": desc}
+            out.append(prev)
+    rows = []
+    for r in out:
+        if "key" not in r:
+            rows.append(r)
+            continue
+        fps, pred = r["key"]
+        rows.append({"path": r["path"], "T": str(r["T0"]) if r["T0"] == r["T1"] else f"{r['T0']}-{r['T1']}",
+                     "trees": ", ".join(fps), "predicted": pred, "description": r["description"]})
+    return rows
+
+
+def fingerprint_summary(result: Result) -> dict[str, Any]:
+    table = result.tables["fingerprints"]
+    acc = result.tables.get("accumulator")
+    paths: dict[str, Any] = {}
+    for path, s in table.groupby("path", sort=False):
+        ok = s[s["status"] == "recovered"]
+        entry: dict[str, Any] = {"status": s["status"].iloc[0] if s["status"].isin(_FP_UNMEASURED).all()
+                                 else ("recovered" if len(ok) == len(s) else "partly not recovered"),
+                                 "distinct_trees": int(ok["fingerprint"].nunique()),
+                                 "not_recovered": int((s["status"] == "not recovered").sum())}
+        if len(ok):
+            entry["trees_by_T"] = {str(int(t)): sorted(set(g["fingerprint"])) for t, g in ok.groupby("T")}
+            entry["ts"] = sorted(int(t) for t in ok["T"].unique())
+            entry["description"] = ok["description"].iloc[0]
+            entry["probes"] = int(s.drop_duplicates("T")["probes"].sum())
+            entry["calls"] = int(s.drop_duplicates("T")["calls"].sum())
+            entry["seconds"] = round(float(s.drop_duplicates("T")["seconds"].sum()), 2)
+        else:
+            entry["reason"] = s["description"].iloc[0]
+        if acc is not None and len(acc) and path in set(acc["path"]):
+            a = acc[acc["path"] == path].iloc[0]
+            entry["accumulator_check"] = {"units": int(a["units"]), "sum": float(a["sum"]), "exact": bool(a["exact"])}
+        small = result.details.get("small_trees", {}).get(path)
+        if small:
+            entry["small_tree"] = small
+        paths[path] = entry
+    return {"kind": result.kind, "K": result.inputs.get("K"), "N": result.inputs.get("N"), "ts": result.inputs.get("ts"),
+            "prediction_origin": result.details.get("prediction_origin", ""), "paths": paths,
+            "runs": _fp_runs(table), "figures": dict(result.figures)}
+
+
+def fingerprint_text(result: Result) -> str:
+    s = fingerprint_summary(result)
+    lines = [f"== accumulation-order fingerprints: K={s['K']}, N={s['N']} columns per call, T in {s['ts']}",
+             f"predicted kernel: {s['prediction_origin'] or 'none'} (dispatch.kernel_for)"]
+    runs = pd.DataFrame(s["runs"])
+    if len(runs):
+        runs = runs.rename(columns={"predicted": "predicted kernel"})
+        runs["description"] = runs["description"].str.slice(0, 110)
+        lines.append(text_table(runs))
+    for path, e in s["paths"].items():
+        a = e.get("accumulator_check")
+        if a:
+            verdict = "exact" if a["exact"] else f"gave {a['sum']:g}: the accumulator is narrower than the output"
+            lines.append(f"{path}: {e['distinct_trees']} distinct tree(s); all-unit sum of {a['units']} {verdict}"
+                         + (f"; {e['probes']} probes in {e['calls']} calls, {e['seconds']} s" if "probes" in e else ""))
+        st = e.get("small_tree")
+        if st and st.get("tree") and len(st["tree"]) <= 160:
+            lines.append(f"  K={st['K']}: {st['tree']}")
+    return "\n".join(lines)
+
+
+SUMMARIES["fingerprint"] = fingerprint_summary
+TEXTS["fingerprint"] = fingerprint_text
+# ---- state
+
+
+STATE_SEVERITY = ["STATE BUG", "refused", "unreliable", "rounding", "EXACT", "not applicable", "not checked"]
+
+
+def state_cells(table: pd.DataFrame) -> pd.DataFrame:
+    """One row per cache class and operation, one column per prefix position: 'EXACT 14', 'STATE BUG 10/14'."""
+    order = ["below", "at", "past", "far", ""]
+    worst = STATE_SEVERITY
+    rows = []
+    for (cache, op), g in table.groupby(["cache", "operation"], sort=False):
+        row = {"cache": cache, "operation": op}
+        for where in order:
+            h = g[g["where"].fillna("") == where]
+            if not len(h):
+                continue
+            counts = h["verdict"].value_counts()
+            top = next(v for v in worst if v in counts.index)
+            row[where or "-"] = top if len(counts) == 1 else f"{top} {int(counts[top])}/{len(h)}"
+        rows.append(row)
+    return pd.DataFrame(rows).fillna("")
+
+
+def state_summary(result) -> dict[str, Any]:
+    t = result.tables["state"]
+    bugs = t[t["verdict"] == "STATE BUG"]
+    return {
+        "kind": "state",
+        "mlx_lm": result.details.get("mlx_lm"),
+        "cases": int(len(t)),
+        "verdicts": {str(k): int(v) for k, v in t["verdict"].value_counts().items()},
+        "prefixes": dict(result.inputs.get("prefixes") or {}),
+        "window": result.inputs.get("window"),
+        "seconds": result.figures.get("seconds"),
+        "grid": state_cells(t).to_dict(orient="records"),
+        "state_bugs": bugs[["cache", "operation", "where", "prefix", "params", "reason"]].head(50).to_dict(
+            orient="records"),
+        "figures": dict(result.figures),
+    }
+
+
+def state_text(result) -> str:
+    t = result.tables["state"]
+    s = state_summary(result)
+    pre = ", ".join(f"{w} {p}" for w, p in s["prefixes"].items())
+    lines = [f"== cache state exactness (mlx-lm {s['mlx_lm']}): {s['cases']} cases; prefixes {pre} "
+             f"(window {s['window']}); {', '.join(f'{v} {k}' for k, v in s['verdicts'].items())}",
+             text_table(state_cells(t))]
+    bugs = t[t["verdict"] == "STATE BUG"]
+    if len(bugs):
+        lines.append("first state bug per cache class and operation:")
+        for (cache, op), g in bugs.groupby(["cache", "operation"], sort=False):
+            r = g.iloc[0]
+            lines.append(f"  {cache} {op} [{r['where']} {r['params']}]: {r['reason']}")
+    lines.append(f"{s['seconds']:.0f} s")
+    return "\n".join(lines)
+
+
+SUMMARIES["state"] = state_summary
+TEXTS["state"] = state_text
+# ---- batch
+
+
+BATCH_COLUMNS = ["target", "companions", "B", "row", "verdict", "first_divergence", "envelope_batch", "margin",
+                 "reference_envelope", "seconds_batch", "seconds_alone_all"]
+
+
+def batch_summary(result: Result) -> dict[str, Any]:
+    t = result.tables["batch"]
+    cols = [c for c in BATCH_COLUMNS if c in t.columns]
+    return {"kind": "batch", "figures": dict(result.figures),
+            "rows": t[cols].astype(object).where(t[cols].notna(), None).to_dict(orient="records")}
+
+
+def batch_text(result: Result) -> str:
+    t = result.tables["batch"]
+    f = result.figures
+    cols = BATCH_COLUMNS + [c for c in ("ladder", "ladder_envelope") if c in t.columns and (t[c].fillna("") != "").any()]
+    lines = ["== batch: row j of mlx-lm's BatchGenerator vs the same prompt alone", text_table(t[cols]), ""]
+    lines.append(f"{int(f['batch_rows'])} rows: {int(f['batch_identical'])} bit-identical, {int(f['batch_flips'])} "
+                 f"parted from the lone stream, {int(f['batch_outside'])} outside the envelope; largest batch "
+                 f"envelope (max |Δgap|) {f['batch_envelope']:.4g}"
+                 + (f", single-sequence reference envelope {f['reference_envelope']:.4g}"
+                    if "reference_envelope" in f else ""))
+    if "batch_outside_rounding" in f:
+        counts = ", ".join(f"{int(f[k])} {k.removeprefix('batch_outside_')}" for k in
+                           ("batch_outside_rounding", "batch_outside_semantic", "batch_outside_unclear",
+                            "batch_outside_unreliable", "batch_outside_identical") if k in f)  # runs before 'unclear'/'unreliable' were counted
+        lines.append(f"precision ladder (float32 rerun) of the rows outside: {counts}")
+    if "batch_speedup" in f:
+        lines.append(f"largest batch: {f['batch_speedup']:.2f}x the speed of the same streams one by one")
+    lt = result.tables.get("batch_layers")
+    if lt is not None and len(lt):
+        lines += ["", "per-layer drift of the row through the batch (rel L2 vs alone, over the positions whose "
+                      "input both share; the first layer that differs and the final norm):"]
+        for (target, comp, B, row), g in lt.groupby(["target", "companions", "B", "row"], sort=True):
+            g = g.sort_values("layer")
+            differ = g[g["frac_differ"] > 0]
+            first = differ["tap"].iloc[0] if len(differ) else "none"
+            norm = g[g["tap"] == "norm"]["rel_l2"]
+            lines.append(f"  {target} {comp} B={B} row {row}: {int(g['positions'].iloc[0])} positions, first layer "
+                         f"that differs: {first}, norm rel L2 {float(norm.iloc[0]) if len(norm) else float('nan'):.3g}")
+    return "\n".join(lines)
+
+
+SUMMARIES["batch"] = batch_summary
+TEXTS["batch"] = batch_text
+
+
+# ---- server
+
+
+SERVER_COLUMNS = ["case", "a", "b", "prompt_tokens", "tokens_a", "tokens_b", "first_divergence", "verdict",
+                  "margin", "envelope", "seconds_a", "seconds_b"]
+
+
+def server_summary(result: Result) -> dict[str, Any]:
+    t = result.tables["server"]
+    cols = [c for c in SERVER_COLUMNS if c in t.columns]
+    return {"kind": "server", "figures": dict(result.figures),
+            "cases": t[cols].astype(object).where(t[cols].notna(), None).to_dict(orient="records")}
+
+
+def server_text(result: Result) -> str:
+    t = result.tables["server"]
+    f = result.figures
+    cols = [c for c in SERVER_COLUMNS if c in t.columns]
+    lines = ["== mlx_lm.server: greedy streams over HTTP", text_table(t[cols]), ""]
+    lines.append(f"{int(f['server_divergences'])} of {len(t)} pairs diverged")
+    if "server_tokens_per_s" in f:
+        same = "the same tokens as" if f.get("server_matches_inprocess") == 1.0 else "OTHER tokens than"
+        lines.append(f"server {f['server_tokens_per_s']:.3g} tokens/s (request wall time, prompt included) vs "
+                     f"{f['inprocess_tokens_per_s']:.3g} tokens/s for mlx-lm generate in process; its lone stream has "
+                     f"{same} in-process generate")
+    return "\n".join(lines)
+
+
+SUMMARIES["server"] = server_summary
+TEXTS["server"] = server_text
+
+
+# ---- compare (issue 23): the words live in gemmdrift.view.compare
+
+
+def _compare_summary(result: Result) -> dict[str, Any]:
+    from .compare import compare_summary
+
+    return compare_summary(result)
+
+
+def _compare_text(result: Result) -> str:
+    from .compare import compare_text
+
+    return compare_text(result)
+
+
+SUMMARIES["compare"] = _compare_summary
+TEXTS["compare"] = _compare_text
+
+
+# ---- predict (issue 22): the words live in gemmdrift.view.predict
+
+
+def _predict_summary(result: Result) -> dict[str, Any]:
+    from .predict import predict_summary
+
+    return predict_summary(result)
+
+
+def _predict_text(result: Result) -> str:
+    from .predict import predict_text
+
+    return predict_text(result)
+
+
+SUMMARIES["predict"] = _predict_summary
+TEXTS["predict"] = _predict_text
+
+
+# ---- attribute (issue 29): the words live in gemmdrift.view.attribute
+
+
+def _attribute_summary(result: Result) -> dict[str, Any]:
+    from .attribute import attribute_summary
+
+    return attribute_summary(result)
+
+
+def _attribute_text(result: Result) -> str:
+    from .attribute import attribute_text
+
+    return attribute_text(result)
+
+
+SUMMARIES["attribute"] = _attribute_summary
+TEXTS["attribute"] = _attribute_text

@@ -136,14 +136,47 @@ def _run_fresh(lm, fn, jobs, workers: int, done) -> list[Any]:
     import multiprocessing
 
     ctx = multiprocessing.get_context("spawn")
+    before = set(multiprocessing.active_children())
     with ctx.Pool(workers, initializer=_init, initargs=_init_args(lm), maxtasksperchild=1) as p, _stopping():
         handles = [p.apply_async(_call_job, (fn, job)) for job in jobs]
-        out = []
+        out, seen = [], set()
         for i, h in enumerate(handles):
-            out.append(h.get())
+            out.append(_wait(h, seen, before))
             if done is not None:
                 done(i)
         return out
+
+
+POLL_SECONDS = 0.2  # how often a wait on a fresh worker looks for one that died
+
+
+def _wait(handle, seen: set, before: set) -> Any:
+    """``handle.get()``, except that a worker which died -- killed (out of memory), a crash inside mlx, a model
+    it could not load -- raises at once. (multiprocessing's Pool replaces a dead worker without a word and
+    loses its job: the plain ``get()`` waited for good.) A worker that finished its one job exits with 0."""
+    import multiprocessing
+
+    while True:
+        try:
+            return handle.get(POLL_SECONDS)
+        except multiprocessing.TimeoutError:
+            pass
+        seen.update(q for q in multiprocessing.active_children() if q not in before)
+        dead = sorted({q.exitcode for q in seen if q.exitcode not in (None, 0)}, key=str)
+        if dead:
+            raise GemmdriftError(died(dead[0]))
+
+
+def died(exitcode: Any) -> str:
+    """The one line for a worker process that died before finishing its part."""
+    import signal
+
+    how = f"exit code {exitcode}"
+    if isinstance(exitcode, int) and exitcode < 0:
+        with contextlib.suppress(ValueError):
+            how = f"killed by {signal.Signals(-exitcode).name}" + (" (out of memory?)" if -exitcode == 9 else "")
+    return (f"a worker process died before finishing its part ({how}); run the command again to resume from "
+            "what was checkpointed, or with --workers 1 (where it has that flag) to compute in this process")
 
 
 def _init_args(lm) -> tuple:
@@ -270,10 +303,14 @@ def _executor(workers: int, initializer, initargs):
 def _collect(futures: list, done: Callable[[int], None] | None) -> list[Any]:
     """The futures' results in their order; ``done(i)`` as each finishes (a failed one raises at once)."""
     from concurrent.futures import as_completed
+    from concurrent.futures.process import BrokenProcessPool
 
-    if done is not None:
-        index = {f: i for i, f in enumerate(futures)}
-        for f in as_completed(futures):
-            f.result()
-            done(index[f])
-    return [f.result() for f in futures]
+    try:
+        if done is not None:
+            index = {f: i for i, f in enumerate(futures)}
+            for f in as_completed(futures):
+                f.result()
+                done(index[f])
+        return [f.result() for f in futures]
+    except BrokenProcessPool:
+        raise GemmdriftError(died("the pool broke")) from None

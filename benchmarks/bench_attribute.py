@@ -9,52 +9,40 @@ class's series. ``OpTapsOverhead`` tracks the cost of the taps against a plain s
 
 from . import common
 
-PAIR = ("prefill:512,decode", "prefill:512,verify:2")
+PAIR = common.ATTRIBUTE_PAIR  # computed by common.Probes (its "attribute" part), pinned there
 CLASSES = ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "self_attn.q_norm",
            "self_attn.k_norm", "self_attn.rope", "sdpa", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj",
            "input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm", "post_feedforward_layernorm",
            "residual", "norm", "lm_head"]
 # Pinned here, not read from gemmdrift.attribution.attribute.PART_SIZES (which `gemmdrift run` may retune).
 OVERHEAD_SIZES = dict(tokens=96, split=64)
-COUNTERFACTUAL_OPS = None  # every class the model exposes
 
 
-class Attribution:
+class Attribution(common.Probes):
     """One attribution of the main job's pair (common.sizes(): 560 tokens, positions 500..559 on the CPU) serves
-    every track_."""
+    every track_. It is a part of the shared setup (common.Probes), side by side with the other probes: alone it
+    ran its 21 tapped runs in one process while the second core idled."""
 
     params = (CLASSES,)
     param_names = ["op_class"]
-    timeout = 7200
-
-    def setup_cache(self):
-        from gemmdrift import suite
-        from gemmdrift.attribution.attribute import attribute
-
-        lm, s = common.model(), common.sizes()
-        r = attribute(lm, suite.stream(lm, s.tokens), list(PAIR), split=s.split, counterfactual=("each",),
-                      ops=COUNTERFACTUAL_OPS)
-        return dict(r.figures)
-
-    setup_cache.timeout = 7200
 
     def track_local_bits(self, f, op_class):
         """log2(1 + max ULP) of the class's local drift (0: bit-identical on its own input)."""
-        return common.figure(f, "attr_local_bits", " vs ".join(PAIR), op_class)
+        return common.figure(f["attribute"], "attr_local_bits", " vs ".join(PAIR), op_class)
 
     track_local_bits.unit = "bits"
     track_local_bits.version = "1"
 
     def track_left_max_dlogit(self, f, op_class):
         """max|dlogit| left with the class made invariant."""
-        return common.figure(f, "attr_left_max_abs_dlogit", " vs ".join(PAIR), "each", op_class)
+        return common.figure(f["attribute"], "attr_left_max_abs_dlogit", " vs ".join(PAIR), "each", op_class)
 
     track_left_max_dlogit.unit = "logits"
     track_left_max_dlogit.version = "1"
 
     def track_left_flips(self, f, op_class):
         """argmax flips left with the class made invariant."""
-        return common.figure(f, "attr_left_flips", " vs ".join(PAIR), "each", op_class)
+        return common.figure(f["attribute"], "attr_left_flips", " vs ".join(PAIR), "each", op_class)
 
     track_left_flips.unit = "argmax flips"
     track_left_flips.version = "1"

@@ -36,6 +36,10 @@ STATE_KS = None
 GOLDEN_SET = "linux-cpu"
 GOLDEN_BASES = ("decode", "verify-2")
 GOLDEN_TOKENS = 576
+# Which op (bench_attribute.Attribution, computed by Probes): the main job's pair, decode vs verify:2 past the
+# sliding window at sizes(), with the counterfactual of every op class the model exposes (None).
+ATTRIBUTE_PAIR = ("prefill:512,decode", "prefill:512,verify:2")
+ATTRIBUTE_OPS = None
 
 
 @lru_cache(maxsize=None)
@@ -123,17 +127,18 @@ class Probes:
     cache-state sweep (bench_state.StateExactness), the divergence probe (bench_diverge.Divergence), the
     prefill chunks (bench_stack.PrefillChunks*), the kernel probe (bench_kernels.KernelDrift), the
     fingerprints (bench_fingerprint.Fingerprint), the ops probe (bench_kernels.OpsDrift) and the golden
-    logits, one part per shipped base (bench_golden.GoldenLogits): they inherit it, and asv runs a
-    setup_cache once per source location.
+    logits, one part per shipped base (bench_golden.GoldenLogits) and the attribution of the main job's pair to
+    op classes (bench_attribute.Attribution): they inherit it, and asv runs a setup_cache once per source location.
 
-    The nine run whole, side by side, each in a process of its own, two at a time on a multi-core CPU
+    The ten run whole, side by side, each in a process of its own, two at a time on a multi-core CPU
     (gemmdrift.suite.side_by_side), longest first. One at a time, each left a core idle for part of its
     run (the divergence probe's prompt prefill and speculative stream, the ops probe, every measurement's
     model loads); together the two cores stay busy. The golden bases joined them (issue 33): in a setup of
-    their own the shorter base's core idled while the decode base ran on. Each part computes what it
+    their own the shorter base's core idled while the decode base ran on; so did the attribution's, in one process
+for its 21 runs. Each part computes what it
     computes alone, with the same pinned inputs (tests compare). Returns ``{part: figures}``.
 
-    The cost: `asv run --bench` with any one of these benchmarks computes all nine (about 9 minutes on a
+    The cost: `asv run --bench` with any one of these benchmarks computes all ten (about 11 minutes on a
     2-core CPU). GEMMDRIFT_BENCH_PARTS=diverge,kernels (a comma-separated subset of PROBE_PARTS) computes
     only those; the others' benchmarks are then skipped (NaN), never 0.
     """
@@ -145,6 +150,7 @@ class Probes:
         from dataclasses import replace
 
         from gemmdrift import kernels, state, suite
+        from gemmdrift.attribution.attribute import attribute
 
         s = sizes()
         # The kernel probe on kernel_inputs() (128 tokens, KERNEL_* above), as suite.kernel_probe runs it.
@@ -159,6 +165,8 @@ class Probes:
             "fingerprint": (suite.fingerprint_part, dict(paths=list(FP_PATHS), K=FP_K, ts=FP_TS, N=FP_N,
                                                          draw_k=0)),
             "ops": (kernels.measure_ops, {}),
+            "attribute": (attribute, dict(tokens=suite.stream(model(), s.tokens), schedules=list(ATTRIBUTE_PAIR),
+                                          split=s.split, counterfactual=("each",), ops=ATTRIBUTE_OPS)),
         }
         golden = {f"golden:{b}": (suite.golden_part, dict(name=f"{GOLDEN_SET}/{b}", n_tokens=GOLDEN_TOKENS))
                   for b in GOLDEN_BASES}
@@ -173,10 +181,10 @@ class Probes:
     setup_cache.timeout = 7200
 
 
-# The parts of Probes, longest first (the order they start in; the golden decode base, 576 teacher-forced T=1
-# steps, is the longest on the CPU).
-PROBE_PARTS = ("golden:decode", "decode", "state", "diverge", "golden:verify-2", "prefill", "kernels", "fingerprint",
-               "ops")
+# The parts of Probes, longest first (the order they start in; the attribution, 21 tapped runs of the main job's
+# pair, is the longest on the CPU, then the golden decode base, 576 teacher-forced T=1 steps).
+PROBE_PARTS = ("attribute", "golden:decode", "decode", "state", "diverge", "golden:verify-2", "prefill", "kernels",
+               "fingerprint", "ops")
 
 
 def on_gpu() -> bool:

@@ -164,9 +164,12 @@ def test_the_attribution_benchmarks_return_their_figures(monkeypatch, embedded):
 
     monkeypatch.setattr(common, "sizes", lambda: suite.SIZES["quick"])
     monkeypatch.setattr(common, "model", lambda dtype="bfloat16": embedded)
-    monkeypatch.setattr(bench_attribute, "COUNTERFACTUAL_OPS", ("sdpa",))
+    monkeypatch.setattr(common, "ATTRIBUTE_OPS", ("sdpa",))
+    monkeypatch.setenv("GEMMDRIFT_BENCH_PARTS", "attribute")  # its part of the shared setup (common.Probes) alone
     bench = bench_attribute.Attribution()
+    assert bench.setup_cache.__func__ is common.Probes.setup_cache  # one setup: asv runs it once for all
     f = bench.setup_cache()
+    assert set(f) == set(common.PROBE_PARTS) and f["decode"] == {} and f["attribute"]
     assert bench.track_local_bits(f, "sdpa") == 0  # below the window: bit-identical on its own input
     assert bench.track_left_flips(f, "sdpa") == 0 and bench.track_left_max_dlogit(f, "sdpa") == 0
     assert math.isnan(bench.track_left_flips(f, "self_attn.q_proj"))  # not run: NaN, skipped

@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from benchmarks import (bench_diverge, bench_env, bench_golden, bench_kernels, bench_overhead,  # noqa: E402
+from benchmarks import (bench_attribute, bench_diverge, bench_env, bench_golden, bench_kernels, bench_overhead,  # noqa: E402
                         bench_predict, bench_replay, bench_stack, common)
 
 MODULES = [bench_diverge, bench_env, bench_golden, bench_kernels, bench_overhead, bench_predict, bench_replay,
@@ -115,13 +115,14 @@ def test_the_shared_probe_setup_serves_every_probe_as_each_alone(quick, small_fi
     from concurrent.futures import ThreadPoolExecutor
 
     from gemmdrift import fingerprint, kernels, state, suite
+    from gemmdrift.attribution.attribute import attribute
 
     from gemmdrift.measure import golden
 
     classes = (bench_stack.DecodeVsVerify, bench_stack.DecodeVsVerifyLayers, small_state.StateExactness,
                bench_diverge.Divergence, bench_stack.PrefillChunks, bench_stack.PrefillChunksLayers,
                bench_kernels.KernelDrift, bench_kernels.OpsDrift, small_fingerprints.Fingerprint,
-               bench_golden.GoldenLogits)
+               bench_golden.GoldenLogits, bench_attribute.Attribution)
     assert len({cls.setup_cache for cls in classes}) == 1  # one source location: asv runs it once
     # Speed (issue 25, item 7): setup_cache runs its parts in worker processes (each loads the model
     # itself; the parent's copy only gives their recipe, so the session's copy serves) while this process
@@ -129,6 +130,7 @@ def test_the_shared_probe_setup_serves_every_probe_as_each_alone(quick, small_fi
     # parts alone otherwise left a core idle for most of their run. Every figure is still compared.
     monkeypatch.setattr(common, "model", lambda dtype="bfloat16": embedded)
     monkeypatch.setattr(common, "GOLDEN_TOKENS", 12)
+    monkeypatch.setattr(common, "ATTRIBUTE_OPS", ("sdpa",))  # one counterfactual class keeps the test short
     with ThreadPoolExecutor(1) as side:
         probes = side.submit(common.Probes().setup_cache)
         sizes = common.sizes()
@@ -148,6 +150,9 @@ def test_the_shared_probe_setup_serves_every_probe_as_each_alone(quick, small_fi
         alone_parts["ops"] = dict(kernels.measure_ops(embedded).figures)
         for b in common.GOLDEN_BASES:
             alone_parts[f"golden:{b}"] = dict(golden.compare_golden(embedded, f"linux-cpu/{b}", 12)[0].figures)
+        alone_parts["attribute"] = dict(attribute(embedded, suite.stream(embedded, sizes.tokens),
+                                                  list(common.ATTRIBUTE_PAIR), split=sizes.split,
+                                                  counterfactual=("each",), ops=("sdpa",)).figures)
         cache = probes.result()
     assert tuple(cache) == common.PROBE_PARTS
     for cls in (bench_stack.PrefillChunks, bench_stack.PrefillChunksLayers, bench_diverge.Divergence,
@@ -193,6 +198,11 @@ def test_the_shared_probe_setup_serves_every_probe_as_each_alone(quick, small_fi
     assert cache["ops"] == alone_parts["ops"]
     for b in common.GOLDEN_BASES:
         assert cache[f"golden:{b}"] == alone_parts[f"golden:{b}"] and cache[f"golden:{b}"]
+    assert cache["attribute"] == alone_parts["attribute"] and cache["attribute"]
+    at = bench_attribute.Attribution()
+    assert at.track_local_bits(cache, "sdpa") == 0.0  # below the window (quick sizes): bit-identical
+    assert at.track_left_flips(cache, "sdpa") == 0.0
+    assert math.isnan(at.track_left_flips(cache, "self_attn.q_proj"))  # not run: NaN, skipped
 
 
 @pytest.mark.slow

@@ -196,8 +196,8 @@ def _done(out: Path, key: str) -> bool:
 
 RUN_RECORD = "run.json"
 # Parts that each compute on one core: on a CPU with two they run side by side, a process each (side_by_side),
-# the longest first.
-BESIDE = ("diverge", "predict", "state")
+# the longest first (the attribution's six tapped runs, then the divergence probe's two streams).
+BESIDE = ("attribute", "diverge", "predict", "state")
 
 
 def check_resume(out: str | Path, inputs: dict[str, Any]) -> None:
@@ -301,7 +301,9 @@ def main_job(out: str | Path = "results/run", sizes: str | None = None, model: s
             jobs = {"diverge": (divergence_probe, dict(sizes=s, env=env)),
                     "predict": (predict_part, dict(name=name, checkpoint=out / "predict" / "checkpoint", env=env,
                                                    calibration=calibration)),
-                    "state": (state.short_sweep, dict(size=name))}
+                    "state": (state.short_sweep, dict(size=name)),
+                    "attribute": (attribute_part, dict(name=name, checkpoint=out / "attribute" / "checkpoint",
+                                                       env=env))}
             print(f"gemmdrift run: {' and '.join(heads[p] for p in beside)}: side by side, a process each",
                   file=sys.stderr, flush=True)
             t0 = time.perf_counter()

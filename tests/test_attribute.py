@@ -150,27 +150,3 @@ def test_every_report_row_carries_a_command_that_parses_to_its_cell(tiny):
     assert all("|" not in k for row in rows for k in row)  # markdown table headers stay intact
 
 
-@pytest.mark.slow
-def test_the_attribution_benchmarks_return_their_figures(monkeypatch, embedded):
-    import math
-    import sys
-    from pathlib import Path
-
-    root = str(Path(__file__).resolve().parent.parent)
-    if root not in sys.path:
-        sys.path.insert(0, root)
-    from benchmarks import bench_attribute, common
-    from gemmdrift import suite
-
-    monkeypatch.setattr(common, "sizes", lambda: suite.SIZES["quick"])
-    monkeypatch.setattr(common, "model", lambda dtype="bfloat16": embedded)
-    monkeypatch.setattr(common, "ATTRIBUTE_OPS", ("sdpa",))
-    monkeypatch.setenv("GEMMDRIFT_BENCH_PARTS", "attribute")  # its part of the shared setup (common.Probes) alone
-    bench = bench_attribute.Attribution()
-    assert bench.setup_cache.__func__ is common.Probes.setup_cache  # one setup: asv runs it once for all
-    f = bench.setup_cache()
-    assert set(f) == set(common.PROBE_PARTS) and f["decode"] == {} and f["attribute"]
-    assert bench.track_local_bits(f, "sdpa") == 0  # below the window: bit-identical on its own input
-    assert bench.track_left_flips(f, "sdpa") == 0 and bench.track_left_max_dlogit(f, "sdpa") == 0
-    assert math.isnan(bench.track_left_flips(f, "self_attn.q_proj"))  # not run: NaN, skipped
-    assert bench.track_local_bits(f, "self_attn.q_proj") == 0

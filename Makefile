@@ -52,9 +52,10 @@ run: env
 
 # Two test processes (pytest-xdist), each test file whole in one of them: most tests compute on one core
 # (the reference BLAS is single-threaded), so one process left the second core idle. TEST_WORKERS=0: one process.
+# The files go out in collection order, the longest first (tests/conftest.py LONG_FILES), not by test count.
 TEST_WORKERS ?= 2
 test: env
-	$(BIN)/python -m pytest $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile)
+	$(BIN)/python -m pytest $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder)
 
 bench: env
 	$(BIN)/asv machine --config $(ASV_CONFIG) --yes

@@ -39,7 +39,32 @@ def test_capture_names_every_op_in_forward_order_and_copies_its_arrays(captured)
                       "self_attn.q_norm", "self_attn.k_norm", "self_attn.rope", "self_attn.rope", "sdpa",
                       "self_attn.o_proj", "post_attention_layernorm", "pre_feedforward_layernorm", "mlp.gate_proj",
                       "mlp.up_proj", "mlp.down_proj", "post_feedforward_layernorm"]
-    assert sorted({c["layer"] for c in doc["calls"]}) == [0, 1, 2, 3]
+    assert sorted({c["layer"] for c in doc["calls"]}) == [-1, 0, 1, 2, 3, 4]
+    # The model's own ops: the embedding first, the final norm and the LM head (untied here) last, numbered as
+    # the op taps number them.
+    outside = [(c["op"], c["layer"]) for c in doc["calls"] if c["layer"] in (-1, 4)]
+    assert outside == [("embed_tokens", -1), ("norm", 4), ("lm_head", 4)]
+    assert doc["calls"][0]["op"] == "embed_tokens" and doc["calls"][-1]["op"] == "lm_head"
+    emb, head = doc["calls"][0], doc["calls"][-1]
+    assert "method" not in head and head["class"].endswith(":Linear")
+    assert emb["args"][0]["dtype"] == "int32"  # the token ids of the block
+    # gemma3 scales the embedding in place (h *= sqrt(hidden)): the object the lookup returned then holds the
+    # first layer's input. Stored by identity, the first norm would be given the unscaled lookup.
+    first_norm = doc["calls"][1]
+    assert first_norm["op"] == "input_layernorm" and first_norm["args"][0]["array"] != emb["out"]["array"]
+    with np.load(d / "capture.npz") as z:
+        lookup = ro.from_bits(z[emb["out"]["array"]], "bfloat16")
+        import mlx.core as mx
+        scaled = lookup * mx.array(64 ** 0.5, mx.bfloat16).astype(lookup.dtype)
+        assert np.array_equal(z[first_norm["args"][0]["array"]], ro.to_bits(scaled)[0])
+    with np.load(d / "capture.npz") as z:
+        assert z[head["out"]["array"]].shape == (1, 3, 97)  # the block's 3 positions, the tiny vocabulary
+        # q, k and v read the same normed hidden state: one array
+        q, k, v = [c for c in doc["calls"] if c["layer"] == 0 and c["op"] in ("self_attn.q_proj", "self_attn.k_proj",
+                                                                                "self_attn.v_proj")]
+        assert q["args"][0] == k["args"][0] == v["args"][0]
+        assert len(z.files) == len({a["array"] for c in doc["calls"] for a in [*c["args"], c["out"],
+                                    *c.get("params", {}).values(), *c["kwargs"].values()] if "array" in a})
     assert [c["seq"] for c in doc["calls"]] == list(range(len(doc["calls"])))
     with np.load(d / "capture.npz") as z:
         keys = {c["layer"]: z[c["args"][1]["array"]].shape[2] for c in doc["calls"] if c["op"] == "sdpa"}
@@ -49,6 +74,24 @@ def test_capture_names_every_op_in_forward_order_and_copies_its_arrays(captured)
     assert keys == {0: 10, 1: 11, 2: 10, 3: 11}
     assert doc["positions"] == "8-10"
     assert (d / "capture.json").is_file() and not list(d.glob("*.tmp*"))
+
+
+def test_a_tied_lm_head_is_the_embeddings_as_linear_and_its_table_is_stored_once(tmp_path):
+    lm = make_tiny()
+    lm.model.tie_word_embeddings = True  # as mlx-lm's sanitize leaves a checkpoint without lm_head weights
+    lm.model.pop("lm_head")
+    doc = ro.capture_ops(lm, list(range(1, 12)), 8, tmp_path / "capture.json")
+    emb, head = doc["calls"][0], doc["calls"][-1]
+    assert (emb["op"], emb["layer"], head["op"], head["layer"]) == ("embed_tokens", -1, "lm_head", 4)
+    assert head["method"] == "as_linear" and head["params"]["weight"] == emb["params"]["weight"]
+    with np.load(tmp_path / "capture.npz") as z:
+        table = z[emb["params"]["weight"]["array"]]
+        assert table.shape == (97, 64)
+        logits = z[head["out"]["array"]]
+    x = ro.from_bits(np.load(tmp_path / "capture.npz")[head["args"][0]["array"]], head["args"][0]["dtype"])
+    assert np.array_equal(logits, ro.to_bits(lm.model.model.embed_tokens.as_linear(x))[0])  # the head's own output
+    res = ro.release_comparison(tmp_path / "capture.json", sys.executable, None, tmp_path / "same")
+    assert res["compared"] == len(doc["calls"]) and res["changed"] == [] and res["errors"] == []
 
 
 def test_the_same_interpreter_recomputes_every_op_bit_for_bit(captured):

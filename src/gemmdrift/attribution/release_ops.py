@@ -17,8 +17,14 @@ saw would otherwise be overwritten by the next step. Then ``python -m gemmdrift.
 runs under another interpreter (``--python PATH``: another venv, or one of asv's under ``.asv/env/``) and writes
 every op's output; :func:`compare` names the ops whose output bits differ, in forward order, with the share of
 elements that differ and the largest ULP distance. The other interpreter is probed first (is it Python, does
-it import mlx, which mlx and mlx-lm) before any model loads. The LM head and the embedding are not captured
-(their weights would be the capture's bulk; they are matmuls like the projections that are).
+it import mlx, which mlx and mlx-lm) before any model loads.
+
+* the model's own ops around the layers: the embedding lookup (``embed_tokens``, layer -1), the final norm
+  (``norm``) and the LM head (``lm_head``, or the tied embedding's ``as_linear``; both layer ``n_layers``, as
+  the op taps number them).
+
+An array given to several calls (the weight a tied embedding shares with the LM head, the normed hidden state
+q, k and v all read) is stored once, by the digest of its bits.
 
 This module imports only numpy, mlx and the standard library at the top (the other interpreter needs nothing
 else of gemmdrift's dependencies).
@@ -42,6 +48,7 @@ from ..errors import GemmdriftError
 FORMAT = 1
 SDPA = "sdpa"
 SDPA_NAME = "scaled_dot_product_attention"
+FINAL_NORM, LM_HEAD = "norm", "lm_head"  # the op taps' names (gemmdrift.model.optaps)
 _BITS = {"bfloat16": "uint16", "float16": "uint16", "float32": "uint32"}
 _PROBE = ("import json, sys\ntry:\n import mlx.core as mx\nexcept Exception as e:\n print(json.dumps({'error': "
           "f'{e.__class__.__name__}: {e}'})); sys.exit(0)\ntry:\n import mlx_lm; lm = mlx_lm.__version__\nexcept "
@@ -129,11 +136,19 @@ class Capture:
     def __init__(self):
         self.calls: list[dict[str, Any]] = []
         self.arrays: dict[str, np.ndarray] = {}
+        self._stored: dict[tuple, str] = {}  # (dtype, shape, digest of the bits) -> the key they are stored under
 
     def _put(self, key: str, a) -> dict[str, Any]:
+        import hashlib
+
         bits, dtype = to_bits(a)
-        self.arrays[key] = bits
-        return {"array": key, "dtype": dtype}
+        # By content, not by object: mlx's in-place operators (h *= scale) overwrite an array object that an
+        # earlier call already returned, so one object can hold two values in one forward pass.
+        seen = (dtype, bits.shape, hashlib.blake2b(bits.tobytes(), digest_size=16).digest())
+        if seen not in self._stored:
+            self.arrays[key] = bits
+            self._stored[seen] = key
+        return {"array": self._stored[seen], "dtype": dtype}
 
     def value(self, i: int, role: str, v) -> Any:
         import mlx.core as mx
@@ -182,6 +197,41 @@ class _OpProxy:
         return out
 
 
+class _TiedEmbeddingProxy(_OpProxy):
+    """A tied embedding: its lookups are the op ``embed_tokens`` (layer -1), its ``as_linear`` the LM head."""
+
+    def __init__(self, module, n_layers: int, cap: Capture):
+        super().__init__(module, -1, "embed_tokens", cap)
+        self.n_layers = n_layers
+
+    def as_linear(self, x):
+        import mlx.core as mx
+
+        out = self.module.as_linear(x)
+        mx.eval(out)
+        target = {**_module_target(self.cap, self.module, f"c{len(self.cap.calls)}"), "method": "as_linear"}
+        self.cap.record(LM_HEAD, self.n_layers, target, (x,), {}, out)
+        return out
+
+
+def _model_slots(lm, cap: Capture) -> list[tuple[Any, str, Any]]:
+    """The slots of the ops outside the decoder layers: the final norm, the LM head and the embedding, found
+    where the op taps find them (:func:`gemmdrift.model.optaps.sites`)."""
+    from ..model import optaps
+
+    n = lm.n_layers
+    norm, head = [s for s in optaps.sites(lm.model) if s.layer == n]
+    slots = [(norm.container, norm.key, _OpProxy(norm.container[norm.key], n, FINAL_NORM, cap))]
+    owner, _ = optaps.find_final_norm(lm.model)  # the inner model: it holds embed_tokens
+    if head.key == "embed_tokens":  # tied: the embedding is the head
+        slots.append((head.container, head.key, _TiedEmbeddingProxy(head.container[head.key], n, cap)))
+    else:
+        slots.append((head.container, head.key, _OpProxy(head.container[head.key], n, LM_HEAD, cap)))
+        if "embed_tokens" in owner:
+            slots.append((owner, "embed_tokens", _OpProxy(owner["embed_tokens"], -1, "embed_tokens", cap)))
+    return slots
+
+
 def leaf_ops(layer) -> list[tuple[str, Any]]:
     """(module path, module) of every leaf module of a decoder layer (one with no submodule), in the layer's
     own order."""
@@ -227,6 +277,7 @@ def capture_ops(lm, tokens: Sequence[int], split: int, path: str | Path, layers:
     for m in attn_modules:
         if hasattr(m, SDPA_NAME):
             slots.append((vars(m), SDPA_NAME, _sdpa_proxy(getattr(m, SDPA_NAME), cap, counter, order)))
+    slots += _model_slots(lm, cap)
     with swapped(slots):
         mx.eval(model(mx.array([list(tokens[split:])]), cache=cache))
     doc = {"format": FORMAT, "captured_under": this_python(), "model": lm.info.get("source", "?"),
@@ -298,7 +349,7 @@ def rebuild(rec: dict[str, Any], arrays: dict[str, np.ndarray]):
         object.__setattr__(obj, k, v)
     for k, v in rec["params"].items():
         obj[k] = _arg(v, arrays)
-    return obj
+    return getattr(obj, rec["method"]) if rec.get("method") else obj  # method: a tied embedding's as_linear
 
 
 def recompute(path: str | Path, out: str | Path) -> dict[str, Any]:

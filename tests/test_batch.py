@@ -241,7 +241,7 @@ def test_ladder_counts_count_every_verdict_of_the_rows_the_ladder_judged():
     from gemmdrift.measure.batch import ladder_counts
     from types import SimpleNamespace
 
-    from gemmdrift.view.summaries import BATCH_COLUMNS, batch_text
+    from gemmdrift.view.batch import BATCH_COLUMNS, batch_text
 
     assert ladder_counts(pd.DataFrame({"ladder": ["", ""]})) == {}  # no ladder ran: no figures
     assert ladder_counts(pd.DataFrame({"verdict": ["IDENTICAL"]})) == {}

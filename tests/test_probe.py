@@ -198,20 +198,20 @@ def test_history_closes_its_figures(tmp_path, monkeypatch):
     import matplotlib.pyplot as plt
 
     from gemmdrift.measure import history
-    from gemmdrift.view import plots
+    from gemmdrift.view import history as history_view, plots
     from gemmdrift import store
 
     plt.close("all")
     r = history.history_result(history.read_results([str(REPO / "benchmarks" / "reference")]),
                                include="Divergence")
     open_at_draw = []
-    real = plots.plot_history
+    real = history_view.plot_history
 
     def counting(*a, **k):
         open_at_draw.append(len(plt.get_fignums()))
         return real(*a, **k)
 
-    monkeypatch.setattr(plots, "plot_history", counting)
+    monkeypatch.setattr(history_view, "plot_history", counting)
     figs = plots.draw(r)
     assert len(figs) >= 3 and open_at_draw == []  # nothing drawn until read
     store.write_result(r, tmp_path)

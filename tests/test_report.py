@@ -227,7 +227,7 @@ def test_report_refuses_a_corrupt_json_file_by_name(tmp_path, name, content):
 def test_the_state_legend_explains_every_verdict_a_state_cell_can_show():
     from gemmdrift.report import STATE_LEGEND
     from gemmdrift.result import Verdict
-    from gemmdrift.view.summaries import STATE_SEVERITY
+    from gemmdrift.view.state import STATE_SEVERITY
 
     assert list(STATE_LEGEND) == STATE_SEVERITY  # the legend in the cells' order, nothing missing or extra
     state_verdicts = {Verdict.EXACT, Verdict.ROUNDING, Verdict.STATE_BUG, Verdict.UNRELIABLE, Verdict.REFUSED,

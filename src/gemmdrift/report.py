@@ -300,7 +300,7 @@ def _generic_part(d: Path, env: dict[str, Any]) -> tuple[list[Block], list[str]]
 
 def _fingerprint_part(d: Path, env: dict[str, Any]) -> tuple[list[Block], list[str]]:
     from .store import read_result
-    from .view.summaries import fingerprint_summary
+    from .view.fingerprint import fingerprint_summary
 
     s = fingerprint_summary(read_result(d))
     reading = []
@@ -323,7 +323,7 @@ def _fingerprint_part(d: Path, env: dict[str, Any]) -> tuple[list[Block], list[s
     return blocks, reading
 
 
-STATE_LEGEND = {  # every verdict a state cell can show (summaries.state_cells), in its order of severity
+STATE_LEGEND = {  # every verdict a state cell can show (view.state.state_cells), in its order of severity
     "STATE BUG": "different entries or offsets, or an operation refused while the generator carried on",
     "refused": "a cache under test (--cache-impl) raised or broke the cache protocol in this case",
     "unreliable": "a difference that did not shrink enough where the float32 rung was not true float32 (TF32 "
@@ -337,7 +337,7 @@ STATE_LEGEND = {  # every verdict a state cell can show (summaries.state_cells),
 
 def _state_part(d: Path, env: dict[str, Any]) -> tuple[list[Block], list[str]]:
     from .store import read_result
-    from .view.summaries import state_cells, state_summary
+    from .view.state import state_cells, state_summary
 
     r = read_result(d)
     t = r.tables["state"]

@@ -1,33 +1,17 @@
-"""Figures (matplotlib, PNG). Each takes the tidy frames the library produces."""
+"""Figures (matplotlib, PNG). Each takes the tidy frames the library produces; DRAW holds the figures of a Result
+per kind. The figures of history, fingerprint, state, batch and server live in their kind's view module
+(history.py, fingerprint.py, state.py, batch.py) and are named here too."""
 
 from __future__ import annotations
-
-from collections.abc import Mapping
 
 import numpy as np
 import pandas as pd
 
-
-def tight(fig, **kw) -> None:
-    """``fig.tight_layout``, without matplotlib's "Tight layout not applied" warning on stderr when a grid of
-    many cases cannot be tightened (the figure is saved with bbox_inches="tight" anyway; issue 33 D17)."""
-    import warnings
-
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="Tight layout not applied")
-        fig.tight_layout(**kw)
-
-
-def _plt():
-    import sys
-
-    import matplotlib
-
-    if "ipykernel" not in sys.modules:  # a notebook keeps its inline backend, so figures show
-        matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
+from .batch import batch_figure, batch_layers_figure, server_figure
+from .figure import pyplot as _plt, tight
+from .fingerprint import fingerprint_figures
+from .history import draw_history, plot_history, plot_layer_profile  # noqa: F401  (notebooks call plots.plot_history)
+from .state import state_grid
 
 
 MARKERS = "osD^v"
@@ -464,286 +448,24 @@ DRAW["divergence"] = lambda r: {"divergence.png": divergence(r.tables["divergenc
 # ---- history
 
 
-def plot_history(df: pd.DataFrame, benchmark: str, params: str = ""):
-    """One tracked figure against the release (mlx, or mlx+lm), one line per machine/backend."""
-    plt = _plt()
-
-    from ..measure.history import label_releases, release_key, series_name
-
-    if "release" not in df.columns:
-        df = label_releases(df)
-    s = df[(df["benchmark"] == benchmark) & (df["params"] == params)]
-    versions = sorted(set(s["release"]), key=release_key)
-    x = {v: i for i, v in enumerate(versions)}
-    fig, ax = plt.subplots(figsize=(8, 4))
-    for (machine, backend), g in s.groupby(["machine", "backend"]):
-        g = g.sort_values("release", key=lambda c: c.map(release_key))
-        ax.plot([x[v] for v in g["release"]], g["value"], marker="o", label=f"{machine} ({backend})")
-    ax.set_xticks(range(len(versions)))
-    ax.set_xticklabels(versions, fontsize=7 if len(versions) > 5 else None)
-    ax.set_xlabel("release: mlx version (+lm: the mlx-lm version, where one mlx ran with several)")
-    unit = s["unit"].dropna().iloc[0] if s["unit"].notna().any() else ""
-    ax.set_ylabel(unit or "value")
-    ax.set_title(series_name(benchmark, params), fontsize=9)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
-    return fig
-
-
-def plot_layer_profile(profile: pd.DataFrame, title: str):
-    """Drift at every layer, one line per release (log scale; exact zeros on the floor as open markers)."""
-    from ..measure.history import release_key
-
-    plt = _plt()
-    taps = profile.drop_duplicates("tap").sort_values("tap_index")
-    x = {tap: i for i, tap in enumerate(taps["tap"])}
-    positive = profile["value"][profile["value"] > 0]
-    floor = float(positive.min()) / 4 if len(positive) else 1e-8
-    fig, ax = plt.subplots(figsize=(9, 4.2))
-    for version in sorted(set(profile["release"]), key=release_key):
-        s = profile[profile["release"] == version].sort_values("tap_index")
-        xs, ys = np.array([x[t] for t in s["tap"]]), s["value"].to_numpy(float)
-        line, = ax.plot(xs, np.where(ys > 0, ys, np.nan), marker="o", ms=3, label=f"mlx {version}")
-        if (ys == 0).any():
-            ax.plot(xs[ys == 0], np.full(int((ys == 0).sum()), floor), "o", mfc="none", color=line.get_color())
-    ax.set_yscale("log")
-    ax.set_xticks(range(len(x)))
-    ax.set_xticklabels([t.replace("layer ", "") for t in x], fontsize=7)
-    ax.set_xlabel("decoder layer")
-    unit = profile["unit"].dropna().iloc[0] if profile["unit"].notna().any() else "value"
-    ax.set_ylabel(unit)
-    ax.set_title(title, fontsize=9)
-    ax.grid(True, which="both", axis="y", alpha=0.3)
-    ax.legend(fontsize=7)
-    return fig
-
-
-def draw_history(result) -> dict:
-    """figures/<series>.png for every tracked series, figures/layers_*.png for every per-layer profile."""
-    from ..measure.history import figure_names, layer_profiles
-
-    t = result.tables["history"]
-    profiles = layer_profiles(t)
-
-    def make(key):
-        if len(key) == 2:
-            return plot_history(t, *key)
-        machine, backend, bench, rest = key
-        return plot_layer_profile(profiles[key], f"{bench} [{rest}] on {machine} ({backend}): drift per "
-                                                 "layer by mlx version")
-
-    return LazyFigures(figure_names(t), make)
-
-
-class LazyFigures(Mapping):
-    """{file name: figure}, each figure drawn when it is read: the writer saves and closes one before the
-    next is drawn (hundreds of history figures open at once make matplotlib warn and hold the memory)."""
-
-    def __init__(self, keys: dict, make) -> None:
-        self._keys, self._make = dict(keys), make
-
-    def __getitem__(self, name):
-        return self._make(self._keys[name])
-
-    def __iter__(self):
-        return iter(self._keys)
-
-    def __len__(self) -> int:
-        return len(self._keys)
-
-
 DRAW["history"] = draw_history
 
 
 # ---- fingerprint
 
 
-def _tree_xy(tree):
-    """Dendrogram coordinates: leaves at their index, a node at the height of its tallest child + 1."""
-    segs, pos = [], {}
-
-    def walk(t):
-        if isinstance(t, int):
-            return float(t), 0
-        pts = [walk(c) for c in t]
-        x = sum(p[0] for p in pts) / len(pts)
-        y = max(p[1] for p in pts) + 1
-        for cx, cy in pts:
-            segs.append(((cx, cy), (x, y)))
-        return x, y
-
-    import sys
-    old = sys.getrecursionlimit()
-    sys.setrecursionlimit(max(old, 100000))
-    try:
-        top = walk(tree)
-    finally:
-        sys.setrecursionlimit(old)
-    return segs, top
-
-
-def fingerprint_figures(result) -> dict:
-    from ..fingerprint import from_text
-
-    plt = _plt()
-    out = {}
-    table = result.tables["fingerprints"]
-    ok = table[table["status"] != "not recoverable"]
-    paths = list(dict.fromkeys(ok["path"]))
-    origin = result.details.get("prediction_origin", "")
-    if paths:
-        fig, axes = plt.subplots(len(paths), 1, figsize=(8, 1.6 + 1.5 * len(paths)), squeeze=False)
-        colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-        for ax, path in zip(axes[:, 0], paths):
-            s = ok[ok["path"] == path]
-            fps = [f for f in dict.fromkeys(s["fingerprint"]) if f]
-            for i, f in enumerate(fps):
-                g = s[s["fingerprint"] == f]
-                ax.scatter(g["T"], g["position"], s=12, color=colors[i % len(colors)],
-                           label=f"{f}: {str(g['description'].iloc[0])[:60]}")
-            bad = s[s["status"] != "recovered"]
-            if len(bad):
-                ax.scatter(bad["T"], bad["position"], s=14, marker="x", color="k", label="not recovered")
-            prev = None
-            for t, g in s.groupby("T", sort=True):
-                k = g["predicted_kernel"].iloc[0]
-                if k and k != prev:
-                    ax.axvline(t, color="0.5", lw=0.8, ls=":")
-                    ax.text(t, 0.98, f" {k}", rotation=90, va="top", fontsize=6, color="0.3",
-                            transform=ax.get_xaxis_transform())
-                prev = k
-            ax.set_title(f"{path}: {len(fps)} distinct tree(s) over T (dotted: {origin} kernel switch)", fontsize=8)
-            ax.set_ylabel("row position", fontsize=8)
-            ax.legend(fontsize=6, loc="upper left")
-        axes[-1, 0].set_xlabel("T (rows in the block)", fontsize=8)
-        fig.suptitle(f"Summation tree per T and row position, K={result.inputs.get('K')}", fontsize=9)
-        tight(fig)
-        out["fingerprint_vs_t.png"] = fig
-    small = {p: v for p, v in result.details.get("small_trees", {}).items() if v.get("tree")}
-    if small:
-        fig, axes = plt.subplots(len(small), 1, figsize=(8, 1.2 + 1.8 * len(small)), squeeze=False)
-        for ax, (path, v) in zip(axes[:, 0], small.items()):
-            segs, (tx, ty) = _tree_xy(from_text(v["tree"]))
-            for (x0, y0), (x1, y1) in segs:
-                ax.plot([x0, x0, x1], [y0, y1, y1], color="C0", lw=0.8)
-            ax.set_xticks(range(int(v["K"])))
-            ax.tick_params(labelsize=6)
-            ax.set_ylabel("height", fontsize=7)
-            ax.set_title(f"{path}, K={v['K']}: {v['description'][:90]}", fontsize=8)
-        axes[-1, 0].set_xlabel("term index k", fontsize=8)
-        tight(fig)
-        out["trees_small_k.png"] = fig
-    return out
-
-
 DRAW["fingerprint"] = fingerprint_figures
+
+
 # ---- state
-
-STATE_COLORS = {"EXACT": "#3a9d5d", "rounding": "#e3c542", "STATE BUG": "#c8423b", "not applicable": "#c9c9c9",
-                "not checked": "#8fb3d9", "refused": "#7a3b8f"}
-
-
-def state_grid(table: pd.DataFrame, title: str = ""):
-    """Cache class x operation (rows) by prefix position (columns), colored by the worst verdict of the cell."""
-    plt = _plt()
-    from matplotlib.patches import Patch
-
-    order = ["below", "at", "past", "far", ""]
-    worst = ["STATE BUG", "refused", "rounding", "EXACT", "not applicable", "not checked"]
-    keys = list(dict.fromkeys(zip(table["cache"], table["operation"])))
-    cols = [w for w in order if (table["where"].fillna("") == w).any()]
-    fig, ax = plt.subplots(figsize=(2.2 + 1.3 * len(cols), 0.8 + 0.32 * len(keys)))
-    for i, (cache, op) in enumerate(keys):
-        g = table[(table["cache"] == cache) & (table["operation"] == op)]
-        for j, w in enumerate(cols):
-            h = g[g["where"].fillna("") == w]
-            if not len(h):
-                continue
-            counts = h["verdict"].value_counts()
-            top = next(v for v in worst if v in counts.index)
-            ax.add_patch(plt.Rectangle((j, i), 1, 1, color=STATE_COLORS[top], ec="white"))
-            label = f"{int(counts[top])}/{len(h)}" if len(counts) > 1 else str(len(h))
-            ax.text(j + 0.5, i + 0.5, label, ha="center", va="center", fontsize=7)
-    ax.set_xlim(0, len(cols))
-    ax.set_ylim(len(keys), 0)
-    ax.set_xticks(np.arange(len(cols)) + 0.5)
-    ax.set_xticklabels([c or "n/a" for c in cols], fontsize=8)
-    ax.set_yticks(np.arange(len(keys)) + 0.5)
-    ax.set_yticklabels([f"{c} · {o}" for c, o in keys], fontsize=7)
-    ax.set_xlabel("prefix length relative to the sliding window", fontsize=8)
-    ax.legend(handles=[Patch(color=c, label=v) for v, c in STATE_COLORS.items()], fontsize=6, loc="upper left",
-              bbox_to_anchor=(1.01, 1))
-    ax.set_title(title or "Cache state exactness: worst verdict per cell (cases with it / cases)", fontsize=9)
-    tight(fig)
-    return fig
-
-
-# ---- batch
-
-
-def batch_figure(result):
-    """Batch envelope (max |Δgap|) and first divergence against B, per companion set and row position."""
-    plt = _plt()
-    t = result.tables["batch"]
-    n = int(result.inputs.get("n") or 0)
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
-    styles = {"first": "o-", "last": "s--", "middle": "^:"}
-    for (comp, where), g in t.assign(where=np.where(t["row"] == 0, "first",
-                                                    np.where(t["row"] == t["B"] - 1, "last", "middle"))
-                                     ).groupby(["companions", "where"]):
-        g = g.groupby("B").agg(env=("envelope_batch", "max"), first=("first_divergence", "min")).reset_index()
-        label = f"{comp}, {where} row"
-        axes[0].plot(g["B"], g["env"], styles.get(where, "o-"), label=label, ms=5)
-        first = g["first"].fillna(n)
-        axes[1].plot(g["B"], first, styles.get(where, "o-"), label=label, ms=5)
-    ref = result.figures.get("reference_envelope")
-    if ref is not None:
-        axes[0].axhline(ref, color="0.4", lw=0.8, ls=":", label="single-sequence envelope")
-    axes[0].set_ylabel("batch envelope: max |Δgap| (logits)")
-    axes[1].set_ylabel(f"first divergent token ({n} = none)")
-    for ax in axes:
-        ax.set_xlabel("B (sequences in the batch)")
-        ax.set_xscale("log", base=2)
-        bs = sorted(int(b) for b in t["B"].unique())
-        ax.set_xticks(bs, [str(b) for b in bs])
-        ax.minorticks_off()
-        ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=7)
-    fig.suptitle("Row j of mlx-lm's BatchGenerator vs the same prompt alone", fontsize=9)
-    tight(fig)
-    return fig
 
 
 DRAW["state"] = lambda result: {"state_grid.png": state_grid(
     result.tables["state"], f"Cache state exactness, mlx-lm {result.details.get('mlx_lm')}: worst verdict "
                             "per cell (cases with it / cases)")}
-def batch_layers_figure(table: pd.DataFrame, title: str = ""):
-    """Per-layer drift of the row (rel L2 against the same stream alone) at every tap, one line per batch size,
-    row position and companion set (log scale; bit-identical layers on the floor as open markers)."""
-    plt = _plt()
-    fig, ax = plt.subplots(figsize=(9, 4.2))
-    positive = table["rel_l2"][table["rel_l2"] > 0]
-    floor = float(positive.min()) / 4 if len(positive) else 1e-8
-    taps = table.drop_duplicates("layer").sort_values("layer")
-    for (target, comp, B, row), g in table.groupby(["target", "companions", "B", "row"], sort=True):
-        g = g.sort_values("layer")
-        xs, ys = g["layer"].to_numpy(), g["rel_l2"].to_numpy(float)
-        many = table["target"].nunique() > 1
-        label = (f"{target}, " if many else "") + f"{comp}, B={B}, row {row}"
-        line, = ax.plot(xs, np.where(ys > 0, ys, np.nan), marker="o", ms=3, label=label)
-        if (ys == 0).any():
-            ax.plot(xs[ys == 0], np.full(int((ys == 0).sum()), floor), "o", mfc="none", color=line.get_color())
-    ax.set_yscale("log")
-    ax.set_xticks(taps["layer"], [t.replace("layer ", "") for t in taps["tap"]], fontsize=7)
-    ax.set_xlabel("decoder layer (norm: the final norm's output)")
-    ax.set_ylabel("rel L2 of the row vs alone")
-    ax.set_title(title or "Per-layer drift of one row through the padded batch (open markers on the floor: "
-                          "bit-identical)", fontsize=9)
-    ax.grid(True, which="both", axis="y", alpha=0.3)
-    if table.groupby(["target", "companions", "B", "row"]).ngroups <= 16:
-        ax.legend(fontsize=6, ncol=2)
-    tight(fig)
-    return fig
+
+
+# ---- batch
 
 
 def _draw_batch(result) -> dict:
@@ -757,22 +479,6 @@ DRAW["batch"] = _draw_batch
 
 
 # ---- server
-
-
-def server_figure(result):
-    """First divergence per server case (the number generated when the streams never part)."""
-    plt = _plt()
-    t = result.tables["server"]
-    n = int(result.inputs.get("n") or 0)
-    fig, ax = plt.subplots(figsize=(6, 3))
-    first = t["first_divergence"].fillna(n)
-    colors = ["C3" if v == "OUTSIDE ENVELOPE" else "C1" if v == "NEAR-TIE" else "C2" for v in t["verdict"]]
-    ax.bar(t["case"], first, color=colors)
-    ax.axhline(n, color="0.4", lw=0.8, ls=":")
-    ax.set_ylabel(f"first divergent token ({n} = none)")
-    ax.set_title("mlx_lm.server: green identical, orange near-tie, red outside the envelope", fontsize=8)
-    tight(fig)
-    return fig
 
 
 DRAW["server"] = lambda result: {"server.png": server_figure(result)}

@@ -2,7 +2,8 @@
 
 Each kind registers its two functions in :data:`SUMMARIES` and :data:`TEXTS`;
 a kind without its own gets the generic ones (its tracked figures). Both read
-the Result only.
+the Result only. The words of history, fingerprint, state, batch and server live in
+their kind's view module (history.py, fingerprint.py, state.py, batch.py).
 """
 
 from __future__ import annotations
@@ -15,6 +16,10 @@ import pandas as pd
 from .. import kernels, metrics
 from ..result import Result
 from ..text import fmt, text_table
+from .batch import batch_summary, batch_text, server_summary, server_text
+from .fingerprint import fingerprint_summary, fingerprint_text
+from .history import history_summary
+from .state import state_summary, state_text
 
 
 def generic_summary(result: Result) -> dict[str, Any]:
@@ -245,7 +250,6 @@ TEXTS["kernels"] = lambda r: "\n".join(filter(None, [print_kernels(r.tables["ker
                                                      kernels.describe_skipped(r.tables.get("skipped"))]))
 
 
-
 # ---- triage (also the words of a diverge result's triage)
 
 
@@ -352,19 +356,6 @@ TEXTS["divergence"] = divergence_text
 # ---- history (asv results by mlx version)
 
 
-def history_summary(result: Result) -> dict[str, Any]:
-    from ..measure.history import figure_names
-
-    from ..measure.history import label_releases, release_key
-
-    t, wide = result.tables["history"], result.tables["history_wide"]
-    if "release" not in t.columns:
-        t = label_releases(t)
-    return {"series": int(len(wide)), "versions": sorted(set(t["release"]), key=release_key),
-            "machines": sorted(set(t["machine"])),
-            "figures": list(figure_names(t)), "table": wide.to_dict(orient="records")}
-
-
 SUMMARIES["history"] = history_summary
 TEXTS["history"] = lambda r: text_table(r.tables["history_wide"])
 
@@ -372,197 +363,18 @@ TEXTS["history"] = lambda r: text_table(r.tables["history_wide"])
 # ---- fingerprint
 
 
-_FP_UNMEASURED = ("not recoverable", "fp16 subnormals flushed on this device")  # fingerprint.FP16_FLUSHED
-
-
-def _fp_runs(table: pd.DataFrame) -> list[dict[str, Any]]:
-    """One row per path and run of consecutive T with the same trees and the same predicted kernel."""
-    out: list[dict[str, Any]] = []
-    for path, s in table.groupby("path", sort=False):
-        if s["status"].isin(_FP_UNMEASURED).all():  # not recoverable, or fp16 subnormals flushed here
-            out.append({"path": path, "T": "", "trees": s["status"].iloc[0], "predicted": "",
-                        "description": s["description"].iloc[0]})
-            continue
-        prev = None
-        for t, g in s.groupby("T", sort=True):
-            fps = [f or "not recovered" for f in dict.fromkeys(g["fingerprint"])]
-            pred = g["predicted_kernel"].iloc[0]
-            key = (tuple(fps), pred if isinstance(pred, str) else "")  # read back from CSV, "" is NaN
-            desc = "; ".join(dict.fromkeys(g["description"]))
-            if prev is not None and prev["key"] == key:
-                prev["T1"] = int(t)
-                continue
-            prev = {"path": path, "T0": int(t), "T1": int(t), "key": key, "description": desc}
-            out.append(prev)
-    rows = []
-    for r in out:
-        if "key" not in r:
-            rows.append(r)
-            continue
-        fps, pred = r["key"]
-        rows.append({"path": r["path"], "T": str(r["T0"]) if r["T0"] == r["T1"] else f"{r['T0']}-{r['T1']}",
-                     "trees": ", ".join(fps), "predicted": pred, "description": r["description"]})
-    return rows
-
-
-def fingerprint_summary(result: Result) -> dict[str, Any]:
-    table = result.tables["fingerprints"]
-    acc = result.tables.get("accumulator")
-    paths: dict[str, Any] = {}
-    for path, s in table.groupby("path", sort=False):
-        ok = s[s["status"] == "recovered"]
-        entry: dict[str, Any] = {"status": s["status"].iloc[0] if s["status"].isin(_FP_UNMEASURED).all()
-                                 else ("recovered" if len(ok) == len(s) else "partly not recovered"),
-                                 "distinct_trees": int(ok["fingerprint"].nunique()),
-                                 "not_recovered": int((s["status"] == "not recovered").sum())}
-        if len(ok):
-            entry["trees_by_T"] = {str(int(t)): sorted(set(g["fingerprint"])) for t, g in ok.groupby("T")}
-            entry["ts"] = sorted(int(t) for t in ok["T"].unique())
-            entry["description"] = ok["description"].iloc[0]
-            entry["probes"] = int(s.drop_duplicates("T")["probes"].sum())
-            entry["calls"] = int(s.drop_duplicates("T")["calls"].sum())
-            entry["seconds"] = round(float(s.drop_duplicates("T")["seconds"].sum()), 2)
-        else:
-            entry["reason"] = s["description"].iloc[0]
-        if acc is not None and len(acc) and path in set(acc["path"]):
-            a = acc[acc["path"] == path].iloc[0]
-            entry["accumulator_check"] = {"units": int(a["units"]), "sum": float(a["sum"]), "exact": bool(a["exact"])}
-        small = result.details.get("small_trees", {}).get(path)
-        if small:
-            entry["small_tree"] = small
-        paths[path] = entry
-    return {"kind": result.kind, "K": result.inputs.get("K"), "N": result.inputs.get("N"), "ts": result.inputs.get("ts"),
-            "prediction_origin": result.details.get("prediction_origin", ""), "paths": paths,
-            "runs": _fp_runs(table), "figures": dict(result.figures)}
-
-
-def fingerprint_text(result: Result) -> str:
-    s = fingerprint_summary(result)
-    lines = [f"== accumulation-order fingerprints: K={s['K']}, N={s['N']} columns per call, T in {s['ts']}",
-             f"predicted kernel: {s['prediction_origin'] or 'none'} (dispatch.kernel_for)"]
-    runs = pd.DataFrame(s["runs"])
-    if len(runs):
-        runs = runs.rename(columns={"predicted": "predicted kernel"})
-        runs["description"] = runs["description"].str.slice(0, 110)
-        lines.append(text_table(runs))
-    for path, e in s["paths"].items():
-        a = e.get("accumulator_check")
-        if a:
-            verdict = "exact" if a["exact"] else f"gave {a['sum']:g}: the accumulator is narrower than the output"
-            lines.append(f"{path}: {e['distinct_trees']} distinct tree(s); all-unit sum of {a['units']} {verdict}"
-                         + (f"; {e['probes']} probes in {e['calls']} calls, {e['seconds']} s" if "probes" in e else ""))
-        st = e.get("small_tree")
-        if st and st.get("tree") and len(st["tree"]) <= 160:
-            lines.append(f"  K={st['K']}: {st['tree']}")
-    return "\n".join(lines)
-
-
 SUMMARIES["fingerprint"] = fingerprint_summary
 TEXTS["fingerprint"] = fingerprint_text
+
+
 # ---- state
-
-
-STATE_SEVERITY = ["STATE BUG", "refused", "unreliable", "rounding", "EXACT", "not applicable", "not checked"]
-
-
-def state_cells(table: pd.DataFrame) -> pd.DataFrame:
-    """One row per cache class and operation, one column per prefix position: 'EXACT 14', 'STATE BUG 10/14'."""
-    order = ["below", "at", "past", "far", ""]
-    worst = STATE_SEVERITY
-    rows = []
-    for (cache, op), g in table.groupby(["cache", "operation"], sort=False):
-        row = {"cache": cache, "operation": op}
-        for where in order:
-            h = g[g["where"].fillna("") == where]
-            if not len(h):
-                continue
-            counts = h["verdict"].value_counts()
-            top = next(v for v in worst if v in counts.index)
-            row[where or "-"] = top if len(counts) == 1 else f"{top} {int(counts[top])}/{len(h)}"
-        rows.append(row)
-    return pd.DataFrame(rows).fillna("")
-
-
-def state_summary(result) -> dict[str, Any]:
-    t = result.tables["state"]
-    bugs = t[t["verdict"] == "STATE BUG"]
-    return {
-        "kind": "state",
-        "mlx_lm": result.details.get("mlx_lm"),
-        "cases": int(len(t)),
-        "verdicts": {str(k): int(v) for k, v in t["verdict"].value_counts().items()},
-        "prefixes": dict(result.inputs.get("prefixes") or {}),
-        "window": result.inputs.get("window"),
-        "seconds": result.figures.get("seconds"),
-        "grid": state_cells(t).to_dict(orient="records"),
-        "state_bugs": bugs[["cache", "operation", "where", "prefix", "params", "reason"]].head(50).to_dict(
-            orient="records"),
-        "figures": dict(result.figures),
-    }
-
-
-def state_text(result) -> str:
-    t = result.tables["state"]
-    s = state_summary(result)
-    pre = ", ".join(f"{w} {p}" for w, p in s["prefixes"].items())
-    lines = [f"== cache state exactness (mlx-lm {s['mlx_lm']}): {s['cases']} cases; prefixes {pre} "
-             f"(window {s['window']}); {', '.join(f'{v} {k}' for k, v in s['verdicts'].items())}",
-             text_table(state_cells(t))]
-    bugs = t[t["verdict"] == "STATE BUG"]
-    if len(bugs):
-        lines.append("first state bug per cache class and operation:")
-        for (cache, op), g in bugs.groupby(["cache", "operation"], sort=False):
-            r = g.iloc[0]
-            lines.append(f"  {cache} {op} [{r['where']} {r['params']}]: {r['reason']}")
-    lines.append(f"{s['seconds']:.0f} s")
-    return "\n".join(lines)
 
 
 SUMMARIES["state"] = state_summary
 TEXTS["state"] = state_text
+
+
 # ---- batch
-
-
-BATCH_COLUMNS = ["target", "companions", "B", "row", "verdict", "first_divergence", "envelope_batch", "margin",
-                 "reference_envelope", "seconds_batch", "seconds_alone_all"]
-
-
-def batch_summary(result: Result) -> dict[str, Any]:
-    t = result.tables["batch"]
-    cols = [c for c in BATCH_COLUMNS if c in t.columns]
-    return {"kind": "batch", "figures": dict(result.figures),
-            "rows": t[cols].astype(object).where(t[cols].notna(), None).to_dict(orient="records")}
-
-
-def batch_text(result: Result) -> str:
-    t = result.tables["batch"]
-    f = result.figures
-    cols = BATCH_COLUMNS + [c for c in ("ladder", "ladder_envelope") if c in t.columns and (t[c].fillna("") != "").any()]
-    lines = ["== batch: row j of mlx-lm's BatchGenerator vs the same prompt alone", text_table(t[cols]), ""]
-    lines.append(f"{int(f['batch_rows'])} rows: {int(f['batch_identical'])} bit-identical, {int(f['batch_flips'])} "
-                 f"parted from the lone stream, {int(f['batch_outside'])} outside the envelope; largest batch "
-                 f"envelope (max |Δgap|) {f['batch_envelope']:.4g}"
-                 + (f", single-sequence reference envelope {f['reference_envelope']:.4g}"
-                    if "reference_envelope" in f else ""))
-    if "batch_outside_rounding" in f:
-        counts = ", ".join(f"{int(f[k])} {k.removeprefix('batch_outside_')}" for k in
-                           ("batch_outside_rounding", "batch_outside_semantic", "batch_outside_unclear",
-                            "batch_outside_unreliable", "batch_outside_identical") if k in f)  # runs before 'unclear'/'unreliable' were counted
-        lines.append(f"precision ladder (float32 rerun) of the rows outside: {counts}")
-    if "batch_speedup" in f:
-        lines.append(f"largest batch: {f['batch_speedup']:.2f}x the speed of the same streams one by one")
-    lt = result.tables.get("batch_layers")
-    if lt is not None and len(lt):
-        lines += ["", "per-layer drift of the row through the batch (rel L2 vs alone, over the positions whose "
-                      "input both share; the first layer that differs and the final norm):"]
-        for (target, comp, B, row), g in lt.groupby(["target", "companions", "B", "row"], sort=True):
-            g = g.sort_values("layer")
-            differ = g[g["frac_differ"] > 0]
-            first = differ["tap"].iloc[0] if len(differ) else "none"
-            norm = g[g["tap"] == "norm"]["rel_l2"]
-            lines.append(f"  {target} {comp} B={B} row {row}: {int(g['positions'].iloc[0])} positions, first layer "
-                         f"that differs: {first}, norm rel L2 {float(norm.iloc[0]) if len(norm) else float('nan'):.3g}")
-    return "\n".join(lines)
 
 
 SUMMARIES["batch"] = batch_summary
@@ -570,31 +382,6 @@ TEXTS["batch"] = batch_text
 
 
 # ---- server
-
-
-SERVER_COLUMNS = ["case", "a", "b", "prompt_tokens", "tokens_a", "tokens_b", "first_divergence", "verdict",
-                  "margin", "envelope", "seconds_a", "seconds_b"]
-
-
-def server_summary(result: Result) -> dict[str, Any]:
-    t = result.tables["server"]
-    cols = [c for c in SERVER_COLUMNS if c in t.columns]
-    return {"kind": "server", "figures": dict(result.figures),
-            "cases": t[cols].astype(object).where(t[cols].notna(), None).to_dict(orient="records")}
-
-
-def server_text(result: Result) -> str:
-    t = result.tables["server"]
-    f = result.figures
-    cols = [c for c in SERVER_COLUMNS if c in t.columns]
-    lines = ["== mlx_lm.server: greedy streams over HTTP", text_table(t[cols]), ""]
-    lines.append(f"{int(f['server_divergences'])} of {len(t)} pairs diverged")
-    if "server_tokens_per_s" in f:
-        same = "the same tokens as" if f.get("server_matches_inprocess") == 1.0 else "OTHER tokens than"
-        lines.append(f"server {f['server_tokens_per_s']:.3g} tokens/s (request wall time, prompt included) vs "
-                     f"{f['inprocess_tokens_per_s']:.3g} tokens/s for mlx-lm generate in process; its lone stream has "
-                     f"{same} in-process generate")
-    return "\n".join(lines)
 
 
 SUMMARIES["server"] = server_summary

@@ -330,7 +330,7 @@ def test_server_cache_impl_is_checked_on_the_loaded_model_before_any_server(tmp_
 def test_server_error_shows_the_cause_from_its_log(tmp_path):
     # Regression: a request whose handler raised is logged by the HTTP server as a traceback between two rules of
     # dashes; the error showed the rule ("server log: ----------------------------------------").
-    from gemmdrift.measure import server
+    from gemmdrift.measure import serving
 
     log = tmp_path / "server.log"
     log.write_text("----------------------------------------\n"
@@ -340,7 +340,7 @@ def test_server_error_shows_the_cause_from_its_log(tmp_path):
                    "    cache = make_prompt_cache(model)\n"
                    "gemmdrift.errors.GemmdriftError: --cache-impl: p.py:few(model) returned 3 caches for 18 layers\n"
                    "----------------------------------------\n")
-    assert server._last_line(log) == ("gemmdrift.errors.GemmdriftError: --cache-impl: p.py:few(model) returned 3 "
+    assert serving._last_line(log) == ("gemmdrift.errors.GemmdriftError: --cache-impl: p.py:few(model) returned 3 "
                                       "caches for 18 layers")
 
 

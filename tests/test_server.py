@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from gemmdrift.measure import server
+from gemmdrift.measure import server, serving
 from gemmdrift.errors import GemmdriftError
 
 
@@ -96,7 +96,7 @@ def test_server_stops_on_keyboard_interrupt(tmp_path, monkeypatch):
             return [sys.executable, "-c", "import time; time.sleep(60)"]
 
     srv = Fake(tmp_path, start_timeout=1)
-    monkeypatch.setattr(server.urllib.request, "urlopen", lambda *a, **k: type(
+    monkeypatch.setattr(serving.urllib.request, "urlopen", lambda *a, **k: type(
         "R", (), {"status": 200, "__enter__": lambda s: s, "__exit__": lambda s, *e: None})())
     with pytest.raises(KeyboardInterrupt):
         with srv:
@@ -113,7 +113,7 @@ def test_last_line_skips_access_lines_and_warnings(tmp_path):
                    '127.0.0.1 - - "GET /health HTTP/1.1" 200 -\n'
                    "/usr/lib/python3/x.py:19: UserWarning: resource_tracker: leaked semaphore\n"
                    "  warnings.warn(\n")
-    assert server._last_line(log) == "FileNotFoundError: No such file: 'x/config.json'"
+    assert serving._last_line(log) == "FileNotFoundError: No such file: 'x/config.json'"
 
 
 @pytest.mark.slow

@@ -21,7 +21,7 @@ class Generation:
     stats: dict[str, Any] = field(default_factory=dict)
 
 
-def _check_prompt(prompt: Sequence[int], n: int) -> None:
+def check_prompt(prompt: Sequence[int], n: int) -> None:
     if n <= 0:
         raise GemmdriftError(f"the number of tokens to generate must be positive, got {n}")
     if len(prompt) < 1:
@@ -150,7 +150,7 @@ def generate_speculative_exact(model, prompt: Sequence[int], n: int, k: int = 2,
     """Greedy tokens from :func:`speculative_exact_step` (mlx-lm's loop with an exact rollback)."""
     import time
 
-    _check_prompt(prompt, n)
+    check_prompt(prompt, n)
     if k <= 0:
         raise GemmdriftError(f"the number of draft tokens K must be positive, got {k}")
     t0 = time.perf_counter()

@@ -153,7 +153,7 @@ def test_batch_resumes_finished_rows(tiny, tmp_path, capsys):
 
     from gemmdrift import cli
 
-    cli._write_and_print(Namespace(json=False), again, tmp_path)
+    cli.write_and_print(Namespace(json=False), again, tmp_path)
     assert not (tmp_path / ".checkpoints").exists()  # the whole Result holds them now
     said = capsys.readouterr().out
     assert "streams/batch_t_short_B1_r0_a.json" in said  # the listing names the streams/ directory

@@ -67,8 +67,8 @@ RANKS = {
     "view": 0, "view.figure": 1, "view.compare": 11, "view.predict": 11.5, "view.attribute": 11.6, "view.primitives": 11.7,
     "view.history": 11.8, "view.fingerprint": 11.8, "view.state": 11.8, "view.batch": 11.8,
     "view.summaries": 12, "view.plots": 12,
-    "cli.golden": 1, "cli.dispatch": 1, "cli.replay": 1, "cli.primitives": 1, "cli.changelog": 1,
-    "cli.attribute": 2, "cli": 3, "cli.doc": 4,
+    "cli.common": 0, "cli.golden": 1, "cli.dispatch": 1, "cli.replay": 1, "cli.primitives": 1, "cli.changelog": 1,
+    "cli.history": 1.5, "cli.batch": 1, "cli.attribute": 2, "cli": 3, "cli.doc": 4,
 }
 
 

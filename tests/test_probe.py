@@ -35,7 +35,7 @@ def no_model(monkeypatch):
     def refuse(*a, **k):
         raise Loaded()
 
-    monkeypatch.setattr(cli, "_load", refuse)
+    monkeypatch.setattr(cli, "load", refuse)
     monkeypatch.setattr(models, "load_model", refuse)
 
 
@@ -155,7 +155,7 @@ def test_batch_and_server_refuse_n_above_positions(monkeypatch, capsys, tmp_path
 
     lm = make_tiny("float32", max_position_embeddings=32)
     lm = models.LoadedModel(lm.model, _Tok(), {**lm.info, "max_positions": 32})
-    monkeypatch.setattr(cli, "_load", lambda args: lm)
+    monkeypatch.setattr(cli, "load", lambda args: lm)
     monkeypatch.setattr(batch, "sweep", lambda *a, **k: pytest.fail("generated"))
     refused(["batch", "--prompt", "hi", "--n", "100", "--batch-sizes", "1", "--out", str(tmp_path / "b")],
             "more than the model's 32 positions", capsys)

@@ -2,7 +2,11 @@
 
 Every subcommand parses flags, calls one library function, writes its tables
 and figures, and prints a summary. User errors (:class:`GemmdriftError`, bad
-flags) print one line and exit with status 2.
+flags) print one line and exit with status 2. The steps every command shares
+are :mod:`gemmdrift.cli.common` (named here too: the command families find
+them on this module, handed to them); the families' parsers and handlers are
+golden.py, dispatch.py, replay.py, attribute.py, changelog.py, history.py and
+batch.py.
 """
 
 from __future__ import annotations
@@ -15,129 +19,13 @@ from pathlib import Path
 from ..state import bench as cachebench
 from .. import defaults as D
 from . import attribute as attribute_cli, changelog as changelog_cli, dispatch as dispatch_cli, golden as goldcli, replay as replay_cli
+from . import batch as batch_cli, history as history_cli
 from ..machine import runenv
 from ..errors import GemmdriftError
 from ..ranges import default_split, parse_ints, parse_range  # noqa: F401  (moved; callers import them from here)
-
-
-
-class _Parser(argparse.ArgumentParser):
-    """argparse, but a bad flag is one line on stderr and exit status 2."""
-
-    def error(self, message):
-        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
-
-    def parse_args(self, args=None, namespace=None):
-        """Unrecognized arguments are named with the subcommand whose help lists its flags (D17)."""
-        ns, extras = self.parse_known_args(args, namespace)
-        if extras:
-            prog = " ".join([self.prog] + [str(v) for v in (getattr(ns, "command", None),
-                                                             getattr(ns, "replay_command", None)) if v])
-            self.exit(2, f"{prog}: error: unrecognized arguments: {' '.join(extras)} (see {prog} --help)\n")
-        return ns
-
-
-# ------------------------------------------------------------------ shared options
-
-
-def _add_model(p):
-    g = p.add_argument_group("model")
-    g.add_argument("--model", default=D.MODEL,
-                   help="'embedded' (Gemma 3 270M, default), 'shape:NAME', a Gemma 3 .gguf file, or an mlx-lm directory")
-    g.add_argument("--dtype", default=D.DTYPE, help=f"compute dtype: bfloat16, float16, float32 (default {D.DTYPE})")
-    g.add_argument("--quantize", type=int, metavar="BITS", help="re-quantize a dense model (mlx affine: 2,3,4,5,6,8 bits)")
-    g.add_argument("--group-size", type=int, help="quantization group size: 32, 64 (default), 128")
-    g.add_argument("--quant-mode", default=D.QUANT_MODE, help="quantization mode (affine; mxfp4/mxfp8/nvfp4 where mlx has them)")
-    g.add_argument("--device", choices=["cpu", "gpu"], help="mlx device (default: mlx's own choice, recorded in every result)")
-
-
-def _add_prompt(p):
-    g = p.add_argument_group("prompt")
-    g.add_argument("--prompt", help="prompt text")
-    g.add_argument("--prompt-file", help="file with the prompt text")
-    g.add_argument("--prompt-ids", help="file of token ids (JSON list or whitespace-separated), used verbatim")
-    g.add_argument("--tokens", type=int, help="use only the first N tokens of the prompt")
-
-
-def _add_output(p, default: str):
-    p.add_argument("--out", default=default, help=f"output directory (default {default})")
-    p.add_argument("--json", action="store_true", help="print a JSON summary on stdout (progress goes to stderr)")
-
-
-def _precheck(args) -> None:
-    """The checks every model command runs before loading a model (see gemmdrift.checks)."""
-    from .. import checks
-
-    checks.check_out_dir(args.out)
-    if hasattr(args, "prompt"):
-        checks.check_prompt_args(args.prompt, args.prompt_file, args.prompt_ids)
-        checks.check_tokens(args.tokens)
-        if args.prompt_ids is not None:  # syntax and emptiness now; the vocabulary once the model says it
-            from ..prompts import read_token_ids
-
-            read_token_ids(args.prompt_ids)
-    if getattr(args, "envelope", None) is not None:
-        checks.check_envelope(args.envelope)
-
-
-def _load(args):
-    from ..machine.envinfo import select_device
-    from ..model import load_model, parse_quantization
-
-    select_device(getattr(args, "device", None))
-
-    q = parse_quantization(args.quantize, args.group_size, args.quant_mode) if args.quantize is not None else None
-    if args.quantize is None and args.group_size is not None:
-        raise GemmdriftError("--group-size needs --quantize")
-    return load_model(args.model, dtype=args.dtype, quantize=q)
-
-
-def _tokens(args, lm):
-    from ..prompts import prompt_tokens
-
-    ids, label = prompt_tokens(lm, args.prompt, args.prompt_file, args.prompt_ids)
-    if args.tokens is not None:
-        if args.tokens < 2:
-            raise GemmdriftError(f"--tokens must be at least 2, got {args.tokens}")
-        if args.tokens > len(ids):
-            raise GemmdriftError(f"--tokens {args.tokens}: the prompt has only {len(ids)} tokens")
-        ids = ids[: args.tokens]
-    from ..checks import check_length
-
-    check_length(lm.description, len(ids), "the prompt")
-    return ids, label
-
-
-def _replay_shapes(args):
-    """The projection shapes of ``--model`` from its config, for ``--kernels`` checks before the load (D8)."""
-    if not getattr(args, "kernels", None) or (args.quantize is not None and args.quant_mode != "affine"):
-        return None
-    from ..replay.model import model_shapes
-
-    quant = None if args.quantize is None else (args.quantize, args.group_size or 64)
-    return model_shapes(args.model, quant)
-
-
-def _write_and_print(args, result, out, note: str = "") -> None:
-    """The one way a measuring command ends: the Result to ``out``, then its summary (or --json) printed."""
-    from .. import store
-    from ..view import summaries
-
-    written = store.write_result(result, out)
-    files = [p.relative_to(out).as_posix() if p.is_relative_to(Path(out)) else p.name  # streams/x.json, not x.json
-             for k, p in written.items() if k not in ("frame", "figures", "marker", "details")]
-    names = ", ".join(files if len(files) <= 12 else files[:10] + [f"and {len(files) - 10} more"])
-    _emit(args, summaries.summary(result), summaries.text(result) + f"\n\nwritten to {Path(out)}/ ({names})"
-          + (f"\n{note}" if note else ""))
-
-
-def _emit(args, summary: dict, text: str) -> None:
-    from ..files import to_json
-
-    if args.json:
-        print(to_json(summary))
-    else:
-        print(text)
+from .common import (  # noqa: F401  (the shared steps: the command families call them on this module)
+    Parser, add_model, add_output, add_prompt, emit, load, precheck, replay_shapes, tokens, write_and_print,
+)
 
 
 # -------------------------------------------------------------------- subcommands
@@ -159,7 +47,7 @@ def cmd_stack(args) -> int:
         parse_schedule(text)  # a bad schedule fails before the model loads
     if len(args.schedules) < 2:
         raise GemmdriftError("give at least two schedules: a reference and one to compare")
-    _precheck(args)
+    precheck(args)
     check_positive(split=args.split)
     check_range_text(args.positions, "--positions")
     check_range_text(args.logit_positions, "--logit-positions")
@@ -169,14 +57,14 @@ def cmd_stack(args) -> int:
     # checked before loading
     kopt = KernelsOption(args.kernels, ladder=args.ladder, replay_prefix=args.replay_prefix,
                          calibration=args.calibration)
-    kopt.check_run(_replay_shapes(args), args.schedules, args.tokens, args.split, args.dtype)  # a call with no recipe
+    kopt.check_run(replay_shapes(args), args.schedules, args.tokens, args.split, args.dtype)  # a call with no recipe
 
     from ..machine.envinfo import environment
     from ..model import describe
     from ..measure.stack import measure_stack
 
-    lm = _load(args)  # the ladder rung is true float32: main() set MLX_ENABLE_TF32=0 (unless --tf32 keep)
-    ids, label = _tokens(args, lm)
+    lm = load(args)  # the ladder rung is true float32: main() set MLX_ENABLE_TF32=0 (unless --tf32 keep)
+    ids, label = tokens(args, lm)
     n = len(ids)
     split = args.split if args.split is not None else default_split(n)
     positions = parse_range(args.positions, n, "--positions")
@@ -191,7 +79,7 @@ def cmd_stack(args) -> int:
                                checkpoint=Path(args.out) / kopt.checkpoint, env=environment(),
                                record={"prompt": label, **impl_record},
                                workers=1 if impl is not None else kopt.workers)  # the plug-in lives in this process
-    _write_and_print(args, kopt.label(result), args.out)
+    write_and_print(args, kopt.label(result), args.out)
     return 0
 
 
@@ -207,7 +95,7 @@ def cmd_kernels(args) -> int:
     layers = parse_ints(args.layers, "--layers")
     if ts is not None:
         check_max_t(ts, args.max_t)
-    _precheck(args)
+    precheck(args)
 
     from .. import kernels
     from ..machine.envinfo import environment
@@ -223,20 +111,20 @@ def cmd_kernels(args) -> int:
 
     # replay:<chip>[@variant]: checked before loading
     kopt = KernelsOption(args.kernels, ops=args.ops, calibration=args.calibration)
-    lm = _load(args)
+    lm = load(args)
     projs = kernels.projections(lm, layers=layers, names=names)
     print(f"gemmdrift kernels: {describe(lm.description)}; {len(projs)} projections x {len(paths)} paths", file=sys.stderr)
     if lm.synthetic:
         ids, label = [], "synthetic rows"
     else:
-        ids, label = _tokens(args, lm)
+        ids, label = tokens(args, lm)
     inputs = kernels.capture_inputs(lm, ids, projs, max_rows=args.rows)
     out = Path(args.out)
     result = kernels.measure_kernels(lm, inputs, projs, paths, ts, ops=args.ops, max_t=args.max_t, kernels=kopt,
                                      checkpoint=out / kopt.checkpoint, env=environment(),
                                      record={"prompt": label, "tokens": ids,
                                              "rows": inputs.describe() if hasattr(inputs, "describe") else None})
-    _write_and_print(args, result, out)
+    write_and_print(args, result, out)
     return 0
 
 
@@ -268,7 +156,7 @@ def cmd_diverge(args) -> int:
                         ("--prefill-b", args.prefill_b)):
         if value <= 0:
             raise GemmdriftError(f"{flag} must be positive, got {value}")
-    _precheck(args)
+    precheck(args)
     impl, rb = cachebench.precheck(args)
     texts = None
     if args.prompts is not None:
@@ -284,12 +172,12 @@ def cmd_diverge(args) -> int:
     # the speculative stream's first verify feeds min(n, k) + 1 rows: a chip with no recipe for it (every CUDA
     # T >= 2 is cuBLASLt) is refused before the load (D8)
     spec_ts = {min(args.n, args.k) + 1} if args.compare == "speculative" else set()
-    kopt.check_calls(_replay_shapes(args) or [], spec_ts, args.dtype)
+    kopt.check_calls(replay_shapes(args) or [], spec_ts, args.dtype)
     from ..measure.diverge import measure_divergence_stats, measure_diverge
     from ..machine.envinfo import environment
     from ..model import describe
 
-    lm = _load(args)
+    lm = load(args)
     draft = _load_draft(args)
     opts = dict(k=args.k, draft=draft, prefill_a=args.prefill_a, prefill_b=args.prefill_b, plain_vs=args.compare,
                 envelope=args.envelope)
@@ -314,16 +202,16 @@ def cmd_diverge(args) -> int:
                                               labels=[str(i) for i in range(len(ids))], do_triage=not args.no_triage,
                                               record={"prompts": texts, "context": args.context, **record}, env=env,
                                               **opts)
-        _write_and_print(args, kopt.label(result), out)
+        write_and_print(args, kopt.label(result), out)
         return 0
-    ids, label = _tokens(args, lm)
+    ids, label = tokens(args, lm)
     check_length(lm.description, len(ids) + args.n, f"the prompt with --n {args.n}")
     with kopt.installed(lm):
         result = measure_diverge(lm, ids, args.n, do_triage=not args.no_triage, record={"prompt": label, **record},
                                  env=env, **opts)
     if args.explain:
         result = attribute_cli.explain_divergence(lm, result, ids, kopt.text or None)
-    _write_and_print(args, kopt.label(result), out, "(stream_a.json and stream_b.json feed `gemmdrift triage`)")
+    write_and_print(args, kopt.label(result), out, "(stream_a.json and stream_b.json feed `gemmdrift triage`)")
     return 0
 
 
@@ -341,12 +229,12 @@ def cmd_triage(args) -> int:
     kopt = KernelsOption(args.kernels, calibration=args.calibration)  # replay:<chip>[@variant]: checked before loading
     args.schedule_a, why_a = stream_schedule(args.schedule_a, args.stream_a, D.SCHEDULE_PLAIN, "--schedule-a")
     args.schedule_b, why_b = stream_schedule(args.schedule_b, args.stream_b, D.SCHEDULE_SPECULATIVE, "--schedule-b")
-    _precheck(args)  # every check before the first line printed
+    precheck(args)  # every check before the first line printed
     from ..replay.model import lm_shapes, triage_ts
 
     if not any(x is not None for x in (args.prompt, args.prompt_file, args.prompt_ids)) and (pa or pb):
         # a call the chip has no recipe for (every CUDA T >= 2 is cuBLASLt): refused before the load (D8)
-        kopt.check_calls(_replay_shapes(args) or [], triage_ts((args.schedule_a, args.schedule_b), len(pa or pb),
+        kopt.check_calls(replay_shapes(args) or [], triage_ts((args.schedule_a, args.schedule_b), len(pa or pb),
                                                                (len(sa), len(sb))), args.dtype)
     print(f"gemmdrift triage: stream A under {args.schedule_a} ({why_a}); stream B under {args.schedule_b} "
           f"({why_b})", file=sys.stderr)
@@ -354,10 +242,10 @@ def cmd_triage(args) -> int:
     from ..measure.diverge import measure_triage
     from ..machine.envinfo import environment
 
-    lm = _load(args)
+    lm = load(args)
     given = any(x is not None for x in (args.prompt, args.prompt_file, args.prompt_ids))
     if given:
-        prompt, _ = _tokens(args, lm)
+        prompt, _ = tokens(args, lm)
         if (pa is not None and pa != prompt) or (pb is not None and pb != prompt):
             raise GemmdriftError("the prompt given does not match the prompt stored in the stream files")
     else:
@@ -373,16 +261,8 @@ def cmd_triage(args) -> int:
                                 env=environment())
     if args.explain:  # the op classes whose counterfactual removes the flip (issue 29); the verdict stays
         result = attribute_cli.explain_divergence(lm, result, prompt, kopt.text or None)
-    _write_and_print(args, kopt.label(result), args.out)
+    write_and_print(args, kopt.label(result), args.out)
     return 0
-
-
-def _release(label: str) -> str:
-    """'0.32.4' -> 'mlx 0.32.4'; '0.32.4+lm0.31.3' -> 'mlx 0.32.4 with mlx-lm 0.31.3'."""
-    from ..checks import split_release
-
-    mlx, lm = split_release(label)
-    return f"mlx {mlx}" + (f" with mlx-lm {lm}" if lm else "")
 
 
 def cmd_state(args) -> int:
@@ -408,13 +288,13 @@ def cmd_state(args) -> int:
         raise GemmdriftError(f"--workers must be at least 1, got {args.workers}")
     impl, _ = cachebench.precheck(args)
     out = store.check_out_dir(args.out)
-    lm = _load(args)
+    lm = load(args)
     print(f"gemmdrift state: {describe(lm.description)}", file=sys.stderr)
     r = cachebench.state_measure(impl)(lm, operations=ops, where=where, ks=ks, ladder=not args.no_ladder,
                             envelope=args.envelope, compute_limit=args.compute_limit, caches=caches,
                             workers=args.workers, checkpoint=out)
     written = store.write_result(r, out)
-    _emit(args, summaries.summary(r), summaries.text(r) + f"\n\nwritten to {out}/ "
+    emit(args, summaries.summary(r), summaries.text(r) + f"\n\nwritten to {out}/ "
           f"({', '.join(sorted(p.name for p in written.values()))})")
     return 0
 
@@ -441,75 +321,8 @@ def cmd_report(args) -> int:
     paths = build_report(args.dir)
     if args.screenshot:
         paths["screenshot"] = screenshot(paths["html"], Path(args.dir) / "report_page.png")
-    _emit(args, {k: str(v) for k, v in paths.items()}, "\n".join(f"{k}: {v}" for k, v in paths.items()))
+    emit(args, {k: str(v) for k, v in paths.items()}, "\n".join(f"{k}: {v}" for k, v in paths.items()))
     return 0
-
-
-def _results_dirs(args) -> list[str]:
-    """--results, or this checkout's .asv/results, or the committed reference results (said on stderr)."""
-    if args.results:
-        return args.results
-    from ..measure.history import default_results
-
-    d, why = default_results()
-    print(f"gemmdrift {args.command}: {why}", file=sys.stderr)
-    return [str(d)]
-
-
-def cmd_history(args) -> int:
-    from ..checks import check_out_dir
-
-    check_out_dir(args.out)
-    from .. import store
-    from ..view import summaries
-    from ..measure.history import history_result, read_results
-
-    dirs = _results_dirs(args)
-    out = Path(args.out)
-    result = history_result(read_results(dirs), include=args.include,
-                            results=[str(d) for d in (dirs if isinstance(dirs, (list, tuple)) else [dirs])])
-    store.write_result(result, out)
-    summary = summaries.summary(result)
-    summary["figures"] = [str(out / f) for f in summary["figures"]]
-    summary["changelog"] = changelog_cli.index_pointer()
-    _emit(args, summary, summaries.text(result) + f"\n\n{len(summary['figures'])} figures in {out / 'figures'}/"
-          + f"\n{summary['changelog']}")
-    return 0
-
-
-def cmd_gate(args) -> int:
-    from ..checks import check_gate_versions, check_out_dir, check_threshold
-
-    check_threshold(args.threshold)
-    warning = check_gate_versions(args.candidate, args.baseline)
-    if warning:
-        print(f"gemmdrift gate: {warning}", file=sys.stderr)
-    if args.out:
-        check_out_dir(args.out)
-    from .. import files
-    from ..measure.history import gate, read_results
-    from ..text import text_table
-
-    df = read_results(_results_dirs(args))
-    g = gate(df, candidate=args.candidate, baseline=args.baseline, threshold=args.threshold, include=args.include)
-    bad = g[g["regression"]]
-    if args.out:
-        files.write_csv(Path(args.out) / "gate.csv", g)
-    verdict = (f"FAIL: {len(bad)} of {len(g)} tracked figures of {_release(g['candidate'].iloc[0])} exceed "
-               f"{_release(g['baseline'].iloc[0])} by more than {args.threshold:.0%}" if len(bad) else
-               f"PASS: no tracked figure of {_release(g['candidate'].iloc[0])} exceeds "
-               f"{_release(g['baseline'].iloc[0])} "
-               f"by more than {args.threshold:.0%} ({len(g)} compared)")
-    shown = bad if len(bad) else g.head(0)
-    changed = g[g["changed"]]
-    trees = ("\nsummation trees changed (not a regression by itself; see `gemmdrift fingerprint`):\n"
-             + text_table(changed[["machine", "backend", "benchmark", "params", "old", "new"]]) if len(changed) else "")
-    page = changelog_cli.gate_pointer(g["baseline"].iloc[0], g["candidate"].iloc[0])
-    _emit(args, {"pass": not len(bad), "compared": int(len(g)), "regressions": bad.to_dict(orient="records"),
-                 "trees_changed": changed.to_dict(orient="records"), "changelog": page},
-          (text_table(shown[["machine", "backend", "benchmark", "params", "old", "new", "ratio"]]) + "\n" if len(bad)
-           else "") + verdict + trees + "\n" + page)
-    return 1 if len(bad) else 0
 
 
 def cmd_fingerprint(args) -> int:
@@ -539,117 +352,24 @@ def cmd_fingerprint(args) -> int:
     result = fingerprint.measure(paths, K=args.k, ts=ts, N=args.n, window=args.window, draw_k=args.draw_k,
                                  env=environment(), progress=lambda m: print(m, file=sys.stderr), checkpoint=args.out)
     store.write_result(result, args.out)
-    _emit(args, summaries.summary(result), summaries.text(result) + f"\n\nwritten to {Path(args.out)}/")
+    emit(args, summaries.summary(result), summaries.text(result) + f"\n\nwritten to {Path(args.out)}/")
     return 0
 
 
 # ------------------------------------------------------------------------- parser
 
 
-RESULTS_HELP = ("asv results directories, one or more (default: .asv/results if it holds results, else the "
-                "committed reference results in benchmarks/reference)")
-# ---- batch and server (issue 14)
-
-
-def _batch_companions(lm, names, exclude: str, long_tokens: int, count: int) -> dict:
-    from ..prompts import builtin_prompts, builtin_text
-
-    texts = [t for t in builtin_prompts() if t != exclude]
-    texts = (texts * (count // max(len(texts), 1) + 1))[:count]
-    out = {}
-    for name in names:
-        if name == "short":
-            out["short"] = [lm.tokenizer.encode(t) for t in texts]
-        else:  # longer than the sliding window: a prompt, then the essay, cut to long_tokens
-            out["long"] = [lm.tokenizer.encode(t + "\n\n" + builtin_text("essay"))[:long_tokens] for t in texts]
-    return out
-
-
-def cmd_batch(args) -> int:
-    from .. import store
-    from ..measure.batch import measure_batch
-    from ..model import describe
-    from ..prompts import builtin_prompts
-
-    from ..checks import check_batch_args, check_length
-
-    sizes = parse_ints(args.batch_sizes, "--batch-sizes")
-    names = check_batch_args(sizes, args.companions, args.n, args.long_tokens, args.prompts, args.tokens)
-    _precheck(args)  # out, prompt sources, --tokens, token files: before the model loads
-    if args.model in (None, "", "embedded"):  # its position bound is known without loading it
-        check_length({"max_positions": D.EMBEDDED_MAX_POSITIONS}, args.n + 1, f"--n {args.n} after any prompt")
-    lm = _load(args)
-    if lm.tokenizer is None:
-        raise GemmdriftError("gemmdrift batch builds its companion prompts from text: the model needs a tokenizer")
-    window = lm.description.sliding_window or 512  # no sliding window: long companions still outgrow most prompts
-    long_tokens = args.long_tokens or window + 64
-    if args.prompts == "builtin":
-        targets = {f"p{i}": lm.tokenizer.encode(t) for i, t in enumerate(builtin_prompts())}
-        exclude = ""
-    else:
-        given = any(x is not None for x in (args.prompt, args.prompt_file, args.prompt_ids))
-        ids, label = _tokens(args, lm) if given else (lm.tokenizer.encode(builtin_prompts()[0]), "built-in prompt 0")
-        if not given and args.tokens is not None:  # --tokens cuts the built-in prompt too: never ignored
-            if args.tokens > len(ids):
-                raise GemmdriftError(f"--tokens {args.tokens}: the built-in prompt has only {len(ids)} tokens")
-            ids = ids[: args.tokens]
-        targets, exclude = {"target": ids}, (args.prompt or builtin_prompts()[0])
-    for tl, ids in targets.items():
-        check_length(lm.description, len(ids) + args.n, f"the prompt {tl!r} with --n {args.n}")
-    print(f"gemmdrift batch: {describe(lm.description)}", file=sys.stderr)  # after the refusals the model allows
-    comps = _batch_companions(lm, names, exclude, long_tokens, max(sizes) - 1)
-    ladder_lm = None
-    if args.ladder:
-        from ..model import load_model
-
-        ladder_lm = load_model(args.model, dtype="float32")
-    r = measure_batch(lm, targets, comps, args.n, batch_sizes=sizes, rows=args.rows, ladder_lm=ladder_lm,
-                      reference=not args.no_reference, progress=lambda m: print("  " + m, file=sys.stderr, flush=True),
-                      inputs={"long_tokens": long_tokens}, layers=args.layers,
-                      checkpoint=args.out)
-    _write_and_print(args, r, args.out, note="(streams/*.json feed `gemmdrift triage`)")
-    return 0
-
-
-def cmd_server(args) -> int:
-    from .. import store
-    from ..prompts import builtin_prompts, builtin_text
-    from ..measure.server import measure_server
-
-    cases = [c.strip() for c in args.cases.split(",") if c.strip()]
-    if not cases or set(cases) - {"draft", "concurrent", "conversation"}:
-        raise GemmdriftError(f"--cases: draft, concurrent, conversation (got {args.cases!r})")
-    if args.n <= 0 or args.num_draft <= 0:
-        raise GemmdriftError("--n and --num-draft must be positive")
-    from ..checks import check_companions, read_prompt_text
-
-    check_companions(args.companions)
-    if args.model.startswith("shape:"):
-        raise GemmdriftError("the server needs a real checkpoint: 'embedded', a Gemma 3 .gguf or an mlx-lm directory")
-    impl, rb = cachebench.precheck(args)  # --cache-impl, --rollback and --draft self:N, before any server
-    prompt = read_prompt_text(args.prompt, args.prompt_file)
-    prompt = builtin_text("essay") if prompt is None else prompt
-    store.check_out_dir(args.out)
-    companions = (builtin_prompts() * args.companions)[: args.companions]
-    r = measure_server(args.model, prompt, args.n, cases=cases, draft=args.draft, num_draft=args.num_draft,
-                       companions=companions, triage=not args.no_triage,
-                       progress=lambda m: print("  " + m, file=sys.stderr, flush=True), checkpoint=args.out,
-                       plugins={"cache_impl": args.cache_impl, "rollback": args.rollback}, records=cachebench.records(impl, rb))
-    _write_and_print(args, r, args.out, note="(streams/*.json feed `gemmdrift triage`)")
-    return 0
-
-
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="gemmdrift", description="Floating-point drift in MLX: kernels, schedules, divergences.")
-    sub = p.add_subparsers(dest="command", parser_class=_Parser, metavar="COMMAND")
+    p = Parser(prog="gemmdrift", description="Floating-point drift in MLX: kernels, schedules, divergences.")
+    sub = p.add_subparsers(dest="command", parser_class=Parser, metavar="COMMAND")
 
     s = sub.add_parser("env", help="mlx/mlx-lm versions, backend, device and kernel env vars")
     s.add_argument("--json", action="store_true")
     s.set_defaults(func=cmd_env)
 
     s = sub.add_parser("stack", help="layer-by-layer drift between execution schedules, and the logit envelope")
-    _add_model(s)
-    _add_prompt(s)
+    add_model(s)
+    add_prompt(s)
     s.add_argument("--schedules", nargs="+", default=list(D.STACK_SCHEDULES), metavar="SCHEDULE",
                    help="reference first; e.g. prefill:512,decode prefill:512,verify:2 (default: decode vs verify:2, verify:3)")
     s.add_argument("--split", type=int, help="prompt/continuation boundary (default: compare the last 128 tokens)")
@@ -662,12 +382,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--replay-prefix", action="store_true", help="with --kernels: replay the prefix the schedules "
                    "share too (default: computed once with this machine's kernels, both schedules start from it)")
     cachebench.add_arguments(s, rollback=False)
-    _add_output(s, "results/stack")
+    add_output(s, "results/stack")
     s.set_defaults(func=cmd_stack)
 
     s = sub.add_parser("kernels", help="GEMV (T=1) vs GEMM (T>1) per projection of every layer, on captured rows")
-    _add_model(s)
-    _add_prompt(s)
+    add_model(s)
+    add_prompt(s)
     s.add_argument("--layers", help="decoder layers, e.g. 0-5,17 (default all; the LM head is layer N)")
     s.add_argument("--projections", help="comma-separated names, e.g. q_proj,mlp.down_proj,lm_head (default all)")
     s.add_argument("--paths", default=",".join(D.KERNEL_PATHS),
@@ -680,12 +400,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--ops", action="store_true", help="also sdpa, rms_norm, rope and softmax with the model's geometry")
     s.add_argument("--kernels", help=D.KERNELS_HELP)
     s.add_argument("--calibration", action="append", default=[], metavar="FILE", help=D.CALIBRATION_HELP)
-    _add_output(s, "results/kernels")
+    add_output(s, "results/kernels")
     s.set_defaults(func=cmd_kernels)
 
     s = sub.add_parser("diverge", help="greedy generation under two schedules (mlx-lm generate vs speculative), first divergence, triage")
-    _add_model(s)
-    _add_prompt(s)
+    add_model(s)
+    add_prompt(s)
     s.add_argument("--n", type=int, default=D.DIVERGE_N, help=f"tokens to generate (default {D.DIVERGE_N})")
     s.add_argument("--k", type=int, default=D.DIVERGE_K,
                    help=f"draft tokens per verification (default {D.DIVERGE_K}: blocks of {D.DIVERGE_K + 1})")
@@ -707,14 +427,14 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--kernels", help=D.KERNELS_HELP)
     s.add_argument("--calibration", action="append", default=[], metavar="FILE", help=D.CALIBRATION_HELP)
     cachebench.add_arguments(s, rollback=False)
-    _add_output(s, "results/diverge")
+    add_output(s, "results/diverge")
     s.add_argument("--explain", action="store_true", help="with one prompt: also name the op classes whose "
                    "counterfactual removes the flip at the first divergence (the verdict stays what it is)")
     s.set_defaults(func=cmd_diverge)
 
     s = sub.add_parser("triage", help="judge a divergence between two token streams: near-tie or state bug")
-    _add_model(s)
-    _add_prompt(s)
+    add_model(s)
+    add_prompt(s)
     s.add_argument("--stream-a", required=True, help="stream file (from `diverge`, or a JSON list / whitespace-separated ids)")
     s.add_argument("--stream-b", required=True, help="the other stream file")
     s.add_argument("--schedule-a", help="how stream A was computed (default: the schedule its file names, else "
@@ -724,14 +444,14 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--envelope", type=float, help="use this envelope instead of measuring it on the shared prefix")
     s.add_argument("--kernels", help=D.KERNELS_HELP)
     s.add_argument("--calibration", action="append", default=[], metavar="FILE", help=D.CALIBRATION_HELP)
-    _add_output(s, "results/triage")
+    add_output(s, "results/triage")
     s.add_argument("--explain", action="store_true", help="also name the op classes whose counterfactual removes "
                    "the flip at the first divergence (gemmdrift attribute; the verdict stays what it is)")
     s.set_defaults(func=cmd_triage)
 
     s = sub.add_parser("state", help="cache state exactness: rollback, trim, save/load, server reuse, batch vs a "
                                      "cache that never did them")
-    _add_model(s)
+    add_model(s)
     s.add_argument("--ops", default="rollback,trim,trim_prompt_cache,save_load,server_reuse,batch",
                    help="operations: rollback,trim,trim_prompt_cache,save_load,server_reuse,batch (the default), "
                         "and draft_trim (the draft cache's trim after T=1 drafts; only when asked)")
@@ -747,7 +467,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="processes sharing the sweep, each loading the model (default: 2 on a CPU with 2+ cores, "
                         "else 1; the table is the same)")
     cachebench.add_arguments(s, rollback=False)
-    _add_output(s, "results/state")
+    add_output(s, "results/state")
     s.set_defaults(func=cmd_state)
 
     s = sub.add_parser("run", help="the main job: kernels, schedules, prefill chunks and a divergence on the embedded Gemma")
@@ -769,24 +489,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--json", action="store_true")
     s.set_defaults(func=cmd_report)
 
-    s = sub.add_parser("history", help="tracked figures against the mlx version, from asv's results")
-    s.add_argument("--results", nargs="+", metavar="DIR", help=RESULTS_HELP)
-    s.add_argument("--include", default="", help="only benchmarks whose name contains this text")
-    _add_output(s, "results/history")
-    s.set_defaults(func=cmd_history)
-
-    s = sub.add_parser("gate", help="exit 1 if a tracked drift figure of an mlx release grew past the previous one")
-    s.add_argument("--results", nargs="+", metavar="DIR", help=RESULTS_HELP)
-    s.add_argument("--candidate", help="release to judge: an mlx version (with the newest mlx-lm it ran with), or "
-                                       "MLX+lmMLXLM, e.g. 0.32.4+lm0.31.3 (default: the newest)")
-    s.add_argument("--baseline", help="release to compare with, as --candidate (default: the newest release of the "
-                                      "mlx before the candidate's)")
-    s.add_argument("--threshold", type=float, default=D.GATE_THRESHOLD,
-                   help=f"allowed relative growth (default {D.GATE_THRESHOLD})")
-    s.add_argument("--include", default="", help="only benchmarks whose name contains this text")
-    s.add_argument("--out", help="also write gate.csv here")
-    s.add_argument("--json", action="store_true")
-    s.set_defaults(func=cmd_gate)
+    history_cli.add_parser(sub, sys.modules[__name__])  # history, gate
 
     s = sub.add_parser("fingerprint", help="accumulation-order fingerprints: the summation tree of a kernel path per T")
     s.add_argument("--paths", default="matmul:bfloat16,matmul:float32,emulated:splitk4:bfloat16",
@@ -798,41 +501,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--window", type=int, help="units per probe at most (default: what the output dtype counts exactly)")
     s.add_argument("--draw-k", type=int, default=16, help="also recover each path at this small K for the tree plot (0: skip)")
     s.add_argument("--device", choices=["cpu", "gpu"], help="mlx device (default: mlx's own choice)")
-    _add_output(s, "results/fingerprint")
+    add_output(s, "results/fingerprint")
     s.set_defaults(func=cmd_fingerprint)
-    # ---- batch and server (issue 14)
-    s = sub.add_parser("batch", help="a stream as row j of mlx-lm's BatchGenerator vs the same prompt alone, over B and row")
-    _add_model(s)
-    _add_prompt(s)
-    s.add_argument("--n", type=int, default=16, help="tokens to generate (default 16)")
-    s.add_argument("--batch-sizes", default="1,2,4,8", help="batch sizes B (default 1,2,4,8)")
-    s.add_argument("--rows", choices=["ends", "all"], default="ends", help="the target's row: first and last (default) or every row")
-    s.add_argument("--companions", default="short,long",
-                   help="companion prompts: short (built-in prompts), long (longer than the sliding window), or both (default)")
-    s.add_argument("--long-tokens", type=int, help="length of the long companions (default: sliding window + 64)")
-    s.add_argument("--prompts", help="'builtin': every built-in prompt as the target in turn (divergence statistics)")
-    s.add_argument("--no-reference", action="store_true", help="skip the single-sequence reference envelope")
-    s.add_argument("--ladder", action="store_true",
-                   help="rerun rows outside the envelope at float32: rounding shrinks, a padding/state bug does not")
-    s.add_argument("--layers", action="store_true",
-                   help="follow the row through the padded batch at every layer (per-layer drift vs alone)")
-    _add_output(s, "results/batch")
-    s.set_defaults(func=cmd_batch)
-
-    s = sub.add_parser("server", help="the real mlx_lm.server: draft model, concurrent requests, prompt-cache reuse")
-    s.add_argument("--model", default="embedded", help="'embedded' (default), a Gemma 3 .gguf or an mlx-lm directory")
-    s.add_argument("--prompt", help="prompt text (default: the built-in essay, longer than the 512 window)")
-    s.add_argument("--prompt-file", help="file with the prompt text")
-    s.add_argument("--n", type=int, default=64, help="tokens per request (default 64)")
-    s.add_argument("--cases", default="draft,concurrent,conversation", help="which comparisons (default all three)")
-    s.add_argument("--draft", help="--draft-model directory or self:N, the target's first N layers (default: a 4-bit "
-                                   "re-quantized copy of the target, cached)")
-    s.add_argument("--num-draft", type=int, default=2, help="--num-draft-tokens (default 2)")
-    s.add_argument("--companions", type=int, default=3, help="concurrent companion requests (default 3)")
-    s.add_argument("--no-triage", action="store_true", help="only report the divergences")
-    cachebench.add_arguments(s, rollback=True)
-    _add_output(s, "results/server")
-    s.set_defaults(func=cmd_server)
+    batch_cli.add_parser(sub, sys.modules[__name__])  # batch, server (issue 14)
 
     dispatch_cli.add_parser(sub)
     changelog_cli.add_parser(sub)  # the numerics changelog per release pair (issue 30)

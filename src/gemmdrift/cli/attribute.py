@@ -51,8 +51,8 @@ def add_parser(sub, cli) -> None:
     """Register ``attribute`` on the CLI's subparsers; ``cli`` is :mod:`gemmdrift.cli` (handed in, never imported)."""
     s = sub.add_parser("attribute", help="which op made the drift: local drift per op and layer, and the "
                                          "counterfactual per op class at the logits")
-    cli._add_model(s)
-    cli._add_prompt(s)
+    cli.add_model(s)
+    cli.add_prompt(s)
     s.add_argument("--schedules", nargs="+", default=list(DEFAULT_SCHEDULES), metavar="SCHEDULE",
                    help="the reference, then the schedule compared (default prefill:512,decode prefill:512,verify:2)")
     s.add_argument("--split", type=int, help="prompt/continuation boundary (default: compare the last 128 tokens)")
@@ -63,7 +63,7 @@ def add_parser(sub, cli) -> None:
                    help="each (one class made invariant), all-but-one (every other drifting class made invariant), "
                         "both (default each,all-but-one) or none")
     s.add_argument("--kernels", help=D.KERNELS_HELP)
-    cli._add_output(s, "results/attribute")
+    cli.add_output(s, "results/attribute")
     for add, _ in MODES:  # after --out and --json: a mode adds only the flags the command lacks
         add(s)
     s.set_defaults(func=lambda args: cmd_attribute(args, cli))
@@ -82,7 +82,7 @@ def cmd_attribute(args, cli) -> int:
         raise GemmdriftError(f"--schedules: give two (the reference and the one compared), got {len(args.schedules)}")
     for text in args.schedules:
         parse_schedule(text)
-    cli._precheck(args)
+    cli.precheck(args)
     check_positive(split=args.split)
     check_range_text(args.positions, "--positions")
     directions = parse_counterfactual(args.counterfactual)
@@ -96,11 +96,11 @@ def cmd_attribute(args, cli) -> int:
     from ..model import describe
     from ..model.optaps import exposed_ops
 
-    lm = cli._load(args)
+    lm = cli.load(args)
     exposed = exposed_ops(lm.model)  # a model whose layers expose no op, or an unknown op name: exit 2 here
     if ops is not None:
         exposed.resolve(ops, "op class")
-    ids, label = cli._tokens(args, lm)
+    ids, label = cli.tokens(args, lm)
     n = len(ids)
     split = args.split if args.split is not None else default_split(n)
     positions = parse_range(args.positions, n, "--positions")
@@ -109,7 +109,7 @@ def cmd_attribute(args, cli) -> int:
                        counterfactual=directions, kernels=kopt.text or None,
                        checkpoint=str(Path(args.out) / kopt.dirname("checkpoint")), env=environment(),
                        record={"prompt": label, **({"prompt_ids_file": args.prompt_ids} if args.prompt_ids else {})})
-    cli._write_and_print(args, result, args.out)
+    cli.write_and_print(args, result, args.out)
     return 0
 
 

@@ -79,7 +79,7 @@ def cmd_logits(args) -> int:
     from ..measure.golden import base_from_run, write_logits
     from ..model import describe
 
-    lm = args.cli._load(args)
+    lm = args.cli.load(args)
     if args.top_k > lm.vocab_size:
         raise GemmdriftError(f"--top-k must be between 1 and the vocabulary size {lm.vocab_size}, got {args.top_k}")
     ids, label = _stream(args, lm)
@@ -154,7 +154,7 @@ def cmd_compare(args) -> int:
     from ..measure.golden import compare_live, write_logits
     from ..model import describe
 
-    lm = args.cli._load(args)
+    lm = args.cli.load(args)
     ids, label = _stream(args, lm) if given else (None, "")
     print(f"gemmdrift compare: base = {base.label()} ({base.path})\n"
           f"                   other = this run: {describe(lm.description)}, {args.schedule or base.header['schedule']}"
@@ -198,7 +198,7 @@ def _label_kernels(header: dict, kopt) -> None:
 
 
 def _finish(args, result, note: str = "") -> int:
-    args.cli._write_and_print(args, result, args.out, note)
+    args.cli.write_and_print(args, result, args.out, note)
     return 0
 
 
@@ -211,8 +211,8 @@ def add_parser(sub, cli) -> None:
 
     s = sub.add_parser("logits", help="teacher-forced logits of a token stream under one schedule, as a portable "
                                       "base file (top-k log-probs, log-sum-exp, the correct token)")
-    cli._add_model(s)
-    cli._add_prompt(s)
+    cli.add_model(s)
+    cli.add_prompt(s)
     s.add_argument("--schedule", default=D.SCHEDULE_PLAIN,
                    help=f"how the stream is fed (default {D.SCHEDULE_PLAIN}, mlx-lm generate's)")
     s.add_argument("--split", type=int, help="prompt/continuation boundary of a two-phase schedule "
@@ -231,8 +231,8 @@ def add_parser(sub, cli) -> None:
     g.add_argument("--base", help="a base file written by `gemmdrift logits`")
     g.add_argument("--golden", help="a shipped base: linux-cpu (decode) or linux-cpu/verify-2")
     g.add_argument("--other", help="compare two saved files: this one against the base (no model runs)")
-    cli._add_model(s)
-    cli._add_prompt(s)
+    cli.add_model(s)
+    cli.add_prompt(s)
     s.add_argument("--schedule", help="this run's schedule (default: the base's)")
     s.add_argument("--split", type=int, help="this run's prompt/continuation boundary (default: the base's)")
     s.add_argument("--envelope", type=float, help="largest |Δgap| called a near-tie (default: the largest |Δgap| "
@@ -242,5 +242,5 @@ def add_parser(sub, cli) -> None:
     s.add_argument("--save", help="also write this run's logits as a base file")
     s.add_argument("--kernels", help="replay:<chip>[@variant]: every projection and the LM head computed with "
                                      "that chip's replayed reduction orders (a prediction; see `gemmdrift replay`)")
-    cli._add_output(s, "results/compare")
+    cli.add_output(s, "results/compare")
     s.set_defaults(func=cmd_compare, cli=cli)

@@ -1,0 +1,114 @@
+"""`gemmdrift history` and `gemmdrift gate`: the tracked figures of asv's results against the mlx release, and
+the exit status of a release that grew past the one before it.
+
+Argparse setup and handlers only; the work is in :mod:`gemmdrift.measure.history`. ``cli`` is the
+:mod:`gemmdrift.cli` module, handed in (it sits above this one, so it is never imported here).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from .. import defaults as D
+from . import changelog as changelog_cli
+
+RESULTS_HELP = ("asv results directories, one or more (default: .asv/results if it holds results, else the "
+                "committed reference results in benchmarks/reference)")
+
+
+def _release(label: str) -> str:
+    """'0.32.4' -> 'mlx 0.32.4'; '0.32.4+lm0.31.3' -> 'mlx 0.32.4 with mlx-lm 0.31.3'."""
+    from ..checks import split_release
+
+    mlx, lm = split_release(label)
+    return f"mlx {mlx}" + (f" with mlx-lm {lm}" if lm else "")
+
+
+def _results_dirs(args) -> list[str]:
+    """--results, or this checkout's .asv/results, or the committed reference results (said on stderr)."""
+    if args.results:
+        return args.results
+    from ..measure.history import default_results
+
+    d, why = default_results()
+    print(f"gemmdrift {args.command}: {why}", file=sys.stderr)
+    return [str(d)]
+
+
+def cmd_history(args) -> int:
+    from ..checks import check_out_dir
+
+    check_out_dir(args.out)
+    from .. import store
+    from ..view import summaries
+    from ..measure.history import history_result, read_results
+
+    dirs = _results_dirs(args)
+    out = Path(args.out)
+    result = history_result(read_results(dirs), include=args.include,
+                            results=[str(d) for d in (dirs if isinstance(dirs, (list, tuple)) else [dirs])])
+    store.write_result(result, out)
+    summary = summaries.summary(result)
+    summary["figures"] = [str(out / f) for f in summary["figures"]]
+    summary["changelog"] = changelog_cli.index_pointer()
+    args.cli.emit(args, summary, summaries.text(result)
+                  + f"\n\n{len(summary['figures'])} figures in {out / 'figures'}/" + f"\n{summary['changelog']}")
+    return 0
+
+
+def cmd_gate(args) -> int:
+    from ..checks import check_gate_versions, check_out_dir, check_threshold
+
+    check_threshold(args.threshold)
+    warning = check_gate_versions(args.candidate, args.baseline)
+    if warning:
+        print(f"gemmdrift gate: {warning}", file=sys.stderr)
+    if args.out:
+        check_out_dir(args.out)
+    from .. import files
+    from ..measure.history import gate, read_results
+    from ..text import text_table
+
+    df = read_results(_results_dirs(args))
+    g = gate(df, candidate=args.candidate, baseline=args.baseline, threshold=args.threshold, include=args.include)
+    bad = g[g["regression"]]
+    if args.out:
+        files.write_csv(Path(args.out) / "gate.csv", g)
+    verdict = (f"FAIL: {len(bad)} of {len(g)} tracked figures of {_release(g['candidate'].iloc[0])} exceed "
+               f"{_release(g['baseline'].iloc[0])} by more than {args.threshold:.0%}" if len(bad) else
+               f"PASS: no tracked figure of {_release(g['candidate'].iloc[0])} exceeds "
+               f"{_release(g['baseline'].iloc[0])} "
+               f"by more than {args.threshold:.0%} ({len(g)} compared)")
+    shown = bad if len(bad) else g.head(0)
+    changed = g[g["changed"]]
+    trees = ("\nsummation trees changed (not a regression by itself; see `gemmdrift fingerprint`):\n"
+             + text_table(changed[["machine", "backend", "benchmark", "params", "old", "new"]]) if len(changed) else "")
+    page = changelog_cli.gate_pointer(g["baseline"].iloc[0], g["candidate"].iloc[0])
+    args.cli.emit(args, {"pass": not len(bad), "compared": int(len(g)), "regressions": bad.to_dict(orient="records"),
+                         "trees_changed": changed.to_dict(orient="records"), "changelog": page},
+                  (text_table(shown[["machine", "backend", "benchmark", "params", "old", "new", "ratio"]]) + "\n"
+                   if len(bad) else "") + verdict + trees + "\n" + page)
+    return 1 if len(bad) else 0
+
+
+def add_parser(sub, cli) -> None:
+    """Register ``history`` and ``gate`` on the CLI's subparsers."""
+    s = sub.add_parser("history", help="tracked figures against the mlx version, from asv's results")
+    s.add_argument("--results", nargs="+", metavar="DIR", help=RESULTS_HELP)
+    s.add_argument("--include", default="", help="only benchmarks whose name contains this text")
+    cli.add_output(s, "results/history")
+    s.set_defaults(func=cmd_history, cli=cli)
+
+    s = sub.add_parser("gate", help="exit 1 if a tracked drift figure of an mlx release grew past the previous one")
+    s.add_argument("--results", nargs="+", metavar="DIR", help=RESULTS_HELP)
+    s.add_argument("--candidate", help="release to judge: an mlx version (with the newest mlx-lm it ran with), or "
+                                       "MLX+lmMLXLM, e.g. 0.32.4+lm0.31.3 (default: the newest)")
+    s.add_argument("--baseline", help="release to compare with, as --candidate (default: the newest release of the "
+                                      "mlx before the candidate's)")
+    s.add_argument("--threshold", type=float, default=D.GATE_THRESHOLD,
+                   help=f"allowed relative growth (default {D.GATE_THRESHOLD})")
+    s.add_argument("--include", default="", help="only benchmarks whose name contains this text")
+    s.add_argument("--out", help="also write gate.csv here")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(func=cmd_gate, cli=cli)

@@ -97,7 +97,7 @@ def test_rotating_reading_is_temporal_order_of_the_live_window():
     cat.update_and_fetch(k[..., 20:, :], v[..., 20:, :])
     a, b = state.read_cache(ring), state.read_cache(cat)
     assert a["offset"] == b["offset"] == 23 and a["arrays"][0].shape[2] == 7
-    assert np.array_equal(state._np(a["arrays"][0]), state._np(k[..., 16:23, :]))
+    assert np.array_equal(state.to_numpy(a["arrays"][0]), state.to_numpy(k[..., 16:23, :]))
     assert state.compare_readings([a], [b]).identical
 
 
@@ -239,7 +239,7 @@ def test_not_applicable_and_not_checked_rows(monkeypatch):
 def test_server_reuse_trims_to_the_common_prefix_and_is_exact_for_kvcache():
     lm = make_tiny()
     setup = state.model_setups(lm)[0]
-    prefix = state.compute_prefix(lm, state._stream(lm, 64), 24)
+    prefix = state.compute_prefix(lm, state.token_stream(lm, 64), 24)
     for kind, reused in (("longer", 10), ("shorter", 5), ("branch", 6)):
         r = state.server_case(lm, setup, prefix, 6, kind)
         assert r["reused"] == reused and r["diff"].identical, (kind, r)
@@ -250,8 +250,8 @@ def test_batch_vs_alone_is_reusable_and_catches_a_planted_filter(monkeypatch):
     from mlx_lm.models import cache as C
 
     lm = make_tiny()
-    seq = state._stream(lm, 14, seed=1)
-    other = state._stream(lm, 9, seed=2)
+    seq = state.token_stream(lm, 14, seed=1)
+    other = state.token_stream(lm, 9, seed=2)
     for op in ("extend", "filter"):
         r = state.batch_vs_alone(lm, seq, other, op=op)
         assert r["diff"].identical, (op, r["diff"].why)

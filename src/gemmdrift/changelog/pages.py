@@ -129,11 +129,11 @@ def _by_op(changed: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         r["frac_differ"] = max(r["frac_differ"], float(c.get("frac_differ", 0.0)))
         r["max_ulp"] = max(r["max_ulp"], float(c.get("max_ulp", 0.0)))
     for r in rows.values():
-        r["layers"] = _ranges(sorted(set(r.pop("layer_list")))) or "-"
+        r["layers"] = compact_ranges(sorted(set(r.pop("layer_list")))) or "-"
     return list(rows.values())
 
 
-def _ranges(xs: Sequence[int]) -> str:
+def compact_ranges(xs: Sequence[int]) -> str:
     """[1, 2, 3, 7] -> '1-3, 7'."""
     out, start, prev = [], None, None
     for x in list(xs) + [None]:

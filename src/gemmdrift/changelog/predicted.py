@@ -222,7 +222,7 @@ class Predictor:
     # ---------------------------------------------------------------- the section
 
     def blocks(self, old: str, new: str) -> list[tuple]:
-        from .pages import _ranges, num
+        from .pages import compact_ranges, num
 
         out: list[tuple] = [("h", 2, "Predicted per chip"),
                             ("p", "Every line of this section is a prediction from the dispatch rules read from the "
@@ -251,7 +251,7 @@ class Predictor:
             out.append(("table", ["chips", "model", "weights", "ops", "T", f"mlx {_version_of(old)}",
                                   f"mlx {_version_of(new)}"],
                         [[", ".join(r["chips"]), names[r["model"]], r["weights"], ", ".join(f"`{o}`" for o in r["ops"]),
-                          _ranges(r["T"]), r["old"], r["new"]] for r in rows]))
+                          compact_ranges(r["T"]), r["old"], r["new"]] for r in rows]))
         env_rows, missing = [], []
         for chip in ENVELOPE_CHIPS:
             cells = []

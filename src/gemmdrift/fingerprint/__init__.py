@@ -95,15 +95,12 @@ from .probes import (  # noqa: F401
     MINUS,
     MAX_WINDOWS,
     DTYPES,
-    _COUNT_LIMIT,
     NOT_RECOVERABLE,
     PATH_HELP,
     Encoding,
     encoding_for,
     Reducer,
     numpy_reducer,
-    _mx_dtype,
-    _to_np,
     matmul_reducer,
     splitk_reducer,
     QUANT_RE,
@@ -120,18 +117,10 @@ from .probes import (  # noqa: F401
     fp16_subnormals_kept,
 )
 from .recovery import (  # noqa: F401
-    _Task,
-    _Node,
-    _Failed,
     Recovery,
     recover,
-    _expand,
-    _deep,
-    _resolve,
-    _canonical,
-    _canon,
-    _min_leaf,
-    _leaves,
+    deep_recursion,
+    tree_leaves,
     to_text,
     from_text,
     fingerprint,
@@ -142,15 +131,8 @@ from .recovery import (  # noqa: F401
     depth,
 )
 from .describe import (  # noqa: F401
-    _chain_order,
-    _progression,
-    _shape,
     max_fan,
     describe,
-    _maximal_chains,
-    _describe_core,
-    _contiguous_blocks,
-    _contiguous,
 )
 
 

@@ -6,7 +6,7 @@ import math
 from collections import Counter
 from typing import Any
 
-from .recovery import _deep, _leaves
+from .recovery import deep_recursion, tree_leaves
 
 
 def _chain_order(t) -> list[int] | None:
@@ -85,7 +85,7 @@ def max_fan(t, is_token) -> int:
     return max([len(t)] + [max_fan(c, is_token) for c in t])
 
 
-@_deep
+@deep_recursion
 def describe(t) -> str:
     """A readable description of a canonical tree, derived from its structure.
 
@@ -93,7 +93,7 @@ def describe(t) -> str:
     by one at the end, blocks of contiguous terms, interleaved accumulators
     (k chains of stride k), pairwise combination and multi-operand nodes.
     """
-    n = len(_leaves(t))
+    n = len(tree_leaves(t))
     order = _chain_order(t)
     if order is not None:
         step = _progression(order)
@@ -138,7 +138,7 @@ def _describe_core(core) -> str:
         blocks = _contiguous_blocks(core, {id(c) for c in strided})
         bids = {id(b) for b in blocks}
         is_block = lambda x: id(x) in bids  # noqa: E731
-        sizes = Counter(len(_leaves(b)) for b in blocks)
+        sizes = Counter(len(tree_leaves(b)) for b in blocks)
         inner = Counter()
         for b in blocks:
             cs = _maximal_chains(b)
@@ -198,7 +198,7 @@ def _shuffle_down(core, chains: list[Any]) -> list[int] | None:
     """The offsets of a shuffle-down ladder, first to last (16, 8, 4, 2, 1 for 32 lanes), when the pairwise
     tree over the lanes is one: lane l adds lane l + off, off halving, and lane 0 holds the sum. Lanes are
     numbered by their first term; at depth d below the root the two sides are lanes X and X + 2^d."""
-    lane = {id(c): i for i, c in enumerate(sorted(chains, key=lambda c: min(_leaves(c))))}
+    lane = {id(c): i for i, c in enumerate(sorted(chains, key=lambda c: min(tree_leaves(c))))}
     n = len(chains)
     if n & (n - 1):
         return None
@@ -246,7 +246,7 @@ def _lane_groups(core, chains: list[Any]) -> str | None:
     found.append(t)
     found.reverse()  # the first group added first
     sizes = {len(under(g)) for g in found}
-    starts = [min(_leaves(g)) for g in found]
+    starts = [min(tree_leaves(g)) for g in found]
     if len(found) < 2 or len(sizes) != 1 or starts != sorted(starts):
         return None
     orders = [_chain_order(c) for c in chains]
@@ -281,5 +281,5 @@ def _contiguous_blocks(t, marked: set[int]) -> list[Any]:
 
 
 def _contiguous(x) -> bool:
-    lv = _leaves(x)
+    lv = tree_leaves(x)
     return lv[-1] - lv[0] + 1 == len(lv)

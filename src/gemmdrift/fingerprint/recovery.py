@@ -112,8 +112,8 @@ def recover(reducer: Reducer, *, progress: Callable[[str], None] | None = None) 
         if failed[r]:
             out.append(Recovery(None, failed[r]))
             continue
-        tree = _canonical(_deep(_resolve)(roots[r]))
-        if _leaves(tree) != list(range(n)):
+        tree = _canonical(deep_recursion(_resolve)(roots[r]))
+        if tree_leaves(tree) != list(range(n)):
             out.append(Recovery(None, "the recovered tree does not cover every term exactly once"))
         else:
             out.append(Recovery(tree))
@@ -170,7 +170,7 @@ def _expand(task: _Task, cache: dict, r: int) -> list[_Task]:
     return new
 
 
-def _deep(fn):
+def deep_recursion(fn):
     def wrapper(*a, **k):
         old = sys.getrecursionlimit()
         sys.setrecursionlimit(max(old, 200000))
@@ -199,7 +199,7 @@ def _resolve(x) -> Any:
     return kids
 
 
-@_deep
+@deep_recursion
 def _canonical(t) -> Any:
     """Children sorted by their smallest leaf (the order inside a node is not observable)."""
     return _canon(t)[0]
@@ -216,13 +216,13 @@ def _canon(t) -> tuple[Any, int]:
     return tuple(k for k, _ in kids), kids[0][1]
 
 
-@_deep
+@deep_recursion
 def _min_leaf(t) -> int:
     return _canon(t)[1]
 
 
-@_deep
-def _leaves(t) -> list[int]:
+@deep_recursion
+def tree_leaves(t) -> list[int]:
     out: list[int] = []
 
     def walk(x):
@@ -235,7 +235,7 @@ def _leaves(t) -> list[int]:
     return sorted(out)
 
 
-@_deep
+@deep_recursion
 def to_text(t) -> str:
     """The canonical text of a tree: ``(0 1 (2 3))``."""
     def text(x) -> str:
@@ -243,7 +243,7 @@ def to_text(t) -> str:
     return text(t)
 
 
-@_deep
+@deep_recursion
 def from_text(text: str) -> Any:
     """Inverse of :func:`to_text`."""
     tokens = re.findall(r"\(|\)|\d+", text)
@@ -293,7 +293,7 @@ def canonical(t) -> Any:
     return _canonical(t)
 
 
-@_deep
+@deep_recursion
 def depth(t) -> int:
     def d(x) -> int:
         return 0 if isinstance(x, int) else 1 + max(d(c) for c in x)

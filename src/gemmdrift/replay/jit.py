@@ -28,14 +28,14 @@ from ..errors import GemmdriftError
 from . import dense as rd
 import math
 
-from .jitcore import (DTYPE_CODE, NB, ZERO, _round_odd_sum, add_rounded, compile_once, fl, fma32, njit, np,
+from .jitcore import (DTYPE_CODE, NB, ZERO, round_odd_sum, add_rounded, compile_once, fl, fma32, njit, np,
                              rnd)
 
 MMA_CODE = {"H1": 1, "H2": 2, "H3": 3, "H4": 4}  # k_mma's how: an integer, one loop per hypothesis
 
 
 @njit
-def _tile(w, n0, wt):
+def dense_tile(w, n0, wt):
     """Rows n0..n0+NB of w (N, K), transposed into wt (K+1, NB); missing rows and row K stay +0."""
     N, K = w.shape
     nb = min(NB, N - n0)
@@ -79,8 +79,8 @@ def _deq_row(wt, st, bt, k, g, mode, code, ftz):
 
 
 @njit
-def _qtile(wq, scales, biases, bits, gs, mode, code, ftz, n0, wt, st, bt):
-    """As :func:`_tile`, for the weights of packed affine codes ``wq`` (rq.unpack's layout: code e of a
+def quant_tile(wq, scales, biases, bits, gs, mode, code, ftz, n0, wt, st, bt):
+    """As :func:`dense_tile`, for the weights of packed affine codes ``wq`` (rq.unpack's layout: code e of a
     uint32 word in bits [bits*e, bits*(e+1))): the codes are transposed into wt, then (mode >= 0)
     dequantized in place by :func:`_deq` with the scales and biases tiled into st, bt (G+1, NB)."""
     N = wq.shape[0]
@@ -99,8 +99,8 @@ def _qtile(wq, scales, biases, bits, gs, mode, code, ftz, n0, wt, st, bt):
             wt[k, j] = ZERO
     if mode < 0:
         return
-    _tile(scales, n0, st)
-    _tile(biases, n0, bt)
+    dense_tile(scales, n0, st)
+    dense_tile(biases, n0, bt)
     for k in range(K):
         g = k // gs
         # Literal modes and dtypes for the combinations the recipes use: each row loop then vectorises.
@@ -119,7 +119,7 @@ def _qtile(wq, scales, biases, bits, gs, mode, code, ftz, n0, wt, st, bt):
 
 
 @njit
-def _ladder(r, base, n, ftz):
+def lane_ladder(r, base, n, ftz):
     """lane_tree over rows base..base+n of r, in place: row base holds lane 0's result."""
     h = n // 2
     while h >= 1:
@@ -143,7 +143,7 @@ def k_lanes(x, w, block, tn, kend, sn, bn, ftz, out):
     wt = np.zeros((K + 1, NB), np.float32)
     r = np.empty((block // tn, NB), np.float32)
     for n0 in range(0, N, NB):
-        _tile(w, n0, wt)
+        dense_tile(w, n0, wt)
         for t in range(T):
             r[:, :] = ZERO
             quads = kend // 4 if (tn % 4 == 0 or block == tn) else 0  # 4 consecutive k in one lane
@@ -167,7 +167,7 @@ def k_lanes(x, w, block, tn, kend, sn, bn, ftz, out):
                     r[lane, j] = fl(r[lane, j] + xv * wt[kk, j], ftz)
             if sn > 1:
                 for s in range(bn):
-                    _ladder(r, s * sn, sn, ftz)
+                    lane_ladder(r, s * sn, sn, ftz)
             for s in range(1, bn):
                 for j in range(NB):
                     r[0, j] = fl(r[0, j] + r[s * sn, j], ftz)
@@ -196,7 +196,7 @@ def k_wide(x, w, kl, pairwise, ftz, out):
     r = np.empty((kl, NB), np.float32)
     a = np.empty((kl, NB), np.float32)
     for n0 in range(0, N, NB):
-        _tile(w, n0, wt)
+        dense_tile(w, n0, wt)
         for t in range(T):
             r[:, :] = ZERO
             for b in range(n_main // (8 * kl)):
@@ -216,13 +216,13 @@ def k_wide(x, w, kl, pairwise, ftz, out):
                 x0, x1, x2, x3 = x[t, k], x[t, k + 1], x[t, k + 2], x[t, k + 3]
                 for j in range(NB):
                     r[l, j] = fl(r[l, j] + _dot4(x0, x1, x2, x3, wt, k, j, pairwise, ftz), ftz)
-            _ladder(r, 0, kl, ftz)
+            lane_ladder(r, 0, kl, ftz)
             for j in range(min(NB, N - n0)):
                 out[t, n0 + j] = r[0, j]
 
 
 @njit(inline="always")
-def _h1(a, p0, p1, p2, p3, p4, p5, p6, p7, ftz):
+def mma_h1(a, p0, p1, p2, p3, p4, p5, p6, p7, ftz):
     """rd.mma8 H1: ``a + p0 + ... + p7`` in order, each add rounded (and flushed under FTZ)."""
     v = fl(a + p0, ftz)
     v = fl(v + p1, ftz)
@@ -235,7 +235,7 @@ def _h1(a, p0, p1, p2, p3, p4, p5, p6, p7, ftz):
 
 
 @njit(inline="always")
-def _h2(a, p0, p1, p2, p3, p4, p5, p6, p7, ftz):
+def mma_h2(a, p0, p1, p2, p3, p4, p5, p6, p7, ftz):
     """rd.mma8 H2: ``a + pairwise(p0..p7)``."""
     s = fl(fl(fl(p0 + p1, ftz) + fl(p2 + p3, ftz), ftz) + fl(fl(p4 + p5, ftz) + fl(p6 + p7, ftz), ftz), ftz)
     return fl(a + s, ftz)
@@ -246,14 +246,14 @@ def _h3(a, p0, p1, p2, p3, p4, p5, p6, p7):
     """replay.core.exact_then_round([a, p0..p7]): float64 steps rounded to odd where it matters, one RN
     rounding to float32 (no FTZ, as the numpy recipe)."""
     s = np.float64(a)
-    s = _round_odd_sum(s, np.float64(p0))
-    s = _round_odd_sum(s, np.float64(p1))
-    s = _round_odd_sum(s, np.float64(p2))
-    s = _round_odd_sum(s, np.float64(p3))
-    s = _round_odd_sum(s, np.float64(p4))
-    s = _round_odd_sum(s, np.float64(p5))
-    s = _round_odd_sum(s, np.float64(p6))
-    s = _round_odd_sum(s, np.float64(p7))
+    s = round_odd_sum(s, np.float64(p0))
+    s = round_odd_sum(s, np.float64(p1))
+    s = round_odd_sum(s, np.float64(p2))
+    s = round_odd_sum(s, np.float64(p3))
+    s = round_odd_sum(s, np.float64(p4))
+    s = round_odd_sum(s, np.float64(p5))
+    s = round_odd_sum(s, np.float64(p6))
+    s = round_odd_sum(s, np.float64(p7))
     return np.float32(s)
 
 
@@ -302,7 +302,7 @@ def k_mma(x, w, ranges, pstart, how, ftz, out):
     xs = np.empty(8, np.float32)
     ks = np.empty(8, np.int64)
     for n0 in range(0, N, NB):
-        _tile(w, n0, wt)
+        dense_tile(w, n0, wt)
         for t in range(T):
             for p in range(len(pstart) - 1):
                 acc[:] = ZERO
@@ -316,7 +316,7 @@ def k_mma(x, w, ranges, pstart, how, ftz, out):
                         k0, k1, k2, k3, k4, k5, k6, k7 = ks[0], ks[1], ks[2], ks[3], ks[4], ks[5], ks[6], ks[7]
                         if how == 2:  # a loop per hypothesis, not a branch per column: each vectorises alone
                             for j in range(NB):
-                                acc[j] = _h2(acc[j], x0 * wt[k0, j], x1 * wt[k1, j], x2 * wt[k2, j],
+                                acc[j] = mma_h2(acc[j], x0 * wt[k0, j], x1 * wt[k1, j], x2 * wt[k2, j],
                                              x3 * wt[k3, j], x4 * wt[k4, j], x5 * wt[k5, j], x6 * wt[k6, j],
                                              x7 * wt[k7, j], ftz)
                         elif how == 3:
@@ -331,7 +331,7 @@ def k_mma(x, w, ranges, pstart, how, ftz, out):
                                              x7 * wt[k7, j])
                         else:
                             for j in range(NB):
-                                acc[j] = _h1(acc[j], x0 * wt[k0, j], x1 * wt[k1, j], x2 * wt[k2, j],
+                                acc[j] = mma_h1(acc[j], x0 * wt[k0, j], x1 * wt[k1, j], x2 * wt[k2, j],
                                              x3 * wt[k3, j], x4 * wt[k4, j], x5 * wt[k5, j], x6 * wt[k6, j],
                                              x7 * wt[k7, j], ftz)
                 for j in range(min(NB, N - n0)):

@@ -99,7 +99,7 @@ def fl(v, ftz):
 
 
 @intrinsic
-def _bf16(typingctx, v):
+def to_bf16(typingctx, v):
     """RNE to bfloat16 held in float32, as round_to: ``(u + 0x7FFF + lsb) & 0xFFFF0000`` on the bits u, NaN ->
     the quiet NaN. In 32-bit lanes (numba's integer arithmetic would widen to 64 and halve the vector): for
     every non-NaN u the sum stays below 2**32 (-inf, 0xFF800000, is the largest), so nothing wraps."""
@@ -118,7 +118,7 @@ def _bf16(typingctx, v):
 
 
 @njit
-def _f16(v):
+def to_f16(v):
     """RNE to IEEE half (subnormals, overflow to inf), as numpy's float32 -> float16 cast."""
     if v != v:
         return v
@@ -140,14 +140,14 @@ def _f16(v):
 def rnd(v, code):
     """``v`` rounded to the dtype of ``code`` (0 float32: unchanged, 1 bfloat16, 2 float16)."""
     if code == 1:
-        return _bf16(v)
+        return to_bf16(v)
     if code == 2:
-        return _f16(v)
+        return to_f16(v)
     return v
 
 
 @njit
-def _round_odd_sum(p, c):
+def round_odd_sum(p, c):
     """replay.core._round_odd_sum for float64 scalars."""
     s = p + c
     risky = (bits64(s) & 0x1FFFFFFF) == 0x10000000 or abs(s) < 2.0 ** -125
@@ -176,7 +176,7 @@ def add_rounded(a, b, code):
     """replay.core.add_rounded: ``a + b`` of two dtype values, rounded once to the dtype."""
     if code == 0:
         return a + b
-    return rnd(_odd_f32(_round_odd_sum(np.float64(a), np.float64(b))), code)
+    return rnd(_odd_f32(round_odd_sum(np.float64(a), np.float64(b))), code)
 
 
 def compile_once(kernel):
@@ -234,4 +234,4 @@ def min_nonzero(a) -> float:
 
 
 __all__ = ["NB", "TINY", "ZERO", "DTYPE_CODE", "fma32", "bits32", "from_bits32", "fl", "rnd", "add_rounded",
-           "min_nonzero", "compile_once", "njit", "np", "prange"]
+           "min_nonzero", "compile_once", "njit", "np", "prange", "to_bf16", "to_f16", "round_odd_sum"]

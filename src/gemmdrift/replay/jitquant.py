@@ -23,9 +23,9 @@ from typing import Any, Mapping
 
 from ..errors import GemmdriftError
 from . import quant as rq
-from .jit import _h1, _h2, _ladder, _qtile, _tile
+from .jit import mma_h1, mma_h2, lane_ladder, quant_tile, dense_tile
 from .jitcache import TileCache
-from .jitcore import (DTYPE_CODE, NB, ZERO, _bf16, _f16, add_rounded, compile_once, fl, fma32, njit, np,
+from .jitcore import (DTYPE_CODE, NB, ZERO, to_bf16, to_f16, add_rounded, compile_once, fl, fma32, njit, np,
                              prange, rnd)
 
 DEQUANT = {"cpu": 0, "fma": 1, "mul-add": 2, "dtype": 3}
@@ -43,10 +43,10 @@ def k_prep(wq, scales, biases, bits, gs, mode, code, ftz, W, S, B):
     (mode -1) or of their dequantization (:func:`.jit._deq`), S[i], B[i] (G+1, NB) the scales and
     biases; missing rows and the last row +0 (W, S, B come zeroed)."""
     for i in prange(W.shape[0]):  # tiles are independent: one thread each, the same values
-        _qtile(wq, scales, biases, bits, gs, mode, code, ftz, i * NB, W[i], S[i], B[i])
+        quant_tile(wq, scales, biases, bits, gs, mode, code, ftz, i * NB, W[i], S[i], B[i])
         if mode < 0:
-            _tile(scales, i * NB, S[i])
-            _tile(biases, i * NB, B[i])
+            dense_tile(scales, i * NB, S[i])
+            dense_tile(biases, i * NB, B[i])
 
 
 @compile_once
@@ -67,10 +67,10 @@ def k_cpu_qmm(x, W, code, N, out):
                     xv = x[t0 + tt, k]
                     if code == 1:  # one loop per dtype, not a branch per element: each vectorises
                         for j in range(NB):
-                            acc[tt, j] = _bf16(acc[tt, j] + _bf16(xv * wt[k, j]))
+                            acc[tt, j] = to_bf16(acc[tt, j] + to_bf16(xv * wt[k, j]))
                     elif code == 2:
                         for j in range(NB):
-                            acc[tt, j] = _f16(acc[tt, j] + _f16(xv * wt[k, j]))
+                            acc[tt, j] = to_f16(acc[tt, j] + to_f16(xv * wt[k, j]))
                     else:
                         for j in range(NB):
                             acc[tt, j] = acc[tt, j] + xv * wt[k, j]
@@ -144,7 +144,7 @@ def _qmv_tile(x, qt, st, bt, n0, N, bits, gs, vpt, float_sums, code, contrib, si
         for tt in range(nt):
             rt = r[tt]
             if simd == 0:
-                _ladder(rt, 0, 32, ftz)
+                lane_ladder(rt, 0, 32, ftz)
             elif simd == 1:
                 h = 16
                 while h >= 1:  # xor 1, 2, 4, ...: neighbours first (in place: row l reads rows 2l, 2l+1 >= l)
@@ -220,7 +220,7 @@ def _wide_tile(x, W, i, N, gs, contract, ftz, r, out):
                                 r[tt, l, j] = fl(r[tt, l, j] + a, ftz)
         for tt in range(nt):
             rt = r[tt]
-            _ladder(rt, 0, 8, ftz)
+            lane_ladder(rt, 0, 8, ftz)
             for j in range(min(NB, N - n0)):
                 out[t0 + tt, n0 + j] = rt[0, j]
 
@@ -267,12 +267,12 @@ def _mma_tile(x, W, i, N, ranges, pstart, h2, ftz, acc, ks, out):
                         x7 = x[t, k7] if k7 < K else ZERO
                         if h2:  # two loops, not a branch per column: each vectorises on its own
                             for j in range(NB):
-                                acc[tt, j] = _h2(acc[tt, j], x0 * wt[k0, j], x1 * wt[k1, j], x2 * wt[k2, j],
+                                acc[tt, j] = mma_h2(acc[tt, j], x0 * wt[k0, j], x1 * wt[k1, j], x2 * wt[k2, j],
                                                  x3 * wt[k3, j], x4 * wt[k4, j], x5 * wt[k5, j], x6 * wt[k6, j],
                                                  x7 * wt[k7, j], ftz)
                         else:
                             for j in range(NB):
-                                acc[tt, j] = _h1(acc[tt, j], x0 * wt[k0, j], x1 * wt[k1, j], x2 * wt[k2, j],
+                                acc[tt, j] = mma_h1(acc[tt, j], x0 * wt[k0, j], x1 * wt[k1, j], x2 * wt[k2, j],
                                                  x3 * wt[k3, j], x4 * wt[k4, j], x5 * wt[k5, j], x6 * wt[k6, j],
                                                  x7 * wt[k7, j], ftz)
             for tt in range(nt):

@@ -63,17 +63,17 @@ from ..errors import GemmdriftError  # noqa: F401  (callers catch it as state.Ge
 # (``gemmdrift.state.bench``, which the command line reads on every start) does not load them all.
 _FROM = {
     "reading": (
-        "LADDER_ROUNDING_SHRINK", "KNOWN_CLASSES", "_NOT_CACHES", "mlx_lm_version", "cache_classes", "_Absent",
-        "_cls", "_np", "_live", "read_cache", "_rotating_like", "_ForeignMeta", "_Foreign", "read_caches",
+        "LADDER_ROUNDING_SHRINK", "KNOWN_CLASSES", "_NOT_CACHES", "mlx_lm_version", "cache_classes", "Absent",
+        "cache_class", "to_numpy", "_live", "read_cache", "_rotating_like", "_ForeignMeta", "_Foreign", "read_caches",
         "Diff", "compare_readings", "merge_diffs", "logit_diff", "judge"
     ),
     "common": (
         "KS", "WHERE", "PREFILL_STEP", "CONTINUATION", "COMPUTE_LIMIT_EXTRA", "KV_BITS", "OPTIONAL_SETUPS",
-        "DEFAULT_KS", "DEFAULT_WHERE", "OPERATIONS", "DEFAULT_OPERATIONS", "_LastRow", "forward", "head",
+        "DEFAULT_KS", "DEFAULT_WHERE", "OPERATIONS", "DEFAULT_OPERATIONS", "LastRow", "forward", "head",
         "logit_diffs", "Prefix", "compute_prefix", "fill", "Setup", "_kv_group", "model_setups",
-        "prefix_lengths", "_window", "_stream", "_alt", "_material", "_continuation"
+        "prefix_lengths", "window_of", "token_stream", "other_token", "material", "fed_after_rollback"
     ),
-    "rollback": ("_rollback_side", "rollback_cases"),
+    "rollback": ("rollback_side", "rollback_cases"),
     "trim": ("_synthetic_kv", "class_factories", "_feed_direct", "trim_case"),
     "saveload": ("save_load_case",),
     "server_reuse": ("lru_prompt_cache_class", "server_case"),

@@ -9,7 +9,7 @@ import numpy as np
 
 from ..errors import GemmdriftError
 from .reading import compare_readings, judge, merge_diffs, read_caches
-from .common import PREFILL_STEP, _LastRow, forward, logit_diffs
+from .common import PREFILL_STEP, LastRow, forward, logit_diffs
 
 
 def batch_vs_alone(lm, seq: Sequence[int], other: Sequence[int], *, op: str, steps: int = 2, before: int = 1,
@@ -121,7 +121,7 @@ def _forward_rows(model, toks: list[list[int]], cache: list):
     owner, name = find_final_norm(model)
     norm = owner[name]
     sink: list = []
-    owner[name] = _LastRow(norm, sink)
+    owner[name] = LastRow(norm, sink)
     try:
         model(mx.array(np.asarray(toks, dtype=np.uint32)), cache=cache)
     except StopForward:

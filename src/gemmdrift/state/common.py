@@ -9,7 +9,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from ..errors import GemmdriftError
-from .reading import Diff, _np, logit_diff
+from .reading import Diff, to_numpy, logit_diff
 
 
 KS = (1, 2, 3, 4)  # draft tokens per verification block
@@ -37,7 +37,7 @@ OPERATIONS = {
 DEFAULT_OPERATIONS = tuple(o for o in OPERATIONS if o != "draft_trim")
 
 
-class _LastRow:
+class LastRow:
     """Stands in for the final norm: keeps the normed last row and ends the forward pass (no LM head)."""
 
     def __init__(self, norm, sink: list):
@@ -66,7 +66,7 @@ def forward(model, tokens: Sequence[int], cache: list, keep_last: bool = False):
     owner, name = find_final_norm(model)
     norm = owner[name]
     sink: list = []
-    owner[name] = _LastRow(norm, sink)
+    owner[name] = LastRow(norm, sink)
     try:
         model(mx.array(np.asarray(tokens, dtype=np.uint32))[None], cache=cache)
     except StopForward:
@@ -94,7 +94,7 @@ def head(model, rows: list) -> np.ndarray:
     if cap:
         out = mx.tanh(out / cap) * cap
     mx.eval(out)
-    return _np(out[0])
+    return to_numpy(out[0])
 
 
 def logit_diffs(model, pairs: list[tuple[Any, Any]]) -> list[Diff]:
@@ -241,12 +241,12 @@ def prefix_lengths(window: int | None, k_max: int = max(KS)) -> dict[str, int]:
     return {"below": below, "at": w - 2, "past": w + 3, "far": 3 * w}
 
 
-def _window(lm) -> int | None:
+def window_of(lm) -> int | None:
     w = lm.description.sliding_window
     return int(w) if w else None
 
 
-def _stream(lm, n: int, seed: int = 0) -> list[int]:
+def token_stream(lm, n: int, seed: int = 0) -> list[int]:
     """Real text when the model has a tokenizer (the built-in essay, repeated), else seeded random ids."""
     if lm.tokenizer is not None:
         from ..prompts import builtin_stream
@@ -256,20 +256,20 @@ def _stream(lm, n: int, seed: int = 0) -> list[int]:
     return [int(t) for t in rng.integers(2, lm.vocab_size, size=n)]
 
 
-def _alt(t: int, vocab: int) -> int:
+def other_token(t: int, vocab: int) -> int:
     """A token that is not ``t`` (a rejected draft, a correction)."""
     return (t + 1) % vocab
 
 
-def _material(tokens: Sequence[int], p: int, n: int) -> list[int]:
+def material(tokens: Sequence[int], p: int, n: int) -> list[int]:
     """``n`` tokens to feed at a prefix of length ``p`` (the stream there, or its tail for repeated prefixes)."""
     if p + n <= len(tokens):
         return list(tokens[p:p + n])
     return list(tokens[len(tokens) - n:])
 
 
-def _continuation(mat: list[int], n: int, vocab: int) -> list[int]:
+def fed_after_rollback(mat: list[int], n: int, vocab: int) -> list[int]:
     """The block fed after a rollback that kept n drafts: the correction (not draft n+1), then the stream."""
     kmax = max(KS)
-    c = _alt(mat[1 + n], vocab)  # mat[1 + n] is draft n+1 (or, for n = kmax, the bonus position's token)
+    c = other_token(mat[1 + n], vocab)  # mat[1 + n] is draft n+1 (or, for n = kmax, the bonus position's token)
     return [c] + mat[2 + kmax: 1 + kmax + CONTINUATION]

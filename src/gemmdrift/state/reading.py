@@ -40,17 +40,17 @@ def cache_classes() -> list[str]:
     return out
 
 
-class _Absent:
+class Absent:
     """Stands in for a cache class the installed mlx-lm does not have (isinstance is always False)."""
 
 
-def _cls(name: str):
+def cache_class(name: str):
     from mlx_lm.models import cache as C
 
-    return getattr(C, name, _Absent)
+    return getattr(C, name, Absent)
 
 
-def _np(x) -> np.ndarray:
+def to_numpy(x) -> np.ndarray:
     import mlx.core as mx
 
     if x.dtype in (mx.bfloat16, mx.float16):
@@ -78,12 +78,12 @@ def read_cache(c) -> dict[str, Any]:
     from mlx_lm.models import cache as C
 
     name = type(c).__name__
-    if isinstance(c, _cls("CacheList")):
+    if isinstance(c, cache_class("CacheList")):
         parts = [read_cache(x) for x in c.caches]
         return {"class": name, "offset": tuple(p["offset"] for p in parts),
                 "fields": tuple((p["class"], p["fields"]) for p in parts),
                 "arrays": [a for p in parts for a in p["arrays"]], "short": any(p["short"] for p in parts)}
-    if isinstance(c, (_cls("BatchKVCache"), _cls("BatchRotatingKVCache"))):
+    if isinstance(c, (cache_class("BatchKVCache"), cache_class("BatchRotatingKVCache"))):
         import mlx.core as mx
 
         mx.eval(c.offset, c.left_padding)
@@ -103,10 +103,10 @@ def read_cache(c) -> dict[str, Any]:
         arrays = [] if c.keys is None else [x[..., : c.offset, :] for x in (*c.keys, *c.values)]
         short = c.keys is not None and c.keys[0].shape[2] < c.offset
         return {"class": name, "offset": c.offset, "fields": (c.group_size, c.bits), "arrays": arrays, "short": short}
-    if isinstance(c, _cls("ConcatenateKVCache")):  # keys_and_values() ignores the offset: all keys are attended
+    if isinstance(c, cache_class("ConcatenateKVCache")):  # keys_and_values() ignores the offset: all keys are attended
         arrays = [] if c.keys is None else [c.keys, c.values]
         return {"class": name, "offset": c.offset, "fields": (), "arrays": arrays, "short": False}
-    if isinstance(c, _cls("ChunkedKVCache")):
+    if isinstance(c, cache_class("ChunkedKVCache")):
         end = c.offset - c.start_position
         arrays = [] if c.keys is None else [c.keys[..., :end, :], c.values[..., :end, :]]
         return {"class": name, "offset": c.offset, "fields": (c.chunk_size, c.start_position), "arrays": arrays,

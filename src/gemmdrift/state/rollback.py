@@ -7,16 +7,16 @@ import math
 from typing import Any, Sequence
 
 from .reading import Diff, compare_readings, merge_diffs, read_caches
-from .common import CONTINUATION, KS, Prefix, Setup, _continuation, _material, forward, logit_diffs
+from .common import CONTINUATION, KS, Prefix, Setup, fed_after_rollback, material, forward, logit_diffs
 
 
-def _rollback_side(lm, setup: Setup, prefix: Prefix, p: int, mat: list[int], k: int, r: int, dtype=None):
+def rollback_side(lm, setup: Setup, prefix: Prefix, p: int, mat: list[int], k: int, r: int, dtype=None):
     """One rollback case, both sides, from scratch (used for the precision ladder)."""
     from mlx_lm.models.cache import trim_prompt_cache
 
     y, drafts = mat[0], mat[1:1 + max(KS)]
     n = k - r
-    cont = _continuation(mat, n, lm.vocab_size)
+    cont = fed_after_rollback(mat, n, lm.vocab_size)
     base = setup.build(lm, prefix, p, dtype)
     ref = copy.deepcopy(base)
     forward(lm.model, [y] + drafts[:n], ref)
@@ -45,10 +45,10 @@ def rollback_cases(lm, setup: Setup, prefix: Prefix, p: int, ks: Sequence[int] =
 
     vocab = lm.vocab_size
     kmax = max(KS)
-    mat = _material(prefix.tokens, p, 2 + kmax + CONTINUATION)
+    mat = material(prefix.tokens, p, 2 + kmax + CONTINUATION)
     y, drafts = mat[0], mat[1:1 + kmax]
     base = setup.build(lm, prefix, p)
-    conts = {n: _continuation(mat, n, vocab) for n in range(kmax + 1)}
+    conts = {n: fed_after_rollback(mat, n, vocab) for n in range(kmax + 1)}
     # The block [y, d1..dn] fed to a fresh copy of the prefix state, once per n: the reference of n continues
     # from a copy of it, and the operation of k (fed k drafts) trims a copy of it (the same computation).
     fed = {}

@@ -6,14 +6,14 @@ import os
 import tempfile
 
 from .reading import Diff, compare_readings, merge_diffs, read_caches
-from .common import Prefix, Setup, _material, forward, logit_diffs
+from .common import Prefix, Setup, material, forward, logit_diffs
 
 
 def save_load_case(lm, setup: Setup, prefix: Prefix, p: int, block: int, dtype=None) -> tuple[Diff, str]:
     """``save_prompt_cache`` then ``load_prompt_cache``, then continue with a block, against the cache never saved."""
     from mlx_lm.models.cache import load_prompt_cache, save_prompt_cache
 
-    mat = _material(prefix.tokens, p, block)
+    mat = material(prefix.tokens, p, block)
     ref = setup.build(lm, prefix, p, dtype)
     before = read_caches(ref)
     with tempfile.TemporaryDirectory(prefix="gemmdrift-state-") as tmp:

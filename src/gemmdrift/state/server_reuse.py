@@ -6,7 +6,7 @@ from typing import Any
 
 from ..errors import GemmdriftError
 from .reading import compare_readings, merge_diffs, read_caches
-from .common import Prefix, Setup, _alt, _material, forward, logit_diffs
+from .common import Prefix, Setup, other_token, material, forward, logit_diffs
 
 
 def lru_prompt_cache_class():
@@ -36,14 +36,14 @@ def server_case(lm, setup: Setup, prefix: Prefix, p: int, kind: str, dtype=None)
     stored_len = p + 4
     toks = prefix.tokens if stored_len + 4 <= len(prefix.tokens) else None
     conv = list(prefix.tokens[:stored_len]) if toks is not None else (
-        list(prefix.tokens[:p]) + _material(prefix.tokens, p, 4))
-    extra = _material(prefix.tokens, stored_len, 4)
+        list(prefix.tokens[:p]) + material(prefix.tokens, p, 4))
+    extra = material(prefix.tokens, stored_len, 4)
     if kind == "longer":
         request = conv + extra
     elif kind == "shorter":
         request = conv[:p]
     elif kind == "branch":
-        request = conv[:p] + [_alt(t, vocab) for t in conv[p:]]
+        request = conv[:p] + [other_token(t, vocab) for t in conv[p:]]
     else:
         raise GemmdriftError(f"unknown server case {kind!r}")
     lru = LRUPromptCache(max_size=4)

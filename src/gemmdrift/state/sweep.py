@@ -12,7 +12,7 @@ import pandas as pd
 
 from ..errors import GemmdriftError
 from ..result import Result, Verdict, env_labels, tidy
-from .reading import Diff, KNOWN_CLASSES, _Absent, _cls, cache_classes, judge, mlx_lm_version
+from .reading import Diff, KNOWN_CLASSES, Absent, cache_class, cache_classes, judge, mlx_lm_version
 from .common import (
     COMPUTE_LIMIT_EXTRA,
     CONTINUATION,
@@ -24,15 +24,15 @@ from .common import (
     OPTIONAL_SETUPS,
     Setup,
     WHERE,
-    _alt,
-    _material,
-    _stream,
-    _window,
+    other_token,
+    material,
+    token_stream,
+    window_of,
     compute_prefix,
     model_setups,
     prefix_lengths,
 )
-from .rollback import _rollback_side, rollback_cases
+from .rollback import rollback_side, rollback_cases
 from .trim import class_factories, trim_case
 from .saveload import save_load_case
 from .server_reuse import lru_prompt_cache_class, server_case
@@ -96,7 +96,7 @@ def _sweep(lm, operations: Sequence[str], where: Sequence[str] | None, ks: Seque
     where = tuple(WHERE) if where is None else tuple(where)
     ks_for = (lambda name: DEFAULT_KS.get(name, KS)) if ks is None else (lambda name, ks=tuple(ks): ks)
     ks = tuple(KS) if ks is None else tuple(ks)
-    window = _window(lm)
+    window = window_of(lm)
     lengths = {w: p for w, p in prefix_lengths(window, max(max(ks), max(KS))).items() if w in where}
     setups_given = setups
     setups = list(setups) if setups is not None else model_setups(lm)
@@ -109,7 +109,7 @@ def _sweep(lm, operations: Sequence[str], where: Sequence[str] | None, ks: Seque
     longest = max(lengths.values()) + 8 + max(KS) + CONTINUATION
     limit = compute_limit if compute_limit is not None else (min(lengths.values()) + COMPUTE_LIMIT_EXTRA)
     computed = min(max(lengths.values()), max(limit, 1))
-    tokens = _stream(lm, max(longest, computed + 16))
+    tokens = token_stream(lm, max(longest, computed + 16))
     need_model = any(o in operations for o in ("rollback", "save_load", "server_reuse", "batch"))
     prefix = None
     if need_model:
@@ -142,10 +142,10 @@ def _sweep(lm, operations: Sequence[str], where: Sequence[str] | None, ks: Seque
             t0 = time.perf_counter()
             saved = checkpoint.load("rollback-cell", s.name, w, p, check=lambda u: "cases" in u) if checkpoint else None
             if saved is not None:  # the rows as judged before the ladder, and what the ladder needs to rerun them
-                mat = _material(prefix.tokens, p, 2 + max(KS) + CONTINUATION)
+                mat = material(prefix.tokens, p, 2 + max(KS) + CONTINUATION)
                 for c in saved["cases"]:
                     add(c["row"], Diff(**c["diff"]), c["refused"], (lambda s=s, p=p, k=c["k"], r=c["r"], mat=mat:
-                                                                    _rollback_side(lm, s, prefix, p, mat, k, r,
+                                                                    rollback_side(lm, s, prefix, p, mat, k, r,
                                                                                    dtype=_f32())[0]))
                 _say(f"rollback {s.name} {w} (prefix {p}): done before (resumed)")
                 continue
@@ -167,7 +167,7 @@ def _sweep(lm, operations: Sequence[str], where: Sequence[str] | None, ks: Seque
                                   envelope=envelope)
                 row = _row(s.name, "rollback", w, p, window, f"k={c['k']} r={c['r']}", v, why, c["diff"],
                            k=c["k"], r=c["r"], trimmed=c["trimmed"], note=s.note)
-                add(row, c["diff"], refused, (lambda s=s, p=p, c=c: _rollback_side(
+                add(row, c["diff"], refused, (lambda s=s, p=p, c=c: rollback_side(
                     lm, s, prefix, p, c["mat"], c["k"], c["r"], dtype=_f32())[0]))
                 cell.append({"row": row, "diff": asdict(c["diff"]), "refused": refused, "k": c["k"], "r": c["r"]})
             if checkpoint:
@@ -290,7 +290,7 @@ def _sweep(lm, operations: Sequence[str], where: Sequence[str] | None, ks: Seque
             if s.name not in ("KVCache", "RotatingKVCache"):
                 continue
             bname = "BatchKVCache" if s.name == "KVCache" else "BatchRotatingKVCache"
-            if s.make is None or _cls(bname) is _Absent or not hasattr(_cls(s.name), "merge"):
+            if s.make is None or cache_class(bname) is Absent or not hasattr(cache_class(s.name), "merge"):
                 rows.append(_row(bname, "batch", "", None, window, "", Verdict.NOT_APPLICABLE,
                                  s.note if s.make is None else f"mlx-lm {mlx_lm_version()} cannot batch {s.name}"))
                 continue
@@ -300,8 +300,8 @@ def _sweep(lm, operations: Sequence[str], where: Sequence[str] | None, ks: Seque
                     def run(dtype=None, s=s, p=p, q=q, op=op):
                         seq_cache = s.build(lm, prefix, p, dtype)
                         oth_cache = s.build(lm, prefix, q, dtype)
-                        seq = _material(prefix.tokens, p, 1)
-                        oth = [_alt(t, vocab) for t in _material(prefix.tokens, q, 1)]
+                        seq = material(prefix.tokens, p, 1)
+                        oth = [other_token(t, vocab) for t in material(prefix.tokens, q, 1)]
                         return batch_vs_alone(lm, seq, oth, op=op, caches=(seq_cache, oth_cache),
                                               cache_factory=s.make)["diff"]
                     try:
@@ -429,7 +429,7 @@ def _finished_cells(lm, ck, where, ks, caches) -> tuple[dict[str, Any], int, int
     where_for = (lambda name: DEFAULT_WHERE.get(name, WHERE)) if where is None else (lambda name, w=tuple(where): w)
     wanted = tuple(WHERE) if where is None else tuple(where)
     k_max = max(max(ks or KS), max(KS))
-    lengths = {w: p for w, p in prefix_lengths(_window(lm), k_max).items() if w in wanted}
+    lengths = {w: p for w, p in prefix_lengths(window_of(lm), k_max).items() if w in wanted}
     setups = [s for s in model_setups(lm)
               if (s.name in caches if caches is not None else s.name not in OPTIONAL_SETUPS)]
     keys = [(s, w, p) for s in setups if s.make is not None for w, p in lengths.items() if w in where_for(s.name)]
@@ -450,7 +450,7 @@ def _state_result(lm, operations, where, ks, ladder, envelope, parts, n, env, t_
     rows = [row for part in parts for row in part["rows"]]
     lengths = parts[0]["lengths"]
     model_part = next((p for p in parts if p["computed_prefix"]), parts[0])
-    window = _window(lm)
+    window = window_of(lm)
 
     # Classes of a newer mlx-lm that this module does not know.
     for name in cache_classes():

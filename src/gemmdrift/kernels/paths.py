@@ -38,7 +38,7 @@ class PathSpec:
         return self.kind == "emulated"
 
 
-_QUANT_RE = re.compile(r"^([a-z0-9]+)-q(\d+)-g(\d+)$")
+QUANT_RE = re.compile(r"^([a-z0-9]+)-q(\d+)-g(\d+)$")
 
 
 def parse_path(text: str) -> PathSpec:
@@ -50,7 +50,7 @@ def parse_path(text: str) -> PathSpec:
         dtype = parse_dtype(arg)
         return PathSpec(f"dense:{dtype}", "dense", dtype=dtype)
     if kind == "quant":
-        m = _QUANT_RE.match(arg)
+        m = QUANT_RE.match(arg)
         if not m:
             raise GemmdriftError(f"bad quantized path {text!r} (expected quant:<mode>-q<bits>-g<group>, "
                                  f"e.g. quant:affine-q4-g64; modes here: {', '.join(available_quant_modes())})")

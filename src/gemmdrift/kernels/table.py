@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 
 from .. import metrics
-from .paths import _QUANT_RE
+from .paths import QUANT_RE
 
 TABLE_COLUMNS = ["layer", "projection", "path", "dtype", "quant", "emulated", "synthetic", "inputs", "K", "N",
                  "key_length", "T", "metric", "value", "heads", "kv_heads"]  # heads: sdpa rows only
@@ -79,7 +79,7 @@ def plot_thresholds(df: pd.DataFrame, env: Mapping[str, Any],
         marks: set[tuple[int, str, str]] = set()
         for _, row in s.drop_duplicates(["path"]).iterrows():
             if row["quant"]:
-                mode, bits, group = _QUANT_RE.match(row["quant"]).groups()
+                mode, bits, group = QUANT_RE.match(row["quant"]).groups()
                 op, shape = "quantized_matmul", {"mode": mode, "bits": int(bits), "group_size": int(group)}
             else:
                 op, shape = "matmul", {"dtype": row["dtype"]}

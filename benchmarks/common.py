@@ -150,7 +150,6 @@ for its 21 runs. Each part computes what it
         from dataclasses import replace
 
         from gemmdrift import kernels, state, suite
-        from gemmdrift.attribution.attribute import attribute
 
         s = sizes()
         # The kernel probe on kernel_inputs() (128 tokens, KERNEL_* above), as suite.kernel_probe runs it.
@@ -165,8 +164,8 @@ for its 21 runs. Each part computes what it
             "fingerprint": (suite.fingerprint_part, dict(paths=list(FP_PATHS), K=FP_K, ts=FP_TS, N=FP_N,
                                                          draw_k=0)),
             "ops": (kernels.measure_ops, {}),
-            "attribute": (attribute, dict(tokens=suite.stream(model(), s.tokens), schedules=list(ATTRIBUTE_PAIR),
-                                          split=s.split, counterfactual=("each",), ops=ATTRIBUTE_OPS)),
+            "attribute": (suite.attribute_stream, dict(n_tokens=s.tokens, schedules=list(ATTRIBUTE_PAIR),
+                                                       split=s.split, ops=ATTRIBUTE_OPS)),
         }
         golden = {f"golden:{b}": (suite.golden_part, dict(name=f"{GOLDEN_SET}/{b}", n_tokens=GOLDEN_TOKENS))
                   for b in GOLDEN_BASES}

@@ -149,6 +149,15 @@ def fingerprint_part(lm, **kwargs):
     return measure(**kwargs)
 
 
+def attribute_stream(lm, n_tokens: int, schedules: list[str], split: int, ops=None):
+    """:func:`gemmdrift.attribution.attribute.attribute` of two schedules on the first ``n_tokens`` of the built-in
+    essay, each op class's counterfactual (``ops``: the classes, None: every class), as a part of
+    :func:`side_by_side` (the stream is read where the part runs)."""
+    from .attribution.attribute import attribute
+
+    return attribute(lm, stream(lm, n_tokens), schedules, split=split, counterfactual=("each",), ops=ops)
+
+
 def golden_part(lm, name: str, n_tokens: int | None = None):
     """:func:`gemmdrift.measure.golden.compare_golden` as a part of :func:`side_by_side`: the comparison's Result."""
     from .measure.golden import compare_golden

@@ -104,7 +104,7 @@ class Checkpoints:
         if p is not None:
             # Python's JSON with NaN and Infinity: a checkpoint is read back only here, and a resumed unit
             # must be the unit computed (inf is not null), where result files keep strict JSON.
-            files.write_text(p, json.dumps({"unit": obj}, default=files._default, allow_nan=True) + "\n")
+            files.write_text(p, json.dumps({"unit": obj}, default=files.json_default, allow_nan=True) + "\n")
 
     def clear(self) -> None:
         """Drop the checkpoints once the whole Result is written (it holds everything they did)."""

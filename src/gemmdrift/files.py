@@ -73,7 +73,8 @@ def write_text(path: str | os.PathLike, text: str) -> Path:
     return Path(path)
 
 
-def _default(o: Any) -> Any:
+def json_default(o: Any) -> Any:
+    """For json.dumps(default=...): numpy scalars and arrays as lists, Paths as strings."""
     # numpy scalars and arrays, Paths: the only non-JSON types results carry.
     if hasattr(o, "tolist"):
         return o.tolist()
@@ -96,7 +97,7 @@ def _finite(obj: Any) -> Any:
 
 
 def to_json(obj: Any, indent: int | None = 2) -> str:
-    return json.dumps(_finite(obj), indent=indent, default=_default, allow_nan=False)
+    return json.dumps(_finite(obj), indent=indent, default=json_default, allow_nan=False)
 
 
 def write_json(path: str | os.PathLike, obj: Any) -> Path:

@@ -46,6 +46,11 @@ def add_parser(sub) -> None:
                    help="check only the variant a calibration file measured for this chip and release (repeatable; "
                         "see docs/calibration.md). Without it, every variant is checked and, on a GPU chip, the "
                         "result is written as <out>/calibration.json")
+    s.add_argument("--no-order-rows", dest="order_rows", action="store_false",
+                   help="skip the order rows (default: checked beside the captured rows, reported apart: per kernel "
+                        "and open axis the chip dispatches on --paths, one small seeded call built so every two "
+                        "values of the axis give different bits; the calibration takes the value they decide "
+                        "where the captured rows cannot tell the values apart; docs/replay.md)")
     s.add_argument("--out", default="results/replay-check",
                    help="output directory (default results/replay-check; an interrupted run resumes from its checkpoint)")
     s.add_argument("--json", action="store_true",
@@ -130,7 +135,7 @@ def cmd_replay_check(args) -> int:
     progress = (lambda m: print("  " + m, file=sys.stderr, flush=True))
     result = check_replay(lm, inputs, projs, [p.text for p in paths], ts, chip=chip, variants=variants,
                           head_rows=args.head_rows, env=env, mlx_version=args.mlx_version,
-                          progress=progress, checkpoint=Path(args.out) / "checkpoint")
+                          progress=progress, checkpoint=Path(args.out) / "checkpoint", order_rows=args.order_rows)
     if note:
         result = dataclasses.replace(result, inputs={**result.inputs, "calibration": note})
     store.write_result(result, args.out, draw=False)
@@ -144,7 +149,7 @@ def cmd_replay_check(args) -> int:
 
         print(to_json({"chip": result.inputs["chip"], "device_chip": result.inputs["device_chip"],
                        "mlx_version": result.inputs["mlx_version"], "prediction": result.inputs["prediction"],
-                       "records": records}))
+                       "records": records, "order_records": result.details.get("order_records", [])}))
     else:
         print(text(result) + (f"\n\n{replay_calib.summary(calibration)}" if calibration else "")
               + f"\n\nwritten to {Path(args.out)}/")

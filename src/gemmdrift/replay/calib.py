@@ -6,7 +6,10 @@ itself (chip name, architecture string, generation, size class, macOS, mlx versi
 open axis, how many checked cells (projection, path, T) each value of the axis was bit-identical in. No
 prompt, path or user data is written. An axis is *measured* when exactly one of its values was identical in
 every cell the kernel was checked in; the file's ``variant`` is those measured values, merged over kernels
-(a disagreement between kernels of one file leaves the axis unmeasured, and says so).
+(a disagreement between kernels of one file leaves the axis unmeasured, and says so). With the check's order
+rows (:mod:`.orderrows`), an axis also records ``order_rows`` (the values identical on them and the one they
+decide), and a value they decide among those the captured cells left identical is measured ("decided by the
+order rows"); a kernel only the order rows reached is measured by them alone.
 
 :func:`resolve` is what the commands call (``replay check --calibration``, ``--kernels replay:<chip>``, the
 main job's prediction): the files given, plus every file in the shipped registry (:data:`REGISTRY`, empty
@@ -71,13 +74,19 @@ def build(result) -> dict[str, Any]:
     from . import RECIPES
 
     table = result.tables["replay_check"]
+    order: dict[str, dict[str, list[dict]]] = {}  # kernel -> axis -> the order rows' records
+    for r in result.details.get("order_records") or []:
+        order.setdefault(r["kernel"], {}).setdefault(r["axis"], []).append(r)
     kernels: dict[str, Any] = {}
-    for kernel, g in table[table["kernel"] != ""].groupby("kernel", sort=True):
+    checked = table[table["kernel"] != ""] if len(table) else table
+    groups = dict(list(checked.groupby("kernel", sort=True))) if len(checked) else {}
+    for kernel in sorted(set(groups) | set(order)):
+        g = groups.get(kernel, checked.iloc[:0])
         # Open axes only: a one-value axis (qmm_t's dequant at a release) was fixed by the source, not measured.
         axes = {a: v for a, v in (RECIPES[kernel].axes if kernel in RECIPES else {}).items() if len(v) > 1}
-        cells = g.groupby(["layer", "projection", "path", "T"], sort=True)
-        rec: dict[str, Any] = {"cells": int(cells.ngroups), "variants": {}, "axes": {}}
-        for variant, vg in g.groupby("variant", sort=True):
+        cells = g.groupby(["layer", "projection", "path", "T"], sort=True) if len(g) else []
+        rec: dict[str, Any] = {"cells": int(cells.ngroups) if len(g) else 0, "variants": {}, "axes": {}}
+        for variant, vg in (g.groupby("variant", sort=True) if len(g) else []):
             rec["variants"][variant] = int(vg["identical"].astype(bool).sum())
         for axis, values in axes.items():
             counts = {v: 0 for v in values}
@@ -85,12 +94,14 @@ def build(result) -> dict[str, Any]:
                 same = [_split(v) for v in cell.loc[cell["identical"].astype(bool), "variant"]]
                 for v in values:
                     counts[v] += int(any(s.get(axis) == v for s in same))
-            full = [v for v, n in counts.items() if n == rec["cells"]]
-            rec["axes"][axis] = {"identical_cells": counts,
-                                 "measured": full[0] if len(full) == 1 else None,
-                                 "why": "" if len(full) == 1 else ("every value identical: the data cannot tell them "
-                                                                    "apart" if full else "no value identical in "
-                                                                    "every cell")}
+            full = [v for v, n in counts.items() if n == rec["cells"]] if rec["cells"] else []
+            a = {"identical_cells": counts, "measured": full[0] if len(full) == 1 else None,
+                 "why": "" if len(full) == 1 else ("every value identical: the data cannot tell them apart"
+                                                    if len(full) > 1 else "no value identical in every cell"
+                                                    if rec["cells"] else "no captured cell")}
+            if axis in order.get(kernel, {}):
+                a.update(_with_order_rows(values, full, rec["cells"], order[kernel][axis]))
+            rec["axes"][axis] = a
         kernels[kernel] = rec
     if not any(k in RECIPES and (RECIPES[k].apple or RECIPES[k].axes) for k in kernels):
         raise GemmdriftError("no calibration written: no GPU recipe was checked")
@@ -98,8 +109,25 @@ def build(result) -> dict[str, Any]:
     device = {"chip": chip.name, "architecture": chip.arch, "generation": chip.gen, "size_class": chip.size,
               "macos": env.get("macos"), "mlx": inp.get("mlx_version") or env.get("mlx")}
     return {"format": FORMAT, "version": VERSION, "device": device, "kernels": kernels, "variant": variant,
-            "notes": notes, "dtypes": sorted({str(d) for d in table["dtype"]}),
+            "notes": notes, "dtypes": sorted({str(d) for d in (table["dtype"] if "dtype" in table else [])}
+                                               | {str(r["dtype"]) for r in result.details.get("order_records") or []}),
             "paths": list(inp.get("paths", [])), "ts": list(inp.get("ts", []))}
+
+
+def _with_order_rows(values, full: list[str], cells: int, recs: list[dict]) -> dict[str, Any]:
+    """An axis measured with the order rows: the values identical on every order case, intersected with the
+    captured rows' (when there were captured cells); ``order_rows`` records what the order rows alone found."""
+    ordered = [v for v in values if all(v in r["values"] for r in recs)]
+    info = {"cases": len(recs), "identical": ordered, "decided": ordered[0] if len(ordered) == 1 else None}
+    both = [v for v in ordered if v in full] if cells else ordered
+    if len(both) == 1:
+        why = "" if len(full) == 1 else ("decided by the order rows (captured rows: "
+                                         + (f"{len(full)} values identical)" if cells else "none)"))
+        return {"measured": both[0], "why": why, "order_rows": info}
+    why = ("the order rows cannot tell them apart" if len(both) > 1 else
+           "no value identical on the order rows" if not ordered else
+           "the order rows and the captured rows find different values identical")
+    return {"measured": None, "why": why, "order_rows": info}
 
 
 def _split(text: str) -> dict[str, str]:
@@ -255,7 +283,9 @@ def summary(record: Mapping[str, Any]) -> str:
     for kernel, rec in record["kernels"].items():
         for axis, a in rec["axes"].items():
             counts = ", ".join(f"{v} {n}/{rec['cells']}" for v, n in a["identical_cells"].items())
-            lines.append(f"  {kernel:18s} {axis:9s} {a['measured'] or 'not measured'} ({counts})"
+            o = a.get("order_rows")
+            orows = "" if not o else f"; order rows: {o['decided'] or ('|'.join(o['identical']) or 'none')}"
+            lines.append(f"  {kernel:18s} {axis:9s} {a['measured'] or 'not measured'} ({counts}{orows})"
                          + (f": {a['why']}" if a["why"] else ""))
     lines += [f"  {n}" for n in record.get("notes", [])]
     lines.append(f"  variant: {','.join(f'{k}={v}' for k, v in record['variant'].items()) or '(none measured)'}")

@@ -109,7 +109,8 @@ def check_replay(lm, inputs: Mapping[tuple[int, str], np.ndarray], projs: Sequen
                  paths: Sequence[str] = DEFAULT_PATHS, ts: Sequence[int] = DEFAULT_TS, *, chip: Any = None,
                  variants: str = "all", head_rows: int | None = None, env: Mapping[str, Any] | None = None,
                  mlx_version: str | None = None, progress: Callable[[str], None] | None = None,
-                 checkpoint: str | Path | None = None, device: Callable[[Any, np.ndarray], np.ndarray] | None = None):
+                 checkpoint: str | Path | None = None, device: Callable[[Any, np.ndarray], np.ndarray] | None = None,
+                 order_rows: bool = False):
     """The replay check as a Result of kind ``replay_check``.
 
     Args:
@@ -126,6 +127,9 @@ def check_replay(lm, inputs: Mapping[tuple[int, str], np.ndarray], projs: Sequen
             resumes (a directory of another configuration is refused).
         device: the "real" kernels, ``fn(operands, x) -> y`` (default: mlx's, ``operands.real``); a planted
             device (:func:`planted_device`) tests the check and the calibration here.
+        order_rows: also check the order rows (:mod:`gemmdrift.replay.orderrows`: one seeded case per kernel and
+            open axis the chip dispatches on ``paths``, on which every two values of the axis give different
+            bits), reported apart from the captured rows (table ``order_rows``, ``details["order_records"]``).
     """
     import pandas as pd
 
@@ -202,6 +206,8 @@ def check_replay(lm, inputs: Mapping[tuple[int, str], np.ndarray], projs: Sequen
                              f"{len(var_list)} variant(s), nearest {best:g} ulp")
             if unit is not None:
                 files.write_csv(unit, pd.DataFrame(rows[first:]))
+    order_table, order_records = (_check_order_rows(chip, version, specs, variants, device, progress) if order_rows
+                                  else (None, []))
     table = pd.DataFrame(rows)
     records = summarize(table)
     tidy_rows = [{"pair": r["path"], "T": r["T"], "layer": r["layer"], "metric": "max_ulp", "value": r["max_ulp"],
@@ -217,10 +223,55 @@ def check_replay(lm, inputs: Mapping[tuple[int, str], np.ndarray], projs: Sequen
                   "variants": variants, "head_rows": head_rows,
                   "projections": [f"{p.layer}:{p.name}" for p in projs],
                   "model": dict(lm.description.__dict__) if hasattr(lm.description, "__dict__") else {},
-                  "prediction": bool(own is None or chip != own)}
+                  "prediction": bool(own is None or chip != own), "order_rows": bool(order_rows)}
     details = {"records": records, "seconds": time.perf_counter() - t_start, "comparisons": checked}
+    tables = {"replay_check": table}
+    if order_table is not None:
+        tables["order_rows"] = order_table
+        details["order_records"] = order_records
     return Result(kind="replay_check", inputs=_jsonable(inputs_rec), env=env, frame=frame, figures=figures,
-                  tables={"replay_check": table}, details=_jsonable(details))
+                  tables=tables, details=_jsonable(details))
+
+
+def _check_order_rows(chip: Any, version: str, specs, variants: str, device, progress):
+    """The order rows' table (one row per case and variant) and records (one per case: the identical variants
+    and the axis value they decide, or None)."""
+    import pandas as pd
+
+    from . import parse_variant
+    from .orderrows import case_plan, order_cases
+
+    rows, records = [], []
+    for case in order_cases(chip, mlx_version=version, paths=[s.text for s in specs]):
+        ops = case.ops
+        plan = case_plan(chip, case.path, case.T, case.K, case.N, version,
+                     variant=None if variants == "all" else variants)
+        real = ops.real(case.x) if device is None else device(ops, case.x)
+        recipe = plan.recipe
+        var_list = recipe.variants() if variants == "all" else [plan.variant]
+        base = {"kernel": recipe.kernel, "axis": case.axis, "path": case.path, "T": case.T, "K": case.K,
+                "N": case.N, "dtype": ops.dtype, "seed": case.seed, "style": case.style}
+        same = []
+        for var in var_list:
+            bound = type(plan)(recipe, plan.params, var, plan.source, plan.note)
+            t0 = time.perf_counter()
+            got = run_plan(bound, case.x, dtype=ops.dtype, w=ops.w, bias=ops.b, quant=ops.quant)
+            secs = time.perf_counter() - t0
+            ulp = metrics.ulp_distance(real.astype(np.float64), got.y.astype(np.float64), ops.dtype)
+            ident = bool(np.array_equal(np.asarray(real, np.float32).view(np.uint32), got.y.view(np.uint32)))
+            if ident:
+                same.append(var)
+            rows.append({**base, "variant": variant_name(var), "identical": ident, "max_ulp": float(np.max(ulp)),
+                         "frac_differ": float(np.mean(ulp > 0)), "seconds": secs})
+        values = sorted({v[case.axis] for v in same}, key=case.values.index)
+        records.append({**base, "identical": [variant_name(v) for v in same], "values": values,
+                        "decided": values[0] if len(values) == 1 else None,
+                        "unseparated": [f"{a}/{b}" for a, b in case.unseparated]})
+        if progress:
+            progress(f"order rows {recipe.kernel} {case.axis} ({case.path} T={case.T} K={case.K} N={case.N}): "
+                     + (f"{case.axis}={values[0]}" if len(values) == 1 else
+                        f"{len(values)} values identical" if values else "no variant identical"))
+    return pd.DataFrame(rows), records
 
 
 def planted_device(chip: Any, variant: str, mlx_version: str) -> Callable[[Any, np.ndarray], np.ndarray]:
@@ -383,9 +434,24 @@ def check_text(result) -> str:
             best = min(done, key=lambda r: r["max_ulp"])
             lines.append(f"{path:22s} T={T:<4d} {kernel:18s} none identical; nearest {best['variant']} at "
                          f"{best['max_ulp']:g} ulp")
+    lines += order_lines(result)
     lines += variants_lines(result)
     lines.append(cells_line(result))
     return "\n".join(lines)
+
+
+def order_lines(result) -> list[str]:
+    """The order rows' part of the summary: per kernel and axis, the value they decide (or why not)."""
+    recs = result.details.get("order_records") or []
+    out = ["order rows (seeded, built so every two values of an axis give different bits):"] if recs else []
+    for r in recs:
+        what = (f"decides {r['axis']}={r['decided']}" if r["decided"] else
+                f"{len(r['values'])} {r['axis']} values identical: not decided" if r["values"] else
+                "no variant identical")
+        if r.get("unseparated"):
+            what += f" (pairs the rows do not separate: {', '.join(r['unseparated'])})"
+        out.append(f"  {r['kernel']:18s} {r['axis']:9s} {r['path']} T={r['T']} K={r['K']} N={r['N']}: {what}")
+    return out
 
 
 def variants_lines(result) -> list[str]:
@@ -455,5 +521,5 @@ def _jsonable(x: Any) -> Any:
 
 
 __all__ = ["DEFAULT_TS", "DEFAULT_PATHS", "check_paths", "check_replay", "planted_device", "check_text",
-           "variants_lines", "headline",
+           "order_lines", "variants_lines", "headline",
            "cells_line", "report_part", "summarize", "seeded_q4_weight", "speed_ratio"]

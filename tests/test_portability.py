@@ -10,6 +10,7 @@ import types
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -47,11 +48,22 @@ def _h(a) -> str:
     return hashlib.sha256(np.array(a.astype(mx.float32)).tobytes()).hexdigest()[:16]
 
 
+def _bf16(x: np.ndarray) -> np.ndarray:
+    """float32 -> bfloat16 (round to nearest even), as float32, computed here rather than by mlx."""
+    u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
+    rne = u + np.uint32(0x7FFF) + ((u >> np.uint32(16)) & np.uint32(1))
+    return (rne & np.uint32(0xFFFF0000)).view(np.float32)
+
+
 def test_seeded_synthetic_draws_keep_their_values():
+    import math
+    import zlib
+
     import mlx.core as mx
 
-    # Drawn on the CPU stream now (a GPU's erfinv may differ in the last bits); on this CPU the values are
-    # those drawn before the change, bit for bit (the hashes were taken from main before it).
+    # Every seeded draw here comes from a generator that is bit-identical across platforms and chips (issue 31):
+    # numpy's Generator, or mlx's uniform (threefry bits and correctly rounded float ops) on the CPU stream;
+    # never mx.random.normal, whose erfinv differs between Metal chips (mlx #3568).
     from gemmdrift import model as models, state
     from gemmdrift.model import projections as capture
     from gemmdrift.kernels import paths
@@ -61,18 +73,64 @@ def test_seeded_synthetic_draws_keep_their_values():
     # 06ef39115022d849 / 609e67f369cedd5f): the bf16 of seed 0's first two standard-normal blocks, rounded here.
     rng = np.random.default_rng(0)
     for got in (k, v):
-        u = rng.standard_normal((1, 2, 40, 64), dtype=np.float32).view(np.uint32)
-        rne = u + np.uint32(0x7FFF) + ((u >> np.uint32(16)) & np.uint32(1))  # round to nearest even, to bf16
-        want = (rne & np.uint32(0xFFFF0000)).view(np.float32)
+        want = _bf16(rng.standard_normal((1, 2, 40, 64), dtype=np.float32))
         assert np.array_equal(np.array(got.astype(mx.float32)), want)
     assert (_h(k), _h(v)) == ("96252ad39605481c", "743f71677bea4b0c")
+
+    # _synthetic_dense: numpy's Generator per projection since issue 31 (mx.random.uniform / normal under the same
+    # crc32 key before: gate_proj's hash was 2a5503671d1fafe0). Recomputed here in one draw, where the function
+    # draws a slice of rows at a time (made 300 rows here: seven slices), and rounded to bf16 here. The normal
+    # branch is a tied head's (an Embedding; Gemma 4's shapes): a small one stands in for it.
+    import dataclasses
+
+    import mlx.nn as nn
+
     lm = models.load_model("shape:gemma3-270m")
-    proj = [p for p in capture.projections(lm, layers=[0]) if p.name == "mlp.gate_proj"][0]
-    w, _ = paths._synthetic_dense(proj, "bfloat16")
-    assert _h(w) == "2a5503671d1fafe0"
-    model, _ = models._synthetic("gemma3-270m")  # the shape model's own (lazy) initialisation
+    gate = [p for p in capture.projections(lm, layers=[0]) if p.name == "mlp.gate_proj"][0]
+    tied = dataclasses.replace(gate, layer=lm.n_layers, name="lm_head", module=nn.Embedding(2048, 640))
+    for proj in (gate, tied):
+        embedding = proj is tied
+        rng = np.random.default_rng(zlib.crc32(f"{models.SYNTHETIC_SEED}:{proj.layer}:{proj.name}".encode()))
+        n, kk = proj.out_dims, proj.in_dims
+        scale = np.float32(math.sqrt(1.0 / kk))
+        if embedding:  # nn.Embedding's init: normal(0, scale)
+            want = rng.standard_normal((n, kk), dtype=np.float32) * scale
+        else:  # nn.Linear's init: uniform(-scale, scale)
+            want = -scale + (np.float32(2) * scale) * rng.random((n, kk), dtype=np.float32)
+            assert np.abs(want).max() <= scale
+        whole, _ = paths._synthetic_dense(proj, "bfloat16")  # 2048 rows of 640: one slice
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(paths, "EXACT_CHUNK_BYTES", 300 * 4 * kk)
+            sliced, _ = paths._synthetic_dense(proj, "bfloat16")
+        for w in (whole, sliced):
+            assert w.dtype == mx.bfloat16 and w.shape == (n, kk) == (2048, 640)
+            assert np.array_equal(np.array(w.astype(mx.float32)), _bf16(want)), proj.name
+    assert _h(paths._synthetic_dense(gate, "bfloat16")[0]) == "076e4785d8c918df"
+    assert _h(paths._synthetic_dense(tied, "bfloat16")[0]) == "946899c40f7161e2"
+
+    # The shape model's own (lazy) parameters: the linears keep mlx's init (uniform, portable: these hashes are
+    # those from before issue 31); the embeddings are redrawn from a numpy table (model._portable_embeddings).
+    seen = []
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(models, "_portable_embeddings", seen.append)
+        model, _ = models._synthetic("gemma3-270m")
+    assert seen == [model]
     assert _h(model.model.layers[0].self_attn.q_proj.weight) == "253bcf4e4f19938b"
     assert _h(model.model.layers[9].self_attn.q_proj.weight) == "2c2d9b8e825e3845"
+
+    class Stand(nn.Module):  # Gemma 3 270M's embedding is 262144 x 640: 4096 rows of it stand in (same code)
+        def __init__(self):
+            super().__init__()
+            self.embed_tokens = nn.Embedding(4096, 640)
+
+    stand = Stand()
+    models._portable_embeddings(stand)
+    emb = np.array(stand.embed_tokens.weight)
+    table = np.random.default_rng(models.SYNTHETIC_SEED).standard_normal(1 << models.NORMAL_TABLE_BITS, dtype=np.float32)
+    values = np.unique(emb)  # 2.6M draws of the 65536 entries: every entry of the table, nothing else
+    assert np.isin(values, table * np.float32(math.sqrt(1 / 640))).all() and len(values) == len(np.unique(table * np.float32(math.sqrt(1 / 640))))
+    assert abs(emb.std() * math.sqrt(640) - 1) < 0.01 and abs(emb.mean()) * math.sqrt(640) < 0.01
+    assert hashlib.sha256(emb.tobytes()).hexdigest()[:16] == "0b8ec11418a1c654"
 
 
 def test_selecting_a_device_after_mlx_lm_generate_warns(monkeypatch, capsys):

@@ -90,16 +90,36 @@ def _synthetic_dense(proj: Projection, dtype: str):
 
     from ..model import SYNTHETIC_SEED, mx_dtype
 
-    key = mx.random.key(zlib.crc32(f"{SYNTHETIC_SEED}:{proj.layer}:{proj.name}".encode()))
+    # numpy's Generator (PCG64), seeded per projection: the same weights on every platform and chip. Until issue 31
+    # they were mx.random.normal / uniform with this key; the normal's erfinv differs between Metal chips (mlx
+    # #3568) and a CPU's may differ between arm64 and x86 (compiler contraction), so shape:NAME's embeddings were
+    # not the same bits everywhere.
+    rng = np.random.default_rng(zlib.crc32(f"{SYNTHETIC_SEED}:{proj.layer}:{proj.name}".encode()))
     k, n = proj.in_dims, proj.out_dims
-    scale = math.sqrt(1.0 / k)
-    # Drawn directly in the compute dtype: no float32 copy of a vocabulary-sized matrix.
+    scale = np.float32(math.sqrt(1.0 / k))
+    embedding = isinstance(proj.module, (nn.Embedding, nn.QuantizedEmbedding))
     dt = mx_dtype(dtype)
-    # Drawn on the CPU stream: a GPU's erfinv/log may differ in the last bits, and shape:NAME must mean the same
-    # weights on every device.
-    if isinstance(proj.module, (nn.Embedding, nn.QuantizedEmbedding)):
-        return mx.random.normal((n, k), dtype=dt, scale=scale, key=key, stream=mx.cpu), None  # nn.Embedding's init
-    return mx.random.uniform(-scale, scale, (n, k), dtype=dt, key=key, stream=mx.cpu), None  # nn.Linear's init
+    # float32 on the host a slice of rows at a time, each cast to the compute dtype at once: no float32 copy of a
+    # vocabulary-sized matrix (262144 x 5376 for Gemma 4 31B). The slices continue one stream, so the values do
+    # not depend on the slice size.
+    step = max(1, EXACT_CHUNK_BYTES // (4 * k))
+    parts = []
+    for r0 in range(0, n, step):
+        rows = min(step, n - r0)
+        if embedding:  # nn.Embedding's init: normal(0, scale)
+            x = rng.standard_normal((rows, k), dtype=np.float32)
+            np.multiply(x, scale, out=x)
+        else:  # nn.Linear's init: uniform(-scale, scale), as lo + (hi - lo) * u with u in [0, 1)
+            x = rng.random((rows, k), dtype=np.float32)
+            np.multiply(x, np.float32(2) * scale, out=x)
+            np.add(x, -scale, out=x)
+        part = mx.array(x).astype(dt)
+        mx.eval(part)
+        parts.append(part)
+        del x
+    w = parts[0] if len(parts) == 1 else mx.concatenate(parts, axis=0)
+    mx.eval(w)
+    return w, None
 
 
 def dense_weights(lm, proj: Projection, dtype: str):

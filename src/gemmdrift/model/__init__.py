@@ -454,12 +454,54 @@ def _synthetic(name: str):
         model_cls, args_cls = _get_classes(config)
     except ValueError:
         raise GemmdriftError(f"the installed mlx-lm has no {config['model_type']} architecture for shape:{name}") from None
-    # Seeded so that shape:NAME means the same weights on every machine; the
-    # arrays stay lazy until a projection is used.
+    # Seeded so that shape:NAME means the same weights on every machine; the arrays stay lazy until used (the
+    # kernels and attribute paths draw each projection afresh, kernels.paths._synthetic_dense; stack, run and
+    # diverge run the model itself, so these values are read). The linears keep mlx's own init, uniform: random
+    # bits, an exact conversion and a multiply and an add, the same bits on every machine. The embeddings are
+    # redrawn (_portable_embeddings): nn.Embedding's init is mx.random.normal, whose erfinv is not.
     mx.random.seed(SYNTHETIC_SEED)
     with mx.stream(mx.cpu):  # the draws on the CPU stream: the same bits whichever device computes with them
         model = model_cls(args_cls.from_dict(config))
+        _portable_embeddings(model)
     return model, config
+
+
+# A shape model's embeddings are drawn from a table of 2**NORMAL_TABLE_BITS numpy standard normals (float32,
+# 256 KB: it stays in cache, so the gather costs about what mx.random.normal did; a 4 MB table took 3x longer).
+NORMAL_TABLE_BITS = 16
+
+
+def _portable_embeddings(model) -> None:
+    """Every ``nn.Embedding``'s weight redrawn lazily as normal(0, 1/sqrt(dims)) from portable sources (issue 31).
+
+    nn.Embedding's own init is mx.random.normal, whose erfinv differs between Metal chips (mlx #3568) and may
+    differ between CPUs by compiler contraction; a host draw of a vocabulary-sized matrix would not stay lazy
+    (262144 x 5376 for Gemma 4 31B). So each element is a table entry: the table is numpy's Generator (seed
+    SYNTHETIC_SEED, 2**NORMAL_TABLE_BITS standard normals, times the scale on the host), the index comes from
+    mlx's uniform under a key per parameter (crc32 of SYNTHETIC_SEED:path.weight). Random bits, IEEE conversions and
+    products by powers of two, and a gather: the same values on every platform and chip, and nothing evaluated
+    until used. The elements are independent draws from the table's empirical distribution (65536 normals: mean
+    0.0023, standard deviation 1.0028, none beyond 4.002): a synthetic model's weights, not a sample of an exact normal.
+    """
+    import math
+    import zlib
+
+    import mlx.core as mx
+    import mlx.nn as nn
+    import numpy as np
+
+    table = np.random.default_rng(SYNTHETIC_SEED).standard_normal(1 << NORMAL_TABLE_BITS, dtype=np.float32)
+    for path, mod in model.named_modules():
+        if type(mod) is not nn.Embedding:
+            continue
+        n, dims = mod.weight.shape
+        scaled = mx.array(table * np.float32(math.sqrt(1 / dims)))
+        key = mx.random.key(zlib.crc32(f"{SYNTHETIC_SEED}:{path}.weight".encode()))
+        # The index: mlx's uniform in [0, 1) (threefry bits, a correctly rounded conversion to float32, a division
+        # by 2**32) times 2**NORMAL_TABLE_BITS, truncated: no operation a platform may round differently.
+        u = mx.random.uniform(shape=(n, dims), key=key, stream=mx.cpu)
+        idx = (u * float(1 << NORMAL_TABLE_BITS)).astype(mx.uint32)
+        mod.weight = mx.take(scaled, idx, stream=mx.cpu)
 
 
 def resolve_source(source: str) -> tuple[str, Path | None]:

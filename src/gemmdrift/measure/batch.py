@@ -34,7 +34,10 @@ mask shift does). A batch that is honestly noisier than the single-sequence
 schedules also lands OUTSIDE: the verdict says "more than any single-sequence
 schedule", not "a bug" by itself. With ``ladder_lm`` (``gemmdrift batch
 --ladder``) each such row is rerun at float32: rounding shrinks by orders of
-magnitude, a padding or state bug keeps its size.
+magnitude, a padding or state bug keeps its size. The ladder compares the
+top-2 gap through the first divergence (:func:`parting_size`), not the
+envelope alone: a bug that flips the first token it touches has no agreeing
+position after it.
 
 **Per-layer drift** (``layers=True``, ``gemmdrift batch --layers``): the
 taps' layer proxies (:mod:`gemmdrift.model.taps`) are installed while mlx-lm's
@@ -91,13 +94,32 @@ class RowComparison:
     tokens_row: list[int] = field(default_factory=list)
     seconds_batch: float = 0.0
     seconds_alone_all: float = 0.0  # the B prompts one by one
-    ladder_envelope: float | None = None  # envelope_batch of the same row rerun at float32
+    ladder_envelope: float | None = None  # parting_size of the same row rerun at float32
     ladder_shrink: float | None = None
     ladder: str = ""  # rounding | semantic | unclear | unreliable (stack.ladder_verdict), rows outside the envelope
     layers: list[dict[str, Any]] = field(default_factory=list)  # per-layer drift (layers=True), see layer_drift
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def parting_size(alone: Run, row: Run, j: int) -> float:
+    """max |dgap| of row ``j`` against ``alone`` over the positions with the same prefix, the first divergence
+    included: what the precision ladder compares at both precisions.
+
+    The envelope (``compare_row``) stops before the divergence, where the streams still agree. A bug that flips
+    the very first token it touches leaves no agreeing position after it, so its envelope is rounding-sized at
+    both precisions and the ladder would call it rounding; its top-2 gap at the divergence keeps its size.
+    """
+    from .diverge import first_divergence
+
+    ta, tb = alone.tokens[0], row.tokens[j]
+    d = first_divergence(ta, tb)
+    upto = min(len(ta), len(tb)) if d is None else d + 1
+    if not upto:
+        return 0.0
+    la, lb = alone.logprobs[0][:upto], row.logprobs[j][:upto]
+    return float(np.max(np.abs(metrics.logit_drift(la.astype(np.float64), lb.astype(np.float64))["dgap"])))
 
 
 def compare_row(alone: Run, row: Run, j: int, reference_envelope: float | None) -> dict[str, Any]:
@@ -280,12 +302,11 @@ def sweep(lm, target: Sequence[int], companion_sets: dict[str, Sequence[Sequence
                         high_alone = generate_alone(ladder_lm.model, target, n, prefill_step)
                     high_run = generate_batch(ladder_lm.model, prompts, n, keep=[j], prefill_step=prefill_step,
                                               plant=None if plant is None else (lambda caches, j=j: plant(caches, j)))
-                    high = compare_row(high_alone, high_run, j, None)
-                    shrink, verdict = ladder_verdict(c["envelope_batch"], high["envelope_batch"],
-                                                     lm.description.dtype, rung["true_float32"])
-                    lad = {"ladder_envelope": high["envelope_batch"], "ladder": verdict,
+                    low_size, high_size = parting_size(alone, run, j), parting_size(high_alone, high_run, j)
+                    shrink, verdict = ladder_verdict(low_size, high_size, lm.description.dtype, rung["true_float32"])
+                    lad = {"ladder_envelope": high_size, "ladder": verdict,
                            "ladder_shrink": None if shrink != shrink or shrink == float("inf") else shrink}
-                    say(f"  float32 rerun: envelope {high['envelope_batch']:.3g}: {verdict}")
+                    say(f"  float32 rerun: envelope {high_size:.3g} (through the first divergence): {verdict}")
                 out.append(RowComparison(B=B, row=j, companions=label, prompt_tokens=len(target),
                                          companion_tokens=[len(p) for i, p in enumerate(prompts) if i != j],
                                          reference_envelope=ref, tokens_alone=alone.tokens[0], tokens_row=run.tokens[j],

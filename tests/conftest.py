@@ -80,20 +80,34 @@ TINY_CONFIG = {
 
 def make_tiny(dtype: str = "bfloat16", seed: int = 0, **overrides):
     """A LoadedModel around a small random gemma3_text model (real mlx-lm code, caches and masks)."""
+    import math
+    import zlib
+
     import mlx.core as mx
+    import mlx.nn as nn
+    import numpy as np
     from mlx_lm.models import gemma3_text
 
     from gemmdrift.model import LoadedModel, cast_model, layer_types
 
-    mx.random.seed(seed)
     config = {**TINY_CONFIG, **overrides}
     model = gemma3_text.Model(gemma3_text.ModelArgs.from_dict(config))
-    # Larger-than-default weights so that activations are not tiny.
-    model.update(
-        __import__("mlx.utils", fromlist=["tree_map"]).tree_map(
-            lambda w: w * 4 if w.ndim == 2 else w, model.parameters()
-        )
-    )
+    # The weights are drawn with numpy's Generator, one per parameter (seeded by seed and the parameter's path), in
+    # mlx.nn's init distributions: the same tiny model on every platform and chip. Until issue 31 they were the
+    # init's own draws after mx.random.seed(seed); nn.Embedding's is mx.random.normal, whose erfinv differs between
+    # Metal chips (mlx #3568). The norms keep their init (ones).
+    for path, mod in model.named_modules():
+        if isinstance(mod, (nn.Linear, nn.Embedding)):
+            rng = np.random.default_rng([seed, zlib.crc32(f"{path}.weight".encode())])
+            n, k = mod.weight.shape
+            scale = np.float32(math.sqrt(1.0 / k))
+            if isinstance(mod, nn.Embedding):  # nn.Embedding: normal(0, 1/sqrt(dims))
+                w = rng.standard_normal((n, k), dtype=np.float32) * scale
+            else:  # nn.Linear: uniform(-1/sqrt(in), 1/sqrt(in)), as mlx draws it: lo + (hi - lo) * u, u in [0, 1)
+                w = -scale + (np.float32(2) * scale) * rng.random((n, k), dtype=np.float32)
+            assert "bias" not in mod  # gemma3_text's linears have none
+            # Larger-than-default weights (x4, exact) so that activations are not tiny.
+            mod.weight = mx.array(w * np.float32(4))
     cast_model(model, dtype)
     mx.eval(model.parameters())
     info = {"source": "tiny", "kind": "tiny", "dtype": dtype, "synthetic": True, "architecture": "gemma3_text",

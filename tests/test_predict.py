@@ -17,7 +17,9 @@ SIZES = predict.PredictSizes(tokens=5, split=1, chips=("M1", "sm90"))
 @pytest.fixture(scope="module")
 def lm():
     # Wider than the default tiny model: at K=64 every order sums these products exactly, at K=256..512 not.
-    return make_tiny(hidden_size=256, intermediate_size=512, head_dim=64)
+    # Seed 2: whether M1's mma=H4 sum shows on these 5 tokens is a property of the draw; at seed 0 of the
+    # numpy-drawn tiny model (issue 31) it rounds away at every layer (as at seed 2 of the mx.random weights).
+    return make_tiny(hidden_size=256, intermediate_size=512, head_dim=64, seed=2)
 
 
 @pytest.fixture(scope="module")

@@ -44,7 +44,9 @@ def test_stack_under_replay_shares_one_native_prefix(monkeypatch):
     from gemmdrift.measure.stack import measure_stack
     from gemmdrift.model.taps import common_prefix
 
-    tiny = make_tiny(seed=1, hidden_size=256, intermediate_size=512)  # wide enough for M3's order to show
+    # Wide enough for M3's order to show; whether it shows on this 8-token prefix is a property of the draw: of
+    # seeds 0-7 of the numpy-drawn tiny model (issue 31) seeds 2 and 7 show it (seed 1 did with mx.random's).
+    tiny = make_tiny(seed=2, hidden_size=256, intermediate_size=512)
 
     native = common_prefix(tiny.model, TOKS, SCHEDS, 8, 8)
     with replayed(tiny, "M3"):

@@ -27,8 +27,11 @@ def reading(blocks):
 
 def test_stack_reading_follows_the_numbers(tmp_path):
     # Tiny gemma3_text, sliding window 8: below it decode and verify:2 agree bit for bit,
-    # past it the ring buffer and the concatenated blocks sum the same keys in another order.
-    lm = make_tiny("bfloat16")
+    # past it the ring buffer and the concatenated blocks sum the same keys in another order. Whether that order
+    # shows in bf16 within 100 tokens is a property of the draw, and a rare one: of seeds 0-49 of the numpy-drawn
+    # tiny model (issue 31) 11, 42, 45 and 49 show it (49 from layer 0 on, as below); of seeds 0-39 of the
+    # mx.random weights before it, 0, 1, 6 and 12 did.
+    lm = make_tiny("bfloat16", seed=49)
     below = measure_stack(lm, TOKENS[:8], ["prefill:4,decode", "prefill:4,verify:2"], split=4, local=False, env=ENV)
     store.write_result(below, tmp_path / "below")
     [line] = reading(report.report_blocks(tmp_path / "below"))
@@ -65,7 +68,10 @@ def _kernels_dir(tiny, out):
     return df
 
 
-def test_kernel_reading_says_zero_when_zero_and_names_planted_drift(tiny, tmp_path):
+def test_kernel_reading_says_zero_when_zero_and_names_planted_drift(tmp_path):
+    # Seed 1: at seed 0 of the numpy-drawn tiny model (issue 31) the emulated split-K's LM head moves 1 ULP, a
+    # property of the draw; seeds 1-7 give zeros everywhere, as seed 0 of the mx.random weights did.
+    tiny = make_tiny(seed=1)
     df = _kernels_dir(tiny, tmp_path / "clean")
     lines = reading(report.report_blocks(tmp_path / "clean"))
     # At these tiny sizes even the emulated split-K rounds to the same bf16 rows: the page must say so.

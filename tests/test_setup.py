@@ -124,8 +124,9 @@ def test_an_unknown_backend_is_refused_in_one_line():
 
 
 @needs_make
-@pytest.mark.parametrize("workers, tail", [(None, "-m pytest -n 2 --dist loadfile"),
-                                           ("3", "-m pytest -n 3 --dist loadfile"), ("0", "-m pytest")])
+@pytest.mark.parametrize("workers, tail", [(None, "-m pytest -n 2 --dist loadfile --no-loadscope-reorder"),
+                                           ("3", "-m pytest -n 3 --dist loadfile --no-loadscope-reorder"),
+                                           ("0", "-m pytest")])
 def test_make_test_runs_two_test_processes_unless_told(workers, tail):
     # Issue 25, item 7: one pytest process left the second core idle; each test file runs whole in one worker,
     # so module and session fixtures are shared as in one process.

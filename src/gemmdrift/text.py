@@ -25,6 +25,12 @@ def fmt(v: Any) -> str:
     return str(v)
 
 
+def records(df: pd.DataFrame, columns) -> list[dict[str, Any]]:
+    """The rows of ``df``'s ``columns`` (those it has, in that order) as JSON-ready dicts: NaN as None."""
+    cols = [c for c in columns if c in df.columns]
+    return df[cols].astype(object).where(df[cols].notna(), None).to_dict(orient="records")
+
+
 def text_table(df: pd.DataFrame) -> str:
     """A plain fixed-width table (no extra dependency)."""
     if df.empty:

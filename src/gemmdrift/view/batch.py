@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 
 from ..result import Result
-from ..text import text_table
+from ..text import records, text_table
 from .figure import pyplot as _plt, tight
 
 
@@ -96,10 +96,7 @@ BATCH_COLUMNS = ["target", "companions", "B", "row", "verdict", "first_divergenc
 
 
 def batch_summary(result: Result) -> dict[str, Any]:
-    t = result.tables["batch"]
-    cols = [c for c in BATCH_COLUMNS if c in t.columns]
-    return {"kind": "batch", "figures": dict(result.figures),
-            "rows": t[cols].astype(object).where(t[cols].notna(), None).to_dict(orient="records")}
+    return {"kind": "batch", "figures": dict(result.figures), "rows": records(result.tables["batch"], BATCH_COLUMNS)}
 
 
 def batch_text(result: Result) -> str:
@@ -138,10 +135,8 @@ SERVER_COLUMNS = ["case", "a", "b", "prompt_tokens", "tokens_a", "tokens_b", "fi
 
 
 def server_summary(result: Result) -> dict[str, Any]:
-    t = result.tables["server"]
-    cols = [c for c in SERVER_COLUMNS if c in t.columns]
     return {"kind": "server", "figures": dict(result.figures),
-            "cases": t[cols].astype(object).where(t[cols].notna(), None).to_dict(orient="records")}
+            "cases": records(result.tables["server"], SERVER_COLUMNS)}
 
 
 def server_text(result: Result) -> str:

@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 
 from ..result import Result
-from ..text import fmt, text_table
+from ..text import fmt, records, text_table
 
 FLIP_COLUMNS = ["position", "target", "top1_base", "top1_other", "gap_base", "dgap", "kld", "dp", "verdict"]
 SHOWN_FLIPS = 20
@@ -25,11 +25,10 @@ def _pct(x: float) -> str:
 
 def compare_summary(result: Result) -> dict[str, Any]:
     flips = result.tables.get("flips", pd.DataFrame())
-    cols = [c for c in FLIP_COLUMNS if c in flips.columns]
     return {"kind": "compare", "base": dict(result.inputs.get("base", {})), "other": dict(result.inputs.get("other", {})),
             "kld": result.details.get("kld"), "envelope_source": result.details.get("envelope_source"),
             "figures": dict(result.figures),
-            "flips": flips[cols].astype(object).where(flips[cols].notna(), None).to_dict(orient="records")}
+            "flips": records(flips, FLIP_COLUMNS)}
 
 
 def reading(result: Result) -> list[str]:

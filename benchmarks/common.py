@@ -134,11 +134,11 @@ class Probes:
     (gemmdrift.suite.side_by_side), longest first. One at a time, each left a core idle for part of its
     run (the divergence probe's prompt prefill and speculative stream, the ops probe, every measurement's
     model loads); together the two cores stay busy. The golden bases joined them (issue 33): in a setup of
-    their own the shorter base's core idled while the decode base ran on; so did the attribution's, in one process
-for its 21 runs. Each part computes what it
-    computes alone, with the same pinned inputs (tests compare). Returns ``{part: figures}``.
+    their own the shorter base's core idled while the decode base ran on; so did the attribution's, one process
+    for its 21 runs. Each part computes what it computes alone, with the same pinned inputs (tests compare).
+    Returns ``{part: figures}``.
 
-    The cost: `asv run --bench` with any one of these benchmarks computes all ten (about 11 minutes on a
+    The cost: `asv run --bench` with any one of these benchmarks computes all ten (about 12 minutes on a
     2-core CPU). GEMMDRIFT_BENCH_PARTS=diverge,kernels (a comma-separated subset of PROBE_PARTS) computes
     only those; the others' benchmarks are then skipped (NaN), never 0.
     """

@@ -42,8 +42,8 @@ def pytest_configure(config):
     mx.set_default_device(mx.gpu if TEST_DEVICE == "gpu" else mx.cpu)
 
 
-# The test files that take longest, longest first (a run of the whole suite on the 2-core CI machine, 2026-12-03:
-# about 480, 270, 190, 160, 90, 85, 70, 65, 60, 50 and 45 s). `make test` runs each file whole in one of two
+# The test files that take longest, longest first (their summed durations in a run of the whole suite on the 2-core
+# machine, 2026-12-03; the shared benchmark setup's test alone is about 200 s idle). `make test` runs each file whole in one of two
 # processes and hands them out in collection order (pytest-xdist --dist loadfile --no-loadscope-reorder): these
 # start first, so the run does not end on one long file while the other core idles.
 LONG_FILES = ("test_benchmarks.py", "test_notebooks.py", "test_server.py", "test_cli.py", "test_replay.py",

@@ -34,6 +34,21 @@ def _rows(lm, *, n: int):
     return n * 2
 
 
+def _after(lm, *, flag: str, n: int | None = None):
+    """A job that finishes only once the parent has reported another one (the parent writes ``flag``);
+    ``n`` None: it then raises instead of returning."""
+    import time
+
+    start = time.monotonic()
+    while not os.path.exists(flag):
+        if time.monotonic() - start > 60:
+            raise RuntimeError("the other part was never reported while this one ran")
+        time.sleep(0.05)
+    if n is None:
+        raise ValueError("planted failure")
+    return n * 2
+
+
 def _run(tmp_path, body: str) -> subprocess.CompletedProcess:
     script = textwrap.dedent(f"""
         import sys
@@ -108,6 +123,39 @@ def test_the_parts_that_live_give_their_results(tmp_path):
     """)
     assert r.returncode == 0, (r.stdout, r.stderr)
     assert "RESULT {'a': 2, 'b': 10}" in r.stdout
+
+
+def test_each_part_is_reported_as_it_finishes_not_in_the_order_given(tmp_path):
+    """side_by_side's ``done`` comes as each part finishes: the main job keeps every finished part at once.
+    Here the first part can only finish after the second was reported (waiting in the order given deadlocks
+    until the first part's 60 s limit)."""
+    r = _run(tmp_path, """
+        said = []
+        def done(name, result, seconds):
+            said.append((name, result, seconds >= 0))
+            Path("flag").touch()
+        out = suite.side_by_side(lm, {"slow": (T._after, dict(flag="flag", n=3)), "fast": (T._rows, dict(n=1))},
+                                 workers=2, done=done)
+        print("SAID", said, "OUT", out)
+    """)
+    assert r.returncode == 0, (r.stdout, r.stderr)
+    assert "SAID [('fast', 2, True), ('slow', 6, True)] OUT {'slow': 6, 'fast': 2}" in r.stdout
+
+
+def test_a_part_that_fails_after_another_finished_leaves_that_one_reported(tmp_path):
+    r = _run(tmp_path, """
+        said = []
+        def done(name, result, seconds):
+            said.append(name)
+            Path("flag").touch()
+        try:
+            suite.side_by_side(lm, {"fails": (T._after, dict(flag="flag")), "fast": (T._rows, dict(n=1))},
+                               workers=2, done=done)
+        except ValueError as e:
+            print("RAISED", e, "SAID", said)
+    """)
+    assert r.returncode == 0, (r.stdout, r.stderr)
+    assert "RAISED planted failure SAID ['fast']" in r.stdout
 
 
 def test_the_line_names_the_signal():

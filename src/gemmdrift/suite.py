@@ -14,7 +14,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from . import defaults, files
 from .errors import GemmdriftError
@@ -115,7 +115,8 @@ def divergence_probe(lm, sizes: Sizes, env: dict[str, Any] | None = None):
                            record={"prompt": "the built-in essay", "draft": "self"})
 
 
-def side_by_side(lm, parts: dict[str, tuple[Any, dict[str, Any]]], workers: int | None = None) -> dict[str, Any]:
+def side_by_side(lm, parts: dict[str, tuple[Any, dict[str, Any]]], workers: int | None = None,
+                 done: Callable[[str, Any, float], None] | None = None) -> dict[str, Any]:
     """Whole measurements side by side: ``{name: fn(lm, **kwargs)}`` for ``parts = {name: (fn, kwargs)}``.
 
     Each part runs whole in a process started for it (:func:`gemmdrift.workers.run_jobs` with ``fresh``),
@@ -124,22 +125,30 @@ def side_by_side(lm, parts: dict[str, tuple[Any, dict[str, Any]]], workers: int 
     this gains is the cores the measurements leave idle one after another: the divergence probe prefills
     its prompt and runs its speculative stream on one core while the other waits, the ops probe runs in one
     process, each measurement's processes load the model before they work. ``fn`` is a module-level
-    function (it is sent to the worker by name); its result must pickle.
+    function (it is sent to the worker by name); its result must pickle. ``done(name, result, seconds)`` is
+    called as each part finishes (``seconds``: its own time in its process), so the caller can keep it at once.
     """
     from .workers import check_workers, run_jobs
 
     names = list(parts)
     n = check_workers(lm, workers, len(names))
     print(f"gemmdrift: {len(names)} measurements, {n} at a time: {', '.join(names)}", file=sys.stderr, flush=True)
-    out = run_jobs(lm, _whole, [dict(name=k, measure=parts[k][0], kwargs=parts[k][1]) for k in names], n, fresh=True)
-    return dict(zip(names, out))
+
+    def finished(i: int, timed: tuple[Any, float]) -> None:
+        if done is not None:
+            done(names[i], *timed)
+
+    out = run_jobs(lm, _whole, [dict(name=k, measure=parts[k][0], kwargs=parts[k][1]) for k in names], n,
+                   done=finished, fresh=True)
+    return {k: result for k, (result, _) in zip(names, out)}
 
 
-def _whole(lm, *, name: str, measure, kwargs: dict[str, Any]):
+def _whole(lm, *, name: str, measure, kwargs: dict[str, Any]) -> tuple[Any, float]:
     t0 = time.perf_counter()
     result = measure(lm, **kwargs)
-    print(f"gemmdrift: {name} done in {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
-    return result
+    seconds = time.perf_counter() - t0
+    print(f"gemmdrift: {name} done in {seconds:.1f} s", file=sys.stderr, flush=True)
+    return result, seconds
 
 
 def fingerprint_part(lm, **kwargs):
@@ -204,9 +213,12 @@ def _done(out: Path, key: str) -> bool:
 
 
 RUN_RECORD = "run.json"
-# Parts that each compute on one core: on a CPU with two they run side by side, a process each (side_by_side),
-# the longest first (the attribution's six tapped runs, then the divergence probe's two streams).
-BESIDE = ("attribute", "diverge", "predict", "state")
+# On a CPU with two cores every part runs whole in a process of its own, two at a time (side_by_side), longest first
+# (measured alone in one process on this 2-core VM, 2026-12-03: the decode family's two rungs ~250 s, the
+# attribution's six tapped runs ~130 s, the prefill chunks' two runs ~90 s, the divergence probe's two streams,
+# the kernel probe, the prediction, the state sweep): the two cores stay busy to the end, where the job's phases
+# one after another left one idle for a part's slowest half (the float32 rung ran on alone for ~40 s).
+BESIDE = ("stack-decode", "attribute", "stack-prefill", "diverge", "kernels", "predict", "state")
 
 
 def check_resume(out: str | Path, inputs: dict[str, Any]) -> None:
@@ -302,29 +314,32 @@ def main_job(out: str | Path = "results/run", sizes: str | None = None, model: s
         beside = []  # one at a time, in order (a GPU, one core, a model that cannot be loaded again)
     for i, (part, title, measure) in enumerate(parts, 1):
         d = out / part
-        key = keys[part]
-        if part in beside[1:]:
-            continue  # computed with the first of them
         if part in beside:
-            # Each of these computes on one core: side by side (a process each) they leave no core idle.
-            jobs = {"diverge": (divergence_probe, dict(sizes=s, env=env)),
-                    "predict": (predict_part, dict(name=name, checkpoint=out / "predict" / "checkpoint", env=env,
-                                                   calibration=calibration)),
-                    "state": (state.short_sweep, dict(size=name)),
-                    "attribute": (attribute_part, dict(name=name, checkpoint=out / "attribute" / "checkpoint",
-                                                       env=env))}
-            print(f"gemmdrift run: {' and '.join(heads[p] for p in beside)}: side by side, a process each",
-                  file=sys.stderr, flush=True)
-            t0 = time.perf_counter()
-            for other, result in side_by_side(lm, {p: jobs[p] for p in beside}).items():
-                store.write_result(result, out / other)
-                _mark(out / other, keys[other], time.perf_counter() - t0)
+            continue  # computed side by side below
+        if _done(d, keys[part]):
+            print(f"gemmdrift run: {heads[part]}: done before (resumed)", file=sys.stderr, flush=True)
             continue
-        if _done(d, key):
-            print(f"gemmdrift run: [{i}/{len(parts)}] {title}: done before (resumed)", file=sys.stderr, flush=True)
-            continue
-        print(f"gemmdrift run: [{i}/{len(parts)}] {title}", file=sys.stderr, flush=True)
+        print(f"gemmdrift run: {heads[part]}", file=sys.stderr, flush=True)
         t0 = time.perf_counter()
         store.write_result(measure(d), d)
-        _mark(d, key, time.perf_counter() - t0)
+        _mark(d, keys[part], time.perf_counter() - t0)
+    if beside:
+        # Each part computes on one core: side by side (a process each, as they finish each is kept) no core idles.
+        jobs = {"stack-decode": (decode_family, dict(sizes=s, checkpoint=out / "stack-decode" / "checkpoint", env=env)),
+                "stack-prefill": (prefill_family, dict(sizes=s, checkpoint=out / "stack-prefill" / "checkpoint",
+                                                       env=env)),
+                "kernels": (kernel_probe, dict(sizes=s, checkpoint=out / "kernels" / "checkpoint", env=env)),
+                "diverge": (divergence_probe, dict(sizes=s, env=env)),
+                "predict": (predict_part, dict(name=name, checkpoint=out / "predict" / "checkpoint", env=env,
+                                               calibration=calibration)),
+                "state": (state.short_sweep, dict(size=name)),
+                "attribute": (attribute_part, dict(name=name, checkpoint=out / "attribute" / "checkpoint", env=env))}
+        print(f"gemmdrift run: {', '.join(heads[p] for p in beside)}: side by side, a process each",
+              file=sys.stderr, flush=True)
+
+        def keep(part: str, result, seconds: float) -> None:
+            store.write_result(result, out / part)
+            _mark(out / part, keys[part], seconds)
+
+        side_by_side(lm, {p: jobs[p] for p in beside}, done=keep)
     return report.build_report(out)

@@ -108,10 +108,11 @@ def _init(recipe: dict[str, Any], tf32_off: bool, device: tuple[str, int]) -> No
 
 
 def run_jobs(lm, fn: Callable[..., Any], jobs: Sequence[dict[str, Any]], workers: int,
-             done: Callable[[int], None] | None = None, fresh: bool = False) -> list[Any]:
+             done: Callable[[int, Any], None] | None = None, fresh: bool = False) -> list[Any]:
     """``[fn(lm, **job) for job in jobs]``, in ``workers`` processes when more than one (``fn`` must be a
     module-level function; its results must pickle). Jobs start in the order given (put the longest first);
-    ``done(i)`` is called as job ``i`` finishes.
+    ``done(i, result)`` is called as job ``i`` finishes (in the order they finish), so a caller can keep each
+    result before the others are done.
 
     ``fresh``: every job in a process started for it alone, even with one worker (where the model can be
     loaded again): nothing a job leaves in its process -- mlx's once-read switches such as MLX_ENABLE_TF32,
@@ -124,7 +125,7 @@ def run_jobs(lm, fn: Callable[..., Any], jobs: Sequence[dict[str, Any]], workers
         for i, job in enumerate(jobs):
             out.append(fn(lm, **job))
             if done is not None:
-                done(i)
+                done(i, out[-1])
         return out
     with pool(lm, min(workers, len(jobs))) as submit:
         return _collect([submit(fn, **job) for job in jobs], done)
@@ -132,35 +133,38 @@ def run_jobs(lm, fn: Callable[..., Any], jobs: Sequence[dict[str, Any]], workers
 
 def _run_fresh(lm, fn, jobs, workers: int, done) -> list[Any]:
     # multiprocessing's Pool, not _executor: ProcessPoolExecutor's max_tasks_per_child needs Python 3.11.
-    # ``done(i)`` is called in job order here.
     import multiprocessing
 
     ctx = multiprocessing.get_context("spawn")
     before = set(multiprocessing.active_children())
     with ctx.Pool(workers, initializer=_init, initargs=_init_args(lm), maxtasksperchild=1) as p, _stopping():
-        handles = [p.apply_async(_call_job, (fn, job)) for job in jobs]
-        out, seen = [], set()
-        for i, h in enumerate(handles):
-            out.append(_wait(h, seen, before))
+        pending = {i: p.apply_async(_call_job, (fn, job)) for i, job in enumerate(jobs)}
+        out: list[Any] = [None] * len(jobs)
+        seen: set = set()
+        while pending:
+            i = _wait(pending, seen, before)
+            out[i] = pending.pop(i).get()  # the job's own exception, if it raised, is raised here
             if done is not None:
-                done(i)
+                done(i, out[i])
         return out
 
 
 POLL_SECONDS = 0.2  # how often a wait on a fresh worker looks for one that died
 
 
-def _wait(handle, seen: set, before: set) -> Any:
-    """``handle.get()``, except that a worker which died -- killed (out of memory), a crash inside mlx, a model
-    it could not load -- raises at once. (multiprocessing's Pool replaces a dead worker without a word and
-    loses its job: the plain ``get()`` waited for good.) A worker that finished its one job exits with 0."""
+def _wait(pending: dict, seen: set, before: set) -> Any:
+    """The key of a finished handle of ``pending`` (the first in key order when several are), once one is --
+    except that a worker which died -- killed (out of memory), a crash inside mlx, a model it could not
+    load -- raises at once. (multiprocessing's Pool replaces a dead worker without a word and loses its
+    job: a plain ``get()`` waited for good.) A worker that finished its one job exits with 0."""
     import multiprocessing
 
+    first = next(iter(pending.values()))
     while True:
-        try:
-            return handle.get(POLL_SECONDS)
-        except multiprocessing.TimeoutError:
-            pass
+        ready = [i for i, h in pending.items() if h.ready()]
+        if ready:
+            return ready[0]
+        first.wait(POLL_SECONDS)
         seen.update(q for q in multiprocessing.active_children() if q not in before)
         dead = sorted({q.exitcode for q in seen if q.exitcode not in (None, 0)}, key=str)
         if dead:
@@ -300,8 +304,8 @@ def _executor(workers: int, initializer, initargs):
                                initargs=initargs)
 
 
-def _collect(futures: list, done: Callable[[int], None] | None) -> list[Any]:
-    """The futures' results in their order; ``done(i)`` as each finishes (a failed one raises at once)."""
+def _collect(futures: list, done: Callable[[int, Any], None] | None) -> list[Any]:
+    """The futures' results in their order; ``done(i, result)`` as each finishes (a failed one raises at once)."""
     from concurrent.futures import as_completed
     from concurrent.futures.process import BrokenProcessPool
 
@@ -309,8 +313,7 @@ def _collect(futures: list, done: Callable[[int], None] | None) -> list[Any]:
         if done is not None:
             index = {f: i for i, f in enumerate(futures)}
             for f in as_completed(futures):
-                f.result()
-                done(index[f])
+                done(index[f], f.result())
         return [f.result() for f in futures]
     except BrokenProcessPool:
         raise GemmdriftError(died("the pool broke")) from None

@@ -241,7 +241,7 @@ def sweep(lm, inputs: Mapping[tuple[int, str], np.ndarray], projs: Sequence[Proj
                leave=False)
     try:
         done = run_jobs(lm, _unit_job, [jobs[j] for j in order], check_workers(lm, workers, len(jobs)),
-                        done=lambda _: bar.update())
+                        done=lambda *_: bar.update())
     finally:
         bar.close()
     for j, frame in zip(order, done):

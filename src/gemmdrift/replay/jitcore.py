@@ -16,7 +16,7 @@ gives them the scalar pieces:
 numba is never given ``fastmath``: without it LLVM neither contracts ``a*b + c``
 into an FMA nor reorders a float sum, which is what makes these loops the
 recipes' order. Kernels are cached (``cache=True``) in ``NUMBA_CACHE_DIR``,
-which defaults to ``<gemmdrift cache>/numba`` (set here, before numba is
+which defaults to ``<gemmdrift cache>/numba`` (``numba-serial`` where :data:`THREADS` is off; set here, before numba is
 imported, unless the user set it), and each kernel's first compile in a process
 holds a lock in that directory (:func:`compile_once`): processes started
 together on an empty cache (test workers, side-by-side parts) compile a kernel
@@ -30,8 +30,14 @@ import os
 
 from ..files import cache_dir
 
+# The quantized tile loops spread their tiles over numba's threads (``prange``) only on a machine with more than two
+# cores: the threaded compile costs twice the serial one (their four kernels 65 s against 34 s on this project's
+# 2-core VM, where the side-by-side processes already keep both cores busy), and the warm run was no faster there
+# (3.2 s either way for a replay check of two projections). Threads change no bit (each tile on one thread).
+THREADS = (os.cpu_count() or 1) > 2
 if "NUMBA_CACHE_DIR" not in os.environ:  # must precede the first numba import to take effect
-    os.environ["NUMBA_CACHE_DIR"] = str(cache_dir() / "numba")
+    # numba's cache key does not hold the parallel flag: the two compiled forms live apart
+    os.environ["NUMBA_CACHE_DIR"] = str(cache_dir() / ("numba" if THREADS else "numba-serial"))
 
 import numpy as np  # noqa: E402
 from llvmlite import ir  # noqa: E402
@@ -234,4 +240,4 @@ def min_nonzero(a) -> float:
 
 
 __all__ = ["NB", "TINY", "ZERO", "DTYPE_CODE", "fma32", "bits32", "from_bits32", "fl", "rnd", "add_rounded",
-           "min_nonzero", "compile_once", "njit", "np", "prange", "to_bf16", "to_f16", "round_odd_sum"]
+           "min_nonzero", "compile_once", "THREADS", "njit", "np", "prange", "to_bf16", "to_f16", "round_odd_sum"]

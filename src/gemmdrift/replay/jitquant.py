@@ -13,7 +13,8 @@ Two reorderings of *independent* work, neither of which changes any output's
 own sequence of operations: rows t0..t0+TB of x run side by side inside each
 step (a weight row is read once per TB rows, from L1), and the tiles are
 spread over numba's threads (``prange``: a tile's outputs are computed by one
-thread; ``NUMBA_NUM_THREADS``, default the core count). Each tile loop is
+thread; ``NUMBA_NUM_THREADS``, default the core count; on a machine with more than two cores only,
+:data:`.jitcore.THREADS`). Each tile loop is
 compiled twice, with FTZ a literal (the flush tests fold away where off).
 """
 
@@ -25,7 +26,7 @@ from ..errors import GemmdriftError
 from . import quant as rq
 from .jit import mma_h1, mma_h2, lane_ladder, quant_tile, dense_tile
 from .jitcache import TileCache
-from .jitcore import (DTYPE_CODE, NB, ZERO, to_bf16, to_f16, add_rounded, compile_once, fl, fma32, njit, np,
+from .jitcore import (THREADS, DTYPE_CODE, NB, ZERO, to_bf16, to_f16, add_rounded, compile_once, fl, fma32, njit, np,
                              prange, rnd)
 
 DEQUANT = {"cpu": 0, "fma": 1, "mul-add": 2, "dtype": 3}
@@ -37,7 +38,7 @@ TB = 8  # rows of x per pass over a tile: each weight row read from L1 TB times,
 
 
 @compile_once
-@njit(cache=True, parallel=True)
+@njit(cache=True, parallel=THREADS)
 def k_prep(wq, scales, biases, bits, gs, mode, code, ftz, W, S, B):
     """Every tile of a weight, as the kernels read it: W[i] (K+1, NB) the transposed rows i*NB.. of the codes
     (mode -1) or of their dequantization (:func:`.jit._deq`), S[i], B[i] (G+1, NB) the scales and
@@ -50,7 +51,7 @@ def k_prep(wq, scales, biases, bits, gs, mode, code, ftz, W, S, B):
 
 
 @compile_once
-@njit(cache=True, parallel=True)
+@njit(cache=True, parallel=THREADS)
 def k_cpu_qmm(x, W, code, N, out):
     """rq.cpu_qmm_t's loop: ``sum = T(float32(sum + T(x*w)))``, k = 0..K-1 from 0, ``w = T(T(s*q)+b)`` (W, mode 0).
     Rows t0..t0+TB run side by side, k outermost: each row's own adds are in the same order."""
@@ -161,7 +162,7 @@ def _qmv_tile(x, qt, st, bt, n0, N, bits, gs, vpt, float_sums, code, contrib, si
 
 
 @compile_once
-@njit(cache=True, parallel=True)
+@njit(cache=True, parallel=THREADS)
 def k_qmv(x, W, S, B, N, bits, gs, vpt, float_sums, code, contrib, simd, ftz, out):
     """rq.metal_qmv on the code tiles W (mode -1): lane l of block b covers ``k = 32*vpt*b + vpt*l + [0, vpt)``;
     its ``accum`` (8-bit: each product; 4-bit: quads ``((p0+p1)+p2)+p3``) and x-sum make
@@ -226,7 +227,7 @@ def _wide_tile(x, W, i, N, gs, contract, ftz, r, out):
 
 
 @compile_once
-@njit(cache=True, parallel=True)
+@njit(cache=True, parallel=THREADS)
 def k_qmv_wide(x, W, N, gs, contract, ftz, out):
     """rq.metal_qmv_wide on W (mode 1, float32, FTZ as the call's): lane l takes groups l, l+8, ...; per 8-value
     sub-chunk ``acc = sum x*w`` from +0 (``fma(x, w, acc)`` or ``acc + RN(x*w)``), then ``r += acc``; then the
@@ -281,7 +282,7 @@ def _mma_tile(x, W, i, N, ranges, pstart, h2, ftz, acc, ks, out):
 
 
 @compile_once
-@njit(cache=True, parallel=True)
+@njit(cache=True, parallel=THREADS)
 def k_mma_q(x, W, N, ranges, pstart, h2, ftz, out):
     """replay.jit.k_mma on the dequantized tiles W (qmm_t, qmm_t_splitk): partition p chains its K ranges from
     +0, one MMA8 step per 8 products (H1 in order, H2 pairwise), a range's last step zero-padded (row K of

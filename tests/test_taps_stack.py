@@ -429,3 +429,49 @@ def test_side_by_side_runs_whole_parts_that_start_no_processes_of_their_own(tmp_
     assert list(out) == ["nested", "stack"] and out["nested"] == 1
     alone = measure_stack(lm, TOKENS[:24], ["prefill:24", "prefill:8"], workers=1, **kw)
     assert out["stack"].figures == alone.figures and out["stack"].tables["stack"].equals(alone.tables["stack"])
+
+
+def test_a_prefix_store_shares_the_prefix_bit_for_bit(tmp_path, capsys):
+    """measure_stack and attribute with a prefix store (what `gemmdrift run` gives its decode family and its
+    which-op part): the first computes the shared blocks and saves their caches, one file per dtype (the ladder's
+    float32 rung its own); the next reads them instead. Every table is the one computed without a store, past the
+    tiny model's window of 8 (the RotatingKVCache's ring is in the file), where the pair drifts. Other tokens get
+    another file; a damaged file is computed again and rewritten."""
+    from gemmdrift.attribution.attribute import attribute
+    from gemmdrift.model.taps import _load_prefix
+
+    lm = make_tiny("bfloat16")
+    schedules = ["prefill:10,decode", "prefill:10,verify:2"]
+    kw = dict(split=10, positions=range(10, 30), ladder=True)
+    plain = measure_stack(lm, TOKENS[:30], schedules, **kw)
+    t = plain.tables["stack"]
+    assert t[t["metric"] == "rel_l2"]["value"].max() > 0  # past the window: the pair drifts
+    store = tmp_path / "store"
+    first = measure_stack(lm, TOKENS[:30], schedules, prefix_store=store, **kw)
+    files = sorted(store.glob("*.safetensors"))
+    assert len(files) == 2 and "read from the run's store" not in capsys.readouterr().err
+    second = measure_stack(lm, TOKENS[:30], schedules, prefix_store=store, **kw)
+    assert capsys.readouterr().err.count("read from the run's store") == 2
+    for r in (first, second):
+        for name in ("stack", "envelope", "ladder"):
+            assert r.tables[name].equals(plain.tables[name]), name
+        assert r.figures == plain.figures
+    # The which-op part reads the bfloat16 file the stack saved.
+    alone = attribute(lm, TOKENS[:30], schedules, split=10, counterfactual=("each",), ops=("sdpa",))
+    shared = attribute(lm, TOKENS[:30], schedules, split=10, counterfactual=("each",), ops=("sdpa",),
+                       prefix_store=str(store))
+    assert sorted(store.glob("*.safetensors")) == files
+    assert shared.tables["local"].equals(alone.tables["local"]) and shared.figures == alone.figures
+    assert shared.tables["counterfactual"].equals(alone.tables["counterfactual"])
+    # Other tokens: another key, another file.
+    other = list(TOKENS[1:31])
+    measure_stack(lm, other, schedules, prefix_store=store, split=10, local=False)
+    assert len(list(store.glob("*.safetensors"))) == 3
+    # A damaged file: computed again, the same tables, the file rewritten whole.
+    for f in files:
+        f.write_bytes(f.read_bytes()[:200])
+    capsys.readouterr()
+    third = measure_stack(lm, TOKENS[:30], schedules, prefix_store=store, **kw)
+    assert "read from the run's store" not in capsys.readouterr().err
+    assert third.tables["stack"].equals(plain.tables["stack"])
+    assert all(_load_prefix(f, lm.model) is not None for f in files)

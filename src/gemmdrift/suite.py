@@ -73,13 +73,15 @@ def stream(lm, n: int) -> list[int]:
     return builtin_stream(lm, n)
 
 
-def decode_family(lm, sizes: Sizes, checkpoint: Path | None = None, env: dict[str, Any] | None = None):
-    """Decode (T=1) vs verify:2 and verify:3 after the same prefill, with local drift and the ladder (a Result)."""
+def decode_family(lm, sizes: Sizes, checkpoint: Path | None = None, env: dict[str, Any] | None = None,
+                  prefix_store: Path | None = None):
+    """Decode (T=1) vs verify:2 and verify:3 after the same prefill, with local drift and the ladder (a Result).
+    ``prefix_store``: where the run's parts share their prefixes (the which-op part reads this one's)."""
     from .measure.stack import measure_stack
 
     tokens = stream(lm, sizes.tokens)
     return measure_stack(lm, tokens, DECODE_FAMILY, split=sizes.split, ladder=sizes.ladder, checkpoint=checkpoint,
-                         env=env)
+                         env=env, prefix_store=prefix_store)
 
 
 def prefill_family(lm, sizes: Sizes, checkpoint: Path | None = None, env: dict[str, Any] | None = None):
@@ -214,11 +216,14 @@ def _done(out: Path, key: str) -> bool:
 
 RUN_RECORD = "run.json"
 # On a CPU with two cores every part runs whole in a process of its own, two at a time (side_by_side), longest first
-# (measured alone in one process on this 2-core VM, 2026-12-03: the decode family's two rungs ~250 s, the
-# attribution's six tapped runs ~130 s, the prefill chunks' two runs ~90 s, the divergence probe's two streams,
-# the kernel probe, the prediction, the state sweep): the two cores stay busy to the end, where the job's phases
+# (measured beside one another on this 2-core VM, 2026-12-03: the decode family's two rungs 305 s, the
+# attribution's six tapped runs 168 s, the prefill chunks' two runs 101 s, the divergence probe's two streams 98 s,
+# the kernel probe 77 s, the prediction 62 s, the state sweep 28 s): the two cores stay busy to the end, where the job's phases
 # one after another left one idle for a part's slowest half (the float32 rung ran on alone for ~40 s).
-BESIDE = ("stack-decode", "attribute", "stack-prefill", "diverge", "kernels", "predict", "state")
+# The which-op part starts third: by then the decode family has saved the 500-token prefix both compute
+# (PREFIX_STORE), which it reads instead of computing it again (~35 s of one core here).
+BESIDE = ("stack-decode", "stack-prefill", "attribute", "diverge", "kernels", "predict", "state")
+PREFIX_STORE = ".prefix"  # in the run directory: the shared prefixes' caches (model/taps.py prefix_file)
 
 
 def check_resume(out: str | Path, inputs: dict[str, Any]) -> None:
@@ -284,8 +289,11 @@ def main_job(out: str | Path = "results/run", sizes: str | None = None, model: s
     files.write_json(out / "env.json", env)
     files.write_json(out / RUN_RECORD, run_inputs)
 
+    # The decode family's 500-token bfloat16 prefix is the which-op part's too: computed once, shared through here.
+    prefix_store = out / PREFIX_STORE
     parts = [
-        ("stack-decode", "decode vs verify:2 / verify:3", lambda d: decode_family(lm, s, d / "checkpoint", env)),
+        ("stack-decode", "decode vs verify:2 / verify:3",
+         lambda d: decode_family(lm, s, d / "checkpoint", env, prefix_store)),
         ("stack-prefill", "prefill 2048 vs 512", lambda d: prefill_family(lm, s, d / "checkpoint", env)),
         ("kernels", "GEMV vs GEMM per projection", lambda d: kernel_probe(lm, s, d / "checkpoint", env)),
         ("diverge", "mlx-lm generate vs speculative generate", lambda d: divergence_probe(lm, s, env)),
@@ -293,7 +301,7 @@ def main_job(out: str | Path = "results/run", sizes: str | None = None, model: s
         ("predict", "predicted GPU drift (replay: M1, M3, CUDA gemv)",
          lambda d: predict_part(lm, name, d / "checkpoint", env, calibration)),
         ("attribute", "which op: local drift per op, the counterfactual per op class",
-         lambda d: attribute_part(lm, name, d / "checkpoint", env)),
+         lambda d: attribute_part(lm, name, d / "checkpoint", env, prefix_store)),
     ]
     from .attribution.attribute import PART_SIZES as ATTRIBUTE_SIZES, attribute_part
     from .replay.predict import SIZES as PREDICT_SIZES
@@ -325,7 +333,8 @@ def main_job(out: str | Path = "results/run", sizes: str | None = None, model: s
         _mark(d, keys[part], time.perf_counter() - t0)
     if beside:
         # Each part computes on one core: side by side (a process each, as they finish each is kept) no core idles.
-        jobs = {"stack-decode": (decode_family, dict(sizes=s, checkpoint=out / "stack-decode" / "checkpoint", env=env)),
+        jobs = {"stack-decode": (decode_family, dict(sizes=s, checkpoint=out / "stack-decode" / "checkpoint", env=env,
+                                                     prefix_store=prefix_store)),
                 "stack-prefill": (prefill_family, dict(sizes=s, checkpoint=out / "stack-prefill" / "checkpoint",
                                                        env=env)),
                 "kernels": (kernel_probe, dict(sizes=s, checkpoint=out / "kernels" / "checkpoint", env=env)),
@@ -333,7 +342,8 @@ def main_job(out: str | Path = "results/run", sizes: str | None = None, model: s
                 "predict": (predict_part, dict(name=name, checkpoint=out / "predict" / "checkpoint", env=env,
                                                calibration=calibration)),
                 "state": (state.short_sweep, dict(size=name)),
-                "attribute": (attribute_part, dict(name=name, checkpoint=out / "attribute" / "checkpoint", env=env))}
+                "attribute": (attribute_part, dict(name=name, checkpoint=out / "attribute" / "checkpoint", env=env,
+                                                   prefix_store=prefix_store))}
         print(f"gemmdrift run: {', '.join(heads[p] for p in beside)}: side by side, a process each",
               file=sys.stderr, flush=True)
 

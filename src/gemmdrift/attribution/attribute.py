@@ -121,7 +121,8 @@ def attribute(lm, tokens: Sequence[int], schedules: Sequence[str], *, split: int
               positions: Sequence[int] | None = None, ops: Sequence[str] | None = None,
               counterfactual: Sequence[str] = DIRECTIONS, kernels: str | None = None,
               perturb: Mapping[tuple[int, str], Callable] | None = None, checkpoint: str | None = None,
-              env: dict[str, Any] | None = None, record: dict[str, Any] | None = None) -> Result:
+              env: dict[str, Any] | None = None, record: dict[str, Any] | None = None,
+              prefix_store: str | None = None) -> Result:
     """Attribute the drift between two schedules to ops, layers and op classes.
 
     Args:
@@ -136,6 +137,8 @@ def attribute(lm, tokens: Sequence[int], schedules: Sequence[str], *, split: int
         perturb: ``(layer, op) -> f(output, args) -> output`` under schedule B only (planted changes, controls);
             such a run is not checkpointed.
         checkpoint: a directory: every finished part is saved there and a repeated call resumes from it.
+        prefix_store: a directory where measurements of one run share their prefixes (as ``stack``'s:
+            :func:`gemmdrift.measure.stack.measure_stack`).
 
     Returns:
         An ``attribute`` :class:`Result`: tables ``local`` (layer x op x position), ``ops`` (per layer and op),
@@ -173,7 +176,10 @@ def attribute(lm, tokens: Sequence[int], schedules: Sequence[str], *, split: int
     runs: dict[str, Any] = {}
     with kopt.installed(lm):
         with native_kernels.shared_prefix(lm.model) as log:
-            prefix = common_prefix(lm.model, toks, [a, b], split, int(positions[0]))
+            native = log is None or log.prefix_native  # a replayed prefix is never stored nor read
+            store = ((prefix_store, lm.description, lm.description.dtype) if prefix_store is not None and native
+                     else None)
+            prefix = common_prefix(lm.model, toks, [a, b], split, int(positions[0]), store=store)
         native_kernels.say_prefix(log, prefix, "both schedules")
 
         def reference():
@@ -305,7 +311,8 @@ PART_SIZES = {"cpu": dict(tokens=560, split=500, ops=PART_OPS), "gpu": dict(toke
               "quick": dict(tokens=40, split=32, ops=("sdpa", "q_proj"))}
 
 
-def attribute_part(lm, name: str, checkpoint=None, env: dict[str, Any] | None = None) -> Result:
+def attribute_part(lm, name: str, checkpoint=None, env: dict[str, Any] | None = None,
+                   prefix_store: str | None = None) -> Result:
     """The ``attribute`` part of the main job at sizes ``name`` (cpu, gpu, quick): decode vs verify:2."""
     from .. import defaults
     from ..prompts import builtin_stream
@@ -313,7 +320,8 @@ def attribute_part(lm, name: str, checkpoint=None, env: dict[str, Any] | None = 
     s = PART_SIZES[name]
     return attribute(lm, builtin_stream(lm, s["tokens"]), list(defaults.STACK_SCHEDULES[:2]), split=s["split"],
                      ops=s["ops"], counterfactual=("each",), checkpoint=str(checkpoint) if checkpoint else None,
-                     env=env, record={"prompt": "built-in text 'essay'", "sizes": name})
+                     env=env, record={"prompt": "built-in text 'essay'", "sizes": name},
+                     prefix_store=str(prefix_store) if prefix_store is not None else None)
 
 
 def taps_overhead(lm, tokens: Sequence[int], schedules: Sequence[str], split: int) -> dict[str, float]:

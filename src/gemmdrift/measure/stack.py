@@ -225,7 +225,7 @@ def _taps_job(lm, *, tokens: list[int], schedule: str, mode: str, split, positio
 
 def _rung_runs(lm, *, dtype: str, tokens: list[int], schedules: list[str], split, positions, logit_positions,
                local: bool, share_prefix: bool, checkpoint: str | None, keep: bool,
-               runs: dict[str, Taps] | None = None) -> dict[str, Any]:
+               runs: dict[str, Taps] | None = None, prefix_store: str | None = None) -> dict[str, Any]:
     """Every run of one rung of :func:`measure_stack` (the model's dtype, or float32 for the ladder) and their
     comparisons; the model is back in its dtype afterwards. A module-level function: the rungs may run in
     separate processes (:mod:`gemmdrift.workers`). ``runs``: accumulated runs already made (by
@@ -254,10 +254,15 @@ def _rung_runs(lm, *, dtype: str, tokens: list[int], schedules: list[str], split
         # Blocks every schedule shares before the first compared position run once.
         limit = int(min(positions[0], logit_positions[0] if logit_positions.size else positions[0]))
         with native_kernels.shared_prefix(lm.model) as replay:  # replayed kernels: the prefix natively, once
-            prefix = common_prefix(lm.model, tokens, [s.text for s in parsed], split, limit) if share_prefix else None
+            # a prefix replayed too (--replay-prefix) is not this machine's: never stored nor read
+            native = replay is None or replay.prefix_native
+            store = (prefix_store, lm.description, dtype) if prefix_store is not None and native else None
+            prefix = (common_prefix(lm.model, tokens, [s.text for s in parsed], split, limit, store=store)
+                      if share_prefix else None)
         native_kernels.say_prefix(replay, prefix, "every schedule")
         if prefix is not None:
-            print(f"  shared prefix: {prefix.length} tokens in {len(prefix.blocks)} passes  {prefix.seconds:7.1f} s",
+            how = "read from the run's store" if prefix.loaded else f"{prefix.seconds:7.1f} s"
+            print(f"  shared prefix: {prefix.length} tokens in {len(prefix.blocks)} passes  {how}",
                   file=sys.stderr, flush=True)
         ref_positions = np.arange(prefix.length if prefix else 0, n) if (local and dtype == base) else positions
         runs = runs or {}
@@ -310,6 +315,7 @@ def measure_stack(
     env: dict[str, Any] | None = None,
     record: dict[str, Any] | None = None,
     workers: int | None = None,
+    prefix_store: str | Path | None = None,
 ) -> Result:
     """Compare every schedule with the first one over the same tokens.
 
@@ -330,6 +336,9 @@ def measure_stack(
             repeated call loads them instead of running again (resume).
         env: the environment record (default: :func:`gemmdrift.machine.envinfo.environment`).
         record: more inputs to record (e.g. the prompt's label).
+        prefix_store: a directory where measurements of one run share their prefixes (the shared blocks'
+            caches, keyed by model, dtype, tokens and versions: :func:`gemmdrift.model.taps.prefix_file`): read
+            from it when there, saved to it when computed. The figures are the same either way.
         workers: processes for the rungs of the ladder (the model's dtype and float32 run side by side, each
             in its own process; :mod:`gemmdrift.workers`), or, without the ladder and local drift, for the runs
             when the schedules share no leading block. Default: 2 on a multi-core CPU.
@@ -374,7 +383,8 @@ def measure_stack(
         raise GemmdriftError("the ladder with replayed kernels: the float32 rung runs another model copy, not replayed")
     jobs = [dict(dtype=d, tokens=[int(t) for t in tokens], schedules=[p.text for p in parsed], split=split,
                  positions=positions, logit_positions=logit_positions, local=local, share_prefix=share_prefix,
-                 checkpoint=str(checkpoint) if checkpoint is not None else None, keep=keep_taps is not None)
+                 checkpoint=str(checkpoint) if checkpoint is not None else None, keep=keep_taps is not None,
+                 prefix_store=str(prefix_store) if prefix_store is not None else None)
             for d in dtypes]
     limit = int(min(positions[0], logit_positions[0] if logit_positions.size else positions[0]))
     if len(jobs) == 1 and not local and not (share_prefix and shared_blocks(n, jobs[0]["schedules"], split, limit)):

@@ -323,6 +323,7 @@ class Prefix:
     blocks: list
     cache: list
     seconds: float
+    loaded: bool = False  # read from a prefix store (:func:`common_prefix`), not computed here
 
 
 def shared_blocks(n: int, schedules: Sequence[Schedule | str], split: int | None, limit: int) -> list:
@@ -337,12 +338,15 @@ def shared_blocks(n: int, schedules: Sequence[Schedule | str], split: int | None
 
 
 def common_prefix(model, tokens: Sequence[int], schedules: Sequence[Schedule | str], split: int | None,
-                  limit: int, reuse: Prefix | None = None) -> Prefix | None:
+                  limit: int, reuse: Prefix | None = None, store: Any = None) -> Prefix | None:
     """Run the blocks every schedule shares (from the start, up to ``limit`` tokens) once.
 
     Returns None when the schedules share no leading block below ``limit``. ``reuse``: a prefix computed
     earlier over the same leading tokens (the caller's word: tokens are not stored); returned as it is when
-    its blocks are exactly the shared ones, else the prefix is computed.
+    its blocks are exactly the shared ones, else the prefix is computed. ``store``: ``(directory, description,
+    dtype)``, where measurements of one run share their prefixes (:func:`prefix_file`): a prefix saved there
+    under the same key is read instead of computed (bit for bit the caches it was saved from), and one computed
+    here is saved (atomically) for the next.
     """
     import mlx.core as mx
     from mlx_lm.models.cache import make_prompt_cache
@@ -352,6 +356,11 @@ def common_prefix(model, tokens: Sequence[int], schedules: Sequence[Schedule | s
         return None
     if reuse is not None and reuse.blocks == shared:
         return reuse
+    path = prefix_file(*store, tokens, shared) if store is not None else None
+    if path is not None and path.is_file():
+        loaded = _load_prefix(path, model)
+        if loaded is not None:
+            return Prefix(shared[-1][1], shared, loaded, 0.0, loaded=True)
     cache = make_prompt_cache(model)
     token_array = mx.array(np.asarray(tokens, dtype=np.uint32))
     t0 = time.perf_counter()
@@ -359,7 +368,61 @@ def common_prefix(model, tokens: Sequence[int], schedules: Sequence[Schedule | s
         model(token_array[start:stop][None], cache=cache)
         # Only the cache state is needed: the lazily built logits are never evaluated.
         mx.eval([c.state for c in cache if c is not None])
-    return Prefix(shared[-1][1], shared, cache, time.perf_counter() - t0)
+    prefix = Prefix(shared[-1][1], shared, cache, time.perf_counter() - t0)
+    if path is not None:
+        _save_prefix(path, cache)
+    return prefix
+
+
+def prefix_file(directory, description, dtype: str, tokens: Sequence[int], blocks: list):
+    """Where a prefix store keeps the caches after ``blocks`` of ``tokens``: keyed by the model, the dtype it
+    computes in (the ladder's float32 rung computes the same model in float32), the tokens of those blocks, the
+    blocks, the mlx and mlx-lm versions and where it computes (:func:`gemmdrift.model.resume_key`)."""
+    from pathlib import Path
+
+    from . import resume_key
+
+    n = blocks[-1][1]
+    key = resume_key(description, "prefix", dtype, [int(t) for t in tokens[:n]], [list(b) for b in blocks])
+    return Path(directory) / f"{key}.safetensors"
+
+
+def _stock(cache) -> bool:
+    """Every entry one of mlx-lm's own cache classes (a plug-in's caches are not stored: load_prompt_cache could
+    not rebuild them)."""
+    return all(c is not None and type(c).__module__ == "mlx_lm.models.cache" for c in cache)
+
+
+def _save_prefix(path, cache) -> None:
+    import os
+
+    from mlx_lm.models.cache import save_prompt_cache
+
+    if not _stock(cache):
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp.safetensors")
+    try:
+        save_prompt_cache(str(tmp), cache)
+        os.replace(tmp, path)
+    except OSError:  # a store that cannot be written costs the next measurement a prefix, nothing more
+        tmp.unlink(missing_ok=True)
+
+
+def _load_prefix(path, model):
+    """The caches saved at ``path``, or None (the file removed) when it is unreadable or not the caches this
+    model makes (another layout, class or layer count)."""
+    from mlx_lm.models.cache import load_prompt_cache, make_prompt_cache
+
+    try:
+        cache = load_prompt_cache(str(path))
+        fresh = make_prompt_cache(model)
+        if [type(c) for c in cache] != [type(c) for c in fresh] or not _stock(fresh):
+            raise ValueError("another cache layout")
+        return cache
+    except Exception:  # noqa: BLE001 -- a damaged store file is recomputed, never trusted
+        path.unlink(missing_ok=True)
+        return None
 
 
 def run_schedule(

@@ -122,6 +122,7 @@ def test_run_quick_writes_the_report_and_resumes(tmp_path):
     parts = ("stack-decode", "stack-prefill", "kernels", "diverge", "state", "predict", "attribute")
     for part in parts:
         assert (out / part / "done.json").exists()
+    assert not (out / ".prefix").exists()  # the shared prefixes, kept until every part is done
     assert "## 5. Cache state exactness" in report
     assert "Predicted GPU drift (replay)" in report and "not a measurement" in report
     assert "Which op: local drift per op and layer" in report and "gemmdrift attribute --model embedded" in report

@@ -352,4 +352,8 @@ def main_job(out: str | Path = "results/run", sizes: str | None = None, model: s
             _mark(out / part, keys[part], seconds)
 
         side_by_side(lm, {p: jobs[p] for p in beside}, done=keep)
+    # Every part is done: the prefixes were kept for a resume only (27 MB on the cpu sizes)
+    import shutil
+
+    shutil.rmtree(prefix_store, ignore_errors=True)
     return report.build_report(out)

@@ -181,6 +181,8 @@ def attribute(lm, tokens: Sequence[int], schedules: Sequence[str], *, split: int
                      else None)
             prefix = common_prefix(lm.model, toks, [a, b], split, int(positions[0]), store=store)
         native_kernels.say_prefix(log, prefix, "both schedules")
+        if prefix is not None and prefix.loaded:
+            _say(f"shared prefix: {prefix.length} tokens, read from the run's store")
 
         def reference():
             if "ref" not in runs:

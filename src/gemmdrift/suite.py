@@ -215,13 +215,13 @@ def _done(out: Path, key: str) -> bool:
 
 
 RUN_RECORD = "run.json"
-# On a CPU with two cores every part runs whole in a process of its own, two at a time (side_by_side), longest first
-# (measured beside one another on this 2-core VM, 2026-12-03: the decode family's two rungs 305 s, the
-# attribution's six tapped runs 168 s, the prefill chunks' two runs 101 s, the divergence probe's two streams 98 s,
-# the kernel probe 77 s, the prediction 62 s, the state sweep 28 s): the two cores stay busy to the end, where the job's phases
-# one after another left one idle for a part's slowest half (the float32 rung ran on alone for ~40 s).
-# The which-op part starts third: by then the decode family has saved the 500-token prefix both compute
-# (PREFIX_STORE), which it reads instead of computing it again (~35 s of one core here).
+# On a CPU with two cores every part runs whole in a process of its own, two at a time (side_by_side), longest
+# first (beside one another on this 2-core VM, 2026-12-03: the decode family's two rungs 294-305 s, the prefill
+# chunks' two runs 95-108 s, the attribution's six tapped runs 126-128 s with the shared prefix (168 s without),
+# the divergence probe's two streams 98-106 s, the kernel probe 79 s, the prediction 63-68 s, the state sweep 30 s):
+# the two cores stay busy to the end, where the job's phases one after another left one idle for a part's slowest
+# half (the float32 rung ran on alone for ~40 s). The which-op part starts third: by then the decode family has
+# saved the 500-token prefix both compute (PREFIX_STORE), which it reads instead of computing it again.
 BESIDE = ("stack-decode", "stack-prefill", "attribute", "diverge", "kernels", "predict", "state")
 PREFIX_STORE = ".prefix"  # in the run directory: the shared prefixes' caches (model/taps.py prefix_file)
 

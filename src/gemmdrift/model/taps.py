@@ -410,19 +410,19 @@ def _save_prefix(path, cache) -> None:
 
 
 def _load_prefix(path, model):
-    """The caches saved at ``path``, or None (the file removed) when it is unreadable or not the caches this
+    """The caches saved at ``path``, or None: when it is unreadable (the file removed) or not the caches this
     model makes (another layout, class or layer count)."""
     from mlx_lm.models.cache import load_prompt_cache, make_prompt_cache
 
     try:
         cache = load_prompt_cache(str(path))
-        fresh = make_prompt_cache(model)
-        if [type(c) for c in cache] != [type(c) for c in fresh] or not _stock(fresh):
-            raise ValueError("another cache layout")
-        return cache
     except Exception:  # noqa: BLE001 -- a damaged store file is recomputed, never trusted
         path.unlink(missing_ok=True)
         return None
+    fresh = make_prompt_cache(model)
+    if [type(c) for c in cache] != [type(c) for c in fresh] or not _stock(fresh):
+        return None  # not the caches this model makes here (a plug-in's): computed, the file left as it is
+    return cache
 
 
 def run_schedule(

@@ -16,8 +16,9 @@ gives them the scalar pieces:
 numba is never given ``fastmath``: without it LLVM neither contracts ``a*b + c``
 into an FMA nor reorders a float sum, which is what makes these loops the
 recipes' order. Kernels are cached (``cache=True``) in ``NUMBA_CACHE_DIR``,
-which defaults to ``<gemmdrift cache>/numba`` (``numba-serial`` where :data:`THREADS` is off; set here, before numba is
-imported, unless the user set it), and each kernel's first compile in a process
+which defaults to ``<gemmdrift cache>/numba`` (``numba-serial`` where
+:data:`THREADS` is off; set here, before numba is imported, unless the user
+set it), and each kernel's first compile in a process
 holds a lock in that directory (:func:`compile_once`): processes started
 together on an empty cache (test workers, side-by-side parts) compile a kernel
 once, the others load it from the cache.

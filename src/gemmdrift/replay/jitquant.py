@@ -13,9 +13,9 @@ Two reorderings of *independent* work, neither of which changes any output's
 own sequence of operations: rows t0..t0+TB of x run side by side inside each
 step (a weight row is read once per TB rows, from L1), and the tiles are
 spread over numba's threads (``prange``: a tile's outputs are computed by one
-thread; ``NUMBA_NUM_THREADS``, default the core count; on a machine with more than two cores only,
-:data:`.jitcore.THREADS`). Each tile loop is
-compiled twice, with FTZ a literal (the flush tests fold away where off).
+thread; ``NUMBA_NUM_THREADS``, default the core count; only on a machine with
+more than two cores, :data:`.jitcore.THREADS`). Each tile loop is compiled
+twice, with FTZ a literal (the flush tests fold away where off).
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ from ..errors import GemmdriftError
 from . import quant as rq
 from .jit import mma_h1, mma_h2, lane_ladder, quant_tile, dense_tile
 from .jitcache import TileCache
-from .jitcore import (THREADS, DTYPE_CODE, NB, ZERO, to_bf16, to_f16, add_rounded, compile_once, fl, fma32, njit, np,
-                             prange, rnd)
+from .jitcore import (THREADS, DTYPE_CODE, NB, ZERO, to_bf16, to_f16, add_rounded, compile_once, fl, fma32, njit,
+                      np, prange, rnd)
 
 DEQUANT = {"cpu": 0, "fma": 1, "mul-add": 2, "dtype": 3}
 CONTRIB = {name: i for i, name in enumerate(rq.CONTRIB)}  # fma, fma-bias, mul-add

@@ -289,38 +289,44 @@ def main_job(out: str | Path = "results/run", sizes: str | None = None, model: s
     files.write_json(out / "env.json", env)
     files.write_json(out / RUN_RECORD, run_inputs)
 
-    # The decode family's 500-token bfloat16 prefix is the which-op part's too: computed once, shared through here.
-    prefix_store = out / PREFIX_STORE
-    parts = [
-        ("stack-decode", "decode vs verify:2 / verify:3",
-         lambda d: decode_family(lm, s, d / "checkpoint", env, prefix_store)),
-        ("stack-prefill", "prefill 2048 vs 512", lambda d: prefill_family(lm, s, d / "checkpoint", env)),
-        ("kernels", "GEMV vs GEMM per projection", lambda d: kernel_probe(lm, s, d / "checkpoint", env)),
-        ("diverge", "mlx-lm generate vs speculative generate", lambda d: divergence_probe(lm, s, env)),
-        ("state", "cache state exactness (short sweep)", lambda d: state.short_sweep(lm, name)),
-        ("predict", "predicted GPU drift (replay: M1, M3, CUDA gemv)",
-         lambda d: predict_part(lm, name, d / "checkpoint", env, calibration)),
-        ("attribute", "which op: local drift per op, the counterfactual per op class",
-         lambda d: attribute_part(lm, name, d / "checkpoint", env, prefix_store)),
-    ]
     from .attribution.attribute import PART_SIZES as ATTRIBUTE_SIZES, attribute_part
     from .replay.predict import SIZES as PREDICT_SIZES
 
     calibration = tuple(str(c) for c in calibration)
+    # The decode family's 500-token bfloat16 prefix is the which-op part's too: computed once, shared through here.
+    prefix_store = out / PREFIX_STORE
+
+    def ck(part: str) -> Path:
+        return out / part / "checkpoint"
+
+    # (part, title, function, arguments): each part is function(lm, **arguments), here or in a process of its own.
+    parts = [
+        ("stack-decode", "decode vs verify:2 / verify:3", decode_family,
+         dict(sizes=s, checkpoint=ck("stack-decode"), env=env, prefix_store=prefix_store)),
+        ("stack-prefill", "prefill 2048 vs 512", prefill_family,
+         dict(sizes=s, checkpoint=ck("stack-prefill"), env=env)),
+        ("kernels", "GEMV vs GEMM per projection", kernel_probe, dict(sizes=s, checkpoint=ck("kernels"), env=env)),
+        ("diverge", "mlx-lm generate vs speculative generate", divergence_probe, dict(sizes=s, env=env)),
+        ("state", "cache state exactness (short sweep)", state.short_sweep, dict(size=name)),
+        ("predict", "predicted GPU drift (replay: M1, M3, CUDA gemv)", predict_part,
+         dict(name=name, checkpoint=ck("predict"), env=env, calibration=calibration)),
+        ("attribute", "which op: local drift per op, the counterfactual per op class", attribute_part,
+         dict(name=name, checkpoint=ck("attribute"), env=env, prefix_store=prefix_store)),
+    ]
     from .replay.calib import registry_files
 
     # its own sizes, beside the job's; a calibration (given or in the registry) changes what it replays
     cal_key = [Path(f).read_text(encoding="utf-8") for f in [*calibration, *map(str, registry_files())]]
     more = {"predict": [asdict(PREDICT_SIZES[name]), *([cal_key] if cal_key else [])],
             "attribute": [ATTRIBUTE_SIZES[name]]}  # its own sizes
-    keys = {part: _key(part, lm, s, *more.get(part, [])) for part, _, _ in parts}
-    heads = {part: f"[{i}/{len(parts)}] {title}" for i, (part, title, _) in enumerate(parts, 1)}
+    keys = {part: _key(part, lm, s, *more.get(part, [])) for part, *_ in parts}
+    heads = {part: f"[{i}/{len(parts)}] {title}" for i, (part, title, *_) in enumerate(parts, 1)}
     beside = [p for p in BESIDE if not _done(out / p, keys[p])]
     from .workers import default_workers
 
     if len(beside) < 2 or default_workers(lm, 2) < 2:
         beside = []  # one at a time, in order (a GPU, one core, a model that cannot be loaded again)
-    for i, (part, title, measure) in enumerate(parts, 1):
+    for part, _, measure, kwargs in parts:
         d = out / part
         if part in beside:
             continue  # computed side by side below
@@ -329,21 +335,11 @@ def main_job(out: str | Path = "results/run", sizes: str | None = None, model: s
             continue
         print(f"gemmdrift run: {heads[part]}", file=sys.stderr, flush=True)
         t0 = time.perf_counter()
-        store.write_result(measure(d), d)
+        store.write_result(measure(lm, **kwargs), d)
         _mark(d, keys[part], time.perf_counter() - t0)
     if beside:
         # Each part computes on one core: side by side (a process each, as they finish each is kept) no core idles.
-        jobs = {"stack-decode": (decode_family, dict(sizes=s, checkpoint=out / "stack-decode" / "checkpoint", env=env,
-                                                     prefix_store=prefix_store)),
-                "stack-prefill": (prefill_family, dict(sizes=s, checkpoint=out / "stack-prefill" / "checkpoint",
-                                                       env=env)),
-                "kernels": (kernel_probe, dict(sizes=s, checkpoint=out / "kernels" / "checkpoint", env=env)),
-                "diverge": (divergence_probe, dict(sizes=s, env=env)),
-                "predict": (predict_part, dict(name=name, checkpoint=out / "predict" / "checkpoint", env=env,
-                                               calibration=calibration)),
-                "state": (state.short_sweep, dict(size=name)),
-                "attribute": (attribute_part, dict(name=name, checkpoint=out / "attribute" / "checkpoint", env=env,
-                                                   prefix_store=prefix_store))}
+        jobs = {part: (measure, kwargs) for part, _, measure, kwargs in parts}
         print(f"gemmdrift run: {', '.join(heads[p] for p in beside)}: side by side, a process each",
               file=sys.stderr, flush=True)
 

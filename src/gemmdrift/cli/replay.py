@@ -49,8 +49,9 @@ def add_parser(sub) -> None:
     s.add_argument("--no-order-rows", dest="order_rows", action="store_false",
                    help="skip the order rows (default: checked beside the captured rows, reported apart: per kernel "
                         "and open axis the chip dispatches on --paths, one small seeded call built so every two "
-                        "values of the axis give different bits; the calibration takes the value they decide "
-                        "where the captured rows cannot tell the values apart; docs/replay.md)")
+                        "values of the axis give different bits, quantized paths in --dtype; the calibration takes "
+                        "the value they decide where the captured rows cannot tell the values apart; kept in the "
+                        "checkpoint like the captured rows; docs/replay.md)")
     s.add_argument("--out", default="results/replay-check",
                    help="output directory (default results/replay-check; an interrupted run resumes from its checkpoint)")
     s.add_argument("--json", action="store_true",

@@ -123,13 +123,14 @@ def check_replay(lm, inputs: Mapping[tuple[int, str], np.ndarray], projs: Sequen
         variants: ``all`` (every variant of each recipe) or one variant text.
         head_rows: check only the first rows of the LM head (default: all of it).
         mlx_version: the release whose recipes are replayed (default: the installed one).
-        checkpoint: a directory where each finished (projection, path) unit is kept, so an interrupted run
-            resumes (a directory of another configuration is refused).
+        checkpoint: a directory where each finished (projection, path) unit and each finished order case is
+            kept, so an interrupted run resumes (a directory of another configuration is refused).
         device: the "real" kernels, ``fn(operands, x) -> y`` (default: mlx's, ``operands.real``); a planted
             device (:func:`planted_device`) tests the check and the calibration here.
         order_rows: also check the order rows (:mod:`gemmdrift.replay.orderrows`: one seeded case per kernel and
             open axis the chip dispatches on ``paths``, on which every two values of the axis give different
-            bits), reported apart from the captured rows (table ``order_rows``, ``details["order_records"]``).
+            bits; quantized paths in the model's dtype), reported apart from the captured rows (table
+            ``order_rows``, ``details["order_records"]``).
     """
     import pandas as pd
 
@@ -206,8 +207,10 @@ def check_replay(lm, inputs: Mapping[tuple[int, str], np.ndarray], projs: Sequen
                              f"{len(var_list)} variant(s), nearest {best:g} ulp")
             if unit is not None:
                 files.write_csv(unit, pd.DataFrame(rows[first:]))
-    order_table, order_records = (_check_order_rows(chip, version, specs, variants, device, progress) if order_rows
-                                  else (None, []))
+    compute = str(getattr(lm.description, "dtype", None) or "bfloat16")  # the quantized paths' dtype
+    order_table, order_records = (_check_order_rows(chip, version, specs, compute, variants, device, progress,
+                                                    None if ckpt is None else ckpt / "order")
+                                  if order_rows else (None, []))
     table = pd.DataFrame(rows)
     records = summarize(table)
     tidy_rows = [{"pair": r["path"], "T": r["T"], "layer": r["layer"], "metric": "max_ulp", "value": r["max_ulp"],
@@ -233,45 +236,86 @@ def check_replay(lm, inputs: Mapping[tuple[int, str], np.ndarray], projs: Sequen
                   tables=tables, details=_jsonable(details))
 
 
-def _check_order_rows(chip: Any, version: str, specs, variants: str, device, progress):
+def _check_order_rows(chip: Any, version: str, specs, compute: str, variants: str, device, progress,
+                      ckpt: Path | None = None):
     """The order rows' table (one row per case and variant) and records (one per case: the identical variants
-    and the axis value they decide, or None)."""
+    and the axis value they decide, or None). Quantized paths run in ``compute`` (the model's dtype, as the
+    captured rows do). With ``ckpt``, each finished case is kept there (one JSON file, written atomically) and
+    a rerun reads it instead of searching and running the case again."""
     import pandas as pd
 
-    from . import parse_variant
-    from .orderrows import case_plan, order_cases
+    from .orderrows import DEFAULT_TRIES, STYLES, order_path, order_units
 
     rows, records = [], []
-    for case in order_cases(chip, mlx_version=version, paths=[s.text for s in specs]):
-        ops = case.ops
-        plan = case_plan(chip, case.path, case.T, case.K, case.N, version,
-                     variant=None if variants == "all" else variants)
-        real = ops.real(case.x) if device is None else device(ops, case.x)
-        recipe = plan.recipe
-        var_list = recipe.variants() if variants == "all" else [plan.variant]
-        base = {"kernel": recipe.kernel, "axis": case.axis, "path": case.path, "T": case.T, "K": case.K,
-                "N": case.N, "dtype": ops.dtype, "seed": case.seed, "style": case.style}
-        same = []
-        for var in var_list:
-            bound = type(plan)(recipe, plan.params, var, plan.source, plan.note)
-            t0 = time.perf_counter()
-            got = run_plan(bound, case.x, dtype=ops.dtype, w=ops.w, bias=ops.b, quant=ops.quant)
-            secs = time.perf_counter() - t0
-            ulp = metrics.ulp_distance(real.astype(np.float64), got.y.astype(np.float64), ops.dtype)
-            ident = bool(np.array_equal(np.asarray(real, np.float32).view(np.uint32), got.y.view(np.uint32)))
-            if ident:
-                same.append(var)
-            rows.append({**base, "variant": variant_name(var), "identical": ident, "max_ulp": float(np.max(ulp)),
-                         "frac_differ": float(np.mean(ulp > 0)), "seconds": secs})
-        values = sorted({v[case.axis] for v in same}, key=case.values.index)
-        records.append({**base, "identical": [variant_name(v) for v in same], "values": values,
-                        "decided": values[0] if len(values) == 1 else None,
-                        "unseparated": [f"{a}/{b}" for a, b in case.unseparated]})
-        if progress:
-            progress(f"order rows {recipe.kernel} {case.axis} ({case.path} T={case.T} K={case.K} N={case.N}): "
-                     + (f"{case.axis}={values[0]}" if len(values) == 1 else
-                        f"{len(values)} values identical" if values else "no variant identical"))
+    for unit in order_units(chip, mlx_version=version, paths=[order_path(s, compute) for s in specs]):
+        key = {**{k: getattr(unit, k) for k in ("kernel", "axis", "path", "T", "K", "N")}, "tries": DEFAULT_TRIES,
+               "styles": list(STYLES), "variants": variants}
+        path = None if ckpt is None else ckpt / f"{unit.name}.json"
+        done = _read_order_unit(path, key) if path is not None and path.exists() else None
+        if done is None:
+            done = _order_unit(chip, version, unit, variants, device)
+            # The rows as a rerun reads them back (JSON), so a resumed check gives the same result.
+            done = json.loads(files.to_json({"key": key, **done}))
+            if path is not None:
+                files.write_json(path, done)
+        elif progress:
+            progress(f"order rows {unit.kernel} {unit.axis} ({unit.path}): read from the checkpoint")
+        rows += done["rows"]
+        records.append(done["record"])
+        if progress and "resumed" not in done:
+            r = done["record"]
+            progress(f"order rows {r['kernel']} {r['axis']} ({r['path']} T={r['T']} K={r['K']} N={r['N']}): "
+                     + (f"{r['axis']}={r['values'][0]}" if len(r["values"]) == 1 else
+                        f"{len(r['values'])} values identical" if r["values"] else "no variant identical"))
     return pd.DataFrame(rows), records
+
+
+def _order_unit(chip: Any, version: str, unit, variants: str, device) -> dict[str, Any]:
+    """One order unit searched and run on the device: its table rows and its record."""
+    from .orderrows import case_plan, order_case
+
+    case = order_case(chip, unit.path, unit.T, unit.K, unit.N, unit.axis, mlx_version=version)
+    ops = case.ops
+    plan = case_plan(chip, case.path, case.T, case.K, case.N, version,
+                     variant=None if variants == "all" else variants)
+    real = ops.real(case.x) if device is None else device(ops, case.x)
+    recipe = plan.recipe
+    var_list = recipe.variants() if variants == "all" else [plan.variant]
+    base = {"kernel": recipe.kernel, "axis": case.axis, "path": case.path, "T": case.T, "K": case.K,
+            "N": case.N, "dtype": ops.dtype, "seed": case.seed, "style": case.style}
+    rows, same = [], []
+    for var in var_list:
+        bound = type(plan)(recipe, plan.params, var, plan.source, plan.note)
+        t0 = time.perf_counter()
+        got = run_plan(bound, case.x, dtype=ops.dtype, w=ops.w, bias=ops.b, quant=ops.quant)
+        secs = time.perf_counter() - t0
+        ulp = metrics.ulp_distance(real.astype(np.float64), got.y.astype(np.float64), ops.dtype)
+        ident = bool(np.array_equal(np.asarray(real, np.float32).view(np.uint32), got.y.view(np.uint32)))
+        if ident:
+            same.append(var)
+        rows.append({**base, "variant": variant_name(var), "identical": ident, "max_ulp": float(np.max(ulp)),
+                     "frac_differ": float(np.mean(ulp > 0)), "seconds": secs})
+    values = sorted({v[case.axis] for v in same}, key=case.values.index)
+    record = {**base, "identical": [variant_name(v) for v in same], "values": values,
+              "decided": values[0] if len(values) == 1 else None,
+              "unseparated": [f"{a}/{b}" for a, b in case.unseparated]}
+    return {"rows": rows, "record": record}
+
+
+def _read_order_unit(path: Path, key: Mapping[str, Any]) -> dict[str, Any] | None:
+    """A finished order unit (its rows and record, marked ``resumed``); None (after a warning, the file removed)
+    when it is corrupt or is not this unit's (another search or variant setting)."""
+    try:
+        saved = json.loads(path.read_text(encoding="utf-8"))
+        if not isinstance(saved, dict) or not isinstance(saved.get("rows"), list) or not isinstance(
+                saved.get("record"), dict) or not saved["rows"]:
+            raise ValueError("missing rows or record")
+        if saved.get("key") != json.loads(files.to_json(key)):
+            raise ValueError("another order case or search")
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        files.discard_checkpoint(path, str(e)[:80])
+        return None
+    return {**saved, "resumed": True}
 
 
 def planted_device(chip: Any, variant: str, mlx_version: str) -> Callable[[Any, np.ndarray], np.ndarray]:

@@ -10,6 +10,10 @@ replay's own variants decide; bounded, and the pairs it could not separate are s
 
 Operands are drawn by numpy's Generator on the host and rounded to the dtype there (never mx.random: its
 Metal erfinv differs between chips), so a case is the same bits on every machine.
+
+Paths: ``dense:<dtype>`` and ``quant:affine-q<bits>-g64[:<dtype>]`` (the dtype of the rows, scales and
+biases; bfloat16 when not given, as in a ``replay:`` path). ``replay check`` runs its quantized paths in the
+model's compute dtype (``--dtype``), and its order rows in the same one.
 """
 
 from __future__ import annotations
@@ -27,12 +31,44 @@ from .core import round_to
 
 # The calls (T, K, N) the order cases are searched at, on each path: small enough for seconds on a GPU and well
 # under a second per case on this CPU (compiled engine). Per chip each lands on the kernel its dispatch chooses
-# (M3, dense bf16: gemv_wide, steel_gemm_splitk, steel_gemm; quantized: qmv, qmv_fast, qmv_wide, qmm_t_splitk);
-# a kernel with no open axis there (gemv) gets no case.
-CALLS: tuple[tuple[int, int, int], ...] = ((2, 256, 64), (16, 256, 64), (16, 256, 512), (1, 256, 64), (1, 512, 64))
-PATHS = ("dense:bfloat16", "quant:affine-q4-g64")
+# (M3 at mlx 0.32.4, dense: gemv_wide, steel_gemm_splitk, steel_gemm; quantized: qmv_wide, qmm_t_splitk, qmv,
+# qmv_fast, qmm_t); a kernel with no open axis there (gemv) gets no case, and only a kernel's first call counts.
+# The last three reach the quantized matmul where the first five do not: the non-split qmm_t needs a T at or
+# over the qmv batch limit (13 or 14 below K, N = 2048 on gen 13-16; 32 on an Ultra; 33 on gen 17) and, from
+# mlx 0.31.2, a split-K of 1, which at small N means K = 64 (one group: K // 64 bounds the split) -- (16, 64,
+# 64) on M1-M4, (33, 64, 64) on an Ultra (M5 takes NAX there: no recipe); (33, 256, 64) gives the Ultras and M5
+# their qmm_t_splitk.
+CALLS: tuple[tuple[int, int, int], ...] = ((2, 256, 64), (16, 256, 64), (16, 256, 512), (1, 256, 64), (1, 512, 64),
+                                           (16, 64, 64), (33, 64, 64), (33, 256, 64))
+PATHS = ("dense:bfloat16", "dense:float16", "quant:affine-q4-g64", "quant:affine-q4-g64:float16")
 STYLES = ("cancel", "spread", "cancel-wide")  # operand constructions tried in turn, per seed
 DEFAULT_TRIES = 6  # seeds per style before a pair is declared not separated
+
+
+def parse_order_path(path: str):
+    """(spec, dtype) of ``dense:<dtype>`` or ``quant:<mode>-q<bits>-g<group>[:<dtype>]`` (quantized: bfloat16
+    unless given); one-line error otherwise."""
+    from ..kernels.paths import parse_path
+    from ..model import parse_dtype
+
+    text = str(path).strip()
+    head, _, tail = text.rpartition(":")
+    if text.startswith("quant:") and head.count(":") == 1:  # quant:<label>:<dtype>
+        spec, dtype = parse_path(head), parse_dtype(tail)
+    else:
+        spec = parse_path(text)
+        dtype = spec.dtype if spec.kind == "dense" else "bfloat16"
+    if spec.kind not in ("dense", "quant"):
+        raise GemmdriftError(f"order rows: no order case on path {text!r} (dense:<dtype> or quant:...[:<dtype>])")
+    return spec, dtype
+
+
+def order_path(spec, dtype: str) -> str:
+    """The order rows' spelling of a check path in ``dtype``: ``dense:<dtype>`` as it is; a quantized path
+    with ``:<dtype>`` appended unless bfloat16 (``quant:affine-q4-g64:float16``)."""
+    if spec.kind == "dense" or dtype == "bfloat16":
+        return spec.text
+    return f"{spec.text}:{dtype}"
 
 
 @dataclass
@@ -114,15 +150,13 @@ def make_operands(path: str, T: int, K: int, N: int, *, seed: int, style: str = 
     ``cancel``: terms over 2**-4..2**4 and an eighth of the columns in pairs of large terms (2**12..2**20) that
     cancel exactly, so the sum is small while a partial sum was large; ``spread``: every term over 2**-12..2**12;
     ``cancel-wide``: a quarter of the columns in pairs. float16 (max 65504): large terms 2**4..2**9, spread
-    2**-6..2**6. Quantized paths are bf16 (scales, biases and rows).
+    2**-6..2**6; quantized, scales 2**bits lower and spread 2**-6..2**2, so no output overflows. Quantized
+    paths: rows, scales and biases in the path's dtype (bf16 unless it says float16).
     """
-    from ..kernels.paths import parse_path
-
     if style not in STYLES:
         raise GemmdriftError(f"unknown order-row style {style!r} (known: {', '.join(STYLES)})")
-    spec = parse_path(path)
+    spec, dtype = parse_order_path(path)
     rng = np.random.default_rng([31, seed, T, K, N, STYLES.index(style)])
-    dtype = spec.dtype if spec.kind == "dense" else "bfloat16"
     half = dtype == "float16"  # float16 tops out at 65504: narrower spreads, smaller large terms
     lo, hi = ((-6, 6) if half else (-12, 12)) if style == "spread" else (-4, 4)
     big = (4, 9) if half else (12, 20)
@@ -138,10 +172,14 @@ def make_operands(path: str, T: int, K: int, N: int, *, seed: int, style: str = 
             w[:, b] = -w[:, a]  # x[t,a]*w[n,a] + x[t,b]*w[n,b] == 0 exactly, whatever the order
         return round_to(x, dtype), OrderOperands(dtype, K, N, w=round_to(w, dtype))
     bits, g = spec.quant.bits, spec.quant.group_size
+    if half and style == "spread":
+        lo, hi = -6, 2  # spread products of 2**6 rows and 2**6 weights overflow a float16 output
+    # A weight dequantizes to s*q + b with q up to 2**bits - 1: float16 scales 2**bits lower keep it in range.
+    s_hi = hi - bits if half else hi
     codes = rng.integers(0, 1 << bits, size=(N, K)).astype(np.uint32)
     per = 32 // bits
     wq = np.zeros((N, K // per), dtype=np.uint32)
-    sc = round_to(2.0 ** rng.integers(lo, hi + 1, (N, K // g)) * rng.uniform(0.5, 1.0, (N, K // g)), dtype)
+    sc = round_to(2.0 ** rng.integers(lo, s_hi + 1, (N, K // g)) * rng.uniform(0.5, 1.0, (N, K // g)), dtype)
     bi = round_to(_signed(rng, (N, K // g), lo, hi), dtype)
     x = _signed(rng, (T, K), lo, hi)
     if style != "spread":
@@ -160,14 +198,13 @@ def make_operands(path: str, T: int, K: int, N: int, *, seed: int, style: str = 
 
 
 def case_plan(chip: Any, path: str, T: int, K: int, N: int, mlx_version: str, variant: Any = None):
-    """The plan ``chip`` dispatches for one call on a ``dense:``/``quant:`` path (quantized: bf16)."""
-    from ..kernels.paths import parse_path
+    """The plan ``chip`` dispatches for one call on a ``dense:``/``quant:`` path (:func:`parse_order_path`)."""
     from .paths import plan_for
 
-    spec = parse_path(path)
+    spec, dtype = parse_order_path(path)
     if spec.kind == "dense":
-        return plan_for(chip, "matmul", T=T, K=K, N=N, dtype=spec.dtype, mlx_version=mlx_version, variant=variant)
-    return plan_for(chip, "quantized_matmul", T=T, K=K, N=N, dtype="bfloat16", mlx_version=mlx_version,
+        return plan_for(chip, "matmul", T=T, K=K, N=N, dtype=dtype, mlx_version=mlx_version, variant=variant)
+    return plan_for(chip, "quantized_matmul", T=T, K=K, N=N, dtype=dtype, mlx_version=mlx_version,
                     bits=spec.quant.bits, group_size=spec.quant.group_size, variant=variant)
 
 
@@ -226,9 +263,28 @@ def order_case(chip: Any, path: str, T: int, K: int, N: int, axis: str, *, mlx_v
     return best
 
 
-def order_cases(chip: Any, *, mlx_version: str, paths: Sequence[str] = PATHS,
-                calls: Sequence[tuple[int, int, int]] = CALLS, tries: int = DEFAULT_TRIES) -> list[OrderCase]:
-    """One case per (kernel, open axis, path) that ``chip`` dispatches at :data:`CALLS` on ``paths`` (the first
+@dataclass(frozen=True)
+class OrderUnit:
+    """One order case before it is searched: the call and the (kernel, axis) it orders (dispatch only)."""
+
+    kernel: str
+    axis: str
+    path: str
+    T: int
+    K: int
+    N: int
+
+    @property
+    def name(self) -> str:
+        """A file name for the unit (``replay check``'s checkpoint)."""
+        import re
+
+        return re.sub(r"[^A-Za-z0-9_.=-]+", "_", f"{self.path}__{self.kernel}__{self.axis}")
+
+
+def order_units(chip: Any, *, mlx_version: str, paths: Sequence[str] = PATHS,
+                calls: Sequence[tuple[int, int, int]] = CALLS) -> list[OrderUnit]:
+    """One unit per (kernel, open axis, path) that ``chip`` dispatches at ``calls`` on ``paths`` (the first
     call per kernel). Calls whose kernel has no recipe on the chip (NAX, cuBLASLt, float32) are skipped."""
     out, seen = [], set()
     for path in paths:
@@ -240,9 +296,17 @@ def order_cases(chip: Any, *, mlx_version: str, paths: Sequence[str] = PATHS,
             for axis, values in plan.recipe.axes.items():
                 if len(values) > 1 and (plan.recipe.kernel, axis, path) not in seen:
                     seen.add((plan.recipe.kernel, axis, path))
-                    out.append(order_case(chip, path, T, K, N, axis, mlx_version=mlx_version, tries=tries))
+                    out.append(OrderUnit(plan.recipe.kernel, axis, path, T, K, N))
     return out
 
 
-__all__ = ["CALLS", "PATHS", "case_plan", "STYLES", "DEFAULT_TRIES", "OrderOperands", "OrderCase", "make_operands", "replay_all",
-           "separation", "order_case", "order_cases"]
+def order_cases(chip: Any, *, mlx_version: str, paths: Sequence[str] = PATHS,
+                calls: Sequence[tuple[int, int, int]] = CALLS, tries: int = DEFAULT_TRIES) -> list[OrderCase]:
+    """The searched case of every :func:`order_units` unit."""
+    return [order_case(chip, u.path, u.T, u.K, u.N, u.axis, mlx_version=mlx_version, tries=tries)
+            for u in order_units(chip, mlx_version=mlx_version, paths=paths, calls=calls)]
+
+
+__all__ = ["CALLS", "PATHS", "parse_order_path", "order_path", "case_plan", "STYLES", "DEFAULT_TRIES",
+           "OrderOperands", "OrderCase", "OrderUnit", "make_operands", "replay_all", "separation", "order_case",
+           "order_units", "order_cases"]

@@ -50,7 +50,6 @@ def test_every_pair_of_every_axis_is_separated_by_the_replays_own_variants(cases
         assert c.dtype == ("float16" if c.path in half else "bfloat16")
         assert len(c.separated) == len(c.values) * (len(c.values) - 1) // 2
         assert c.T <= 16 and c.K <= 512 and c.N <= 512  # small: seconds on a GPU
-        assert c.seconds < 5  # well under a second each once compiled (the first call of a shape compiles)
     # The non-split qmm_t: K = 64 (one group), so the split-K rule of mlx 0.32.4 leaves one partition.
     qmm = [c for c in cases if c.kernel == "qmm_t"]
     assert {(c.path, c.T, c.K, c.N) for c in qmm} == {("quant:affine-q4-g64", 16, 64, 64),

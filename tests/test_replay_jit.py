@@ -59,6 +59,8 @@ DENSE = [  # (kernel, params, K values with tails)
     ("cpu_simd_gemm", {}, (203, 64)),
     ("gemv", {"sn": 32, "bn": 1, "tn": 4}, (203, 256)),
     ("gemv", {"sn": 8, "bn": 4, "tn": 4}, (203,)),
+    ("gemv_t", {"bm": 1, "bn": 16, "sm": 8, "sn": 4, "tm": 4, "tn": 4}, (203, 256)),
+    ("gemv_t", {"bm": 2, "bn": 2, "sm": 4, "sn": 8, "tm": 4, "tn": 4}, (203,)),
     ("cuda_gemv", {}, (203, 384)),
     ("gemv_wide", {"k_lanes": 8}, (296, 68)),
     ("gemv_wide", {"k_lanes": 32}, (1032,)),

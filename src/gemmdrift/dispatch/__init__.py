@@ -86,7 +86,9 @@ def choose(chip: Chip, op: str, *, T: int, K: int, N: int, dtype: str, mlx_versi
         mlx_version: e.g. ``"0.31.2"``; before 0.30.5 raises, newer than the mirror uses its rules.
         bits, group_size: quantization (default: mlx's per ``mode``, e.g. affine 4 bits, group 64).
         mode: ``affine``, ``mxfp4``, ``mxfp8`` or ``nvfp4``.
-        **extra: ``tf32`` (MLX_ENABLE_TF32, default True as in mlx); for sdpa ``n_heads``,
+        **extra: ``tf32`` (MLX_ENABLE_TF32, default True as in mlx); for matmul ``b_transposed`` (default
+            True: ``x @ W.T`` with W (N, K); False: ``x @ W`` with W (K, N) row-major, gemv_t at T=1 on
+            Metal, no gemv on CUDA; the CPU's rule, read for ``x @ W.T``, does not look at it); for sdpa ``n_heads``,
             ``n_kv_heads`` (default 1), ``v_head_dim`` (default the head dim), ``causal`` (default True).
 
     Returns:
@@ -134,7 +136,8 @@ def _choose(chip: Chip, op: str, T: int, K: int, N: int, dtype: str, version: Ve
         return _cpu.choose(chip, op, T, K, N, dtype, version)
     backend = _metal if chip.backend == "metal" else _cuda
     if op == "matmul":
-        return backend.matmul(chip, T, K, N, dtype, version, tf32=tf32)
+        return backend.matmul(chip, T, K, N, dtype, version, tf32=tf32,
+                              b_transposed=bool(extra.get("b_transposed", True)))
     if op == "quantized_matmul":
         if mode not in QUANT_DEFAULTS:
             raise GemmdriftError(f"unknown quantization mode {mode!r} (known: {', '.join(QUANT_DEFAULTS)})")

@@ -11,15 +11,17 @@ from .base import CUDA_GEMV, CUDA_MATMUL, CUDA_QMM, CUDA_QUANTIZED, CUDA_SDPA, C
 CUBLAS_NOTE = "cuBLASLt: algorithm (tile, split-K, tensor-core order) chosen by its heuristic, not knowable from source"
 
 
-def matmul(chip: Chip, M: int, K: int, N: int, dtype: str, version: Version, *, tf32: bool = True) -> Choice:
-    """``x @ W.T`` without bias (gemm_and_bias in cuda/matmul.cpp).
+def matmul(chip: Chip, M: int, K: int, N: int, dtype: str, version: Version, *, tf32: bool = True,
+           b_transposed: bool = True) -> Choice:
+    """``x @ W.T`` without bias (gemm_and_bias in cuda/matmul.cpp); ``b_transposed=False``: ``x @ W``, W (K, N)
+    row-major, which at M == 1 is not a gemv (can_use_gemv needs b transposed there) but cuBLASLt.
 
     cu::can_use_gemv (cuda/gemms/gemv.cu): ``M == 1 && b_transposed``; before
     v0.31.2 also ``K % 32 == 0``. Lanes take 4 consecutive k when K % 128 == 0
     (aligned), else 2 (K % 64 == 0) or 1; a warp reduces with cg::reduce.
     Everything else goes to cuBLASLt (float32 as TF32 unless MLX_ENABLE_TF32=0).
     """
-    gemv_ok = M == 1 and (version >= (0, 31, 2) or K % 32 == 0)
+    gemv_ok = M == 1 and b_transposed and (version >= (0, 31, 2) or K % 32 == 0)
     if gemv_ok:
         n = 4 if K % 128 == 0 else (2 if K % 64 == 0 else 1)
         return Choice("cuda_gemv", {"n_per_thread": n, "warp": 32}, f"{CUDA_GEMV} gemv",

@@ -1,4 +1,5 @@
-"""Metal dispatch, read from the mlx source: matmul (``x @ W.T``), quantized_matmul (transposed) and sdpa.
+"""Metal dispatch, read from the mlx source: matmul (``x @ W.T``, or ``x @ W``), quantized_matmul (transposed)
+and sdpa.
 
 Read at ml-explore/mlx v0.30.5, v0.31.2, v0.32.0, v0.32.1 and HEAD 846d176
 (0.32.2 in mlx/version.h); where a condition changed, the first tag that has
@@ -19,23 +20,30 @@ def _nax(chip: Chip, dtype: str, tf32: bool) -> bool:
     return bool(chip.nax) and (tf32 or dtype != "float32")
 
 
-def gemm_tparams(chip: Chip, M: int, N: int, K: int, dtype: str) -> dict[str, int]:
-    """GEMM_TPARAM_MACRO(devc) for the nt case (matmul.cpp; unchanged from v0.30.5 to 846d176)."""
+def gemm_tparams(chip: Chip, M: int, N: int, K: int, dtype: str, b_transposed: bool = True) -> dict[str, int]:
+    """GEMM_TPARAM_MACRO(devc) (matmul.cpp L90-171 at 846d176; unchanged from v0.30.5) for a not transposed:
+    the nt case (``x @ W.T``) or, with ``b_transposed=False``, the nn case (``x @ W``). Only bk decides the
+    order (the fused kernel's tail tile, steel_ranges); nn takes bk 16 where nt takes 32 on 'g', 'p', 'd'."""
     size = chip.size
+    default = {"bm": 64, "bn": 64, "bk": 16, "wm": 2, "wn": 2}  # steel_matmul_regular_axpby's initial values
+    nt = {"bm": 64, "bn": 32, "bk": 32, "wm": 2, "wn": 2}
     if size in ("g", "p"):
-        # nt: 64, 32, 32, 2, 2 for every real dtype (only complex64 differs).
-        return {"bm": 64, "bn": 32, "bk": 32, "wm": 2, "wn": 2}
+        # nt: 64, 32, 32, 2, 2 for every real dtype (only complex64 differs); nn: 64, 64, 16, 1, 2 for half and
+        # bfloat, the default for float.
+        if b_transposed:
+            return nt
+        return {"bm": 64, "bn": 64, "bk": 16, "wm": 1, "wn": 2} if dtype != "float32" else default
     if size == "d":
         if M * N >= 1 << 20:  # batch_size_out * M * N, batch 1
             if dtype != "float32":
                 if 2 * max(M, N) > K:
                     return {"bm": 64, "bn": 64, "bk": 16, "wm": 1, "wn": 2}
-                return {"bm": 64, "bn": 32, "bk": 32, "wm": 2, "wn": 2}
-            return {"bm": 64, "bn": 64, "bk": 16, "wm": 2, "wn": 2}  # float takes the default
+                return nt if b_transposed else {"bm": 32, "bn": 64, "bk": 16, "wm": 1, "wn": 2}
+            return default  # float takes the default
         if dtype != "float32":
-            return {"bm": 64, "bn": 32, "bk": 32, "wm": 2, "wn": 2}
-        return {"bm": 32, "bn": 64, "bk": 16, "wm": 1, "wn": 2}
-    return {"bm": 64, "bn": 64, "bk": 16, "wm": 2, "wn": 2}  # medium device ('s' and anything else)
+            return nt if b_transposed else {"bm": 64, "bn": 64, "bk": 16, "wm": 1, "wn": 2}
+        return {"bm": 32, "bn": 64, "bk": 16, "wm": 1, "wn": 2} if b_transposed else nt
+    return default  # medium device ('s' and anything else)
 
 
 def _splitk(M: int, N: int, K: int) -> dict[str, int]:
@@ -68,6 +76,15 @@ def _gemm_nax(chip: Chip, M: int, N: int, K: int, version: Version) -> dict[str,
     return t
 
 
+def gemv_t_params(N: int, K: int) -> dict[str, int]:
+    """gemv_axbpy for ``x @ W`` with one row and W (K, N) not transposed (``transpose_mat``: the ``gemv_t_``
+    kernel, GEMVTKernel), matmul.cpp L1141-1163 at 846d176, byte-identical at v0.30.5, v0.31.2, v0.32.0,
+    b7c3dd6d and v0.32.1. sm and tm decide the order (blockM = sm * tm rows per step); bn, sn, tn pick columns."""
+    sm, sn = (4, 8) if K >= 8192 and N >= 2048 else (8, 4)
+    bn = 16 if N >= 2048 else 4 if N >= 512 else 2
+    return {"bm": 1, "bn": bn, "sm": sm, "sn": sn, "tm": 4, "tn": 1 if N < 4 else 4}
+
+
 def gemv_params(M: int, N: int, K: int) -> dict[str, int]:
     """gemv_axbpy for x @ W.T with one row (mat = W not transposed: the ``gemv_`` kernel), matmul.cpp."""
     bm, bn, sm, sn, tm, tn = (8 if N >= 4096 else 4), 1, 1, 32, 4, 4
@@ -80,12 +97,18 @@ def gemv_params(M: int, N: int, K: int) -> dict[str, int]:
     return {"bm": bm, "bn": bn, "sm": sm, "sn": sn, "tm": tm, "tn": tn}
 
 
-def matmul(chip: Chip, M: int, K: int, N: int, dtype: str, version: Version, *, tf32: bool = True) -> Choice:
-    """``x (M, K) @ W.T`` (nn.Linear without bias: a not transposed, b transposed), batch 1.
+def matmul(chip: Chip, M: int, K: int, N: int, dtype: str, version: Version, *, tf32: bool = True,
+           b_transposed: bool = True) -> Choice:
+    """``x (M, K) @ W.T`` (nn.Linear without bias: a not transposed, b transposed), batch 1; with
+    ``b_transposed=False``, ``x @ W`` with W (K, N) row-major (check_transpose: strides (N, 1) read as not
+    transposed).
 
     Matmul::eval_gpu (matmul.cpp): dot_product for M == N == 1 (from v0.32.1),
-    gemv_wide (from v0.32.1), gemv for min(M, N) == 1, else steel_matmul_axpby:
-    SIMD split-K ("Case 1"), NAX split-K ("Case 2"), or the fused kernel (NAX or not).
+    gemv_wide (from v0.32.1; b transposed only, L1520), gemv for min(M, N) == 1 (``gemv_t`` for x @ W with
+    N > 1: gemv_axbpy's mat = b, transpose_mat = !transpose_b, L1116-1120), else steel_matmul_axpby:
+    SIMD split-K ("Case 1"), NAX split-K ("Case 2"), or the fused kernel (NAX or not); the steel kernels take
+    the transposition as strides only (mma.h L469-474), so their K order is the nt one but for the fused
+    kernel's bk (:func:`gemm_tparams`).
     ``tf32``: MLX_ENABLE_TF32 (mlx's default 1), which lets float32 use NAX.
     """
     if M == 1 and N == 1 and version >= (0, 32, 1):
@@ -93,13 +116,15 @@ def matmul(chip: Chip, M: int, K: int, N: int, dtype: str, version: Version, *, 
     # gemv_wide_config (#3888, first tag v0.32.1): gen >= 15, M >= 2, N >= 2, K % 4 == 0, fp16/bf16,
     # vec4-aligned offsets (contiguous rows assumed), passes = (M + 4) / 5 <= 3.
     passes = (M + 4) // 5
-    if (version >= (0, 32, 1) and chip.gen >= 15 and M > 1 and N > 1 and K % 4 == 0 and dtype in _HALF
-            and passes <= 3):
+    if (b_transposed and version >= (0, 32, 1) and chip.gen >= 15 and M > 1 and N > 1 and K % 4 == 0
+            and dtype in _HALF and passes <= 3):
         lanes = 32 if passes == 1 or N <= 64 else 16
         return Choice("gemv_wide", {"k_lanes": lanes, "passes": passes, "vecs_per_tg": cdiv(M, passes),
                                     "grid_x": 1 if N >= 65536 else passes},
                       f"{METAL_MATMUL} gemv_wide_config", "assumes contiguous, 8-element aligned rows")
     if min(M, N) == 1:
+        if not b_transposed and N > 1:
+            return Choice("gemv_t", gemv_t_params(N, K), f"{METAL_MATMUL} gemv_axbpy (transpose_mat)")
         return Choice("gemv", gemv_params(M, N, K), f"{METAL_MATMUL} gemv_axbpy")
     tm, tn, tk = cdiv(M, 16), cdiv(N, 16), K // 16
     use_nax = _nax(chip, dtype, tf32)
@@ -118,7 +143,8 @@ def matmul(chip: Chip, M: int, K: int, N: int, dtype: str, version: Version, *, 
                           f"{METAL_MATMUL} steel_matmul_axpby (Case 2)", nax_note)
         return Choice("steel_gemm_nax", _gemm_nax(chip, M, N, K, version),
                       f"{METAL_MATMUL} steel_matmul_regular_axpby_nax", nax_note)
-    return Choice("steel_gemm", gemm_tparams(chip, M, N, K, dtype), f"{METAL_MATMUL} steel_matmul_regular_axpby")
+    return Choice("steel_gemm", gemm_tparams(chip, M, N, K, dtype, b_transposed),
+                  f"{METAL_MATMUL} steel_matmul_regular_axpby")
 
 
 def qmv_batch_limit(K: int, N: int, chip: Chip, version: Version) -> int:

@@ -98,6 +98,11 @@ RECIPES: dict[str, Recipe] = {r.kernel: r for r in (
        "mlx/backend/cpu/quantized.cpp _qmm_t L155-212 (every op in the activation dtype)", prediction=False),
     _r("gemv", "matmul", rd.metal_gemv, HALF, {}, f"{METAL_REV}: mlx/backend/metal/kernels/gemv.h GEMVKernel "
        "L107-246; host matmul.cpp gemv_axbpy L1093-1227", bias="twice", apple=True),
+    # x @ W with W (K, N) not transposed, T=1: the same GEMVTKernel order from v0.30.5 (kernels/gemv.metal) to
+    # 846d176, and the same host tile rule (dense.py's docstring lists the revisions compared).
+    _r("gemv_t", "matmul", rd.metal_gemv_t, HALF, {}, f"{METAL_REV}: mlx/backend/metal/kernels/gemv.h "
+       "GEMVTKernel L253-434; host matmul.cpp gemv_axbpy L1141-1163 (transpose_mat)", bias="twice", apple=True,
+       note="x @ W with W (K, N) row-major: pass w = W.T (N, K)"),
     _r("gemv_wide", "matmul", rd.metal_gemv_wide, HALF, {"dot4": tuple(rd.DOT4)}, f"{METAL_REV}: "
        "mlx/backend/metal/kernels/gemv.h GemvWide L785-897; host matmul.cpp gemv_wide_config L1299-1354",
        apple=True),
@@ -237,7 +242,9 @@ def replay_matmul(recipe: Recipe | str, x: np.ndarray, w: np.ndarray, bias: np.n
     Args:
         recipe: a :class:`Recipe` or its kernel name.
         x: (T, K) values of ``dtype`` (float32 holding them exactly).
-        w: (N, K) values of ``dtype``.
+        w: (N, K) values of ``dtype``. For ``x @ W`` with W (K, N) not transposed (the ``gemv_t`` recipe,
+            :func:`.paths.plan_for` with ``b_transposed=False``) pass ``W.T``: the products
+            ``x[t, k] * W[k, n]`` are the same numbers, and the recipe adds them in gemv_t's order.
         bias: (N,) or None.
         dtype: the operands' and output's dtype.
         params: the kernel's order-deciding parameters (a dispatch Choice's ``params``).

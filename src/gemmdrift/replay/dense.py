@@ -22,6 +22,11 @@ ships):
   wheel's libblas has no FMA instruction (objdump: no ``vfmadd``), so every
   product rounds before its add.
 * ``metal_gemv``: ``kernels/gemv.h`` ``GEMVKernel::run`` L107-246.
+* ``metal_gemv_t``: ``kernels/gemv.h`` ``GEMVTKernel::run`` L296-433 (the struct L253-434), ``x @ W`` with W
+  (K, N) row-major at T=1; host ``matmul.cpp`` ``gemv_axbpy`` L1141-1163 (the ``transpose_mat`` branch).
+  The struct is the same at v0.30.5 and v0.31.2 (``kernels/gemv.metal``; only a ``size_t`` index cast
+  differs) and at v0.32.0, b7c3dd6d and v0.32.1 (``git show <rev>:... | diff``), and the host branch is
+  byte-identical at every one of those revisions: one recipe serves every release the replay supports.
 * ``metal_gemv_wide``: ``kernels/gemv.h`` ``GemvWide::run`` L785-897.
 * ``metal_steel_gemm``: ``steel/gemm/kernels/steel_gemm_fused.h`` L19-346 with
   ``steel/gemm/mma.h`` L439-537 and ``gemm.h`` ``gemm_loop`` L79-137.
@@ -118,6 +123,36 @@ def metal_gemv(P: np.ndarray, params: Mapping[str, Any], var: Mapping[str, str],
     per_sg = lane_tree(r, axis=1, ftz=ftz)  # (bn, ...)
     out = per_sg[0]
     for s in range(1, bn):
+        out = add(out, per_sg[s], ftz)
+    return out
+
+
+def metal_gemv_t(P: np.ndarray, params: Mapping[str, Any], var: Mapping[str, str], ftz: bool) -> np.ndarray:
+    """GEMVTKernel (``x @ W``, W (K, N) row-major; P[k] = x[k] * W[k, n]): thread ``c = SM*sgM + thrM`` of
+    the BM*SM threads down K adds rows ``k = blockM*i + TM*c + tm`` (blockM = BM*SM*TM), i outer and tm
+    inner, from +0 (gemv.h L347-369); the last partial block adds only the rows that exist, no zero fill
+    (``tm < TM && bm + tm < in_vec_size``, L371-385); then per simdgroup ``r += simd_shuffle_down(r, SN*sm)``
+    for sm = SM/2..1 (L389-395: a ladder over the SM threads of one column), and with BM > 1 simdgroup 0
+    adds the others' results in order (L398-418; the host always sends BM = 1, matmul.cpp L1137).
+    The order of one output does not depend on SN, BN or TN (which only pick the column a thread serves)."""
+    bm, sm, tm = int(params.get("bm", 1)), int(params.get("sm", 8)), int(params.get("tm", 4))
+    lanes = bm * sm
+    block = lanes * tm
+    K = P.shape[0]
+    full = K - K % block
+    r = np.zeros((lanes,) + P.shape[1:], dtype=np.float32)
+    Q = P[:full].reshape((full // block, lanes, tm) + P.shape[1:])
+    for i in range(Q.shape[0]):
+        for j in range(tm):
+            r = add(r, Q[i, :, j], ftz)
+    for j in range(tm):  # the leftover rows: thread c adds k = full + tm*c + j where it exists
+        ks = full + tm * np.arange(lanes) + j
+        live = np.nonzero(ks < K)[0]
+        if len(live):
+            r[live] = add(r[live], P[ks[live]], ftz)
+    per_sg = [lane_tree(r[s * sm:(s + 1) * sm], axis=0, ftz=ftz) for s in range(bm)]
+    out = per_sg[0]
+    for s in range(1, bm):
         out = add(out, per_sg[s], ftz)
     return out
 
@@ -259,6 +294,6 @@ def epilogue(acc: np.ndarray, bias: np.ndarray | None, rule: str, dtype: str) ->
     raise GemmdriftError(f"no bias rule {rule!r}")
 
 
-__all__ = ["MMA8", "DOT4", "mma8", "cpu_sequential", "metal_gemv", "dot4", "metal_gemv_wide", "steel_ranges",
+__all__ = ["MMA8", "DOT4", "mma8", "cpu_sequential", "metal_gemv", "metal_gemv_t", "dot4", "metal_gemv_wide", "steel_ranges",
            "metal_steel_gemm", "splitk_partitions", "metal_steel_gemm_splitk", "splitk_sum", "cuda_n_per_thread",
            "cuda_gemv", "epilogue"]

@@ -11,7 +11,7 @@ product as the numpy recipes' ``P``), so no (K, T, N) array is built. Where
 the numpy recipes zero-pad K (the kernels' safe loads), the padded products
 are ``+0 * +0 = +0`` from a zero row, as numpy's ``np.zeros`` padding.
 
-Compiled: ``cpu_simd_gemm``, ``cpu_cblas_sgemm``, ``gemv``, ``cuda_gemv`` (one
+Compiled: ``cpu_simd_gemm``, ``cpu_cblas_sgemm``, ``gemv``, ``gemv_t``, ``cuda_gemv`` (one
 lane kernel), ``gemv_wide`` (both dot4), ``steel_gemm`` and
 ``steel_gemm_splitk`` (MMA8 H1..H4), ``cpu_qmm``, ``qmv``/``qmv_fast`` (every
 simd_sum and contribution variant, float and bf16 quad sums), ``qmv_wide``
@@ -136,8 +136,9 @@ def lane_ladder(r, base, n, ftz):
 @njit(cache=True)
 def k_lanes(x, w, block, tn, kend, sn, bn, ftz, out):
     """rd.cpu_sequential (block = tn = sn = bn = 1), rd.metal_gemv (kend: K padded to the block), rd.cuda_gemv
-    (kend = K: lanes past K add nothing): lane ``(k % block) // tn`` adds product k, k in order; then per
-    simdgroup the shuffle-down ladder over sn lanes, and simdgroup 0 adds the others in order."""
+    and rd.metal_gemv_t (kend = K: lanes past K add nothing; gemv_t's tn is its TM, sn its SM, bn its BM):
+    lane ``(k % block) // tn`` adds product k, k in order; then per simdgroup the shuffle-down ladder over sn
+    lanes, and simdgroup 0 adds the others in order."""
     T, K = x.shape
     N = w.shape[0]
     wt = np.zeros((K + 1, NB), np.float32)
@@ -367,6 +368,13 @@ def dense_acc(fn, x: np.ndarray, w: np.ndarray, params: Mapping[str, Any], var: 
         sn, bn, tn = int(params.get("sn", 32)), int(params.get("bn", 1)), int(params.get("tn", 4))
         block = sn * tn * bn
         k_lanes(x, w, block, tn, -(-K // block) * block, sn, bn, ftz, out)
+    elif fn is rd.metal_gemv_t:
+        # Thread c = (k % block) // tm adds its rows in k order; no zero fill past K (kend = K), then the ladder
+        # over the SM threads of each simdgroup and the BM simdgroups in order: k_lanes' lanes exactly.
+        bm, sm, tm = int(params.get("bm", 1)), int(params.get("sm", 8)), int(params.get("tm", 4))
+        if sm & (sm - 1):
+            raise GemmdriftError(f"a shuffle ladder needs a power-of-two lane count, got {sm}")
+        k_lanes(x, w, bm * sm * tm, tm, K, sm, bm, ftz, out)
     elif fn is rd.cuda_gemv:
         n = int(params.get("n_per_thread", rd.cuda_n_per_thread(K)))
         if K % n:

@@ -10,6 +10,9 @@ a byte count is a statistic of the draws, so the replay draws the same distribut
 standard normals; this machine's ``mx.quantize``), over several seeds, and compares fractions with their
 spread. The same statistic is ``gemmdrift.metrics.differing_bytes``.
 
+The dense rows are ``x @ W`` with W (K, N) not transposed, as mlxcel multiplies (``matmul(&x_f16, &w_f16)``):
+``gemv_t`` at T=1 (:func:`gemmdrift.replay.paths.plan_for` with ``b_transposed=False``), steel at T=3.
+
 Usage: ``python scripts/replay_vs_hardware.py [--seeds 3] [--write docs/replay-vs-hardware.md]`` (about two
 minutes here, measured under load).
 """
@@ -29,6 +32,13 @@ MEASURED = [  # (chip, K, N, mode, T, measured bytes per position, bytes per pos
     ("M5 Max", 5120, 17408, "affine-q4-g64", 3, (621, 1834, 1447), 34816, "mlxcel #1182"),
     ("M5 Max", 5120, 5120, "affine-q4-g64", 3, (167, 501, 387), 10240, "mlxcel #1182"),
     ("M1 Ultra", 5120, 17408, "affine-q4-g64", 3, (0, 0, 0), 34816, "mlxcel #1182"),
+]
+# Dense float16 x @ W with W (5120, 5120) not transposed (the test's ``matmul(&x_f16, &w_f16)``, both mx.random
+# normal draws): (chip, K, N, T, measured as published, where). The M5 Max counts are "203, 204, ..." in mlxcel
+# #1190's description (about 2 % of 10240); the M1 Ultra comment (#1182) says only that the dense matmul differs.
+DENSE_MEASURED = [
+    ("M5 Max", 5120, 5120, 3, "about 200 of 10240 (203, 204, ...; mlxcel #1190)"),
+    ("M1 Ultra", 5120, 5120, 3, "differs, no count published (mlxcel #1182)"),
 ]
 
 
@@ -54,6 +64,76 @@ def block_vs_chain(chip: str, K: int, N: int, T: int, version: str, x, quant) ->
     chain = np.concatenate([run_plan(one, x[t:t + 1], dtype="float16", quant=quant).y for t in range(T)])
     return differing_bytes(block.astype(np.float16), chain.astype(np.float16), axis=0), one.recipe.kernel, \
         blk.recipe.kernel
+
+
+def dense_operands(seed: int, K: int, N: int, T: int) -> tuple[np.ndarray, np.ndarray]:
+    """x (T, K) and W (K, N) of float16 standard-normal draws (numpy; x first, as mlxcel draws), as float32."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((T, K)).astype(np.float16).astype(np.float32)
+    w = rng.standard_normal((K, N)).astype(np.float16).astype(np.float32)
+    return x, w
+
+
+def dense_block_vs_chain(chip: str, K: int, N: int, T: int, version: str, x, w) -> tuple[np.ndarray, str, str]:
+    """As :func:`block_vs_chain` for ``x @ W`` with W (K, N) not transposed (gemv_t at T=1); the T-row plan is
+    refused (GemmdriftError) where its kernel has no recipe (NAX on M5)."""
+    from gemmdrift.replay.paths import plan_for, run_plan
+    from gemmdrift.metrics import differing_bytes
+
+    kw = dict(K=K, N=N, dtype="float16", mlx_version=version, b_transposed=False)
+    one, blk = (plan_for(chip, "matmul", T=t, **kw) for t in (1, T))
+    wt = np.ascontiguousarray(w.T)  # the replay takes the weight as (N, K); the products are the same numbers
+    block = run_plan(blk, x, dtype="float16", w=wt).y
+    chain = np.concatenate([run_plan(one, x[t:t + 1], dtype="float16", w=wt).y for t in range(T)])
+    return differing_bytes(block.astype(np.float16), chain.astype(np.float16), axis=0), one.recipe.kernel, \
+        blk.recipe.kernel
+
+
+def dense_rows(seeds: int) -> list[str]:
+    """The dense x @ W rows: replayed where both arms have a recipe, else the kernel that has none, said."""
+    from gemmdrift.dispatch import chip_named, choose
+    from gemmdrift.errors import GemmdriftError
+
+    rows = []
+    for chip, K, N, T, meas in DENSE_MEASURED:
+        per = 2 * N
+        kernels = {v: [choose(chip_named(chip), "matmul", T=t, K=K, N=N, dtype="float16", mlx_version=v,
+                              b_transposed=False).kernel for t in (1, T)] for v in RELEASES}
+        cells = []
+        for v in RELEASES:
+            fr = []
+            try:
+                for s in range(seeds):
+                    x, w = dense_operands(2000 + s, K, N, T)
+                    d, _, _ = dense_block_vs_chain(chip, K, N, T, v, x, w)
+                    fr += list(d / per)
+            except GemmdriftError:
+                cells.append("-")
+                continue
+            cells.append(f"{100 * np.mean(fr):.2f} % ({100 * np.min(fr):.2f}-{100 * np.max(fr):.2f})")
+        k1, kT = kernels[RELEASES[0]]
+        same = all(kernels[v] == [k1, kT] for v in RELEASES)
+        pair = f"{k1} vs {kT}" + ("" if same else " (per release: " + "; ".join(
+            f"{v}: {' vs '.join(kernels[v])}" for v in RELEASES) + ")")
+        if all(c == "-" for c in cells):
+            verdict = "not replayed (T=3 arm)"
+            cause = (f"{pair}: the T=1 arm (gemv_t, x @ W) is replayed; the T=3 arm is NAX steel (M5, float16: "
+                     "Case 1 split-K is for non-NAX chips), whose order inside matmul2d is not in the source")
+            frac = "about 2 %"
+        else:
+            p1 = choose(chip_named(chip), "matmul", T=1, K=K, N=N, dtype="float16", mlx_version=RELEASES[0],
+                        b_transposed=False).params
+            pT = choose(chip_named(chip), "matmul", T=T, K=K, N=N, dtype="float16", mlx_version=RELEASES[0],
+                        b_transposed=False).params
+            verdict = "agrees (differs; no count published)"
+            cause = (f"{pair}: gemv_t's {p1['sm']} K-threads of {p1['tm']} rows and a shuffle ladder against "
+                     f"split-K's {pT.get('partitions')} partitions of {pT.get('partition_size')} (MMA8 chains, H1), the "
+                     "order split-K has for x @ W.T too (tiles from M, N, K; the transposition is strides); gemv_t "
+                     "is the same from v0.30.5 on")
+            frac = ""
+        rows.append(f"| {chip} | {K} -> {N} | dense float16 (x @ W) | {T} | {meas} | {frac} | "
+                    + " | ".join(cells) + f" | {verdict} | {cause} |")
+    return rows
 
 
 def boundaries() -> list[str]:
@@ -102,11 +182,8 @@ def table(seeds: int) -> str:
         rows.append(f"| {chip} | {K} -> {N} | {mode} float16 | {T} | {', '.join(map(str, meas))} of {per} "
                     f"({where}) | {100 * min(frac):.1f}-{100 * max(frac):.1f} % | " + " | ".join(cells)
                     + f" | {verdict} | {cause} |")
+    rows += dense_rows(seeds)
     not_replayed = [
-        ("M5 Max", "5120 -> 5120", "dense float16 (x @ W)", 3, "about 200 of 10240",
-         "not replayed: x @ W (W not transposed) is gemv_t at T=1 (no recipe) and NAX steel at T=3 on M5"),
-        ("M1 Ultra", "5120 -> 5120", "dense float16 (x @ W)", 3, "differs",
-         "not replayed: gemv_t at T=1 has no recipe (the replay's dense recipes are x @ W.T)"),
         ("M5 Max", "5120 -> 5120", "mxfp4 g32", "1..4", "equal at T=1..4 (#1186)",
          "not replayed: no fp-mode (mxfp4, mxfp8, nvfp4) recipes"),
         ("M5 Max", "5376 -> 5376", "nvfp4 g16", 4, "1 of 10752 (#1186)",
@@ -139,7 +216,9 @@ def main(argv=None) -> int:
         if n != 1:
             print(f"error: {p} has no <!-- table --> ... <!-- /table --> part", file=sys.stderr)
             return 2
-        p.write_text(new)
+        from gemmdrift.files import write_text
+
+        write_text(p, new)  # atomically: a temporary file renamed over the page
     print(text)
     return 0
 

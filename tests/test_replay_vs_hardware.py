@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from gemmdrift.dispatch import chip_named, choose, qmv_batch_limit, parse_version
+from gemmdrift.errors import GemmdriftError
 from gemmdrift.replay.paths import plan_for, run_plan
 from gemmdrift.metrics import differing_bytes
 
@@ -69,3 +70,26 @@ def test_the_m1_ultra_row_is_zero_bytes_and_the_m5_max_row_is_not(version):
     # 0.32.4 (float sums) rarely, so more outputs.
     d, k1, k3 = _block_vs_chain("M5 Max", 3, 1024, 256 if version == "0.32.0" else 4096, version)
     assert (k1, k3) == ("qmv_fast", "qmv_wide") and d.sum() > 0
+
+
+def _dense_block_vs_chain(chip, T, K, N, version="0.32.0"):
+    """mlxcel's dense arm, ``x @ W`` with W (K, N) not transposed: one T-row call against T one-row calls."""
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal((T, K)).astype(np.float16).astype(np.float32)
+    wt = np.ascontiguousarray(rng.standard_normal((K, N)).astype(np.float16).astype(np.float32).T)
+    kw = dict(K=K, N=N, dtype="float16", mlx_version=version, b_transposed=False)
+    one, blk = plan_for(chip, "matmul", T=1, **kw), plan_for(chip, "matmul", T=T, **kw)
+    block = run_plan(blk, x, dtype="float16", w=wt).y.astype(np.float16)
+    chain = np.concatenate([run_plan(one, x[t:t + 1], dtype="float16", w=wt).y for t in range(T)])
+    return differing_bytes(block, chain.astype(np.float16), axis=0), one.recipe.kernel, blk.recipe.kernel
+
+
+def test_the_dense_m1_ultra_row_differs_gemv_t_against_split_k_and_the_m5_t3_arm_is_refused():
+    # M1 Ultra, x @ W at T=3: gemv_t at T=1, split-K at T=3: other orders, so some bytes differ (mlxcel #1182:
+    # "the dense matmul differs"), a small fraction of them (float16 hides most float32 order differences).
+    d, k1, k3 = _dense_block_vs_chain("M1 Ultra", 3, 1024, 1024)
+    assert (k1, k3) == ("gemv_t", "steel_gemm_splitk")
+    assert 0 < d.sum() and d.max() < 2048 // 20
+    # M5 Max at T=3 runs NAX steel for float16 x @ W: no recipe, said in one line, never guessed.
+    with pytest.raises(GemmdriftError, match="steel_gemm_nax"):
+        _dense_block_vs_chain("M5 Max", 3, 1024, 1024)

@@ -86,13 +86,19 @@ def gemv_t_params(N: int, K: int) -> dict[str, int]:
 
 
 def gemv_params(M: int, N: int, K: int) -> dict[str, int]:
-    """gemv_axbpy for x @ W.T with one row (mat = W not transposed: the ``gemv_`` kernel), matmul.cpp."""
-    bm, bn, sm, sn, tm, tn = (8 if N >= 4096 else 4), 1, 1, 32, 4, 4
+    """gemv_axbpy's tiles for the ``gemv_`` kernel (mat not transposed: ``x @ W.T``, or ``x @ W`` with N == 1),
+    matmul.cpp L1164-1179 at 846d176, byte-identical at v0.30.5, v0.31.2, v0.32.0, b7c3dd6d and v0.32.1.
+
+    The tiles are keyed by ``out_vector_len``, which is N, except when N == 1 (``is_b_matrix = N != 1``,
+    L1116-1122): then mat is x itself and the kernel runs the other way round, over M output rows. sn, bn and
+    tn decide the K order (bn = 8 when K >= 16 out_vector_len); bm, sm and tm pick rows."""
+    out = N if N != 1 else M
+    bm, bn, sm, sn, tm, tn = (8 if out >= 4096 else 4), 1, 1, 32, 4, 4
     if K <= 64:
         bm, sm, sn = 1, 8, 4
-    elif K >= 16 * N:
+    elif K >= 16 * out:
         bm, bn = 1, 8  # 8 simdgroups split K, combined in order through threadgroup memory
-    if N < tm:
+    if out < tm:
         tm = 1
     return {"bm": bm, "bn": bn, "sm": sm, "sn": sn, "tm": tm, "tn": tn}
 

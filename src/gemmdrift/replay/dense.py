@@ -109,7 +109,7 @@ def cpu_sequential(P: np.ndarray, params: Mapping[str, Any], var: Mapping[str, s
 def metal_gemv(P: np.ndarray, params: Mapping[str, Any], var: Mapping[str, str], ftz: bool) -> np.ndarray:
     """GEMVKernel: lane l of simdgroup s adds ``k = B*i + 4*sn*s + 4*l + j`` (j = 0..3 inner) from +0
     (gemv.h L139-199, zero-filled tail), a shuffle-down ladder sn/2..1 (L202-208), then simdgroup 0 adds the
-    other simdgroups' results in order (L211-231; bn = 8 when K >= 16N)."""
+    other simdgroups' results in order (L211-231; bn = 8 when K >= 16 N, 16 M when N == 1)."""
     sn = int(params.get("sn", 32))
     bn = int(params.get("bn", 1))
     tn = int(params.get("tn", 4))

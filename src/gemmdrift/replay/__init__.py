@@ -31,6 +31,7 @@ import numpy as np
 
 from ..errors import GemmdriftError
 from . import dense as rd
+from . import fpquant as rf
 from . import quant as rq
 from .core import SIMD_SUMS, f32, needs_ftz, round_to
 
@@ -127,7 +128,26 @@ RECIPES: dict[str, Recipe] = {r.kernel: r for r in (
     _r("qmm_t_splitk", "quantized_matmul", rq.metal_qmm_t, HALF, {**_MMA, "dequant": ("fma",),
        "partials": ("dtype",)}, f"{METAL_REV}: quantized.h affine_qmm_t_splitk L1965-2022; host quantized.cpp "
        "qmm_splitk L1120-1217; reduction/reduce_col.h col_reduce_small", apple=True),
+    # The fp modes (mxfp4, nvfp4, mxfp8; replay.fpquant): the same kernel order from v0.30.5 (fp_qmv, fp_qmm_t)
+    # or v0.32.0 (fp_qmv_wide) to the 0.32.4 wheel's headers.
+    _r("fp_qmv", "quantized_matmul", rf.metal_fp_qmv, HALF, {"simd_sum": tuple(SIMD_SUMS),
+       "qdot_add": tuple(rf.QDOT_ADD)}, f"{METAL_REV}: mlx/backend/metal/kernels/fp_quantized.h fp_qmv_impl "
+       "L400-559, qdot L81-100, dequantize_scale L30-38", apple=True),
+    _r("fp_qmv_fast", "quantized_matmul", rf.metal_fp_qmv, HALF, {"simd_sum": tuple(SIMD_SUMS),
+       "qdot_add": tuple(rf.QDOT_ADD)}, f"{METAL_REV}: mlx/backend/metal/kernels/fp_quantized.h fp_qmv_fast_impl "
+       "L325-398, qdot L81-100", apple=True),
+    _r("fp_qmv_wide", "quantized_matmul", rf.metal_fp_qmv_wide, HALF, {"dot4": tuple(rd.DOT4),
+       "contract": tuple(rf.CONTRACT)}, f"{METAL_REV}: mlx/backend/metal/kernels/fp_quantized.h fp_qmv_wide_impl "
+       "L561-674 (k_lanes 16, quantized.cpp L567)", apple=True),
+    _r("fp_qmm_t", "quantized_matmul", rf.metal_fp_qmm_t, HALF, {**_MMA, "partials": ("dtype",)},
+       f"{METAL_REV}: mlx/backend/metal/kernels/fp_quantized.h fp_qmm_t_impl L786-910, dequantize L138-147",
+       apple=True),
+    _r("fp_qmm_t_splitk", "quantized_matmul", rf.metal_fp_qmm_t, HALF, {**_MMA, "partials": ("dtype",)},
+       f"{METAL_REV}: fp_quantized.h fp_qmm_t_splitk L1794-1846; host quantized.cpp qmm_splitk L1120-1217; "
+       "reduction/reduce_col.h col_reduce_small", apple=True),
 )}
+# The dispatch's kernel names are mode-free (qmv, qmv_wide, ...): an fp mode's recipe is the fp_ one.
+FP_KERNELS = {k: "fp_" + k for k in ("qmv", "qmv_fast", "qmv_wide", "qmm_t", "qmm_t_splitk")}
 # Kernels whose order the source does not give: said, never guessed.
 UNKNOWN = {
     "steel_gemm_nax": "NAX matmul2d (M5): accumulation order and rounding inside the unit are not in the source",
@@ -193,6 +213,12 @@ def version_axes(recipe: Recipe, mlx_version: str) -> Recipe:
     from ..dispatch import parse_version
 
     v = parse_version(mlx_version)
+    if recipe.kernel in ("fp_qmm_t", "fp_qmm_t_splitk"):
+        if v == (0, 32, 3):
+            raise GemmdriftError("mlx 0.32.3's quantized Metal headers were not read; replay 0.32.2 or 0.32.4")
+        # fp_qmm_t_splitk writes T partials to 0.32.2 and float ones in the 0.32.4 wheel (fp_quantized.h).
+        partials = ("float32",) if v >= (0, 32, 4) else ("dtype",)
+        return Recipe(**{**recipe.__dict__, "axes": {**recipe.axes, "partials": partials}})
     if recipe.kernel in ("qmm_t", "qmm_t_splitk"):
         if v == (0, 32, 3):
             raise GemmdriftError("mlx 0.32.3's quantized Metal headers were not read; replay 0.32.2 or 0.32.4")
@@ -212,6 +238,8 @@ def version_params(recipe: Recipe, mlx_version: str) -> dict[str, Any]:
         if v == (0, 32, 3):
             raise GemmdriftError("mlx 0.32.3's quantized Metal headers were not read; replay 0.32.2 or 0.32.4")
         return {"float_sums": v >= (0, 32, 4), "fast": recipe.kernel == "qmv_fast"}
+    if recipe.kernel in ("fp_qmv", "fp_qmv_fast"):
+        return {"fast": recipe.kernel == "fp_qmv_fast"}
     return {}
 
 
@@ -295,13 +323,23 @@ def replay_matmul(recipe: Recipe | str, x: np.ndarray, w: np.ndarray, bias: np.n
 def replay_quantized(recipe: Recipe | str, x: np.ndarray, wq: np.ndarray, scales: np.ndarray,
                      biases: np.ndarray, *, bits: int, group_size: int, dtype: str,
                      params: Mapping[str, Any] | None = None, variant: Any = None,
-                     mlx_version: str | None = None, engine: str | None = None) -> Replayed:
-    """``quantized_matmul(x, wq, scales, biases, transpose=True)`` (affine) as the kernel adds it (``engine``:
-    as :func:`replay_matmul`)."""
+                     mlx_version: str | None = None, engine: str | None = None, mode: str = "affine") -> Replayed:
+    """``quantized_matmul(x, wq, scales, biases, transpose=True, mode=mode)`` as the kernel adds it (``engine``:
+    as :func:`replay_matmul`).
+
+    ``mode`` ``affine`` (``biases`` the affine biases) or an fp mode (``mxfp4``, ``nvfp4``, ``mxfp8``: ``scales``
+    the uint8 scale codes mx.quantize returns, ``biases`` None; the ``fp_`` recipes of :mod:`.fpquant`, numpy
+    engine only)."""
     rec = get_recipe(recipe)
     if rec.op != "quantized_matmul":
         raise GemmdriftError(f"{rec.kernel} is a {rec.op} recipe")
     _check_dtype(rec, dtype)
+    if (mode != "affine") != rec.kernel.startswith("fp_"):
+        raise GemmdriftError(f"{rec.kernel} is not a recipe for mode {mode} (the fp modes' recipes: "
+                             f"{', '.join(FP_KERNELS.values())})")
+    if mode != "affine":
+        return _replay_fp(rec, x, wq, scales, bits=bits, group_size=group_size, dtype=dtype, params=params,
+                          variant=variant, mlx_version=mlx_version, mode=mode)
     if group_size != 64 and rec.apple:
         raise GemmdriftError(f"the Metal quantized recipes are for group size 64, not {group_size}")
     prm = {"bits": bits, "group_size": group_size, **(params or {})}
@@ -338,6 +376,33 @@ def replay_quantized(recipe: Recipe | str, x: np.ndarray, wq: np.ndarray, scales
         hi = min(N, lo + step)
         acc = rec.fn(x, q[lo:hi], sc[lo:hi], bi[lo:hi], prm, var, dtype, ftz)
         out[:, lo:hi] = round_to(acc, dtype)
+    return Replayed(out, rec.kernel, variant_name(var), ftz, rec.source, rec.prediction)
+
+
+def _replay_fp(rec: Recipe, x, wq, scales, *, bits, group_size, dtype, params, variant, mlx_version,
+               mode) -> Replayed:
+    """The fp-mode recipes (numpy): codes and scales decoded exactly, then the recipe, N in chunks."""
+    rf.mode_params(mode, bits, group_size)
+    prm = {"bits": bits, "group_size": group_size, "mode": mode, **(params or {})}
+    if rec.kernel in ("fp_qmv", "fp_qmv_fast"):
+        prm.setdefault("fast", rec.kernel == "fp_qmv_fast")  # the kernel's name decides it, with or without a release
+    if mlx_version:
+        rec = version_axes(rec, mlx_version)
+        prm.update(version_params(rec, mlx_version))
+    var = parse_variant(rec, variant)
+    x = f32(x)
+    T, K = x.shape
+    if K % group_size:
+        raise GemmdriftError(f"K={K} is not a multiple of the group size {group_size}")
+    codes, sc = rf.decode(wq, scales, mode, K)
+    # FTZ: a partial sum is a multiple of ulp(x) * ulp(code) * ulp(scale); needs_ftz bounds it from the minima.
+    ftz = rec.apple and needs_ftz(x, codes, sc)
+    N = codes.shape[0]
+    out = np.empty((T, N), dtype=np.float32)
+    step = max(1, CHUNK_ELEMENTS // max(1, 4 * T * K))
+    for lo in range(0, N, step):
+        hi = min(N, lo + step)
+        out[:, lo:hi] = round_to(rec.fn(x, codes[lo:hi], sc[lo:hi], None, prm, var, dtype, ftz), dtype)
     return Replayed(out, rec.kernel, variant_name(var), ftz, rec.source, rec.prediction)
 
 
@@ -381,19 +446,24 @@ def recipe_for(choice: Any, variant: Any = None, *, mlx_version: str | None = No
     :class:`GemmdriftError` saying why (NAX, cuBLASLt): said, not guessed.
     """
     kernel = choice.kernel
+    params = dict(choice.params or {})
+    if params.get("mode", "affine") != "affine" and kernel in FP_KERNELS:
+        kernel = FP_KERNELS[kernel]
+    elif params.get("mode", "affine") != "affine" and kernel in ("cpu_qmm", "cuda_qmv", "cuda_qmm"):
+        raise GemmdriftError(f"{kernel} with mode {params['mode']}: not replayed (fp-mode recipes exist for "
+                             "the Metal kernels only)")
     if kernel == "cpu_simd_gemm" or kernel == "cpu_cblas_sgemm" or kernel == "cpu_qmm":
         rec = RECIPES[kernel]
     else:
         rec = get_recipe(kernel)
-    params = dict(choice.params or {})
     if mlx_version:
         rec = version_axes(rec, mlx_version)
         params = {**version_params(rec, mlx_version), **params}
-    if rec.kernel == "qmm_t_splitk":
+    if rec.kernel in ("qmm_t_splitk", "fp_qmm_t_splitk"):
         params.setdefault("split_k", params.get("split_k", 1))
     return Plan(rec, params, parse_variant(rec, variant), getattr(choice, "source", ""), getattr(choice, "note", ""))
 
 
-__all__ = ["METAL_REV", "CPU_REV", "ENGINES", "replay_engine", "Recipe", "RECIPES", "UNKNOWN", "parse_variant",
+__all__ = ["METAL_REV", "CPU_REV", "ENGINES", "replay_engine", "Recipe", "RECIPES", "FP_KERNELS", "UNKNOWN", "parse_variant",
            "check_variant_text", "variant_name", "version_axes", "version_params", "Replayed", "replay_matmul",
            "replay_quantized", "get_recipe", "cpu_recipe", "Plan", "recipe_for"]

@@ -79,20 +79,23 @@ def parse_replay_path(text: str) -> ReplayPath:
 
 def plan_for(chip: Any, op: str, *, T: int, K: int, N: int, dtype: str, mlx_version: str | None = None,
              bits: int | None = None, group_size: int | None = None, variant: Any = None,
-             b_transposed: bool = True) -> Plan:
+             b_transposed: bool = True, mode: str = "affine") -> Plan:
     """The recipe ``chip`` runs for one call, bound to ``variant``; a kernel with no known order is an error.
 
     ``b_transposed`` (matmul only): True for ``x @ W.T`` with W (N, K) (a Linear), False for ``x @ W`` with W
     (K, N) row-major (``gemv_t`` at T=1 on Metal); :func:`run_plan` takes the weight as (N, K) either way
-    (``W.T`` for the second).
+    (``W.T`` for the second). ``mode`` (quantized only): ``affine`` or an fp mode (``mxfp4``, ``nvfp4``,
+    ``mxfp8``), whose Metal kernels have the ``fp_`` recipes.
     """
     c = parse_chip(chip) if isinstance(chip, str) else chip
     version = mlx_version or installed_mlx()
-    kw = {"bits": bits, "group_size": group_size} if op == "quantized_matmul" else {"b_transposed": b_transposed}
+    kw = ({"bits": bits, "group_size": group_size, "mode": mode} if op == "quantized_matmul"
+          else {"b_transposed": b_transposed})
     choice = choose(c, op, T=T, K=K, N=N, dtype=dtype, mlx_version=version, **kw)
     if choice.kernel in UNKNOWN or choice.kernel in ("cpu_not_read", "unsupported", "dot_product", "cuda_fp_qmv"):
         why = UNKNOWN.get(choice.kernel, choice.note or "no recipe")
         shape = "" if kw.get("b_transposed", True) else " (x @ W, W not transposed)"
+        shape += "" if mode == "affine" or op != "quantized_matmul" else f" {mode}"
         raise GemmdriftError(f"{c.name} {op}{shape} {dtype} T={T} K={K} N={N}: mlx {version} dispatches "
                              f"{choice.kernel}, which has no replay recipe ({why})")
     plan = recipe_for(choice, variant, mlx_version=version)
@@ -104,13 +107,13 @@ def plan_for(chip: Any, op: str, *, T: int, K: int, N: int, dtype: str, mlx_vers
 def run_plan(plan: Plan, x: np.ndarray, *, dtype: str, w: np.ndarray | None = None, bias=None, quant=None,
              w_min: float | None = None):
     """Run a plan on dense ``w`` (N, K) (for an ``x @ W`` plan, ``W.T``) or ``quant = (wq, scales, biases, bits,
-    group_size)``."""
+    group_size)`` (an fp mode's plan: ``scales`` the uint8 codes, ``biases`` None)."""
     if plan.recipe.op == "matmul":
         return replay_matmul(plan.recipe, x, w, bias, dtype=dtype, params=plan.params, variant=plan.variant,
                              w_min=w_min)
     wq, scales, biases, bits, group_size = quant
     return replay_quantized(plan.recipe, x, wq, scales, biases, bits=bits, group_size=group_size, dtype=dtype,
-                            params=plan.params, variant=plan.variant)
+                            params=plan.params, variant=plan.variant, mode=plan.params.get("mode", "affine"))
 
 
 def replay_probe(text: str, K: int, T: int, N: int) -> tuple[Callable[[np.ndarray], np.ndarray], int, dict]:

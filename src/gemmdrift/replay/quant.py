@@ -240,11 +240,15 @@ def metal_qmm_t(x, q, scales, biases, params: Mapping[str, Any], var, dtype: str
     partition's chain is rounded to the partial dtype and the partials reduced (``partials`` variant:
     ``dtype`` = bf16 partials summed by col_reduce_small in bf16 (0.32.2 and older), ``float32`` = float32
     partials summed in order (0.32.4; its reduction is not known from the wheel: an assumption))."""
-    g = int(params["group_size"])
-    split = int(params.get("split_k", 1))
-    K = q.shape[1]
-    w = _qmm_weights(q, scales, biases, g, var["dequant"], dtype, ftz)
-    P = np.multiply(x.T[:, :, None], w.T[:, None, :], dtype=np.float32)  # (K, T, N), exact
+    w = _qmm_weights(q, scales, biases, int(params["group_size"]), var["dequant"], dtype, ftz)
+    return qmm_chain(x, w, int(params.get("split_k", 1)), var, dtype, ftz)
+
+
+def qmm_chain(x, w, split: int, var, dtype: str, ftz: bool) -> np.ndarray:
+    """The steel MMA8 chain over K of ``x * w`` (w: the dequantized weights of the dtype, (N, K)), in ``split``
+    contiguous partitions reduced by :func:`qmm_partials` (shared by affine and fp qmm_t)."""
+    K = w.shape[1]
+    P = np.multiply(f32(x).T[:, :, None], w.T[:, None, :], dtype=np.float32)  # (K, T, N), exact
     if K % (32 * split):
         raise GemmdriftError(f"qmm_t with split_k={split} needs K % {32 * split} == 0, got K={K}")
     ps = K // split
@@ -284,4 +288,4 @@ def qmm_partials(parts, var, dtype: str, ftz: bool) -> np.ndarray:
 
 
 __all__ = ["CONTRIB", "CONTRACT", "unpack", "cpu_qmm_t", "qmv_geometry", "metal_qmv", "metal_qmv_wide",
-           "qmm_split_k", "metal_qmm_t", "qmm_partials"]
+           "qmm_split_k", "metal_qmm_t", "qmm_chain", "qmm_partials"]

@@ -58,7 +58,7 @@ RANKS = {
     "state.saveload": 4.3, "state.server_reuse": 4.3, "state.batch": 4.3, "state.sweep": 4.4, "state": 5,
     "state.bench": 6,  # the test bench for cache fixes (point state, diverge, stack, server at a plug-in)
     "replay.core": 1, "replay.jitcore": 1.5, "replay.dense": 2, "replay.jitcache": 2, "replay.jit": 2.5,
-    "replay.quant": 3, "replay.jitquant": 4, "replay": 5, "replay.paths": 6, "replay.calib": 6.5, "replay.model": 7,
+    "replay.quant": 3, "replay.fpquant": 3.5, "replay.jitquant": 4, "replay": 5, "replay.paths": 6, "replay.calib": 6.5, "replay.model": 7,
     "replay.orderrows": 9, "replay.check": 10, "replay.predict": 11,
     "fingerprint.probes": 10.1, "fingerprint.recovery": 10.2, "fingerprint.describe": 10.3, "fingerprint": 11,
     "attribution": 0, "attribution.primitives_operands": 4.5, "attribution.release_ops": 5,

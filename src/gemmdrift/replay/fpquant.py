@@ -56,6 +56,7 @@ import numpy as np
 from ..errors import GemmdriftError
 from .core import SIMD_SUMS, add, f32, fma, lane_tree, mul, round_to
 from .dense import DOT4, dot4
+from .quant import qmm_chain
 
 FP_MODES = {"mxfp4": (4, 32), "nvfp4": (4, 16), "mxfp8": (8, 32)}  # (bits, group size): quantize accepts only these
 QDOT_ADD = {"mul-add": "result = RN(result + RN(scale*accum))", "fma": "result = fma(scale, accum, result)"}
@@ -278,8 +279,6 @@ def qmm_weights(codes, scales, g: int, dtype: str) -> np.ndarray:
 
 def metal_fp_qmm_t(x, codes, scales, _biases, params: Mapping[str, Any], var, dtype: str, ftz: bool) -> np.ndarray:
     """fp_qmm_t (split_k 1) and fp_qmm_t_splitk: affine qmm_t's MMA8 chain and partials on ``T(T(s) * code)``."""
-    from .quant import qmm_chain
-
     w = qmm_weights(codes, scales, int(params["group_size"]), dtype)
     return qmm_chain(x, w, int(params.get("split_k", 1)), var, dtype, ftz)
 

@@ -93,3 +93,29 @@ def test_the_dense_m1_ultra_row_differs_gemv_t_against_split_k_and_the_m5_t3_arm
     # M5 Max at T=3 runs NAX steel for float16 x @ W: no recipe, said in one line, never guessed.
     with pytest.raises(GemmdriftError, match="steel_gemm_nax"):
         _dense_block_vs_chain("M5 Max", 3, 1024, 1024)
+
+
+def test_the_fp_rows_replay_fp_qmv_against_fp_qmv_wide_and_the_m1_ultra_qmv_wide_too():
+    # mlxcel #1186's fp rows on the M5 Max: T=1 fp_qmv(_fast), T=2..4 fp_qmv_wide (fp modes take qmv_wide on
+    # every generation: use_qmv_wide, quantized.cpp L537-540), so a block can differ from its rows by a few bytes.
+    import mlx.core as mx
+
+    rng = np.random.default_rng(12)
+    K = N = 1024
+    x = rng.standard_normal((4, K)).astype(np.float16).astype(np.float32)
+    for mode, bits, g, t1 in (("mxfp4", 4, 32, "fp_qmv_fast"), ("nvfp4", 4, 16, "fp_qmv_fast")):
+        wq, sc = (np.array(a) for a in mx.quantize(mx.array(rng.standard_normal((N, K)).astype(np.float16)),
+                                                    mode=mode)[:2])
+        kw = dict(K=K, N=N, dtype="float16", mlx_version=MLXCEL_MLX, mode=mode)
+        one = plan_for("M5 Max", "quantized_matmul", T=1, **kw)
+        blk = plan_for("M5 Max", "quantized_matmul", T=4, **kw)
+        assert (one.recipe.kernel, blk.recipe.kernel) == (t1, "fp_qmv_wide")
+        block = run_plan(blk, x, dtype="float16", quant=(wq, sc, None, bits, g)).y.astype(np.float16)
+        chain = np.concatenate([run_plan(one, x[t:t + 1], dtype="float16", quant=(wq, sc, None, bits, g)).y
+                                for t in range(4)]).astype(np.float16)
+        d = differing_bytes(block, chain, axis=0)
+        assert d.max() < 2 * N // 100  # a few bytes at most: the products are exact, only some sums round
+    # An M1 Ultra (gen 13) sends fp modes to qmv_wide from T=2 as well (affine stays on qmv there).
+    kernels = [plan_for("M1 Ultra", "quantized_matmul", T=t, K=K, N=N, dtype="float16", mlx_version=MLXCEL_MLX,
+                        mode="mxfp4").recipe.kernel for t in (1, 2, 11)]
+    assert kernels == ["fp_qmv_fast", "fp_qmv_wide", "fp_qmv_wide"]

@@ -166,7 +166,7 @@ def test_the_shipped_registry_is_empty_and_documented():
     assert (RC.REGISTRY / "README.md").is_file()
 
 
-def test_the_check_says_per_path_which_variants_exist_and_refuses_fp_modes_in_one_line(calibrated):
+def test_the_check_says_per_path_which_variants_exist_and_takes_the_fp_modes(calibrated):
     from gemmdrift.replay.check import check_paths, check_text
 
     result, _, _ = calibrated
@@ -174,6 +174,10 @@ def test_the_check_says_per_path_which_variants_exist_and_refuses_fp_modes_in_on
     assert "variants on dense:bfloat16: gemv (no open axis); gemv_wide dot4=sequential|pairwise" in text
     assert "qmv simd_sum=xor16|xor1|sequential contrib=fma|fma-bias|mul-add" in text
     assert "qmm_t_splitk mma=H1|H2|H3|H4" in text  # split-K and qmm_t are covered (dequant: one value, fixed)
-    for path in ("quant:mxfp4-q4-g32", "quant:nvfp4-q4-g16", "quant:mxfp8-q8-g32"):
-        with pytest.raises(GemmdriftError, match="not replayed: no (mx|nv)fp"):
-            check_paths([path])
+    # The fp modes have recipes now (replay.fpquant; tests/test_replay_fpquant.py checks them with a planted
+    # device); an fp quantization mlx's quantize refuses is one line.
+    specs = check_paths(["quant:mxfp4-q4-g32", "quant:nvfp4-q4-g16", "quant:mxfp8-q8-g32"])
+    assert [(s.quant.mode, s.quant.bits, s.quant.group_size) for s in specs] == [
+        ("mxfp4", 4, 32), ("nvfp4", 4, 16), ("mxfp8", 8, 32)]
+    with pytest.raises(GemmdriftError):
+        check_paths(["quant:nvfp4-q4-g32"])

@@ -317,3 +317,39 @@ def test_a_plan_runs_and_the_mode_must_match_the_recipe():
         R.replay_quantized("qmv_fast", x, wq, sc, None, bits=4, group_size=32, dtype="float16", mode="mxfp4")
     with pytest.raises(GemmdriftError, match="groups of 32"):
         R.replay_quantized("fp_qmv_fast", x, wq, sc, None, bits=4, group_size=16, dtype="float16", mode="mxfp4")
+
+
+def test_replay_check_runs_the_fp_paths_and_finds_a_planted_fp_variant():
+    # No Mac here: a planted device (the replay of M3 Max under a chosen variant, through the check's own code)
+    # must be found identical under that variant on the fp paths, and the defaults must not all be.
+    import json
+    from pathlib import Path
+
+    from gemmdrift import kernels
+    from gemmdrift.model import load_model
+    from gemmdrift.replay.check import check_paths, check_replay, planted_device
+
+    records = json.loads((Path(__file__).parent / "data" / "env_records.json").read_text())
+    env = {**records["M3 Max"], "mlx": "0.32.4"}
+    lm = load_model("embedded", dtype="float16")  # float16 outputs show more of the order than bf16
+    projs = kernels.projections(lm, layers=[0], names=["k_proj", "down_proj"])
+    rng = np.random.default_rng(31)
+    inputs = {p.key: rng.standard_normal((4, p.in_dims)) * 2.0 ** rng.integers(-10, 11, (4, p.in_dims))
+              for p in projs}
+    paths = ["quant:mxfp4-q4-g32", "quant:nvfp4-q4-g16"]
+    assert [s.quant.mode for s in check_paths(paths)] == ["mxfp4", "nvfp4"]
+    planted = "simd_sum=xor1,contract=none,qdot_add=fma"
+    result = check_replay(lm, inputs, projs, paths, (1, 2), env=env, mlx_version="0.32.4",
+                          device=planted_device("M3 Max", planted, "0.32.4"))
+    t = result.tables["replay_check"]
+    kern = set(t["kernel"])
+    assert kern == {"fp_qmv", "fp_qmv_fast", "fp_qmv_wide"}  # k_proj K=640: fp_qmv; down_proj K=2048: fast
+    for k, want in (("fp_qmv", "simd_sum=xor1,qdot_add=fma"), ("fp_qmv_fast", "simd_sum=xor1,qdot_add=fma"),
+                    ("fp_qmv_wide", "dot4=sequential,contract=none")):
+        rows = t[t["kernel"] == k]
+        assert len(rows[rows["variant"] == want]) >= 2 and rows[rows["variant"] == want]["identical"].all()
+        # The rows tell some other variant apart (each kernel's cells: two paths, one or two projections).
+        assert not rows[rows["variant"] != want]["identical"].all(), k
+    assert not t[(t["kernel"] == "fp_qmv") & (t["variant"] == "simd_sum=xor16,qdot_add=mul-add")]["identical"].all()
+    with pytest.raises(GemmdriftError):
+        check_paths(["quant:mxfp4-q8-g32"])  # mlx's quantize has mxfp4 at 4 bits only

@@ -34,7 +34,8 @@ def add_parser(sub) -> None:
     s.add_argument("--layers", help="decoder layers, e.g. 0-3,17 (default all; the LM head is layer N)")
     s.add_argument("--projections", help="comma-separated names, e.g. q_proj,lm_head (default all)")
     s.add_argument("--paths", default="dense:bfloat16,dense:float32,quant:affine-q4-g64,quant:affine-q8-g64",
-                   help="dense:<dtype> and quant:affine-q{4,8}-g64 (default: all four)")
+                   help="dense:<dtype>, quant:affine-q{4,8}-g64, and the fp modes quant:mxfp4-q4-g32, "
+                        "quant:nvfp4-q4-g16, quant:mxfp8-q8-g32 (default: the four affine and dense ones)")
     s.add_argument("--ts", default="1,2,3,4,8,16,33", help="block sizes, e.g. 1-4,8 (default 1,2,3,4,8,16,33)")
     s.add_argument("--rows", type=int, default=33, help="distinct captured rows per projection (default 33)")
     s.add_argument("--chip", help="whose recipes (default: this device's; e.g. M3, M1, sm90, cpu)")

@@ -2,9 +2,11 @@
 recipes on the same captured rows, per projection, path and T, and say which variant is bit-identical (or
 the ULP distance of the nearest).
 
-Paths checked: ``dense:<dtype>`` (nn.Linear in that dtype: ``mx.matmul`` of ``x @ W.T``) and
-``quant:affine-q<bits>-g64`` (``mx.quantized_matmul`` of the weights quantized by
-``nn.QuantizedLinear.from_linear``, in the model's compute dtype). The T-row block cycles the captured rows,
+Paths checked: ``dense:<dtype>`` (nn.Linear in that dtype: ``mx.matmul`` of ``x @ W.T``),
+``quant:affine-q<bits>-g64`` and the fp modes ``quant:mxfp4-q4-g32``, ``quant:nvfp4-q4-g16``,
+``quant:mxfp8-q8-g32`` (``mx.quantized_matmul`` of the weights quantized by
+``nn.QuantizedLinear.from_linear``, in the model's compute dtype; the fp modes on the captured rows only, no
+order rows yet). The T-row block cycles the captured rows,
 as :func:`gemmdrift.kernels.sweep` does. On this machine's own backend the recipe is the CPU's and must be
 identical everywhere; with ``chip`` set to another device the same check is a prediction compared with
 this device's kernels (expected to differ: a negative control).
@@ -26,6 +28,7 @@ from ..errors import GemmdriftError
 from ..model.projections import Projection
 from ..kernels.paths import dense_weights, parse_path
 from . import variant_name
+from .fpquant import FP_MODES
 from .paths import installed_mlx, plan_for, run_plan
 
 DEFAULT_TS = (1, 2, 3, 4, 8, 16, 33)
@@ -33,7 +36,8 @@ DEFAULT_PATHS = ("dense:bfloat16", "dense:float32", "quant:affine-q4-g64", "quan
 
 
 def check_paths(paths: Sequence[str]) -> list[Any]:
-    """Parsed ``dense:``/``quant:affine-q{4,8}-g64`` paths (one-line error otherwise, no model needed)."""
+    """Parsed ``dense:``, ``quant:affine-q{4,8}-g64`` and fp-mode paths (``quant:mxfp4-q4-g32``,
+    ``quant:nvfp4-q4-g16``, ``quant:mxfp8-q8-g32``) (one-line error otherwise, no model needed)."""
     out = []
     for p in paths:
         spec = parse_path(p)
@@ -42,10 +46,12 @@ def check_paths(paths: Sequence[str]) -> list[Any]:
         elif spec.kind == "quant" and spec.quant.mode == "affine" and spec.quant.bits in (4, 8) \
                 and spec.quant.group_size == 64:
             out.append(spec)
+        elif spec.kind == "quant" and FP_MODES.get(spec.quant.mode) == (spec.quant.bits, spec.quant.group_size):
+            out.append(spec)  # the fp recipes (replay.fpquant): captured rows only, no order rows
         elif spec.kind == "quant" and spec.quant.mode != "affine":
-            raise GemmdriftError(f"replay check: {p!r} not replayed: no {spec.quant.mode} check yet (the fp modes' "
-                                 "recipes, replay.fpquant, are not run by the check; checked: dense:<dtype>, "
-                                 "quant:affine-q4-g64, quant:affine-q8-g64)")
+            raise GemmdriftError(f"replay check: no recipe for path {p!r} ({spec.quant.mode} is "
+                                 f"{FP_MODES.get(spec.quant.mode, ('?', '?'))[0]} bits in groups of "
+                                 f"{FP_MODES.get(spec.quant.mode, ('?', '?'))[1]})")
         else:
             raise GemmdriftError(f"replay check: no recipe for path {p!r} (replayed: dense:<dtype>, "
                                  "quant:affine-q4-g64, quant:affine-q8-g64)")
@@ -68,6 +74,7 @@ class _Operands:
         w = w[:n]
         bias = None if bias is None else bias[:n]
         self.n, self.k = n, proj.in_dims
+        self.mode = "affine"
         if spec.kind == "dense":
             self.dtype = spec.dtype
             dt = mx_dtype(spec.dtype)
@@ -84,10 +91,16 @@ class _Operands:
             lin.weight = w
             if bias is not None:
                 lin.bias = bias
-            self.qlin = nn.QuantizedLinear.from_linear(lin, group_size=q.group_size, bits=q.bits)
+            mode_kw = {} if q.mode == "affine" else {"mode": q.mode}  # an older mlx has no mode argument
+            self.qlin = nn.QuantizedLinear.from_linear(lin, group_size=q.group_size, bits=q.bits, **mode_kw)
             mx.eval(self.qlin.parameters())
-            self.quant = (np.array(self.qlin["weight"]), to_numpy(self.qlin["scales"]),
-                          to_numpy(self.qlin["biases"]), q.bits, q.group_size)
+            self.mode = q.mode
+            if q.mode == "affine":
+                self.quant = (np.array(self.qlin["weight"]), to_numpy(self.qlin["scales"]),
+                              to_numpy(self.qlin["biases"]), q.bits, q.group_size)
+            else:  # the uint8 scale codes as they are (the recipes decode them)
+                self.quant = (np.array(self.qlin["weight"]), np.array(self.qlin["scales"]), None, q.bits,
+                              q.group_size)
             self.b = None if bias is None else to_numpy(bias)
             self.w = None
 
@@ -117,7 +130,7 @@ def check_replay(lm, inputs: Mapping[tuple[int, str], np.ndarray], projs: Sequen
         lm: the loaded model.
         inputs: captured rows per projection (:func:`gemmdrift.kernels.capture_inputs`).
         projs: the projections (:func:`gemmdrift.kernels.projections`).
-        paths: ``dense:<dtype>`` and ``quant:affine-q{4,8}-g64`` paths.
+        paths: ``dense:<dtype>``, ``quant:affine-q{4,8}-g64`` and fp-mode paths (see :func:`check_paths`).
         ts: block sizes.
         chip: whose recipes to replay (default: this device, from its environment record).
         variants: ``all`` (every variant of each recipe) or one variant text.
@@ -177,7 +190,7 @@ def check_replay(lm, inputs: Mapping[tuple[int, str], np.ndarray], projs: Sequen
             for T in ts:
                 x = metrics.round_to(captured[np.arange(T) % len(captured)], ops.dtype).astype(np.float32)
                 op = "matmul" if spec.kind == "dense" else "quantized_matmul"
-                q = {} if ops.quant is None else {"bits": ops.quant[3], "group_size": ops.quant[4]}
+                q = {} if ops.quant is None else {"bits": ops.quant[3], "group_size": ops.quant[4], "mode": ops.mode}
                 base = {"layer": proj.layer, "projection": proj.name, "path": spec.text, "T": T, "K": ops.k,
                         "N": ops.n, "dtype": ops.dtype}
                 try:
@@ -247,7 +260,8 @@ def _check_order_rows(chip: Any, version: str, specs, compute: str, variants: st
     from .orderrows import DEFAULT_TRIES, STYLES, order_path, order_units
 
     rows, records = [], []
-    for unit in order_units(chip, mlx_version=version, paths=[order_path(s, compute) for s in specs]):
+    affine = [s for s in specs if s.kind == "dense" or s.quant.mode == "affine"]  # no fp order rows yet
+    for unit in order_units(chip, mlx_version=version, paths=[order_path(s, compute) for s in affine]):
         key = {**{k: getattr(unit, k) for k in ("kernel", "axis", "path", "T", "K", "N")}, "tries": DEFAULT_TRIES,
                "styles": list(STYLES), "variants": variants}
         path = None if ckpt is None else ckpt / f"{unit.name}.json"
@@ -326,7 +340,7 @@ def planted_device(chip: Any, variant: str, mlx_version: str) -> Callable[[Any, 
     """
     def real(ops, x: np.ndarray) -> np.ndarray:
         op = "matmul" if ops.quant is None else "quantized_matmul"
-        q = {} if ops.quant is None else {"bits": ops.quant[3], "group_size": ops.quant[4]}
+        q = {} if ops.quant is None else {"bits": ops.quant[3], "group_size": ops.quant[4], "mode": ops.mode}
         plan = plan_for(chip, op, T=x.shape[0], K=ops.k, N=ops.n, dtype=ops.dtype, mlx_version=mlx_version,
                         variant=variant, **q)
         return run_plan(plan, x, dtype=ops.dtype, w=ops.w, bias=ops.b, quant=ops.quant).y

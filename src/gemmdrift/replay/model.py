@@ -67,7 +67,8 @@ class _Replay:
         self._dtype = dtype
         quantized = isinstance(module, (nn.QuantizedLinear, nn.QuantizedEmbedding))
         if quantized and getattr(module, "mode", "affine") != "affine":
-            raise GemmdriftError(f"{name}: replay has affine recipes only, not {module.mode}")
+            raise GemmdriftError(f"{name}: the model replay runs affine quantized modules only, not {module.mode} "
+                                 "(the fp modes' recipes run in replay check and replay_quantized)")
         if quantized:
             self._quant = (np.array(module["weight"]), to_numpy(module["scales"]), to_numpy(module["biases"]),
                            module.bits, module.group_size)

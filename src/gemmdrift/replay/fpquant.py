@@ -37,7 +37,9 @@ v0.32.0 and b7c3dd6d are identical to each other and differ from v0.32.1 only by
   L537-540, with ``k_lanes = 16``, L567): lane l of 16 takes groups l, l+16, ...; per group ``acc = 0;
   acc += dot(w4[j], float4(x4[j]))`` over the group's float4s (``dot``'s order: axis ``dot4``, as the dense
   gemv_wide's), then ``result += s * acc`` (one expression: contracted to ``fma(s, acc, result)`` by default,
-  axis ``contract``; again exact for e8m0 scales); then ``simd_shuffle_down`` 8, 4, 2, 1 (L654-668).
+  axis ``contract``; again exact for e8m0 scales); then ``simd_shuffle_down`` 8, 4, 2, 1 (L654-668). The
+  axis shares its name with affine qmv_wide's ``acc += x * w``: both are one-expression ``r += a*b``, which
+  the compiler contracts or not alike, so one calibrated value serves both.
 * ``fp_qmm_t`` / ``fp_qmm_t_splitk`` (``fp_qmm_t_impl`` L786-910, ``fp_qmm_t_splitk`` L1794-1846; host
   ``qmm`` L1024-1118, ``qmm_splitk`` L1120-1217): ``QuantizedBlockLoader`` writes ``dequantize`` (L138-147)
   ``T(float(scale_T) * code)`` to threadgroup memory (v0.32.0: ``scale_T * code`` in T arithmetic): the

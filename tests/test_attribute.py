@@ -150,3 +150,30 @@ def test_every_report_row_carries_a_command_that_parses_to_its_cell(tiny):
     assert all("|" not in k for row in rows for k in row)  # markdown table headers stay intact
 
 
+
+
+def test_the_counterfactual_envelope_is_the_stack_comparisons_and_a_run_for_its_logits_keeps_no_ops():
+    """The envelope attribute computes for each counterfactual (the logits only) is compare_taps' envelope of the
+    same two runs, flips included; a run with record_ops=False gives the same taps and replaces the same classes,
+    and keeps no op arrays (the counterfactual runs read their logits only)."""
+    from gemmdrift.attribution.attribute import _envelope
+    from gemmdrift.measure.stack import compare_taps
+
+    lm = make_tiny("float32")
+    toks, a, b = TOKENS[:24], "prefill:4,decode", "prefill:4,verify:2"
+    pos = np.arange(4, 24)
+    ref_taps, ref = optaps.run_ops(lm.model, toks, a, split=4, logit_positions=pos, keep_inputs=True)
+    kw = dict(split=4, positions=pos, logit_positions=pos, reference=ref, replace=["self_attn.q_proj"],
+              perturb={(1, "mlp.down_proj"): lambda out, args: out * 0})  # planted: no MLP in layer 1
+    taps, rec = optaps.run_ops(lm.model, toks, b, **kw)
+    lean_taps, lean = optaps.run_ops(lm.model, toks, b, record_ops=False, **kw)
+    assert np.array_equal(lean_taps.logits, taps.logits) and np.array_equal(lean_taps.hidden, taps.hidden)
+    assert lean.replaced == rec.replaced == {"self_attn.q_proj"} and lean.order == rec.order
+    assert rec.out and not lean.out and not lean.inp
+    _, per_pos, env = compare_taps(ref_taps, taps, lm.info["layer_types"], {"pair": "p", "reference": a,
+                                   "schedule": b, "mode": "m", "dtype": "float32"}, tokens=toks)
+    mine = _envelope(ref_taps, taps, toks)
+    assert env["flips"] > 0 and 0 < env["same_top1_share"] < 1  # something to compare
+    for k in ("max_abs_dlogit", "max_abs_dgap", "flips", "kld_mean", "same_top1_share"):
+        assert mine[k] == float(env[k]), k
+    assert mine["flip_positions"] == [int(p) for p in per_pos["position"][per_pos["flip"]]]

@@ -30,18 +30,22 @@ from ..checkpoint import Checkpoints
 from ..errors import GemmdriftError
 from ..result import Result, env_labels, figure_name, tidy
 from ..schedules import parse_schedule
-from ..measure.stack import compare_taps
+from .. import metrics
+from ..measure.stack import two_run
 from ..model.taps import common_prefix, run_schedule
 
 DIRECTIONS = ("each", "all-but-one")
 ENVELOPE = ("max_abs_dlogit", "max_abs_dgap", "flips", "kld_mean", "same_top1_share")
 
 
-def _envelope(ref_taps, taps, kinds, tokens, labels) -> dict[str, Any]:
-    """The logit envelope of ``taps`` against the reference (:func:`gemmdrift.measure.stack.compare_taps`) and the
-    positions that flip."""
-    _, per_pos, env = compare_taps(ref_taps, taps, kinds, labels, tokens=tokens)
-    flips = [int(p) for p in per_pos["position"][per_pos["flip"]]] if per_pos is not None else []
+def _envelope(ref_taps, taps, tokens) -> dict[str, Any]:
+    """The logit envelope of ``taps`` against the reference and the positions that flip: the logit figures of
+    :func:`gemmdrift.measure.stack.compare_taps` (:func:`gemmdrift.metrics.logit_drift`, its envelope and the
+    two-run statistics), without the per-layer rows and the bit counts over the vocabulary nobody reads here."""
+    la, lb = ref_taps.logits[ref_taps.logit_rows(taps.logit_positions)], taps.logits
+    d = metrics.logit_drift(la, lb)
+    env = {**metrics.envelope_summary(d), **two_run(la, lb, taps.logit_positions, tokens)}
+    flips = [int(p) for p in np.asarray(taps.logit_positions)[np.asarray(d["flip"], bool)]]
     return {**{k: float(env[k]) if k in env else float("nan") for k in ENVELOPE}, "flip_positions": flips}
 
 
@@ -168,7 +172,6 @@ def attribute(lm, tokens: Sequence[int], schedules: Sequence[str], *, split: int
     classes = exposed.resolve(ops, "op class") if ops else exposed.classes
     site_list = optaps.sites(lm.model)  # before a replay's proxies go in
     kopt = KernelsOption(kernels)
-    kinds = list(lm.description.layer_types)
     pair = f"{a} vs {b}"
     toks = [int(t) for t in tokens]
     ck = Checkpoints(checkpoint if perturb is None else None, "attribute", lm.description, toks, a, b, split,
@@ -203,11 +206,10 @@ def attribute(lm, tokens: Sequence[int], schedules: Sequence[str], *, split: int
             ref_taps, ref = reference()
             # B as it is needs its logits only: the layer taps' run without op taps (a planted change under B
             # lives in the op taps, so then B runs with them)
-            acc_taps = (run_b()[2] if perturb else
+            acc_taps = (run_b(record_ops=False)[2] if perturb else
                         run_schedule(lm.model, toks, b, split=split, positions=positions, logit_positions=positions,
                                      prefix=prefix))
-            base = _envelope(ref_taps, acc_taps, kinds, toks, {"pair": pair, "reference": a, "schedule": b,
-                                                               "mode": "accumulated", "dtype": lm.description.dtype})
+            base = _envelope(ref_taps, acc_taps, toks)
             _, _, _, loc = run_b(local=True)
             local = optaps.local_drift(ref, loc, positions)
             first = optaps.first_differing(local)
@@ -226,11 +228,8 @@ def attribute(lm, tokens: Sequence[int], schedules: Sequence[str], *, split: int
                 if row is None and not replace:  # the only drifting class: nothing else to make invariant
                     row = {"class": cls, "direction": direction, **base}
                 if row is None:
-                    ref_taps, _, taps, _ = run_b(replace=replace)
-                    row = {"class": cls, "direction": direction,
-                           **_envelope(ref_taps, taps, kinds, toks, {"pair": pair, "reference": a, "schedule": b,
-                                                                      "mode": "counterfactual",
-                                                                      "dtype": lm.description.dtype})}
+                    ref_taps, _, taps, _ = run_b(replace=replace, record_ops=False)  # its logits are read
+                    row = {"class": cls, "direction": direction, **_envelope(ref_taps, taps, toks)}
                     ck.save("cf", row, direction, cls)
                     _say(f"{direction:11s} {cls:28s} flips {row['flips']:.0f}  max|dlogit| {row['max_abs_dlogit']:.3g}")
                 cf_rows.append(row)

@@ -99,7 +99,7 @@ def compare_taps(ref: Taps, other: Taps, layer_kinds: Sequence[str], labels: dic
         envelope = metrics.envelope_summary(d)
         m.update({k: v for k, v in envelope.items() if k not in ("flip_gaps", "positions")})
         if tokens is not None:
-            two = _two_run(la, lb, other.logit_positions, tokens)
+            two = two_run(la, lb, other.logit_positions, tokens)
             envelope.update(two)
             m.update(two)
         li = other.n_layers + 1
@@ -113,7 +113,7 @@ def compare_taps(ref: Taps, other: Taps, layer_kinds: Sequence[str], labels: dic
 TWO_RUN_FIGURES = ("kld_mean", "kld_max", "kld_p99.9", "same_top1_share", "dp_rms", "ppl_ratio")
 
 
-def _two_run(la: np.ndarray, lb: np.ndarray, logit_positions: np.ndarray, tokens: Sequence[int]) -> dict[str, float]:
+def two_run(la: np.ndarray, lb: np.ndarray, logit_positions: np.ndarray, tokens: Sequence[int]) -> dict[str, float]:
     """KLD(reference ‖ schedule), same top-1, Δp and perplexity ratio at the logit positions with a next token."""
     from .twostats import two_run_stats, view_from_logits
 

@@ -242,7 +242,7 @@ class OpRecorder:
     def __init__(self, n_layers: int, positions: Sequence[int], logit_positions: Sequence[int], *, start: int = 0,
                  reference: OpRecord | None = None, local: bool = False, replace: Sequence[str] = (),
                  perturb: Mapping[tuple[int, str], Callable] | None = None, keep_inputs: bool = False,
-                 schedule: str = ""):
+                 schedule: str = "", record_ops: bool = True):
         if (local or replace) and reference is None:
             raise GemmdriftError("local and replace modes need a reference run")
         self.n_layers = n_layers
@@ -254,6 +254,7 @@ class OpRecorder:
         self.reference, self.local, self.replace = reference, local, set(replace)
         self.perturb = dict(perturb or {})
         self.keep_inputs = keep_inputs
+        self.record_ops = record_ops
         mode = "local" if local else ("replace:" + "+".join(sorted(self.replace))) if self.replace else "record"
         self.record = OpRecord(schedule, mode, [], {}, {}, {}, {}, {})
         self.pending: list[tuple[tuple[int, str], np.ndarray, int, Any]] = []
@@ -306,7 +307,8 @@ class OpRecorder:
         if cls in self.replace:
             out = _inject(ref.out[key][ref.rows(key, pos)], out)
             rec.replaced.add(cls)
-        self._capture(key, pos, out, [args[j] for j in row_args] if self.keep_inputs else [])
+        if self.record_ops:
+            self._capture(key, pos, out, [args[j] for j in row_args] if self.keep_inputs else [])
         return out
 
     def _capture(self, key, pos: np.ndarray, out, inputs: list) -> None:
@@ -441,7 +443,8 @@ def run_ops(model, tokens: Sequence[int], schedule: str, *, split: int | None = 
             positions: Sequence[int] | None = None, logit_positions: Sequence[int] | None = None,
             prefix: Prefix | None = None, reference: OpRecord | None = None, local: bool = False,
             replace: Sequence[str] = (), perturb: Mapping[tuple[int, str], Callable] | None = None,
-            keep_inputs: bool = False, site_list: Sequence[Site] | None = None) -> tuple[Taps, OpRecord]:
+            keep_inputs: bool = False, site_list: Sequence[Site] | None = None,
+            record_ops: bool = True) -> tuple[Taps, OpRecord]:
     """One run of ``schedule`` with op taps (and the layer taps of :func:`gemmdrift.model.taps.run_schedule`).
 
     Args:
@@ -455,13 +458,16 @@ def run_ops(model, tokens: Sequence[int], schedule: str, *, split: int | None = 
             change, or an emulated kernel from the call's arguments: known-answer tests and controls).
         keep_inputs: keep each op's per-row inputs too (a reference for local mode).
         site_list: the model's :func:`sites`, taken before other proxies (a replay) went in.
+        record_ops: keep the ops' outputs in the record (False: a run read for its layer taps and logits only, as a
+            counterfactual is; the record then holds the forward order and the replaced classes, no arrays).
     """
     n = len(tokens)
     start = prefix.length if prefix is not None else 0
     positions = np.arange(start, n) if positions is None else np.asarray(positions, dtype=np.int64)
     logit_positions = np.zeros(0, np.int64) if logit_positions is None else np.asarray(logit_positions, np.int64)
     rec = OpRecorder(len(model.layers), positions, logit_positions, start=start, reference=reference, local=local,
-                     replace=replace, perturb=perturb, keep_inputs=keep_inputs, schedule=str(schedule))
+                     replace=replace, perturb=perturb, keep_inputs=keep_inputs, schedule=str(schedule),
+                     record_ops=record_ops)
     with installed(model, rec, site_list):
         taps = run_schedule(model, tokens, schedule, split=split, positions=positions,
                             logit_positions=logit_positions, prefix=prefix, progress=lambda _: rec.flush())

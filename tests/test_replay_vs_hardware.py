@@ -119,3 +119,49 @@ def test_the_fp_rows_replay_fp_qmv_against_fp_qmv_wide_and_the_m1_ultra_qmv_wide
     kernels = [plan_for("M1 Ultra", "quantized_matmul", T=t, K=K, N=N, dtype="float16", mlx_version=MLXCEL_MLX,
                         mode="mxfp4").recipe.kernel for t in (1, 2, 11)]
     assert kernels == ["fp_qmv_fast", "fp_qmv_wide", "fp_qmv_wide"]
+
+
+def _script():
+    """scripts/replay_vs_hardware.py, the reconciliation's statistics (imported by path: scripts/ is no package)."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "replay_vs_hardware.py"
+    spec = importlib.util.spec_from_file_location("replay_vs_hardware", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_mlxcel_draws_are_mlx_normal_as_random_cpp_computes_it():
+    # mlx/random.cpp normal (b7c3dd6d): a float32 uniform on (nextafter(-1, 0), 1), erfinv in float32, cast to
+    # half, then times half(sqrt 2) in half; here rebuilt from the uniform and erfinv alone.
+    import mlx.core as mx
+
+    r = _script()
+    x, quant = r.mlx_operands(5, 256, 64, 3)
+    kx, _ = mx.random.split(mx.random.key(5))
+    u = mx.random.uniform(low=float(np.nextafter(np.float32(-1), np.float32(0))), high=1.0, shape=(3, 256),
+                          dtype=mx.float32, key=kx, stream=mx.cpu)
+    e = np.array(mx.erfinv(u, stream=mx.cpu)).astype(np.float16)
+    want = (np.float16(1.4140625) * e).astype(np.float16)  # half * half: exact in float32, one rounding
+    assert np.array_equal(x.astype(np.float16).view(np.uint16), want.view(np.uint16))
+    assert quant[0].shape == (64, 256 * 4 // 32) and quant[1].shape == (64, 256 // 64)
+
+
+def test_the_scaled_x_sum_model_is_the_two_releases_at_its_ends_and_fits_a_target_between():
+    # lam 0: 0.32.4's float sums; lam 1: 0.32.0's half quads, byte for byte the recipes' own statistic
+    # (run_plan, T single-row calls), through another path (the float32 accumulators, blended in float64).
+    r = _script()
+    K, N, T = 1024, 2048, 3
+    x, quant = r.operands(1000, K, N, T)
+    acc = r.accumulators("M5 Max", K, N, T, x, quant)
+    for lam, version in ((0.0, "0.32.4"), (1.0, "0.32.0")):
+        d, k1, kT = r.block_vs_chain("M5 Max", K, N, T, version, x, quant)
+        assert (k1, kT) == ("qmv_fast", "qmv_wide")
+        assert np.array_equal(r.scaled_xsum(acc, lam), d), version
+    per = 2 * N
+    lo, hi = np.mean(r.scaled_xsum(acc, 0.0)) / per, np.mean(r.scaled_xsum(acc, 1.0)) / per
+    assert lo < 0.01 < hi
+    lam = r.lam_for(acc, 0.01, per)
+    assert 0 < lam < 1 and abs(np.mean(r.scaled_xsum(acc, lam)) / per - 0.01) < 0.002

@@ -13,6 +13,32 @@ def gd(*args, cwd=None):
                           env={**os.environ}, timeout=600)
 
 
+def gd_here(monkeypatch, capsys, *args, load=True):
+    """`gemmdrift ARGS` in this process: (exit status, stdout, stderr) as ``gd`` gives them. A refusal needs no
+    process of its own (each cost 1-2 s of imports); what the command sets in the environment (--device, the
+    float32 policy) is restored afterwards. ``load=False``: a call of load_model is an error (the refusal must
+    come before any model loads)."""
+    from gemmdrift import model
+    from gemmdrift.cli import main
+    from gemmdrift.machine import envinfo
+
+    def load_model(*a, **k):
+        raise AssertionError(f"gemmdrift {' '.join(args)}: a model was loaded before the refusal")
+
+    if not load:
+        monkeypatch.setattr(model, "load_model", load_model)
+    monkeypatch.setattr(envinfo, "TF32_POLICY", envinfo.TF32_POLICY)
+    for k in ("MLX_ENABLE_TF32", "GEMMDRIFT_DEVICE"):
+        monkeypatch.setenv(k, os.environ[k]) if k in os.environ else monkeypatch.delenv(k, raising=False)
+    capsys.readouterr()
+    try:
+        code = main(list(args))
+    except SystemExit as e:  # argparse's own refusals
+        code = e.code
+    out, err = capsys.readouterr()
+    return subprocess.CompletedProcess(list(args), code, out, err)
+
+
 def assert_user_error(r, needle):
     """Exit status 2, no traceback, and exactly one error line (progress lines may precede it)."""
     assert r.returncode == 2, r.stderr
@@ -54,8 +80,14 @@ def test_env_json_records_versions_and_device():
     (["run", "--sizes", "huge"], "invalid choice"),
     (["nosuchcommand"], "invalid choice"),
 ])
-def test_bad_input_is_one_line_and_exit_2(args, needle):
-    assert_user_error(gd(*args), needle)
+def test_bad_input_is_one_line_and_exit_2(args, needle, monkeypatch, capsys):
+    assert_user_error(gd_here(monkeypatch, capsys, *args), needle)
+
+
+def test_a_refusal_is_one_line_and_exit_2_from_a_process_of_its_own():
+    # The cases above run in this process; here the real process: its exit status and its whole stderr.
+    assert_user_error(gd("nosuchcommand"), "invalid choice")
+    assert_user_error(gd("stack", "--dtype", "float8"), "unknown dtype")
 
 
 def test_asking_for_a_gpu_that_mlx_cannot_see():
@@ -147,23 +179,19 @@ def test_run_quick_writes_the_report_and_resumes(tmp_path):
     (["triage", "--stream-a", "{file}", "--stream-b", "{file}", "--envelope", "inf", "--out", "{tmp}/o"],
      "--envelope must be a finite non-negative"),
 ])
-def test_bad_input_is_refused_before_any_model_loads(tmp_path, args, needle):
+def test_bad_input_is_refused_before_any_model_loads(tmp_path, args, needle, monkeypatch, capsys):
     # Regression: these were accepted and failed (or ran on) only after the model loaded and computed:
     # an --out that is a file raised NotADirectoryError after the run (exit 1, a gate "regression"),
     # --envelope nan gave a matplotlib traceback, a negative one OUTSIDE ENVELOPE on identical streams,
     # reversed ranges and an empty prompt were not named, --max-t below every --ts exited 0 on an empty sweep.
-    import time
-
+    # gd_here makes a model load an error, so each is refused before any model loads (the test used to time a
+    # process of its own against 2 s, which failed on a loaded machine).
     f = tmp_path / "file.txt"
     f.write_text("[1, 2, 3]")
     bad = tmp_path / "bad.txt"
     bad.write_text("1 2 x")
     args = [a.format(file=f, bad=bad, tmp=tmp_path) for a in args]
-    t0 = time.perf_counter()
-    r = gd(*args)
-    seconds = time.perf_counter() - t0
-    assert_user_error(r, needle)
-    assert seconds < 2.0, f"{args}: refused after {seconds:.1f} s"
+    assert_user_error(gd_here(monkeypatch, capsys, *args, load=False), needle)
     assert not (tmp_path / "o").exists()
 
 

@@ -257,7 +257,7 @@ def test_foreign_streams_models_and_tokenizers_are_refused(base_file):
 # ------------------------------------------------------------------ the commands, on the tiny model saved as a checkpoint
 
 
-from test_cli import assert_user_error, gd  # noqa: E402  (the CLI helpers every command test uses)
+from test_cli import assert_user_error, gd, gd_here  # noqa: E402  (the CLI helpers every command test uses)
 
 
 @pytest.fixture
@@ -309,7 +309,11 @@ def test_logits_then_compare_on_the_command_line(tiny_dir, tmp_path):
     assert f["kld_max"] == 0.0 and f["same_top1_share"] == 1.0
 
 
-def test_bad_input_of_logits_and_compare(tiny_dir, tmp_path):
+def test_bad_input_of_logits_and_compare(tiny_dir, tmp_path, monkeypatch, capsys):
+    # In this process (test_cli.gd_here): each refusal in a process of its own cost 1-2 s of imports.
+    def gd(*args):
+        return gd_here(monkeypatch, capsys, *args)
+
     d, ids = tiny_dir
     empty = tmp_path / "empty.txt"
     empty.write_text("")

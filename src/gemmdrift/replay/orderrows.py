@@ -81,6 +81,7 @@ class OrderOperands:
     w: np.ndarray | None = None  # (N, K) dense weight (float32 holding dtype values)
     b: np.ndarray | None = None
     quant: tuple | None = None  # (wq, scales, biases, bits, group_size)
+    mode: str = "affine"  # the quantization mode, as check's operands carry it (order cases are affine only)
 
     def real(self, x: np.ndarray) -> np.ndarray:
         """mlx's kernel on these operands (the device the check runs on)."""

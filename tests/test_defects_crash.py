@@ -395,8 +395,11 @@ def test_interrupt_stops_the_workers_promptly(tmp_path, stubborn, group):
 
     script = tmp_path / "planted.py"
     script.write_text(SCRIPT)
+    # SIGINT back to its default in the child (as test_probe's): a runner started in the background ignores it,
+    # the child inherits that, and Python then installs no KeyboardInterrupt handler (the main would sleep on)
     p = subprocess.Popen([sys.executable, str(script), str(tmp_path), "1" if stubborn else "0"],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     pids: list[int] = []
     try:
         deadline = time.monotonic() + 120  # two spawned workers start (imports under load)

@@ -58,7 +58,7 @@ import numpy as np
 from ..errors import GemmdriftError
 from .core import SIMD_SUMS, add, f32, fma, lane_tree, mul, round_to
 from .dense import DOT4, dot4
-from .quant import qmm_chain
+from .quant import qdot_accum, qmm_chain
 
 FP_MODES = {"mxfp4": (4, 32), "nvfp4": (4, 16), "mxfp8": (8, 32)}  # (bits, group size): quantize accepts only these
 QDOT_ADD = {"mul-add": "result = RN(result + RN(scale*accum))", "fma": "result = fma(scale, accum, result)"}
@@ -194,19 +194,6 @@ def fp_qmv_geometry(bits: int, fast: bool) -> tuple[int, int]:
     return vpt, vpt * 32
 
 
-def _qdot(pb: np.ndarray, bits: int, ftz: bool) -> np.ndarray:
-    """qdot's accum over one lane's exact products (axis 0): 4 bits ``accum += ((p0+p1)+p2)+p3`` per uint16,
-    8 bits ``accum += p`` each, from +0."""
-    a = np.zeros(pb.shape[1:], dtype=np.float32)
-    if bits == 8:
-        for i in range(pb.shape[0]):
-            a = add(a, pb[i], ftz)
-        return a
-    for i in range(0, pb.shape[0], 4):
-        a = add(a, add(add(add(pb[i], pb[i + 1], ftz), pb[i + 2], ftz), pb[i + 3], ftz), ftz)
-    return a
-
-
 def metal_fp_qmv(x, codes, scales, _biases, params: Mapping[str, Any], var, dtype: str, ftz: bool) -> np.ndarray:
     """fp_qmv / fp_qmv_fast: lane l, block b covers ``k = B*b + vpt*l + [0, vpt)``; per block
     ``result += scale * accum`` (``qdot_add``); lanes past K add nothing; then ``simd_sum`` over 32 lanes."""
@@ -228,7 +215,7 @@ def metal_fp_qmv(x, codes, scales, _biases, params: Mapping[str, Any], var, dtyp
         xb = np.moveaxis(x[:, ks], 0, 2)[..., None]  # (lane, vpt, T, 1)
         cb = np.moveaxis(codes[:, ks], 0, 2)[:, :, None, :]  # (lane, vpt, 1, N)
         pb = np.multiply(xb, cb, dtype=np.float32)  # exact
-        acc = _qdot(np.moveaxis(pb, 1, 0), bits, ftz)  # (lane, T, N)
+        acc = qdot_accum(np.moveaxis(pb, 1, 0), bits, ftz)  # (lane, T, N)
         s = np.broadcast_to(f32(scales)[:, ks[:, 0] // g].T[:, None, :], acc.shape)  # (lane, 1, N)
         if how == "fma":
             r[:lanes] = fma(s, acc, r[:lanes], ftz)

@@ -116,7 +116,7 @@ def _partial_sum(xb: np.ndarray, bits: int, float_sums: bool, dtype: str, ftz: b
     """``load_vector``'s sum over one lane's values (axis 0): 4-bit adds quads ``x0+x1+x2+x3`` (bf16 ops at
     0.32.2 and older, float at 0.32.4) into a float sum; 8-bit adds each x into a float sum."""
     if bits == 8 or float_sums:  # the same float adds, in the same order, as qdot's accum
-        return _accum(xb, bits, ftz)
+        return qdot_accum(xb, bits, ftz)
     s = np.zeros(xb.shape[1:], dtype=np.float32)
     for i in range(0, xb.shape[0], 4):
         quad = add_rounded(add_rounded(add_rounded(xb[i], xb[i + 1], dtype), xb[i + 2], dtype), xb[i + 3], dtype)
@@ -124,9 +124,9 @@ def _partial_sum(xb: np.ndarray, bits: int, float_sums: bool, dtype: str, ftz: b
     return s
 
 
-def _accum(pb: np.ndarray, bits: int, ftz: bool) -> np.ndarray:
-    """``qdot``'s accum (axis 0 = the lane's exact products x*q): 4-bit per uint16, ``accum += (p0+p1+p2+p3)``;
-    8-bit ``accum += p`` each."""
+def qdot_accum(pb: np.ndarray, bits: int, ftz: bool) -> np.ndarray:
+    """``qdot``'s accum (axis 0 = the lane's exact products x*q), from +0: 4-bit per uint16,
+    ``accum += ((p0+p1)+p2)+p3``; 8-bit ``accum += p`` each (the affine and the fp kernels' qdot alike)."""
     a = np.zeros(pb.shape[1:], dtype=np.float32)
     if bits == 8:
         for i in range(pb.shape[0]):
@@ -169,7 +169,7 @@ def metal_qmv(x, q, scales, biases, params: Mapping[str, Any], var, dtype: str, 
         s = f32(scales)[:, grp].T[:, None, :]  # (lane, 1, N)
         b = f32(biases)[:, grp].T[:, None, :]
         sx = _partial_sum(np.moveaxis(xb, 1, 0), bits, float_sums, dtype, ftz)  # (lane, T, 1)
-        acc = _accum(np.moveaxis(pb, 1, 0), bits, ftz)  # (lane, T, N)
+        acc = qdot_accum(np.moveaxis(pb, 1, 0), bits, ftz)  # (lane, T, N)
         c = _contrib(np.broadcast_to(s, acc.shape), acc, np.broadcast_to(sx, acc.shape),
                      np.broadcast_to(b, acc.shape), var["contrib"], ftz)
         r[:lanes] = add(r[:lanes], c, ftz)
@@ -287,5 +287,5 @@ def qmm_partials(parts, var, dtype: str, ftz: bool) -> np.ndarray:
     return total
 
 
-__all__ = ["CONTRIB", "CONTRACT", "unpack", "cpu_qmm_t", "qmv_geometry", "metal_qmv", "metal_qmv_wide",
+__all__ = ["CONTRIB", "CONTRACT", "unpack", "qdot_accum", "cpu_qmm_t", "qmv_geometry", "metal_qmv", "metal_qmv_wide",
            "qmm_split_k", "metal_qmm_t", "qmm_chain", "qmm_partials"]

@@ -35,7 +35,7 @@ PYTHON ?= $(eval PYTHON := $(shell for p in $(PYTHONS); do $$p -c '$(PY_OK)' >/d
 # mlx-metal has wheels for macOS 14 and later only (0.29.3 is the last for macOS 13).
 MAC_OK := import platform, sys; sys.exit(sys.platform == "darwin" and int(platform.mac_ver()[0].split(".")[0] or 0) < 14)
 
-.PHONY: run test env bench golden docs clean changelog
+.PHONY: run test env bytecode bench golden docs clean changelog
 
 $(BIN)/.installed-$(EXTRAS): pyproject.toml
 	@test -n "$(PYTHON)" && $(PYTHON) -c '$(PY_OK)' 2>/dev/null || { echo "make: no Python 3.10+$(if $(filter metal,$(BACKEND)), for arm64,) found (tried $(or $(PYTHON),$(PYTHONS))); install one, or give it as PYTHON=..." >&2; exit 2; }
@@ -47,14 +47,20 @@ $(BIN)/.installed-$(EXTRAS): pyproject.toml
 
 env: $(BIN)/.installed-$(EXTRAS)
 
-run: env
+# gemmdrift's own bytecode, compiled where it is stale: pip compiles the dependencies it installs, not an editable
+# src/, and where PYTHONDONTWRITEBYTECODE is set (as on the CI machines) every process compiled the package from
+# source again (about 0.1 s per process; the tests and the main job start hundreds).
+bytecode: env
+	@$(BIN)/python -m compileall -q src benchmarks >/dev/null
+
+run: bytecode
 	$(BIN)/gemmdrift run --out $(OUT)
 
 # Two test processes (pytest-xdist), each test file whole in one of them: most tests compute on one core
 # (the reference BLAS is single-threaded), so one process left the second core idle. TEST_WORKERS=0: one process.
 # The files go out in collection order, the longest first (tests/conftest.py LONG_FILES), not by test count.
 TEST_WORKERS ?= 2
-test: env
+test: bytecode
 	$(BIN)/python -m pytest $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder)
 
 bench: env

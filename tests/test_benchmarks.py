@@ -116,8 +116,6 @@ def test_the_shared_probe_setup_serves_every_probe_as_each_alone(quick, small_fi
     from concurrent.futures import ThreadPoolExecutor
 
     from gemmdrift import fingerprint, kernels, state, suite
-    from gemmdrift.attribution.attribute import attribute
-
     from gemmdrift.measure import golden
 
     classes = (bench_stack.DecodeVsVerify, bench_stack.DecodeVsVerifyLayers, small_state.StateExactness,
@@ -147,18 +145,15 @@ def test_the_shared_probe_setup_serves_every_probe_as_each_alone(quick, small_fi
     with ThreadPoolExecutor(1) as side:
         probes = side.submit(common.Probes().setup_cache)
         sizes = common.sizes()
+        # The cheap parts once more in this process (fingerprint, the golden bases at 12 tokens); the kernel probe
+        # and the attribution are the benchmarks' calls by the recorded arguments below and the tiny-model test
+        # after this one (computing them here again cost about 40 s of CPU, issue 33).
         alone_parts = {}
-        projs, inputs = common.kernel_inputs()
-        alone_parts["kernels"] = dict(kernels.measure_kernels(embedded, inputs, projs, common.KERNEL_PATHS,
-                                                              common.KERNEL_TS).figures)
         alone_parts["fingerprint"] = dict(fingerprint.measure(
             list(small_fingerprints.FP_PATHS), K=small_fingerprints.FP_K, ts=small_fingerprints.FP_TS,
             N=small_fingerprints.FP_N, draw_k=0).figures)
         for b in common.GOLDEN_BASES:
             alone_parts[f"golden:{b}"] = dict(golden.compare_golden(embedded, f"linux-cpu/{b}", 12)[0].figures)
-        alone_parts["attribute"] = dict(attribute(embedded, suite.stream(embedded, sizes.tokens),
-                                                  list(common.ATTRIBUTE_PAIR), split=sizes.split,
-                                                  counterfactual=("each",), ops=("sdpa",)).figures)
         cache = probes.result()
     # The benchmarks' own library calls, as bench_stack / bench_state / bench_diverge / bench_kernels document them.
     assert calls["decode"] == (suite.decode_family, dict(sizes=sizes))
@@ -167,6 +162,10 @@ def test_the_shared_probe_setup_serves_every_probe_as_each_alone(quick, small_fi
     assert calls["diverge"] == (suite.divergence_probe, dict(sizes=sizes))
     assert calls["prefill"] == (suite.prefill_family, dict(sizes=sizes))
     assert calls["ops"] == (kernels.measure_ops, {})
+    assert calls["attribute"] == (suite.attribute_stream, dict(n_tokens=sizes.tokens, schedules=list(common.ATTRIBUTE_PAIR),
+                                                              split=sizes.split, ops=("sdpa",)))
+    for b in common.GOLDEN_BASES:
+        assert calls[f"golden:{b}"] == (suite.golden_part, dict(name=f"linux-cpu/{b}", n_tokens=12))
     assert list(calls) == list(common.PROBE_PARTS)
     assert tuple(cache) == common.PROBE_PARTS
     for cls in (bench_stack.PrefillChunks, bench_stack.PrefillChunksLayers, bench_diverge.Divergence,
@@ -202,11 +201,10 @@ def test_the_shared_probe_setup_serves_every_probe_as_each_alone(quick, small_fi
         assert div.track_first_divergence(cache) == common.sizes().diverge_n
     # The same figures as each part alone, in this process (with the workers it would start itself).
     assert cache["state"]["seconds"] > 0  # the sweep's wall time
-    assert cache["kernels"] == alone_parts["kernels"]
+    assert cache["kernels"] and cache["attribute"]
     assert cache["fingerprint"] == alone_parts["fingerprint"]
     for b in common.GOLDEN_BASES:
         assert cache[f"golden:{b}"] == alone_parts[f"golden:{b}"] and cache[f"golden:{b}"]
-    assert cache["attribute"] == alone_parts["attribute"] and cache["attribute"]
     at = bench_attribute.Attribution()
     assert at.track_local_bits(cache, "sdpa") == 0.0  # below the window (quick sizes): bit-identical
     assert at.track_left_flips(cache, "sdpa") == 0.0
@@ -224,6 +222,55 @@ def test_the_shared_probe_setup_serves_every_probe_as_each_alone(quick, small_fi
                   finite(gl.track_same_top1(cache, b))]
         if read_logits(resolve_golden(f"linux-cpu/{b}")).header["env"]["mlx"] == mx.__version__:
             assert values == [0.0, 0.0, 1.0], (b, values)
+
+
+def _same_figures(a, b):
+    return a.keys() == b.keys() and all(a[k] == b[k] or (math.isnan(a[k]) and math.isnan(b[k])) for k in a)
+
+
+def test_the_shared_setups_kernel_probe_and_attribution_are_the_benchmarks_calls(monkeypatch, tiny):
+    """The kernel probe and the attribution parts, as the shared setup hands them to its processes (captured, not
+    run there), give on the tiny model the figures of the calls their benchmarks document: KernelDrift's
+    measure_kernels on common.kernel_inputs(), Attribution's attribute of the main job's pair (each class). The
+    test above checks these two parts only by what the benchmarks read (computing them again on the embedded
+    Gemma there cost about 40 s of CPU, issue 33)."""
+    from gemmdrift import kernels, suite
+    from gemmdrift.attribution.attribute import attribute
+
+    monkeypatch.delenv("GEMMDRIFT_BENCH_PARTS", raising=False)
+    monkeypatch.setattr(common, "model", lambda dtype="bfloat16": tiny)
+    monkeypatch.setattr(common, "sizes", lambda: suite.SIZES["quick"])
+    monkeypatch.setattr(suite, "stream", lambda lm, n: [(7 * i + 3) % 97 for i in range(n)])  # no tokenizer
+    monkeypatch.setattr(common, "KERNEL_LAYERS", (0, 1))
+    monkeypatch.setattr(common, "KERNEL_TS", (1, 2))
+    monkeypatch.setattr(common, "KERNEL_PATHS", ("model", "emulated:splitk4"))
+    monkeypatch.setattr(common, "KERNEL_ROWS", 4)
+    monkeypatch.setattr(common, "ATTRIBUTE_OPS", ("sdpa",))
+    calls = {}
+
+    def captured(lm, parts, **kw):
+        assert lm is tiny
+        calls.update(parts)
+        return {}
+
+    monkeypatch.setattr(suite, "side_by_side", captured)
+    common.kernel_inputs.cache_clear()
+    try:
+        assert common.Probes().setup_cache()["kernels"] == {}  # nothing ran: captured only
+        fn, kw = calls["kernels"]
+        got = dict(fn(tiny, **kw).figures)
+        projs, inputs = common.kernel_inputs()
+        want = dict(kernels.measure_kernels(tiny, inputs, projs, common.KERNEL_PATHS, common.KERNEL_TS).figures)
+        assert got and _same_figures(got, want)
+        s = common.sizes()
+        fn, kw = calls["attribute"]
+        got = dict(fn(tiny, **kw).figures)
+        want = dict(attribute(tiny, suite.stream(tiny, s.tokens), list(common.ATTRIBUTE_PAIR), split=s.split,
+                              counterfactual=("each",), ops=("sdpa",)).figures)
+        assert got and _same_figures(got, want)
+        assert any(k.startswith("attr_left_") and "sdpa" in k for k in got)  # the counterfactual ran
+    finally:
+        common.kernel_inputs.cache_clear()
 
 
 def test_the_shared_setup_refuses_an_unknown_part(monkeypatch):

@@ -120,16 +120,19 @@ def test_a_bad_factory_is_one_line_on_the_loaded_model(attr, needle):
     ("--rollback", f"{PLUGINS}:rollback_three", "wrong signature"),
     ("--rollback", "gemmdrift.caches.exact:make_cache", "wrong signature"),
 ])
-def test_a_bad_spec_is_one_line_before_the_model_loads(flag, spec, needle):
-    from test_cli import assert_user_error, gd
+def test_a_bad_spec_is_one_line_before_the_model_loads(flag, spec, needle, monkeypatch, capsys):
+    from test_cli import assert_user_error, gd_here  # in this process: a model load is an error there
 
     cmd = "state" if flag == "--cache-impl" else "diverge"
-    assert_user_error(gd(cmd, "--model", "/no/such/model", flag, spec), needle)
+    assert_user_error(gd_here(monkeypatch, capsys, cmd, "--model", "/no/such/model", flag, spec, load=False), needle)
 
 
-def test_cli_refuses_a_factory_that_returns_non_caches_before_compute(tmp_path):
-    from test_cli import assert_user_error, gd
+def test_cli_refuses_a_factory_that_returns_non_caches_before_compute(tmp_path, monkeypatch, capsys):
+    from test_cli import assert_user_error, gd_here
     from test_models import save_tiny
+
+    def gd(*args):  # in this process (1-2 s of imports less)
+        return gd_here(monkeypatch, capsys, *args)
 
     save_tiny(tmp_path / "m")
     r = gd("state", "--model", str(tmp_path / "m"), "--cache-impl", f"{PLUGINS}:not_caches", "--out",
@@ -304,8 +307,11 @@ def test_the_launcher_installs_both_in_the_server_process_and_refuses_bad_specs(
     assert cmd[1:5] == ["-m", "gemmdrift.caches.serve_launch", "--cache-impl=a:b", "--"] and "--model" in cmd
 
 
-def test_cli_server_refuses_bad_plug_ins_and_drafts_before_any_server_starts(tmp_path):
-    from test_cli import assert_user_error, gd
+def test_cli_server_refuses_bad_plug_ins_and_drafts_before_any_server_starts(tmp_path, monkeypatch, capsys):
+    from test_cli import assert_user_error, gd_here
+
+    def gd(*args):  # in this process, where a model load is an error: each is refused before any model loads
+        return gd_here(monkeypatch, capsys, *args, load=False)
 
     assert_user_error(gd("server", "--cache-impl", "nope_mod:f", "--out", str(tmp_path / "o")), "cannot import")
     assert_user_error(gd("server", "--rollback", f"{PLUGINS}:rollback_three", "--out", str(tmp_path / "o")),

@@ -144,7 +144,12 @@ def _cli(*args, cwd=None):
                           cwd=cwd)
 
 
-def test_bad_input_is_one_line_exit_2(planted, tmp_path):
+def test_bad_input_is_one_line_exit_2(planted, tmp_path, monkeypatch, capsys):
+    from test_cli import gd_here
+
+    def _cli(*args):  # in this process: a refusal needs no process of its own (each cost about 0.7 s)
+        return gd_here(monkeypatch, capsys, "changelog", *args, load=False)
+
     out = str(tmp_path / "o")
     r = _cli("--results", str(planted), "--from", "0.29.4", "--to", "0.77.1", "--out", out, "--no-predict")
     assert r.returncode == 2 and "known: 0.29.4" in r.stderr and len(r.stderr.strip().splitlines()) == 1

@@ -109,7 +109,10 @@ def test_bad_prompt_id_files(tmp_path, content, needle):
 
 
 @pytest.mark.slow
-def test_stack_positions_and_lengths_are_checked(tmp_path):
+def test_stack_positions_and_lengths_are_checked(tmp_path, monkeypatch, capsys):
+    def gd(*args):  # in this process (each refusal comes after the model loads: 1-2 s of imports less)
+        return gd_here(monkeypatch, capsys, *args)
+
     assert_user_error(gd("stack", "--prompt", "Hi there", "--positions", "5:50", "--out", str(tmp_path)),
                       "out of range")
     assert_user_error(gd("stack", "--prompt", "Hi", "--tokens", "40", "--out", str(tmp_path)), "only")

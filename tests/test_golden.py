@@ -276,7 +276,12 @@ def tiny_dir(tiny, tmp_path):
     return d, ids
 
 
-def test_logits_then_compare_on_the_command_line(tiny_dir, tmp_path):
+def test_logits_then_compare_on_the_command_line(tiny_dir, tmp_path, monkeypatch, capsys):
+    # In this process (test_cli.gd_here: stdout as the command prints it, exit status, stderr); each command in a
+    # process of its own cost 1-2 s of imports and a model load (test_compare_golden_on_the_command_line runs one).
+    def gd(*args):
+        return gd_here(monkeypatch, capsys, *args)
+
     d, ids = tiny_dir
     base = tmp_path / "b.npz"
     r = gd("logits", "--model", str(d), "--prompt-ids", str(ids), "--schedule", "decode", "--top-k", "5",
@@ -410,9 +415,12 @@ def test_a_prefill_block_handed_to_the_sink_in_slices_gives_the_same_view(tiny, 
         np.testing.assert_array_equal(getattr(sliced, name), getattr(whole, name))
 
 
-def test_kernels_replay_cpu_logits_equal_this_machines_and_say_so(tiny_dir, tmp_path):
+def test_kernels_replay_cpu_logits_equal_this_machines_and_say_so(tiny_dir, tmp_path, monkeypatch, capsys):
     """`--kernels replay:cpu` (this CPU's own orders, replayed) gives the native base bit for bit, labelled as
     replayed; a compare of it against the native base is exact; bad or meaningless --kernels is refused."""
+    def gd(*args):  # in this process, as test_logits_then_compare_on_the_command_line
+        return gd_here(monkeypatch, capsys, *args)
+
     d, ids = tiny_dir
     native, replayed = tmp_path / "native.npz", tmp_path / "replayed.npz"
     for out, extra in ((native, []), (replayed, ["--kernels", "replay:cpu"])):

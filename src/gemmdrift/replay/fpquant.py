@@ -58,7 +58,7 @@ import numpy as np
 from ..errors import GemmdriftError
 from .core import SIMD_SUMS, add, f32, fma, lane_tree, mul, round_to
 from .dense import DOT4, dot4
-from .quant import qdot_accum, qmm_chain
+from .quant import qdot_accum, qmm_chain, qmv_geometry
 
 FP_MODES = {"mxfp4": (4, 32), "nvfp4": (4, 16), "mxfp8": (8, 32)}  # (bits, group size): quantize accepts only these
 QDOT_ADD = {"mul-add": "result = RN(result + RN(scale*accum))", "fma": "result = fma(scale, accum, result)"}
@@ -188,18 +188,12 @@ def quantize(w: np.ndarray, mode: str, dtype: str) -> tuple[np.ndarray, np.ndarr
 # ------------------------------------------------------------------------------ fp_qmv / fp_qmv_fast
 
 
-def fp_qmv_geometry(bits: int, fast: bool) -> tuple[int, int]:
-    """(values per lane, block) of fp_qmv_fast / fp_qmv (packs_per_thread 2 or 1 of 32/bits values)."""
-    vpt = (32 // bits) * (2 if fast else 1)
-    return vpt, vpt * 32
-
-
 def metal_fp_qmv(x, codes, scales, _biases, params: Mapping[str, Any], var, dtype: str, ftz: bool) -> np.ndarray:
     """fp_qmv / fp_qmv_fast: lane l, block b covers ``k = B*b + vpt*l + [0, vpt)``; per block
     ``result += scale * accum`` (``qdot_add``); lanes past K add nothing; then ``simd_sum`` over 32 lanes."""
     bits, g = int(params["bits"]), int(params["group_size"])
     fast = bool(params.get("fast", False))
-    vpt, block = fp_qmv_geometry(bits, fast)
+    vpt, block = qmv_geometry(bits, fast)  # fp_qmv's packs_per_thread (2 fast, 1 not) of 32/bits values: the affine qmv's
     T, K, N = x.shape[0], codes.shape[1], codes.shape[0]
     if fast and K % block:
         raise GemmdriftError(f"fp_qmv_fast {bits}-bit needs K % {block} == 0, got K={K}")
@@ -273,4 +267,4 @@ def metal_fp_qmm_t(x, codes, scales, _biases, params: Mapping[str, Any], var, dt
 
 
 __all__ = ["FP_MODES", "QDOT_ADD", "CONTRACT", "E2M1", "E4M3", "E8M0", "mode_params", "unpack_codes", "decode",
-           "dequantize", "to_e4m3", "quantize", "fp_qmv_geometry", "metal_fp_qmv", "metal_fp_qmv_wide", "qmm_weights", "metal_fp_qmm_t"]
+           "dequantize", "to_e4m3", "quantize", "metal_fp_qmv", "metal_fp_qmv_wide", "qmm_weights", "metal_fp_qmm_t"]

@@ -49,7 +49,7 @@ env: $(BIN)/.installed-$(EXTRAS)
 
 # gemmdrift's own bytecode, compiled where it is stale: pip compiles the dependencies it installs, not an editable
 # src/, and where PYTHONDONTWRITEBYTECODE is set (as on the CI machines) every process compiled the package from
-# source again (about 0.1 s per process; the tests and the main job start hundreds).
+# source again (about 0.1 s of each process start, and the tests start many).
 bytecode: env
 	@$(BIN)/python -m compileall -q src benchmarks >/dev/null
 

@@ -145,9 +145,9 @@ def test_the_shared_probe_setup_serves_every_probe_as_each_alone(quick, small_fi
     with ThreadPoolExecutor(1) as side:
         probes = side.submit(common.Probes().setup_cache)
         sizes = common.sizes()
-        # The cheap parts once more in this process (fingerprint, the golden bases at 12 tokens); the kernel probe
-        # and the attribution are the benchmarks' calls by the recorded arguments below and the tiny-model test
-        # after this one (computing them here again cost about 40 s of CPU, issue 33).
+        # The cheap parts once more in this process (fingerprint, the golden bases at 12 tokens); that the kernel
+        # probe and the attribution are their benchmarks' calls is the tiny-model test's after this one (computing
+        # them here again on the embedded Gemma cost about 40 s of CPU, issue 33).
         alone_parts = {}
         alone_parts["fingerprint"] = dict(fingerprint.measure(
             list(small_fingerprints.FP_PATHS), K=small_fingerprints.FP_K, ts=small_fingerprints.FP_TS,
@@ -162,8 +162,8 @@ def test_the_shared_probe_setup_serves_every_probe_as_each_alone(quick, small_fi
     assert calls["diverge"] == (suite.divergence_probe, dict(sizes=sizes))
     assert calls["prefill"] == (suite.prefill_family, dict(sizes=sizes))
     assert calls["ops"] == (kernels.measure_ops, {})
-    assert calls["attribute"] == (suite.attribute_stream, dict(n_tokens=sizes.tokens, schedules=list(common.ATTRIBUTE_PAIR),
-                                                              split=sizes.split, ops=("sdpa",)))
+    assert calls["attribute"] == (suite.attribute_stream, dict(
+        n_tokens=sizes.tokens, schedules=list(common.ATTRIBUTE_PAIR), split=sizes.split, ops=("sdpa",)))
     for b in common.GOLDEN_BASES:
         assert calls[f"golden:{b}"] == (suite.golden_part, dict(name=f"linux-cpu/{b}", n_tokens=12))
     assert list(calls) == list(common.PROBE_PARTS)

@@ -359,11 +359,10 @@ def m5_candidates(seeds: int) -> list[str]:
                                         for _, K, N, _, _, meas, per, _ in m5) + " |", "|---" * (1 + len(m5)) + "|"]
     cells: dict[str, list[str]] = {}
     for chip, K, N, mode, T, meas, per, where in m5:
-        n = seeds
         target = np.mean(meas) / per
         mlx_fr = {v: [] for v in RELEASES}
         lams, spread, at = [], [], []
-        for s in range(n):
+        for s in range(seeds):
             x, quant = mlx_operands(3000 + s, K, N, T)
             for v in RELEASES:
                 d, _, _ = block_vs_chain(chip, K, N, T, v, x, quant)

@@ -343,14 +343,8 @@ def replay_quantized(recipe: Recipe | str, x: np.ndarray, wq: np.ndarray, scales
     if group_size != 64 and rec.apple:
         raise GemmdriftError(f"the Metal quantized recipes are for group size 64, not {group_size}")
     prm = {"bits": bits, "group_size": group_size, **(params or {})}
-    if mlx_version:
-        rec = version_axes(rec, mlx_version)
-        prm.update(version_params(rec, mlx_version))
-    var = parse_variant(rec, variant)
-    x = f32(x)
+    rec, var, x = _quantized_prologue(rec, x, group_size, prm, mlx_version, variant)
     T, K = x.shape
-    if K % group_size:
-        raise GemmdriftError(f"K={K} is not a multiple of the group size {group_size}")
     sc, bi = f32(scales), f32(biases)
     ftz = rec.apple and needs_ftz(x, sc, bi)
     if replay_engine(engine) == "compiled":
@@ -379,6 +373,19 @@ def replay_quantized(recipe: Recipe | str, x: np.ndarray, wq: np.ndarray, scales
     return Replayed(out, rec.kernel, variant_name(var), ftz, rec.source, rec.prediction)
 
 
+def _quantized_prologue(rec: Recipe, x, group_size: int, prm: dict, mlx_version: str | None, variant):
+    """What both quantized replays do first: the release's axes and parameters (``prm`` updated in place), the
+    variant, ``x`` in float32, and K checked against the group size. Returns (recipe, variant, x)."""
+    if mlx_version:
+        rec = version_axes(rec, mlx_version)
+        prm.update(version_params(rec, mlx_version))
+    var = parse_variant(rec, variant)
+    x = f32(x)
+    if x.shape[1] % group_size:
+        raise GemmdriftError(f"K={x.shape[1]} is not a multiple of the group size {group_size}")
+    return rec, var, x
+
+
 def _replay_fp(rec: Recipe, x, wq, scales, *, bits, group_size, dtype, params, variant, mlx_version,
                mode) -> Replayed:
     """The fp-mode recipes (numpy): codes and scales decoded exactly, then the recipe, N in chunks."""
@@ -386,14 +393,8 @@ def _replay_fp(rec: Recipe, x, wq, scales, *, bits, group_size, dtype, params, v
     prm = {"bits": bits, "group_size": group_size, "mode": mode, **(params or {})}
     if rec.kernel in ("fp_qmv", "fp_qmv_fast"):
         prm.setdefault("fast", rec.kernel == "fp_qmv_fast")  # the kernel's name decides it, with or without a release
-    if mlx_version:
-        rec = version_axes(rec, mlx_version)
-        prm.update(version_params(rec, mlx_version))
-    var = parse_variant(rec, variant)
-    x = f32(x)
+    rec, var, x = _quantized_prologue(rec, x, group_size, prm, mlx_version, variant)
     T, K = x.shape
-    if K % group_size:
-        raise GemmdriftError(f"K={K} is not a multiple of the group size {group_size}")
     codes, sc = rf.decode(wq, scales, mode, K)
     # FTZ: a partial sum is a multiple of ulp(x) * ulp(code) * ulp(scale); needs_ftz bounds it from the minima.
     ftz = rec.apple and needs_ftz(x, codes, sc)

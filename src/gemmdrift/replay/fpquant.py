@@ -58,7 +58,7 @@ import numpy as np
 from ..errors import GemmdriftError
 from .core import SIMD_SUMS, add, f32, fma, lane_tree, mul, round_to
 from .dense import DOT4, dot4
-from .quant import qdot_accum, qmm_chain, qmv_geometry
+from .quant import qmm_chain, qmv_blocks, qmv_geometry
 
 FP_MODES = {"mxfp4": (4, 32), "nvfp4": (4, 16), "mxfp8": (8, 32)}  # (bits, group size): quantize accepts only these
 QDOT_ADD = {"mul-add": "result = RN(result + RN(scale*accum))", "fma": "result = fma(scale, accum, result)"}
@@ -203,13 +203,7 @@ def metal_fp_qmv(x, codes, scales, _biases, params: Mapping[str, Any], var, dtyp
     if how not in QDOT_ADD:
         raise GemmdriftError(f"unknown qdot_add variant {how!r} (known: {', '.join(QDOT_ADD)})")
     r = np.zeros((32, T, N), dtype=np.float32)
-    for lo in range(0, K, block):
-        lanes = min(32, (K - lo) // vpt)
-        ks = lo + np.arange(lanes * vpt).reshape(lanes, vpt)  # (lane, value)
-        xb = np.moveaxis(x[:, ks], 0, 2)[..., None]  # (lane, vpt, T, 1)
-        cb = np.moveaxis(codes[:, ks], 0, 2)[:, :, None, :]  # (lane, vpt, 1, N)
-        pb = np.multiply(xb, cb, dtype=np.float32)  # exact
-        acc = qdot_accum(np.moveaxis(pb, 1, 0), bits, ftz)  # (lane, T, N)
+    for lanes, ks, _, acc in qmv_blocks(x, codes, vpt, block, bits, ftz):
         s = np.broadcast_to(f32(scales)[:, ks[:, 0] // g].T[:, None, :], acc.shape)  # (lane, 1, N)
         if how == "fma":
             r[:lanes] = fma(s, acc, r[:lanes], ftz)

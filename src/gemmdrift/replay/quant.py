@@ -147,6 +147,21 @@ def _contrib(scale, accum, sx, bias, how: str, ftz: bool) -> np.ndarray:
     raise GemmdriftError(f"unknown contribution variant {how!r} (known: {', '.join(CONTRIB)})")
 
 
+def qmv_blocks(x, q, vpt: int, block: int, bits: int, ftz: bool):
+    """The lane blocks of qmv and fp_qmv (the affine and the fp kernels walk K alike): for each block of ``block``
+    values, (lanes, ks, xb, acc) with ``ks`` (lane, value) the indices lane l reads, ``xb`` (lane, vpt, T, 1) its
+    x values and ``acc`` (lane, T, N) its ``qdot`` of the exact products x * q (bf16 x an integer code or an exact
+    fp code) in the kernel's order. Lanes past K (the safe tail) are not in the block."""
+    K = q.shape[1]
+    for lo in range(0, K, block):
+        lanes = min(32, (K - lo) // vpt)
+        ks = lo + np.arange(lanes * vpt).reshape(lanes, vpt)  # (lane, value)
+        xb = np.moveaxis(x[:, ks], 0, 2)[..., None]  # (lane, vpt, T, 1)
+        qb = np.moveaxis(q[:, ks], 0, 2)[:, :, None, :]  # (lane, vpt, 1, N)
+        pb = np.multiply(xb, qb, dtype=np.float32)  # exact
+        yield lanes, ks, xb, qdot_accum(np.moveaxis(pb, 1, 0), bits, ftz)
+
+
 def metal_qmv(x, q, scales, biases, params: Mapping[str, Any], var, dtype: str, ftz: bool) -> np.ndarray:
     """qmv / qmv_fast: lane l, block b covers ``k = B*b + vpt*l + [0, vpt)`` (one group); per block
     ``r += contrib(scale, accum, sum, bias)`` from +0; lanes past K (qmv's safe tail) add nothing; then
@@ -159,17 +174,11 @@ def metal_qmv(x, q, scales, biases, params: Mapping[str, Any], var, dtype: str, 
         raise GemmdriftError(f"qmv_fast {bits}-bit needs K % {block} == 0, got K={K}")
     float_sums = bool(params.get("float_sums", True))
     r = np.zeros((32, T, N), dtype=np.float32)
-    for lo in range(0, K, block):
-        lanes = min(32, (K - lo) // vpt)
-        ks = lo + np.arange(lanes * vpt).reshape(lanes, vpt)  # (lane, value)
-        xb = np.moveaxis(x[:, ks], 0, 2)[..., None]  # (lane, vpt, T, 1)
-        qb = np.moveaxis(q[:, ks], 0, 2)[:, :, None, :]  # (lane, vpt, 1, N)
-        pb = np.multiply(xb, qb, dtype=np.float32)  # exact: bf16 x (<= 8-bit integer)
+    for lanes, ks, xb, acc in qmv_blocks(x, q, vpt, block, bits, ftz):
         grp = ks[:, 0] // g
         s = f32(scales)[:, grp].T[:, None, :]  # (lane, 1, N)
         b = f32(biases)[:, grp].T[:, None, :]
         sx = _partial_sum(np.moveaxis(xb, 1, 0), bits, float_sums, dtype, ftz)  # (lane, T, 1)
-        acc = qdot_accum(np.moveaxis(pb, 1, 0), bits, ftz)  # (lane, T, N)
         c = _contrib(np.broadcast_to(s, acc.shape), acc, np.broadcast_to(sx, acc.shape),
                      np.broadcast_to(b, acc.shape), var["contrib"], ftz)
         r[:lanes] = add(r[:lanes], c, ftz)

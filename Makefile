@@ -35,32 +35,32 @@ PYTHON ?= $(eval PYTHON := $(shell for p in $(PYTHONS); do $$p -c '$(PY_OK)' >/d
 # mlx-metal has wheels for macOS 14 and later only (0.29.3 is the last for macOS 13).
 MAC_OK := import platform, sys; sys.exit(sys.platform == "darwin" and int(platform.mac_ver()[0].split(".")[0] or 0) < 14)
 
-.PHONY: run test env bytecode bench golden docs clean changelog
+.PHONY: run test env bench golden docs clean changelog
 
 $(BIN)/.installed-$(EXTRAS): pyproject.toml
 	@test -n "$(PYTHON)" && $(PYTHON) -c '$(PY_OK)' 2>/dev/null || { echo "make: no Python 3.10+$(if $(filter metal,$(BACKEND)), for arm64,) found (tried $(or $(PYTHON),$(PYTHONS))); install one, or give it as PYTHON=..." >&2; exit 2; }
 	@$(PYTHON) -c '$(MAC_OK)' || { echo "make: mlx needs macOS 14 or later on Apple silicon" >&2; exit 2; }
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e ".[$(EXTRAS)]"
+	$(BIN)/python -m pip install --quiet uv && $(BIN)/uv pip install --python $(BIN)/python --quiet -e ".[$(EXTRAS)]" \
+	    || { echo "make: installing with uv failed; installing with pip"; \
+	         $(BIN)/python -m pip install --quiet --upgrade pip && $(BIN)/python -m pip install --quiet -e ".[$(EXTRAS)]"; }
 	touch $@
 
 env: $(BIN)/.installed-$(EXTRAS)
 
-# gemmdrift's own bytecode, compiled where it is stale: pip compiles the dependencies it installs, not an editable
-# src/, and where PYTHONDONTWRITEBYTECODE is set (as on the CI machines) every process compiled the package from
-# source again (about 0.1 s of each process start, and the tests start many).
-bytecode: env
-	@$(BIN)/python -m compileall -q src benchmarks >/dev/null
+# uv installs the same packages as pip in about a third of the time, and compiles no bytecode: the
+# commands below write it as they import (where PYTHONDONTWRITEBYTECODE is set, as on the CI machines,
+# every process would otherwise compile from source each module it imports, gemmdrift's own included).
+unexport PYTHONDONTWRITEBYTECODE
 
-run: bytecode
+run: env
 	$(BIN)/gemmdrift run --out $(OUT)
 
 # Two test processes (pytest-xdist), each test file whole in one of them: most tests compute on one core
 # (the reference BLAS is single-threaded), so one process left the second core idle. TEST_WORKERS=0: one process.
 # The files go out in collection order, the longest first (tests/conftest.py LONG_FILES), not by test count.
 TEST_WORKERS ?= 2
-test: bytecode
+test: env
 	$(BIN)/python -m pytest $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder)
 
 bench: env

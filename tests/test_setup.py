@@ -117,6 +117,38 @@ def test_each_backend_has_its_venv_extra_and_asv_config(backend, venv_extra, con
 
 
 @needs_make
+@pytest.mark.parametrize("installer", [None, "uv", "pip"])
+def test_the_environment_installs_with_uv_unless_told_and_pip_where_uv_fails(installer):
+    env = {k: v for k, v in _clean_env().items() if k != "INSTALLER"}
+    args = [MAKE, "-C", str(ROOT), "-n", "-B", "env"] + ([f"INSTALLER={installer}"] if installer else [])
+    out = subprocess.run(args, env=env, capture_output=True, text=True, timeout=60).stdout
+    recipe = next(line for line in out.splitlines() if line.startswith("if ["))
+    chosen = installer or "uv"
+    assert f'if [ "{chosen}" = uv ]' in recipe, out
+    uv_install = '.venv/bin/uv pip install --python .venv/bin/python --quiet -e ".[cpu,test,bench]"'
+    pip_install = '.venv/bin/python -m pip install --quiet -e ".[cpu,test,bench]"'
+    if sys.platform == "linux":  # the fallback and the pip branch are the same pip install
+        assert uv_install in out and out.count(pip_install) == 2, out
+
+
+@needs_make
+def test_an_unknown_installer_is_refused_in_one_line():
+    r = subprocess.run([MAKE, "-C", str(ROOT), "-n", "env", "INSTALLER=conda"], env=_clean_env(),
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0 and "INSTALLER=conda is not an installer: use uv or pip" in r.stderr
+
+
+@needs_make
+def test_the_commands_make_runs_write_bytecode_where_the_machine_forbids_it():
+    # uv compiles no bytecode; with PYTHONDONTWRITEBYTECODE set every process would compile its imports again.
+    env = {**_clean_env(), "PYTHONDONTWRITEBYTECODE": "1"}
+    r = subprocess.run([MAKE, "-C", str(ROOT), "--no-print-directory", "--eval",
+                        'probe-env: ; @echo "[$$PYTHONDONTWRITEBYTECODE]"', "probe-env"],
+                       env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and r.stdout.strip() == "[]", (r.stdout, r.stderr)
+
+
+@needs_make
 def test_an_unknown_backend_is_refused_in_one_line():
     r = subprocess.run([MAKE, "-C", str(ROOT), "-n", "test", "BACKEND=rocm"], env=_clean_env(), capture_output=True,
                        text=True, timeout=60)

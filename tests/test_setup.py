@@ -21,7 +21,7 @@ needs_make = pytest.mark.skipif(MAKE is None, reason="no make on PATH")
 def _clean_env() -> dict[str, str]:
     """This environment without what an outer `make BACKEND=... test` exports (command-line variables, MAKEFLAGS)."""
     return {k: v for k, v in os.environ.items()
-            if k not in ("PYTHON", "PYTHONS", "BACKEND", "VENV", "MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
+            if k not in ("PYTHON", "PYTHONS", "BACKEND", "VENV", "INSTALLER", "MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
 
 
 def _make(args, path_dir, tmp_path):
@@ -119,9 +119,8 @@ def test_each_backend_has_its_venv_extra_and_asv_config(backend, venv_extra, con
 @needs_make
 @pytest.mark.parametrize("installer", [None, "uv", "pip"])
 def test_the_environment_installs_with_uv_unless_told_and_pip_where_uv_fails(installer):
-    env = {k: v for k, v in _clean_env().items() if k != "INSTALLER"}
     args = [MAKE, "-C", str(ROOT), "-n", "-B", "env"] + ([f"INSTALLER={installer}"] if installer else [])
-    out = subprocess.run(args, env=env, capture_output=True, text=True, timeout=60).stdout
+    out = subprocess.run(args, env=_clean_env(), capture_output=True, text=True, timeout=60).stdout
     recipe = next(line for line in out.splitlines() if line.startswith("if ["))
     chosen = installer or "uv"
     assert f'if [ "{chosen}" = uv ]' in recipe, out

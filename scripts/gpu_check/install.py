@@ -189,7 +189,7 @@ def run_env(work: Path, repo: Path, base: dict | None = None) -> dict:
                                                          else []))
         # NVRTC's headers: mlx reads CUDA_HOME/include, else /usr/local/cuda
         if not env.get("CUDA_HOME") and not Path("/usr/local/cuda/include").is_dir():
-            home = next((p.parent for p in root.glob("*/include/cuda_runtime.h")), None)
+            home = next((p.parent.parent for p in root.glob("*/include/cuda_runtime.h")), None)
             if home is not None:
                 env["CUDA_HOME"] = str(home)
     return env

@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -68,7 +69,12 @@ def probe_device(ctx) -> dict:
         return {"ok": False, "error": "the device probe did not finish in 120 s"}
     if done.returncode:
         return {"ok": False, "error": one_line(done.stderr) or f"exit {done.returncode}"}
-    return {"ok": True, "device_info": one_line(done.stdout)}
+    record = {"ok": True, "device_info": one_line(done.stdout)}
+    if shutil.which("nvidia-smi"):  # the card, the driver and its CUDA version, as the machine reports them
+        smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total,compute_cap",
+                              "--format=csv,noheader"], capture_output=True, text=True)
+        record["nvidia_smi"] = one_line(smi.stdout) or one_line(smi.stderr)
+    return record
 
 
 def weights_ready(ctx) -> bool:
@@ -132,7 +138,9 @@ def run_steps(ctx) -> dict:
     if not result["device"]["ok"]:
         print(f"run: no device: {result['device']['error']}", file=sys.stderr, flush=True)
         return result
-    sys.path.insert(0, str(ctx.repo / "src"))
+    for entry in reversed(ctx.env.get("PYTHONPATH", "").split(os.pathsep)):  # gemmdrift (and mlx) for steps.build
+        if entry and entry not in sys.path:
+            sys.path.insert(0, entry)
     for step in steps.build(ctx.sizes, ctx.device, ctx.model, ctx.work):
         entry = result["steps"].get(step.name, {})
         if entry.get("status") == "done" or (ctx.only and step.name not in ctx.only):
@@ -210,18 +218,25 @@ def collect(ctx) -> None:
 
 
 def runner_alive(ctx) -> bool:
+    if getattr(ctx, "proc", None) is not None:  # started by this call: poll() also reaps it
+        return ctx.proc.poll() is None
     try:
         pid = int((ctx.work / "runner.pid").read_text())
     except (OSError, ValueError):
         return False
-    return Path(f"/proc/{pid}").exists() and "run.py" in Path(f"/proc/{pid}/cmdline").read_text(errors="replace")
+    try:  # a runner started by an earlier call (its process is gone, or a zombie, once it ended)
+        stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return stat[0] != "Z" and "run.py" in Path(f"/proc/{pid}/cmdline").read_text(errors="replace")
+    except OSError:
+        return False
 
 
 def start_runner(ctx, argv: list[str]) -> None:
     log = open(ctx.work / "runner.log", "a")
     proc = subprocess.Popen([sys.executable, str(HERE / "run.py"), "--runner", *argv], stdout=log, stderr=log,
-                            stdin=subprocess.DEVNULL, start_new_session=True, cwd=str(ctx.repo))
+                            stdin=subprocess.DEVNULL, start_new_session=True, cwd=str(ctx.repo), env=ctx.env)
     (ctx.work / "runner.pid").write_text(str(proc.pid))
+    ctx.proc = proc
 
 
 def summary(ctx) -> str:
@@ -239,7 +254,8 @@ def summary(ctx) -> str:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--call", type=int, help="the call whose pieces came in (.gpu-pack/callN)")
+    p.add_argument("--call", type=int, help="the call whose pieces came in (.gpu-pack/callN); without it, only "
+                   "wait for the steps and collect (a call after the last)")
     p.add_argument("--wait", type=float, default=0, help="seconds to wait for the steps before returning")
     p.add_argument("--no-install", action="store_true", help="use the installed mlx and model (no pieces)")
     p.add_argument("--device", choices=["cpu", "gpu"], default="gpu")
@@ -269,7 +285,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.runner:
         run_steps(ctx)
         return 0
-    if not args.no_install:
+    if not args.no_install and args.call is not None:
         t0 = time.monotonic()
         report = {"call": args.call}
         try:
@@ -291,18 +307,20 @@ def main(argv: list[str] | None = None) -> int:
             print(f"run: {report['error']}", file=sys.stderr)
             collect(ctx)
             return 2
-        if not (ctx.work / "site").is_dir():
-            print("run: mlx is not installed yet (its pieces come in a later call)", file=sys.stderr)
-            collect(ctx)
-            return 0
+    if not args.no_install and not (ctx.work / "site").is_dir():
+        print("run: mlx is not installed yet (its pieces come in a later call)", file=sys.stderr)
+        collect(ctx)
+        return 0
     if args.foreground:
         run_steps(ctx)
     elif not runner_alive(ctx):
         start_runner(ctx, argv_without(argv, ("--call", "--wait", "--foreground")))
-    t0 = time.monotonic()
+    t0 = last = time.monotonic()
     while not args.foreground and runner_alive(ctx) and time.monotonic() - t0 < args.wait:
-        time.sleep(min(5.0, max(0.1, args.wait - (time.monotonic() - t0))))
-        collect(ctx)
+        time.sleep(1.0)
+        if time.monotonic() - last >= 10:  # what is finished comes back even if this call is cut off
+            collect(ctx)
+            last = time.monotonic()
     collect(ctx)
     print(summary(ctx))
     return 0

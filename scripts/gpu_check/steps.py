@@ -24,7 +24,7 @@ GPU_PATHS = "model,dense:float16,dense:float32,quant:affine-q4-g64,quant:affine-
 SIZES = {
     # On the GPU machine: the embedded Gemma at the main job's gpu sizes where a step has them.
     "gpu": {
-        "budget": {"env": 60, "repeat": 90, "primitives": 150, "replay-check": 120, "kernels": 100, "stack": 100,
+        "budget": {"env": 60, "repeat": 90, "primitives": 120, "replay-check": 120, "kernels": 100, "stack": 100,
                    "predict": 80},
         "repeat": ["--model", "shape:gemma3-270m", "--tokens", "600", "--split", "512", "--ts", "1,2,3,4,8,33"],
         # (shape, bits): dense bf16, then the config's quantization block as mlx-lm's loader reads it

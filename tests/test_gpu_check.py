@@ -207,6 +207,7 @@ def test_run_end_to_end_on_the_cpu_resumes_and_keeps_every_finished_step(tmp_pat
     assert [c["label"] for c in steps["primitives"]["commands"]] == ["gemma3-270m-bf16", "gemma3-270m-q4"]
     assert all(c["answer"]["ok"] for c in steps["primitives"]["commands"])
     assert "max_abs_dlogit/sm90/decode-vs-cpu/default" in steps["predict"]["commands"][0]["answer"]["figures"]
+    assert steps["kernels"]["commands"][0]["answer"]["paths"][0]["path"] == "model"  # the summary came through
     assert "qualifier" not in result and all(s["seconds"] > 0 for s in steps.values())
     with tarfile.open(out / "steps.tar.gz") as t:
         names = t.getnames()
@@ -232,3 +233,18 @@ def test_run_no_device_is_one_line_and_a_timeout_keeps_going(tmp_path):
     steps = json.loads((out / "result.json").read_text())["steps"]
     assert steps["env"]["status"] == "timeout" and steps["primitives"]["status"] == "timeout"
     assert "not repeatable" in steps["env"]["qualified"]
+
+
+def test_bad_input_is_one_line_before_anything_runs(tmp_path):
+    work = tmp_path / "work"
+    r = _run("--no-install", "--device", "cpu", "--work", str(work), "--budget", "env")
+    assert r.returncode == 2 and r.stderr == "run: --budget takes STEP=SECONDS\n"
+    work.mkdir()
+    (work / "result.json").write_text(json.dumps({"device_asked": "gpu", "sizes": "gpu", "model": "embedded"}))
+    r = _run("--no-install", "--device", "cpu", "--sizes", "small", "--work", str(work), "--foreground")
+    assert r.returncode == 2 and r.stderr.count("\n") == 1
+    assert "other inputs: device_asked 'gpu' (now 'cpu'); sizes 'gpu' (now 'small')" in r.stderr
+    r = subprocess.run([sys.executable, str(SCRIPTS / "measure.py"), "repeat", "--device", "cpu", "--tokens", "8",
+                        "--split", "8", "--json", str(tmp_path / "r.json")], capture_output=True, text=True)
+    assert r.returncode == 2 and r.stderr == "measure repeat: ValueError: --split 8 must lie inside --tokens 8\n"
+    assert not (tmp_path / "r.json").exists()

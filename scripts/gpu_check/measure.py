@@ -1,7 +1,8 @@
-"""The two steps of the GPU check that have no CLI command of their own, through gemmdrift's library.
+"""The steps of the GPU check that have no CLI command of their own, through gemmdrift's library.
 
     python scripts/gpu_check/measure.py repeat  --model M --device gpu --tokens 600 --split 512 --json FILE
     python scripts/gpu_check/measure.py predict --model M --device gpu --sizes gpu --out DIR --json FILE
+    python scripts/gpu_check/measure.py kernels --model M --device gpu --sizes gpu --layers 0,5,17 --out DIR --json F
 
 ``repeat``: run-to-run repeatability. The same schedule run twice (``gemmdrift.model.taps.run_schedule``, the
 layer stack's runs), hidden states of every layer and the logits compared bit for bit; then one projection
@@ -12,6 +13,9 @@ block of T rows (``gemmdrift.kernels.synthetic_rows``), for each T. Repeatable m
 replayed for M1, M3, and the replayed CUDA gemv decode against this machine's decode), written with
 ``gemmdrift.store.write_result``. On a CUDA machine "this machine's decode" is the real sm90 gemv, so the
 ``decode-vs-cpu`` pair of chip sm90 is the replay's prediction against the measurement.
+
+``kernels``: the main job's kernel probe (``gemmdrift.suite.kernel_probe``) at the sizes' T values, paths, rows
+and FLOP budget, on the layers given and the LM head.
 
 Each writes one JSON object to ``--json``; bad input is one line on stderr and exit 2.
 """
@@ -105,10 +109,34 @@ def predict(args) -> dict:
             "calibration": [c for c in args.calibration if Path(c).is_file()]}
 
 
+def kernels(args) -> dict:
+    """The main job's kernel probe (``gemmdrift.suite.kernel_probe``) at ``--sizes``, on ``--layers`` and the LM
+    head: its FLOP budget is the sizes' (1e12 for gpu), where the ``kernels`` command's 2e9 would stop the LM
+    head at T=4 on a GPU."""
+    from dataclasses import replace
+
+    _start(args.device)
+    from gemmdrift import store
+    from gemmdrift.machine.envinfo import environment
+    from gemmdrift.model import load_model
+    from gemmdrift.suite import SIZES, kernel_probe
+    from gemmdrift.view.summaries import summary
+
+    sizes = SIZES[args.sizes]
+    if args.layers:
+        sizes = replace(sizes, kernel_layers=tuple(int(x) for x in args.layers.split(",")))
+    env = environment()
+    lm = load_model(args.model, dtype=args.dtype)
+    out = Path(args.out)
+    result = kernel_probe(lm, sizes, checkpoint=out / "checkpoint", env=env)
+    store.write_result(result, out, draw=False)
+    return {"out": str(out), "sizes": args.sizes, "layers": list(sizes.kernel_layers), **summary(result)}
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     sub = p.add_subparsers(dest="what", required=True)
-    for name in ("repeat", "predict"):
+    for name in ("repeat", "predict", "kernels"):
         s = sub.add_parser(name)
         s.add_argument("--model", default="embedded")
         s.add_argument("--dtype", default="bfloat16")
@@ -124,6 +152,10 @@ def main(argv: list[str] | None = None) -> int:
     q.add_argument("--sizes", default="gpu")
     q.add_argument("--out", required=True)
     q.add_argument("--calibration", action="append", default=[])
+    k = sub.choices["kernels"]
+    k.add_argument("--sizes", default="gpu")
+    k.add_argument("--layers", help="decoder layers probed beside the LM head (default: the sizes')")
+    k.add_argument("--out", required=True)
     args = p.parse_args(argv)
     t0 = time.perf_counter()
     try:
@@ -131,13 +163,14 @@ def main(argv: list[str] | None = None) -> int:
             args.ts = [int(t) for t in args.ts.split(",")]
             if not 0 < args.split < args.tokens:
                 raise ValueError(f"--split {args.split} must lie inside --tokens {args.tokens}")
-        record = repeat(args) if args.what == "repeat" else predict(args)
+        record = {"repeat": repeat, "predict": predict, "kernels": kernels}[args.what](args)
     except Exception as e:  # one line, never a traceback (GemmdriftError, a CUDA error, bad input)
         print(f"measure {args.what}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}", file=sys.stderr)
         return 2
     record["seconds"] = round(time.perf_counter() - t0, 2)
     Path(args.json).write_text(json.dumps(record, indent=1, default=str))
-    print(json.dumps({k: v for k, v in record.items() if k not in ("runs", "projection_calls", "figures")}))
+    print(json.dumps({k: v for k, v in record.items() if k not in ("runs", "projection_calls", "figures")},
+                     default=str))
     return 0
 
 

@@ -279,6 +279,16 @@ def main(argv: list[str] | None = None) -> int:
         print("run: --budget takes STEP=SECONDS", file=sys.stderr)
         return 2
     ctx.work.mkdir(parents=True, exist_ok=True)
+    try:  # finished steps are kept only for the same inputs: another device, size or model is another run
+        saved = json.loads((ctx.work / RESULT).read_text())
+    except (OSError, ValueError):
+        saved = {}
+    other = [f"{k} {saved[k]!r} (now {v!r})" for k, v in (("device_asked", args.device), ("sizes", args.sizes),
+                                                           ("model", args.model)) if k in saved and saved[k] != v]
+    if other:
+        print(f"run: {ctx.work} holds a run made with other inputs: {'; '.join(other)}; use another --work",
+              file=sys.stderr)
+        return 2
     ctx.env = install.run_env(ctx.work, ctx.repo) if not args.no_install else dict(
         os.environ, PYTHONPATH=os.pathsep.join([str(REPO / "src")] + [os.environ.get("PYTHONPATH", "")]).rstrip(
             os.pathsep), MPLBACKEND="Agg")

@@ -17,10 +17,6 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-# The T values of the main job's gpu sizes (gemmdrift.suite.SIZES["gpu"].kernel_ts).
-GPU_TS = "1-17,24,32,33,64,128,512"
-GPU_PATHS = "model,dense:float16,dense:float32,quant:affine-q4-g64,quant:affine-q8-g64,emulated:splitk4"
-
 SIZES = {
     # On the GPU machine: the embedded Gemma at the main job's gpu sizes where a step has them.
     "gpu": {
@@ -32,7 +28,8 @@ SIZES = {
                        ("gemma4-31b", None), ("gemma4-31b", 4), ("gemma4-31b", 8)],
         "primitives_args": ["--ts", "1-8"],
         "replay-check": ["--layers", "0,5,17,18", "--head-rows", "4096"],
-        "kernels": ["--layers", "0,5,17,18", "--ts", GPU_TS, "--paths", GPU_PATHS, "--rows", "64"],
+        # suite.SIZES["gpu"]: T 1-17,24,32,33,64,128,512, six paths, 64 rows, FLOP budget 1e12; three layers + head
+        "kernels": ["--sizes", "gpu", "--layers", "0,5,17"],
         "stack": ["--tokens", "2600", "--split", "2300", "--ladder"],
         "predict": "gpu",
     },
@@ -45,8 +42,7 @@ SIZES = {
         "primitives_args": ["--ts", "1-2", "--ops", "q_proj"],
         "replay-check": ["--layers", "0", "--projections", "q_proj", "--ts", "1,2", "--rows", "2", "--tokens", "8",
                          "--paths", "dense:bfloat16", "--no-order-rows"],
-        "kernels": ["--layers", "0", "--projections", "q_proj", "--ts", "1,2", "--rows", "2", "--tokens", "8",
-                    "--paths", "model"],
+        "kernels": ["--sizes", "quick"],
         "stack": ["--tokens", "12", "--split", "8", "--ladder", "--no-local"],
         "predict": "quick",
     },
@@ -119,10 +115,11 @@ def build(sizes: str, device: str, model: str, work: Path) -> list[Step]:
              "which replay variant this chip's kernels are, bit for bit (calibration.json)",
              [Command("replay-check", gd("replay", "check", "--model", model, *dev, *s["replay-check"],
                                          "--out", str(out / "replay-check"), "--json"), stdout_json=True)]),
-        Step("kernels", "the kernels probe on real rows", True,
+        Step("kernels", "the kernels probe on real rows (the main job's, at its sizes)", True,
              "GEMV vs GEMM per projection and path on captured rows: where T>1 changes the bits",
-             [Command("kernels", gd("kernels", "--model", model, *dev, *s["kernels"], "--out", str(out / "kernels"),
-                                    "--json"), stdout_json=True)]),
+             [Command("kernels", measure("kernels", "--model", model, *dev, *s["kernels"],
+                                         "--out", str(out / "kernels"), "--json", str(out / "kernels" / "kernels.json")),
+                      json_out=out / "kernels" / "kernels.json")]),
         Step("stack", "decode vs verify:2 and verify:3 on the embedded Gemma, with the ladder", True,
              "the drift of decode vs verification through the layers and at the logits, and the ladder's verdict",
              [Command("stack", gd("stack", "--model", model, *dev, *s["stack"], "--out", str(out / "stack"), "--json"),
@@ -147,7 +144,8 @@ def answer(step: str, data: dict) -> dict:
         "primitives": ("ok", "exact_width", "error", "kernels", "seconds"),
         "replay-check": ("chip", "device_chip", "mlx_version", "prediction", "calibration"),
         "predict": ("figures", "calibration", "backend"),
+        "kernels": ("sizes", "layers", "real_drift", "emulated_control_detected", "paths"),
     }.get(step)
-    if keep is None:  # kernels, stack: their scalar top-level fields
-        return {k: v for k, v in data.items() if isinstance(v, (str, int, float, bool)) or v is None}
+    if keep is None:  # stack: its summary (a few kB: every pair's envelope and ladder verdict)
+        return dict(data)
     return {k: data[k] for k in keep if k in data}

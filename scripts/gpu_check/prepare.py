@@ -186,6 +186,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--check", action="store_true", help="only check an existing pack against the limits")
     p.add_argument("--margin-mib", type=float, default=plan.MARGIN / plan.MIB,
                    help="room kept free in every call (default 0.5 MiB)")
+    p.add_argument("--limit-mib", type=float, default=plan.LIMIT / plan.MIB,
+                   help="what one call may send (default 64 MiB; lower it if a call is refused as too large)")
     args = p.parse_args(argv)
     pack = Path(args.pack)
     try:
@@ -194,9 +196,9 @@ def main(argv: list[str] | None = None) -> int:
             tree = plan.tree_bytes(REPO)  # the tree now, not when the pack was made
         else:
             ignore_pack()
-            manifest = build(pack, plan.LIMIT, int(args.margin_mib * plan.MIB))
+            manifest = build(pack, int(args.limit_mib * plan.MIB), int(args.margin_mib * plan.MIB))
             tree = manifest["tree_bytes"]
-        lines = plan.check_pack(pack, manifest, tree_bytes=tree)
+        lines = plan.check_pack(pack, manifest, tree_bytes=tree, limit=manifest["limit_bytes"])
     except (plan.PackError, subprocess.CalledProcessError) as e:
         print(f"prepare: {e}", file=sys.stderr)
         return 2

@@ -310,9 +310,12 @@ def main(argv: list[str] | None = None) -> int:
         report["seconds"] = round(time.monotonic() - t0, 2)
         prev = json.loads((ctx.work / "install.json").read_text()) if (ctx.work / "install.json").is_file() else []
         write_json(ctx.work / "install.json", prev + [report])
-        if report.get("missing"):
-            print(f"run: pieces of earlier calls are missing {sorted(report['missing'])}: the machine was not kept "
-                  "warm between calls; start again from call 1", file=sys.stderr)
+        missing = sorted(int(c) for c in report.get("missing", {}))
+        if args.call in missing:
+            print(f"run: call {args.call}'s pieces are not here: carry {plan.call_folder(args.call)}", file=sys.stderr)
+        elif missing:
+            print(f"run: pieces of earlier calls {missing} are missing: the machine was not kept warm between "
+                  "calls; start again from call 1", file=sys.stderr)
         if report.get("error"):
             print(f"run: {report['error']}", file=sys.stderr)
             collect(ctx)

@@ -198,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
             ignore_pack()
             manifest = build(pack, int(args.limit_mib * plan.MIB), int(args.margin_mib * plan.MIB))
             tree = manifest["tree_bytes"]
-        lines = plan.check_pack(pack, manifest, tree_bytes=tree, limit=manifest["limit_bytes"])
+        lines = plan.check_pack(pack, manifest, tree_bytes=tree, limit=manifest.get("limit_bytes", plan.LIMIT))
     except (plan.PackError, subprocess.CalledProcessError) as e:
         print(f"prepare: {e}", file=sys.stderr)
         return 2

@@ -251,6 +251,13 @@ def summary(ctx) -> str:
     return "\n".join(lines + ([result["qualifier"]] if result.get("qualifier") else []))
 
 
+def set_env(ctx) -> None:
+    """The steps' environment: the installed site (once it exists), gemmdrift's source, the GGUF cache."""
+    ctx.env = install.run_env(ctx.work, ctx.repo) if not ctx.no_install else dict(
+        os.environ, PYTHONPATH=os.pathsep.join([str(REPO / "src")] + [os.environ.get("PYTHONPATH", "")]).rstrip(
+            os.pathsep), MPLBACKEND="Agg")
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -289,9 +296,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"run: {ctx.work} holds a run made with other inputs: {'; '.join(other)}; use another --work",
               file=sys.stderr)
         return 2
-    ctx.env = install.run_env(ctx.work, ctx.repo) if not args.no_install else dict(
-        os.environ, PYTHONPATH=os.pathsep.join([str(REPO / "src")] + [os.environ.get("PYTHONPATH", "")]).rstrip(
-            os.pathsep), MPLBACKEND="Agg")
+    set_env(ctx)
     if args.runner:
         run_steps(ctx)
         return 0
@@ -320,6 +325,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"run: {report['error']}", file=sys.stderr)
             collect(ctx)
             return 2
+    set_env(ctx)  # again: the site may have been installed by this call
     if not args.no_install and not (ctx.work / "site").is_dir():
         print("run: mlx is not installed yet (its pieces come in a later call)", file=sys.stderr)
         collect(ctx)

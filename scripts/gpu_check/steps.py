@@ -20,7 +20,7 @@ from pathlib import Path
 SIZES = {
     # On the GPU machine: the embedded Gemma at the main job's gpu sizes where a step has them.
     "gpu": {
-        "budget": {"env": 60, "repeat": 90, "primitives": 120, "replay-check": 120, "kernels": 100, "stack": 100,
+        "budget": {"env": 60, "repeat": 90, "primitives": 120, "replay-check": 150, "kernels": 100, "stack": 100,
                    "predict": 80},
         "repeat": ["--model", "shape:gemma3-270m", "--tokens", "600", "--split", "512", "--ts", "1,2,3,4,8,33"],
         # (shape, bits): dense bf16, then the config's quantization block as mlx-lm's loader reads it
@@ -47,6 +47,10 @@ SIZES = {
         "predict": "quick",
     },
 }
+
+
+# The embedded Gemma's GGUF -> the cached mlx-lm checkpoint, once, timed apart (the first step with weights).
+CONVERT = "from gemmdrift.model import gguf_gemma as g; print(g.converted_dir(g.embedded_gguf()))"
 
 
 @dataclass
@@ -113,6 +117,7 @@ def build(sizes: str, device: str, model: str, work: Path) -> list[Step]:
     steps += [
         Step("replay-check", "replay check --device gpu: the calibration file", True,
              "which replay variant this chip's kernels are, bit for bit (calibration.json)",
+             ([Command("convert", [sys.executable, "-c", CONVERT])] if model == "embedded" else []) +
              [Command("replay-check", gd("replay", "check", "--model", model, *dev, *s["replay-check"],
                                          "--out", str(out / "replay-check"), "--json"), stdout_json=True)]),
         Step("kernels", "the kernels probe on real rows (the main job's, at its sizes)", True,

@@ -131,7 +131,8 @@ def build(sizes: str, device: str, model: str, work: Path) -> list[Step]:
                       stdout_json=True)]),
         Step("predict", "the main job's prediction part against what was measured", True,
              "the replayed sm90 gemv decode against this device's decode (decode-vs-cpu of sm90: 0 = the replay "
-             "is exact), and the Metal predictions beside it",
+             "is exact), and the Metal predictions beside it; predict_drift names this device's measured line "
+             "'cpu' whatever the device, so here 'cpu' in a figure's name is the GPU",
              [Command("predict", measure("predict", "--model", model, *dev, "--sizes", s["predict"],
                                          "--calibration", str(cal), "--out", str(out / "predict"),
                                          "--json", str(out / "predict" / "predict.json")),

@@ -232,9 +232,20 @@ def runner_alive(ctx) -> bool:
 
 
 def start_runner(ctx, argv: list[str]) -> None:
+    """The steps in a process of their own session (it outlives this call), from a copy of gemmdrift's source and
+    these scripts in WORK/code: the next call's copy of the repository cannot change them under it."""
+    code = ctx.work / "code"
+    if code.exists():
+        shutil.rmtree(code)
+    skip = shutil.ignore_patterns("__pycache__", "*.pyc")
+    shutil.copytree(ctx.repo / "src", code / "src", ignore=skip)
+    shutil.copytree(HERE, code / "scripts" / "gpu_check", ignore=skip)
+    env = install.run_env(ctx.work, code) if not ctx.no_install else dict(
+        ctx.env, PYTHONPATH=ctx.env["PYTHONPATH"].replace(str(ctx.repo / "src"), str(code / "src")))
     log = open(ctx.work / "runner.log", "a")
-    proc = subprocess.Popen([sys.executable, str(HERE / "run.py"), "--runner", *argv], stdout=log, stderr=log,
-                            stdin=subprocess.DEVNULL, start_new_session=True, cwd=str(ctx.repo), env=ctx.env)
+    proc = subprocess.Popen([sys.executable, str(code / "scripts" / "gpu_check" / "run.py"), "--runner", *argv],
+                            stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True, cwd=str(code),
+                            env=env)
     (ctx.work / "runner.pid").write_text(str(proc.pid))
     ctx.proc = proc
 

@@ -248,3 +248,29 @@ def test_bad_input_is_one_line_before_anything_runs(tmp_path):
                         "--split", "8", "--json", str(tmp_path / "r.json")], capture_output=True, text=True)
     assert r.returncode == 2 and r.stderr == "measure repeat: ValueError: --split 8 must lie inside --tokens 8\n"
     assert not (tmp_path / "r.json").exists()
+
+
+def test_rebuild_wheel_refuses_a_file_that_differs_from_its_record(tmp_path):
+    _fake_wheel(tmp_path / "pkg-1.0-py3-none-any.whl", "pkg")
+    for altered in (False, True):
+        tar = tmp_path / f"pkg{altered}.tar.xz"
+        with zipfile.ZipFile(tmp_path / "pkg-1.0-py3-none-any.whl") as z, lzma.open(tar, "wb") as xz, \
+                tarfile.open(fileobj=xz, mode="w") as t:
+            for info in z.infolist():
+                data = z.read(info)
+                if altered and info.filename == "pkg/__init__.py":
+                    data = b"VALUE = 43\n"  # one byte changed on the way
+                ti = tarfile.TarInfo(info.filename)
+                ti.size = len(data)
+                import io
+
+                t.addfile(ti, io.BytesIO(data))
+        dest = tmp_path / f"out{altered}"
+        dest.mkdir()
+        if altered:
+            with pytest.raises(plan.PackError, match="1 files differ from its RECORD, e.g. pkg/__init__.py"):
+                install.rebuild_wheel(tar, "pkg-1.0-py3-none-any.whl", dest)
+        else:
+            wheel = install.rebuild_wheel(tar, "pkg-1.0-py3-none-any.whl", dest)
+            with zipfile.ZipFile(wheel) as z:
+                assert z.read("pkg/__init__.py") == b"VALUE = 42\n" and z.namelist()[-1].endswith("RECORD")

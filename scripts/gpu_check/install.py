@@ -14,6 +14,7 @@ outside the repository copy, so that a later call on the same warm machine finds
 from __future__ import annotations
 
 import base64
+import csv
 import hashlib
 import json
 import lzma
@@ -93,8 +94,8 @@ def rebuild_wheel(tar_xz: Path, wheel_name: str, dest: Path) -> Path:
         t.extractall(tree, filter="data") if hasattr(tarfile, "data_filter") else t.extractall(tree)
     record = next(tree.glob("*.dist-info/RECORD"))
     bad = []
-    for line in record.read_text().splitlines():
-        name, digest, _ = line.rsplit(",", 2)
+    for row in csv.reader(record.read_text().splitlines()):
+        name, digest = row[0], row[1] if len(row) > 1 else ""
         if digest and _record_hash(tree / name, name) != digest:
             bad.append(name)
     if bad:
@@ -151,7 +152,9 @@ def install(manifest: dict, work: Path) -> dict:
         link_cuda_libraries(site)
         state["site"] = str(site)
         shutil.rmtree(wheels_dir)
-    state_file.write_text(json.dumps(state, indent=1))
+    tmp = state_file.with_name(state_file.name + ".tmp")  # the steps' process reads it: never half written
+    tmp.write_text(json.dumps(state, indent=1))
+    os.replace(tmp, state_file)
     return state
 
 

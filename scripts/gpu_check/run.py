@@ -257,6 +257,8 @@ def summary(ctx) -> str:
     result = json.loads(path.read_text())
     if not (result.get("device") or {}).get("ok", True):
         return f"device: {result['device'].get('error')}"
+    if result.get("runner_error"):
+        return f"runner: {result['runner_error']}"
     lines = [f"{name:13s} {s.get('status'):8s} {s.get('seconds', '-')!s:>7} s  {s.get('error', '')}"
              for name, s in result.get("steps", {}).items()]
     return "\n".join(lines + ([result["qualifier"]] if result.get("qualifier") else []))
@@ -309,7 +311,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     set_env(ctx)
     if args.runner:
-        run_steps(ctx)
+        try:
+            run_steps(ctx)
+        except Exception as e:  # the steps' own failures are in result.json; this is the runner's, in one line
+            path = ctx.work / RESULT
+            result = json.loads(path.read_text()) if path.is_file() else {}
+            write_json(path, {**result, "runner_error": f"{type(e).__name__}: {one_line(str(e))}"})
+            raise
         return 0
     if not args.no_install and args.call is not None:
         t0 = time.monotonic()
@@ -321,8 +329,8 @@ def main(argv: list[str] | None = None) -> int:
             manifest = plan.read_manifest(folders[0])
             report.update(install.receive(REPO, manifest, ctx.work, args.call))
             report["installed"] = install.install(manifest, ctx.work)
-        except (plan.PackError, OSError) as e:
-            report["error"] = str(e)
+        except Exception as e:  # a refused piece, pip, a corrupt stream, a full disk: one line, never a traceback
+            report["error"] = str(e) if isinstance(e, plan.PackError) else f"{type(e).__name__}: {e}"
         report["seconds"] = round(time.monotonic() - t0, 2)
         prev = json.loads((ctx.work / "install.json").read_text()) if (ctx.work / "install.json").is_file() else []
         write_json(ctx.work / "install.json", prev + [report])

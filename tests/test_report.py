@@ -309,8 +309,9 @@ def plant_diverge(verdict="IDENTICAL", index=None, first_outside=None, divergenc
     return diverge_result(r, {"model": MODEL, "n": 32, "tokens": list(range(500))}, ENV)
 
 
-def plant_state(bug=True):
-    """KVCache exact; RotatingKVCache's rollback a STATE BUG past the window (or exact); its trim exact."""
+def plant_state(bug=True, verdict="STATE BUG"):
+    """KVCache exact; RotatingKVCache's rollback a STATE BUG (or ``verdict``) past the window, or exact; its trim
+    exact."""
     from types import SimpleNamespace
 
     from gemmdrift.state.sweep import _result
@@ -322,7 +323,7 @@ def plant_state(bug=True):
                 for r in (0, 1):
                     broken = bug and cache == "RotatingKVCache" and op == "rollback" and where == "past" and r
                     rows.append({"cache": cache, "operation": op, "where": where, "prefix": prefix, "params":
-                                 f"k=2 r={r}", "verdict": "STATE BUG" if broken else "EXACT", "reason":
+                                 f"k=2 r={r}", "verdict": verdict if broken else "EXACT", "reason":
                                  "layer 0: entries differ (max |Δ| 1.5)" if broken else "bit-identical",
                                  "max_abs": 1.5 if broken else 0.0})
     lm = SimpleNamespace(description=SimpleNamespace(source="embedded", dtype="bfloat16"), info=MODEL)
@@ -505,3 +506,20 @@ def test_state_findings_are_one_table(tmp_path):
     md = report.build_report(tmp_path)["markdown"].read_text()
     row = next(x for x in md.splitlines() if x.startswith("| RotatingKVCache | rollback"))
     assert row.count(" | ") == 5  # the '|' of max |Δ| escaped: the row keeps its six cells
+
+
+@pytest.mark.parametrize("verdict,said", [
+    ("STATE BUG", "The stock `RotatingKVCache` is a **STATE BUG** under `rollback` in 1 of 4 cases (past the window)"),
+    ("refused", "The stock `RotatingKVCache` is **refused** under `rollback` (it raised) in 1 of 4 cases (past the "
+                "window)"),
+    ("rounding", "The stock `RotatingKVCache` is different by rounding under `rollback` in 1 of 4 cases (past the "
+                 "window); `KVCache` exact in every case — part 3."),
+    ("EXACT", "Every cache operation checked is exact: `KVCache`, `RotatingKVCache` × `rollback`, `trim`, 16 cases "
+              "— part 3.")])
+def test_the_state_line_says_the_worst_verdict_and_never_exact_when_one_is_not(verdict, said):
+    from gemmdrift.view.answer import Part, state_claim
+
+    claim = state_claim(Part("state", "state", 3, plant_state(verdict=verdict)))
+    assert claim.verdict == verdict and claim.line().startswith(said)
+    assert ("exact in every case" in claim.line()) == (verdict != "EXACT")  # KVCache, beside the finding
+    assert ("gemmdrift.caches.exact" in claim.line()) == (verdict == "STATE BUG")  # the fix, only for a state bug

@@ -193,8 +193,9 @@ def logits_claims(stack: Part, kernels: Part | None, attribute: Part | None) -> 
         where = (f"from position {first}" + (f", below the {w}-token sliding window" if w and first < w else "")
                  if first is not None else f"in the hidden states from layer {f['first_layer']}, not at the logits")
         out.append(Claim("logits", "drift",
-                         f"{subject} does not reproduce plain decoding bit for bit: {sched} against decode differ "
-                         f"{where} ({_where(f)}){part}", (stack.number,)))
+                         f"{subject} does not reproduce plain decoding bit for bit: {sched} against decode "
+                         f"differ{'s' if len(f['schedules']) == 1 else ''} {where} ({_where(f)}){part}",
+                         (stack.number,)))
     lad = f["ladder"]
     nature = {Verdict.ROUNDING: "by rounding",
               Verdict.SEMANTIC: "by more than rounding (at float32 the drift does not shrink: the schedules compute "
@@ -237,7 +238,7 @@ def greedy_claim(diverge: Part) -> Claim:
     p0, n = int(r.get("prompt_tokens") or 0), int(r.get("n") or 0)
     where = ""
     if window:
-        where = ", " + ("across" if p0 < window <= p0 + n - 1 else "past" if p0 >= window else "below all of") + \
+        where = ", " + ("across" if p0 < window <= p0 + n - 1 else "past" if p0 >= window else "below") + \
                 f" the {window}-token window"
     chip = _replay_chip(diverge.result)
     head = (f"Greedy generation (mlx-lm, {a.get('label') or 'A'} vs {b.get('label') or 'B'}, {n} tokens after a "
@@ -283,41 +284,41 @@ def greedy_claim(diverge: Part) -> Claim:
 def state_claim(state: Part) -> Claim:
     t = state.result.tables["state"]
     impl = (state.result.inputs or {}).get("implementations")
-    groups = []
-    for verdict in (Verdict.STATE_BUG, Verdict.REFUSED):
+    said = {Verdict.STATE_BUG: "a **STATE BUG** under `{op}`", Verdict.REFUSED: "**refused** under `{op}` (it raised)",
+            Verdict.UNRELIABLE: "not judged under `{op}` (the float32 rung was TF32)",
+            Verdict.ROUNDING: "different by rounding under `{op}`"}
+    groups = []  # (verdict, cache, what it is under the operation), the worst verdicts first
+    for verdict, words in said.items():
         for (cache, op), g in t[t["verdict"] == str(verdict)].groupby(["cache", "operation"], sort=False):
             n = int(((t["cache"] == cache) & (t["operation"] == op)).sum())
             wheres = ", ".join(WHERE.get(str(w), str(w)) for w in dict.fromkeys(g["where"])
                                if str(w) not in ("", "nan"))
-            groups.append((str(verdict), cache, op, len(g), n, wheres))
+            groups.append((verdict, cache, words.format(op=op) + f" in {len(g)} of {n} cases"
+                           + (f" ({wheres})" if wheres else "")))
     exact = t.groupby("cache")["verdict"].agg(lambda v: set(v) == {str(Verdict.EXACT)})
     clean = [c for c, ok in exact.items() if ok]
     under = " (the cache under test)" if impl else ""
+    checked = t[t["verdict"] == str(Verdict.EXACT)]
     if not groups:
-        checked = t[t["verdict"] == str(Verdict.EXACT)]
         if not len(checked):
-            return Claim("state", "not checked", "No cache operation was checked here (not applicable to this model)",
-                         (state.number,))
+            return Claim("state", str(Verdict.NOT_APPLICABLE), "No cache operation was checked here (none applies to "
+                                                               "this model's caches)", (state.number,))
         return Claim("state", str(Verdict.EXACT),
                      f"Every cache operation checked is exact{under}: "
                      f"{', '.join(f'`{c}`' for c in dict.fromkeys(checked['cache']))} × "
                      f"{', '.join(f'`{o}`' for o in dict.fromkeys(checked['operation']))}, "
                      f"{len(checked)} cases{_partial(state.result)}", (state.number,))
-    bugs = [g for g in groups if g[0] == str(Verdict.STATE_BUG)]
-    said = []
+    lines = []
     for cache in dict.fromkeys(g[1] for g in groups):
-        mine = [g for g in groups if g[1] == cache]
-        kind = "a **STATE BUG**" if any(g[0] == str(Verdict.STATE_BUG) for g in mine) else "**refused**"
-        ops = "; ".join(f"`{g[2]}` in {g[3]} of {g[4]} cases" + (f" ({g[5]})" if g[5] else "") for g in mine)
-        said.append(f"`{cache}`{under} is {kind} under {ops}")
-    text = ("The stock " if not impl else "") + "; ".join(said)
+        lines.append(f"`{cache}`{under} is " + " and ".join(g[2] for g in groups if g[1] == cache))
+    text = ("The stock " if not impl else "") + "; ".join(lines)
     if clean:
         text += f"; {', '.join(f'`{c}`' for c in clean)} exact in every case"
-    if bugs and not impl and any(g[2] in ("rollback", "trim_prompt_cache") for g in bugs):
+    bugs = [g for g in groups if g[0] == Verdict.STATE_BUG]
+    if bugs and not impl and any(op in g[2] for g in bugs for op in ("`rollback`", "`trim_prompt_cache`")):
         text += (" (speculative decoding rewinds rejected drafts with `trim_prompt_cache`). An exact cache to put "
                  "through the same grid: `gemmdrift state --cache-impl gemmdrift.caches.exact:make_cache`")
-    return Claim("state", str(Verdict.STATE_BUG) if bugs else str(Verdict.REFUSED), text + _partial(state.result),
-                 (state.number,))
+    return Claim("state", str(groups[0][0]), text + _partial(state.result), (state.number,))
 
 
 # ------------------------------------------------------------------ a GPU (predict)

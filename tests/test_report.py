@@ -1,6 +1,7 @@
 """The report page: its plain-language reading follows the numbers, and the HTML stands alone."""
 
 import json
+import math
 import re
 import shutil
 from html.parser import HTMLParser
@@ -344,6 +345,15 @@ def plant_attribute(classes=("sdpa",)):
     return attribute_result({"ops": ops, "counterfactual": cf, "envelope": env}, inputs, ENV, {"verdict": "v"})
 
 
+def plant_kernels(ulp=0.0):
+    """Every projection of layer 0 as a GEMV and inside GEMMs of T = 2..33: ``ulp`` apart at T=33."""
+    rows = [{"layer": 0, "projection": proj, "path": "model", "dtype": "bfloat16", "quant": "", "emulated": False,
+             "synthetic": False, "inputs": "captured", "K": 640, "N": 640, "key_length": math.nan, "T": t,
+             "metric": "max_ulp", "value": ulp if t == 33 else 0.0}
+            for proj in ("self_attn.q_proj", "mlp.down_proj") for t in (1, 2, 3, 4, 8, 16, 33)]
+    return kernels.kernels_result(pd.DataFrame(rows), {"model": MODEL}, ENV)
+
+
 def plant_run(tmp_path, run=True, **parts):
     """A `gemmdrift run` directory holding the given parts (each marked done), no model computed; ``run`` False:
     only these parts' directories (nothing said missing)."""
@@ -388,11 +398,16 @@ def contradictions(blocks) -> list[str]:
         if moves and (not said or said.group(1) != min(moves, key=int)):
             out.append(f"logits: first moved {moves} below, {said and said.group(1)} on the first screen")
         rounding = all("**Rounding-level**" in x for x in pairs if "differ" in x)
-        if not same and rounding != ("differ by rounding" in " ".join(answer)):
+        if not same and rounding != (" by rounding (" in " ".join(answer)):
             out.append("drift: rounding below, not on the first screen (or the other way)")
         flips = {re.search(r"(\d+) argmax flips", x).group(1) for x in pairs if "argmax flips" in x}
         if flips == {"0"} and "no argmax flips" not in " ".join(answer):
             out.append("flips: none below, some on the first screen")
+    proj = [x for x in lines if "every real path" in x or "projections change with T" in x]
+    if proj and any("differ" in x for x in answer):
+        clean = "every real path" in proj[0]
+        if clean != ("no projection changes with T" in " ".join(answer)):
+            out.append(f"kernels: {proj[0]!r} below, not so on the first screen")
     greedy = [x for x in lines if x.startswith("Greedy")]
     if greedy:
         below = ("IDENTICAL" if "agree" in greedy[0] else
@@ -415,14 +430,17 @@ SCENARIOS = {
     # the CPU's answer (README): bit-identical below the window, rounding in sdpa past it; a near-tie, then the
     # speculative stream leaves its own schedule (the rollback's state bug)
     "cpu": dict(stack=dict(first=512), diverge=dict(verdict="OUTSIDE ENVELOPE", index=22, first_outside=25,
-                                                    divergence_verdict="NEAR-TIE"), state=dict(bug=True)),
-    "nothing drifts": dict(stack=dict(), diverge=dict(), state=dict(bug=False)),
+                                                    divergence_verdict="NEAR-TIE"), state=dict(bug=True),
+                kernels=dict()),
+    "nothing drifts": dict(stack=dict(), diverge=dict(), state=dict(bug=False), kernels=dict()),
     "near-tie, not rounding below the window": dict(stack=dict(first=505, ladder="semantic", flips=1),
                                                     diverge=dict(verdict="NEAR-TIE", index=3, divergence_verdict=
-                                                                 "NEAR-TIE"), state=dict(bug=False)),
+                                                                 "NEAR-TIE"), state=dict(bug=False),
+                                                    kernels=dict(ulp=3.0)),
     "outside, schedules bit-identical": dict(stack=dict(), diverge=dict(verdict="OUTSIDE ENVELOPE", index=4,
                                                                         divergence_verdict="OUTSIDE ENVELOPE",
-                                                                        bit_identical=True), state=dict(bug=True)),
+                                                                        bit_identical=True), state=dict(bug=True),
+                                         kernels=dict()),
 }
 
 
@@ -430,8 +448,8 @@ SCENARIOS = {
 def test_the_first_screen_agrees_with_the_parts_below_it(tmp_path, name):
     s = SCENARIOS[name]
     blocks = plant_run(tmp_path, False, **{"stack-decode": plant_stack(**s["stack"]),
-                                           "diverge": plant_diverge(**s["diverge"]),
-                                    "state": plant_state(**s["state"]), "attribute": plant_attribute()})
+                                           "diverge": plant_diverge(**s["diverge"]), "state": plant_state(**s["state"]),
+                                           "attribute": plant_attribute(), "kernels": plant_kernels(**s["kernels"])})
     answer = first_screen(blocks)
     assert 3 <= len(answer) <= 5 and all(" — part" in x for x in answer)  # each with the part it comes from
     assert contradictions(blocks) == []
@@ -439,8 +457,9 @@ def test_the_first_screen_agrees_with_the_parts_below_it(tmp_path, name):
     for a, b in (("**NEAR-TIE**", "**OUTSIDE ENVELOPE**"), ("**OUTSIDE ENVELOPE**", "**IDENTICAL**"),
                  ("**IDENTICAL**", "**NEAR-TIE**"), ("reproduces plain decoding bit for bit:", "does not reproduce plain decoding bit for bit:"),
                  ("does not reproduce plain decoding bit for bit:", "reproduces plain decoding bit for bit:"),
-                 ("differ by rounding", "differ by more than rounding"), ("is a **STATE BUG**", "is **refused**"),
-                 ("Every cache operation checked is exact", "Every cache operation")):
+                 ("by rounding (", "by more than rounding ("), ("is a **STATE BUG**", "is **refused**"),
+                 ("Every cache operation checked is exact", "Every cache operation"),
+                 ("no projection changes with T", "projections change with T")):
         if any(a in x for x in answer):
             i = blocks.index(("ul", answer))
             lied = blocks[:i] + [("ul", [x.replace(a, b) for x in answer])] + blocks[i + 1:]
@@ -450,22 +469,24 @@ def test_the_first_screen_agrees_with_the_parts_below_it(tmp_path, name):
 def test_the_first_screen_says_the_cpu_answer(tmp_path):
     s = SCENARIOS["cpu"]
     answer = first_screen(plant_run(tmp_path, False, **{"stack-decode": plant_stack(**s["stack"]),
-                                                 "diverge": plant_diverge(**s["diverge"]),
-                                                 "state": plant_state(**s["state"]), "attribute": plant_attribute()}))
+                                                        "diverge": plant_diverge(**s["diverge"]),
+                                                        "state": plant_state(**s["state"]),
+                                                        "attribute": plant_attribute(), "kernels": plant_kernels()}))
     assert answer[0] == ("Speculative decoding on this machine (cpu backend) reproduces plain decoding bit for bit "
                          "below the 512-token sliding window (`verify:2`, `verify:3` against decode, positions "
-                         "500–511: max |Δlogit| 0) — part 1.")  # in the run's order: stack-decode, diverge, state, attribute
-    assert answer[1] == ("Past it (from position 512), the schedules differ by rounding in `sdpa` (max |Δlogit| "
-                         "0.4375, max |Δgap| 0.25, no argmax flips; at float32 it shrinks at least 870×) — parts 1, 4.")
+                         "500–511: max |Δlogit| 0) — part 2.")  # in the run's order: kernels, stack-decode, diverge, state, attribute
+    assert answer[1] == ("Past it (from position 512), the schedules differ in `sdpa` by rounding (max |Δlogit| "
+                         "0.4375, max |Δgap| 0.25, no argmax flips; at float32 it shrinks at least 870×; no projection "
+                         "changes with T (GEMV vs GEMM up to T=33: 0 ULP)) — parts 1, 2, 5.")
     assert answer[2] == ("Greedy generation (mlx-lm, plain vs speculative, 32 tokens after a 500-token prompt, across "
                          "the 512-token window) parts at generated token 22 on a near-tie (0.0625 logits apart, within "
                          "the 0.125 envelope), and is **OUTSIDE ENVELOPE**: the speculative stream is not what its own "
                          "schedule computes from generated token 25 (2.5 logits below the argmax), so it ran from a "
-                         "wrong state — part 2.")
+                         "wrong state — part 3.")
     assert answer[3].startswith("The stock `RotatingKVCache` is a **STATE BUG** under `rollback` in 1 of 4 cases (past "
                                 "the window); `KVCache` exact in every case (speculative decoding rewinds rejected "
                                 "drafts with `trim_prompt_cache`)")
-    assert answer[3].endswith("`gemmdrift state --cache-impl gemmdrift.caches.exact:make_cache` — part 3.")
+    assert answer[3].endswith("`gemmdrift state --cache-impl gemmdrift.caches.exact:make_cache` — part 4.")
 
 
 def test_the_first_screen_on_a_replayed_chip_and_with_parts_missing(tmp_path):

@@ -123,7 +123,7 @@ def stack_facts(result: Result) -> dict[str, Any]:
                             if p.get("first_layer_with_drift") is not None), default=None),
         "max_abs_dlogit": max((float(p.get("max_abs_dlogit") or 0) for p in verify), default=0.0),
         "max_abs_dgap": max((float(p.get("max_abs_dgap") or 0) for p in verify), default=0.0),
-        "flips": int(sum(int(p.get("flips") or 0) for p in verify)),
+        "flips": max((int(p.get("flips") or 0) for p in verify), default=0),  # the worst pair's (same positions)
         "ladder": (None if not drifting or any(v is None for v in verdicts) else
                    next((v for v in (Verdict.SEMANTIC, Verdict.UNRELIABLE, Verdict.UNCLEAR, Verdict.ROUNDING)
                          if v in verdicts), Verdict.NO_DRIFT)),
@@ -135,7 +135,7 @@ def _where(f: dict[str, Any]) -> str:
     """The positions compared, against the window: 'positions 500–559, across the 512-token sliding window'."""
     lo, hi, w = f["lo"], f["hi"], f["window"]
     if lo is None:
-        return "no position compared"
+        return "the positions compared not recorded"
     text = _span(lo, hi)
     if not w:
         return text
@@ -190,21 +190,25 @@ def logits_claims(stack: Part, kernels: Part | None, attribute: Part | None) -> 
                          f"{subject} reproduces plain decoding bit for bit below the {w}-token sliding window "
                          f"({sched} against decode, {_span(f['lo'], w - 1)}: max |Δlogit| 0){part}", (stack.number,)))
     else:
-        where = (f"from position {first}" + (f", below the {w}-token sliding window" if w and first < w else "")
-                 if first is not None else f"in the hidden states from layer {f['first_layer']}, not at the logits")
+        if first is not None and w and first < w:
+            where = f"from position {first}, below the {w}-token sliding window ({_span(f['lo'], f['hi'])} compared)"
+        elif first is not None:
+            where = f"from position {first} ({_where(f)})"
+        else:
+            where = f"in the hidden states from layer {f['first_layer']}, not at the logits ({_where(f)})"
         out.append(Claim("logits", "drift",
                          f"{subject} does not reproduce plain decoding bit for bit: {sched} against decode "
-                         f"differ{'s' if len(f['schedules']) == 1 else ''} {where} ({_where(f)}){part}",
-                         (stack.number,)))
+                         f"differ{'s' if len(f['schedules']) == 1 else ''} {where}{part}", (stack.number,)))
     lad = f["ladder"]
-    nature = {Verdict.ROUNDING: "by rounding",
-              Verdict.SEMANTIC: "by more than rounding (at float32 the drift does not shrink: the schedules compute "
-                                "different things, such as keys, offsets or cache state)",
-              Verdict.UNCLEAR: "by rounding or not, unclear (at float32 the drift shrinks, but less than rounding "
-                               "would)",
-              Verdict.UNRELIABLE: "by rounding or not, unreliable to tell (the float32 rung ran TF32 matmuls)",
-              Verdict.NO_DRIFT: "with nothing left at float32",
-              None: "by rounding or not (the precision ladder did not run at these sizes)"}[lad]
+    nature, why = {
+        Verdict.ROUNDING: ("by rounding", ""),
+        Verdict.SEMANTIC: ("by more than rounding", "; at float32 the drift does not shrink: the schedules compute "
+                                                    "different things, such as keys, offsets or cache state"),
+        Verdict.UNCLEAR: ("by rounding or not (unclear)", "; at float32 the drift shrinks, but less than rounding "
+                                                           "would"),
+        Verdict.UNRELIABLE: ("by rounding or not (unreliable to tell)", "; the float32 rung ran TF32 matmuls"),
+        Verdict.NO_DRIFT: ("with nothing left at float32", ""),
+        None: ("by rounding or not", "; the precision ladder did not run at these sizes")}[lad]
     lead = f"Past it (from position {first}), the schedules differ" if below_clean else "They differ"
     classes = _local_classes(attribute.result if attribute else None)
     parts = [stack.number]
@@ -212,18 +216,19 @@ def logits_claims(stack: Part, kernels: Part | None, attribute: Part | None) -> 
     if classes is not None and attribute is not None:
         parts.append(attribute.number)
         ops = (f" in {', '.join(f'`{c}`' for c in classes)}" if classes else
-               " with no op drifting on its own input (unattributed)")
+               ", with no op drifting on its own input (unattributed),")
         if _replay_chip(attribute.result) and not _replay_chip(r):
             ops += f" (which op: predicted for {_replay_chip(attribute.result)})"
     figures = (f"max |Δlogit| {fmt(f['max_abs_dlogit'])}, max |Δgap| {fmt(f['max_abs_dgap'])}, "
                f"{'no' if not f['flips'] else f['flips']} argmax flip{'' if f['flips'] == 1 else 's'}")
     if lad == Verdict.ROUNDING and math.isfinite(f["least_shrink"]):
         figures += f"; at float32 it shrinks at least {f['least_shrink']:,.0f}×"
+    figures += why
     note = _kernels_note(kernels.result if kernels else None)
     if note:
         parts.append(kernels.number)
     out.append(Claim("drift", str(lad) if lad is not None else "not laddered",
-                     f"{lead} {nature}{ops} ({figures}{note})", tuple(sorted(parts))))
+                     f"{lead}{ops} {nature} ({figures}{note})", tuple(sorted(parts))))
     return out
 
 

@@ -490,13 +490,22 @@ def test_the_first_screen_says_the_cpu_answer(tmp_path):
 
 
 def test_the_first_screen_on_a_replayed_chip_and_with_parts_missing(tmp_path):
+    import dataclasses
+
     blocks = plant_run(tmp_path / "replay", **{"stack-decode": plant_stack(first=512, replay="M1")})
+    # an interrupted part: its Result partial, no done.json
+    st = plant_state()
+    store.write_result(dataclasses.replace(st, inputs={**st.inputs, "partial": {"done": 3, "total": 4, "unit": "cells"}}),
+                       tmp_path / "replay" / "state", draw=False)
+    blocks = report.report_blocks(tmp_path / "replay")
     answer = first_screen(blocks)
     assert answer[0].startswith("Predicted for M1 (its kernels replayed here, not a measurement on it), speculative "
                                 "decoding reproduces plain decoding bit for bit below the 512-token sliding window")
-    assert answer[-1] == ("Not measured yet: greedy generation (`diverge/`), cache state (`state/`), which op "
-                          "(`attribute/`), GEMV vs GEMM (`kernels/`), the GPU prediction (`predict/`); rerun `gemmdrift "
-                          "run` with the same `--out` to finish.")
+    assert answer[2].startswith("The stock `RotatingKVCache` is a **STATE BUG**")
+    assert answer[2].endswith("(partial: 3 of 4 cells) — part 2.")
+    assert answer[-1] == ("Not measured yet: greedy generation (`diverge/`), which op (`attribute/`), GEMV vs GEMM "
+                          "(`kernels/`), the GPU prediction (`predict/`); rerun `gemmdrift run` with the same `--out` "
+                          "to finish.")
     assert contradictions(blocks) == []
     # nothing at all finished: the answer says so, and no verdict
     from gemmdrift import files

@@ -338,7 +338,7 @@ def gpu_claim(predict: Part) -> Claim | None:
         rows = [r for r in c["envelope"] if "verify" in str(r.get("schedule"))]
         if rows:
             worst = max(float(r.get("max_abs_dlogit_default") or 0) for r in rows)
-            flips = int(sum(float(r.get("flips_default") or 0) for r in rows))
+            flips = int(max(float(r.get("flips_default") or 0) for r in rows))  # the worst pair's
             said.append(f"`{chip}` " + (f"max |Δlogit| {fmt(worst)}, {flips} flip{'' if flips == 1 else 's'}"
                                         if worst > 0 else "bit-identical"))
         elif any("verify" in str(r.get("schedule")) for r in c["refused"]):
@@ -369,7 +369,8 @@ def answer(parts: Sequence[Part], missing: Sequence[str] = ()) -> list[Claim]:
     if state:
         claims.append(state_claim(state))
     end = []
-    missing = [m for m in TOPICS if m in missing]  # the parts the answer reads, the answer's own first
+    # the parts the answer reads, the answer's own first; one with a Result (partial) says so in its own line
+    missing = [m for m in TOPICS if m in missing and m not in {p.name for p in parts if p.result is not None}]
     if missing:
         end.append(Claim("missing", "not measured",
                          f"Not measured yet: {', '.join(TOPICS.get(m, m) + f' (`{m}/`)' for m in missing)}; rerun "

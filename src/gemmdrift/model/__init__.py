@@ -21,7 +21,6 @@ re-exported here.
 from __future__ import annotations
 
 import json
-import os
 import struct
 import sys
 from dataclasses import dataclass

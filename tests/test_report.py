@@ -394,6 +394,9 @@ def contradictions(blocks) -> list[str]:
         if same != ("reproduces plain decoding bit for bit:" in head):
             out.append(f"logits: the answer says {head!r}, the stack part {pairs}")
         moves = {re.search(r"first move at position (\d+)", x).group(1) for x in pairs if "first move" in x}
+        below = re.search(r"bit for bit below the (\d+)-token", head)
+        if below and moves and min(map(int, moves)) < int(below.group(1)):
+            out.append(f"logits: bit-identical below the window on the first screen, moved at {moves} below")
         said = re.search(r"from position (\d+)", " ".join(answer))
         if moves and (not said or said.group(1) != min(moves, key=int)):
             out.append(f"logits: first moved {moves} below, {said and said.group(1)} on the first screen")

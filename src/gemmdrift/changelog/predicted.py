@@ -288,6 +288,70 @@ class Predictor:
         return out
 
 
+def envelope_figures(e: dict[str, Any] | None) -> dict[str, float]:
+    """A cached replayed envelope as figures for :func:`gemmdrift.changelog.classify.classify`: ``verify:2/flips``
+    (an answer figure), ``verify:2/max_abs_dlogit``, ...; a refused schedule gives none."""
+    out: dict[str, float] = {}
+    for sched, f in (e or {}).items():
+        if isinstance(f, dict) and sched not in ("refused",):
+            out.update({f"{sched}/{k}": float(v) for k, v in f.items() if k in ENVELOPE_KEYS})
+    return out
+
+
+def chip_class(pred: "Predictor", chip: str, old: str, new: str) -> dict[str, Any]:
+    """The predicted class of the pair on one chip class (its base size): ``{"cls": class or None, "cell": the
+    timeline's cell text, "reason": one line}``. The replay reorders the same adds, so what it predicts moves by
+    rounding by construction: ``ladder="rounding"``; a replayed argmax flip that changes is ANSWER-CHANGING. The
+    same mlx on both sides (an mlx-lm pair): nothing to predict. A side whose dispatch was not read: not
+    knowable. A dispatch change the replay did not run (or cannot: NAX, cuBLASLt): the cell says so."""
+    from ..dispatch import MIRROR_VERSION, parse_version
+    from .classify import BIT_FOR_BIT, ROUNDOFF, classify
+
+    vo, vn = _version_of(old), _version_of(new)
+    if vo == vn:
+        return {"cls": None, "cell": "-", "reason": f"mlx {vn} on both sides: mlx-lm's change is not predicted"}
+    why = [w for w in (knowable(old), knowable(new)) if w]
+    if why:
+        return {"cls": None, "cell": "not knowable", "reason": why[0]}
+    assumed = [v for v in (vo, vn) if parse_version(v) > MIRROR_VERSION]
+    tail = (f" (mlx {', '.join(assumed)} newer than the source read: its rules taken as "
+            f"{'.'.join(map(str, MIRROR_VERSION))}'s)" if assumed else "")
+    rows = [r for r in pred.differences(old, new) if chip in r["chips"]]
+    moved = (f"the dispatch changes in {len(rows)} row(s) (first: {rows[0]['weights']} "
+             f"{', '.join(rows[0]['ops'])} T={compact(rows[0]['T'])} {rows[0]['old']} → {rows[0]['new']})"
+             if rows else "")
+    eo, en = pred.envelope(chip, old), pred.envelope(chip, new)
+    fo, fn = envelope_figures(eo), envelope_figures(en)
+    if eo is not None and en is not None and set(fo) & set(fn):
+        pc = classify(fo, fn, ladder="rounding")
+        if pc.cls == BIT_FOR_BIT and rows:
+            return {"cls": ROUNDOFF, "cell": ROUNDOFF, "reason": f"{moved}; the replayed decode-vs-verify envelope "
+                                                                 f"(bf16 dense) does not move{tail}"}
+        if pc.cls == BIT_FOR_BIT:
+            return {"cls": BIT_FOR_BIT, "cell": BIT_FOR_BIT, "reason": "the same kernels dispatch for every shape "
+                                                                       f"listed; the replayed envelope is identical{tail}"}
+        reason = pc.reason.replace("the precision ladder says rounding",
+                                   "rounding by construction (the replay reorders the same adds)")
+        return {"cls": pc.cls, "cell": pc.cls, "reason": f"replayed: {reason}" + (f"; {moved}" if rows else "")
+                + tail}
+    if not rows:
+        return {"cls": BIT_FOR_BIT, "cell": BIT_FOR_BIT, "reason": "the same kernels dispatch for every shape listed"
+                                                                   f" (no replay needed){tail}"}
+    refused = [e for e in (eo, en) if e is not None and not envelope_figures(e)]
+    if refused:
+        reasons = [str(r) for e in refused for r in (e.get("refused") or {}).values()]
+        return {"cls": None, "cell": "not knowable", "reason": f"{moved}; the replay cannot represent the kernels' "
+                                                               f"order ({_short(reasons[0]) if reasons else 'refused'})"}
+    return {"cls": None, "cell": "not replayed", "reason": f"{moved}; the envelope is not in the replay cache "
+                                                           "(`gemmdrift changelog --replay` computes it)"}
+
+
+def compact(ts: Sequence[int]) -> str:
+    from .pages import compact_ranges
+
+    return compact_ranges(ts)
+
+
 def _short(reason: str) -> str:
     """A refusal as a table cell: its first clause."""
     text = str(reason)
@@ -297,4 +361,4 @@ def _short(reason: str) -> str:
     return text.split(":")[0][:80]
 
 
-__all__: Sequence[str] = ["Predictor", "chips", "projection_shapes", "knowable", "T_MAX", "MODELS", "WEIGHTS"]
+__all__: Sequence[str] = ["Predictor", "chip_class", "envelope_figures", "chips", "projection_shapes", "knowable", "T_MAX", "MODELS", "WEIGHTS"]

@@ -424,5 +424,35 @@ def history_result(df: pd.DataFrame, include: str = "", results: Sequence[str] =
     frame = tidy(t.drop(columns=["mlx"]).rename(columns={"benchmark": "metric", "release": "mlx"})
                  .assign(pair=t["params"], model="embedded")[["backend", "mlx", "model", "pair", "metric", "value",
                                                               "machine"]])
+    releases = coverage(df)
     return Result(kind="history", inputs={"results": [str(r) for r in results], "include": include}, env={},
-                  frame=frame, tables={"history": t, "history_wide": history_table(t)})
+                  frame=frame, tables={"history": t, "history_wide": history_table(t), "releases": releases,
+                                       "skipped": skipped_table(df, t, releases)})
+
+
+SKIPPED = "skipped"  # asv recorded no value (NaN: the benchmark skipped or failed; never 0)
+NOT_RUN = "not run"  # the results of that release do not have the benchmark at all
+
+
+def coverage(df: pd.DataFrame) -> pd.DataFrame:
+    """Every (machine, backend, release) with a result file, in release order: the history's x axis."""
+    t = df[df["release"].notna()][["machine", "backend", "release"]].drop_duplicates()
+    t = t.assign(_k=t["release"].map(release_key)).sort_values(["machine", "backend", "_k"])
+    return t.drop(columns="_k").reset_index(drop=True)
+
+
+def skipped_table(df: pd.DataFrame, t: pd.DataFrame, releases: pd.DataFrame | None = None) -> pd.DataFrame:
+    """Every (machine, backend, series, release) the history has no value for although that machine has results
+    of that release: ``why`` is :data:`SKIPPED` (asv recorded NaN) or :data:`NOT_RUN` (no such benchmark in its
+    results). A figure draws these as skipped, never as a value of 0 or a silent gap."""
+    releases = coverage(df) if releases is None else releases
+    have = {k: set(g["release"]) for k, g in releases.groupby(["machine", "backend"])}
+    nan = df[df["value"].isna()]
+    nan_keys = set(zip(nan["machine"], nan["backend"], nan["benchmark"], nan["params"], nan["release"]))
+    rows = []
+    for (machine, backend, bench, params), g in t.groupby(["machine", "backend", "benchmark", "params"], sort=True):
+        for rel in sorted(have.get((machine, backend), set()) - set(g["release"]), key=release_key):
+            why = SKIPPED if (machine, backend, bench, params, rel) in nan_keys else NOT_RUN
+            rows.append({"machine": machine, "backend": backend, "benchmark": bench, "params": params,
+                         "release": rel, "why": why})
+    return pd.DataFrame(rows, columns=["machine", "backend", "benchmark", "params", "release", "why"])

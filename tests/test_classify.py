@@ -71,9 +71,12 @@ def test_answer_figures_by_name():
            "bench_diverge.Divergence.track_diverged", "bench_state.StateExactness.track_state_bugs[BatchKVCache/batch]",
            "bench_state.StateExactness.track_non_exact[KVCache/trim]", "bench_batch.B.track_batch_flips[2]",
            "bench_golden.GoldenLogits.track_same_top1[decode]", "bench_state.S.track_near_ties[x]",
-           "bench_diverge.Divergence.track_outside_envelope", "flips/verify2", "state_bugs"]
+           "bench_diverge.Divergence.track_outside_envelope", "flips/verify2", "state_bugs",
+           "bench_tier.P.track_flips_past_256", "bench_tier.S.track_cannot_run", "bench_tier.D.track_first_near_tie",
+           "bench_tier.D.track_stream_first_outside"]
     no = [DLOGIT, TREE, LOW, HIGH, "bench_kernels.OpsDrift.track_bits_lost[rope]",
-          "bench_batch.B.track_batch_envelope[batch]", "rel_l2/verify2/local/layer 3", "bench_golden.G.track_kld_mean[x]"]
+          "bench_batch.B.track_batch_envelope[batch]", "rel_l2/verify2/local/layer 3", "bench_golden.G.track_kld_mean[x]",
+          "bench_tier.T.track_first_drift", "bench_tier.T.track_identical_through", "bench_tier.T.track_ladder_verdict"]
     assert all(c.is_answer_figure(n) for n in yes), [n for n in yes if not c.is_answer_figure(n)]
     assert not any(c.is_answer_figure(n) for n in no), [n for n in no if c.is_answer_figure(n)]
 
@@ -95,6 +98,13 @@ def test_the_ladder_is_read_from_the_float32_rung_of_decode_vs_verify():
     assert c.ladder_of({**BASE, HIGH: 5e-4}) is None  # shrinks 20x: unclear
     assert c.ladder_of({LOW: 1e-2}) is None and c.ladder_of({**BASE, HIGH: math.nan}) is None  # no float32 rung
     assert c.ladder_of({LOW: 0.0, HIGH: 0.0}) is None  # no drift to judge
+    # a tracking tier's rungs (track_rel_l2 beside track_rel_l2_float32) and its recorded verdict
+    tier = {"bench_tier.L.track_rel_l2[layer 5]": 1e-2, "bench_tier.L.track_rel_l2_float32[layer 5]": 1e-8}
+    assert c.ladder_of(tier) == "rounding"
+    assert c.ladder_of({**tier, "bench_tier.L.track_rel_l2_float32[layer 5]": 9e-3}) == "semantics"
+    assert c.ladder_of({"bench_tier.T.track_ladder_verdict": 3.0}) == "semantics"
+    assert c.ladder_of({"bench_tier.T.track_ladder_verdict": 1.0}) == "rounding"
+    assert c.ladder_of({"bench_tier.T.track_ladder_verdict": 2.0, **tier}) is None  # unclear
     assert c.pair_ladder({**BASE, HIGH: 5e-3}, BASE) == "semantics"
     assert c.pair_ladder(BASE, {LOW: 1e-2}) is None
 

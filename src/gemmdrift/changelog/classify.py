@@ -37,18 +37,23 @@ LADDERS = ("rounding", "semantics", None)
 # The answer figures, by the stem of their name (asv's ``track_<stem>`` or a Result's figure name), with the
 # words the reason uses. Order: the first kind found names the reason.
 ANSWER_KINDS = (
-    ("state verdicts", ("state_bugs", "non_exact")),
+    ("state verdicts", ("state_bugs", "non_exact", "cannot_run")),
     ("argmax flips", ("flips", "same_top1")),
     ("the divergence point", ("first_divergence", "diverged", "divergences")),
-    ("divergence verdicts", ("outside_envelope", "outside", "near_ties")),
+    ("divergence verdicts", ("outside_envelope", "outside", "near_ties", "near_tie")),
     ("draft acceptance", ("acceptance",)),
 )
 # Not numerics: seconds, throughput, bytes (asv's time_/mem_/peakmem_ benchmarks and these track_ figures).
 TIMING_STEMS = ("tokens_per_s", "speedup", "speed_ratio", "overhead", "ratio_to_numpy_matmul", "extra_bytes")
-# The precision ladder's figures: the bf16 rung is the accumulated rel_l2 at the logits of decode vs verify,
-# the float32 rung its float32 twin (bench_stack.DecodeVsVerify.track_logits_rel_l2_float32[pair]).
+# The precision ladder's figures in asv's results. The main job's benchmarks: the float32 rung is
+# bench_stack.DecodeVsVerify.track_logits_rel_l2_float32[pair], the model dtype's rung the accumulated rel_l2 at
+# the logits, bench_stack.DecodeVsVerifyLayers.track_rel_l2[pair, accumulated, logits]. Any other class with
+# track_rel_l2_float32[p] beside track_rel_l2[p] (a tracking tier's) pairs the same way; a figure named
+# track_ladder_verdict gives the verdict itself (0 identical, 1 rounding, 2 unclear, 3 semantic, 4 unreliable).
 LADDER_HIGH = re.compile(r"DecodeVsVerify\.track_logits_rel_l2_float32\[(?P<pair>[^\]]+)\]$")
 LADDER_LOW = "bench_stack.DecodeVsVerifyLayers.track_rel_l2[{pair}, accumulated, logits]"
+LADDER_TWIN = re.compile(r"^(?P<head>.+\.track_rel_l2)_float32(?P<tail>(\[[^\]]*\])?)$")
+LADDER_CODES = {0: "identical", 1: "rounding", 2: "unclear", 3: "semantic", 4: "unreliable"}
 
 
 def _stem_re(stems) -> re.Pattern:
@@ -169,19 +174,26 @@ def classify(old: Mapping[str, float], new: Mapping[str, float], *, ladder: str 
 
 
 def ladder_of(figures: Mapping[str, float]) -> str | None:
-    """The precision ladder's verdict on one release's figures (asv series names): for every decode vs verify
-    pair with both rungs (the float32 rung ``bench_stack.DecodeVsVerify.track_logits_rel_l2_float32[pair]``,
-    the model's dtype ``bench_stack.DecodeVsVerifyLayers.track_rel_l2[pair, accumulated, logits]``),
-    :func:`gemmdrift.measure.stack.ladder_verdict`: ``"semantics"`` if any pair is semantic, ``"rounding"`` if
-    every pair with drift is rounding, else None (no rung, no drift, or unclear)."""
+    """The precision ladder's verdict on one release's figures (asv series names): for every figure with both rungs
+    (see LADDER_HIGH, LADDER_TWIN), :func:`gemmdrift.measure.stack.ladder_verdict`, and every recorded verdict
+    (``track_ladder_verdict``): ``"semantics"`` if any is semantic, ``"rounding"`` if every one with drift is
+    rounding, else None (no rung, no drift, or unclear or unreliable)."""
     from ..measure.stack import ladder_verdict
 
     verdicts = []
     for name, high in figures.items():
-        m = LADDER_HIGH.search(name)
-        if not m:
+        if name.partition("[")[0].endswith(".track_ladder_verdict") or name == "ladder_verdict":
+            code = _num(high)
+            if not math.isnan(code):
+                verdicts.append(LADDER_CODES.get(int(code), "unclear"))
             continue
-        low = _num(figures.get(LADDER_LOW.format(pair=m.group("pair"))))
+        m, twin = LADDER_HIGH.search(name), LADDER_TWIN.match(name)
+        if m:
+            low = _num(figures.get(LADDER_LOW.format(pair=m.group("pair"))))
+        elif twin:
+            low = _num(figures.get(twin.group("head") + twin.group("tail")))
+        else:
+            continue
         high = _num(high)
         if math.isnan(low) or math.isnan(high):
             continue

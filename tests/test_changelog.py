@@ -266,3 +266,25 @@ def test_gate_points_at_the_page_of_the_pair_it_judges():
     r = subprocess.run([sys.executable, "-m", "gemmdrift", "gate", "--results", str(ROOT / "benchmarks" / "reference"),
                         "--candidate", "0.30.6"], capture_output=True, text=True, cwd=ROOT)
     assert "0.29.4..0.30.6" in r.stdout or "--from 0.29.4 --to 0.30.6" in r.stdout, r.stdout[-500:]
+
+
+def test_the_timeline_takes_any_set_of_releases(tmp_path):
+    """Every release measured (one dispatch-read release among them), a second machine that lacks one, an mlx-lm
+    axis: the pairs are the consecutive ones only, each machine's cell is its own class or "not measured"."""
+    root = tmp_path / "results"
+    for i, mlx in enumerate(("0.30.5", "0.30.6", "0.31.2")):
+        write_release(root, "m1", mlx, i + 1, dlogit=(0.5, 0.5), tree=1.0, rope=0.0, kld=0.0, commit="aaaaaaaa")
+    write_release(root, "m2", "0.30.6", 1, dlogit=(0.5, 0.5), tree=1.0, rope=0.0, kld=0.0, commit="aaaaaaaa")
+    write_release(root, "m2", "0.31.2", 2, dlogit=(0.5, 0.5), tree=2.0, rope=0.0, kld=0.0, commit="aaaaaaaa")
+    df = history.read_results(root)
+    pairs = cl.default_pairs(df)
+    read_only = [p for p in pairs if not set(p) <= {"0.30.5", "0.30.6", "0.31.2"}]
+    assert ("0.30.5", "0.30.6") in pairs and ("0.30.6", "0.31.2") in pairs and ("0.30.5", "0.31.2") not in pairs
+    assert all(p[0] in ("0.31.2", "0.32.0", "0.32.1") for p in read_only)  # the dispatch-read releases after
+    out = tmp_path / "pages"
+    write_changelog([root], out, predict=False)
+    index = (out / "index.md").read_text()
+    assert "| release | from | m1 (cpu) | m2 (cpu) |" in index
+    assert "| 0.31.2 | [0.30.6](0.30.6..0.31.2.md) | BIT-FOR-BIT | ANSWER-CHANGING |" in index  # m2's tree moved, no ladder here
+    assert "| 0.30.6 | [0.30.5](0.30.5..0.30.6.md) | BIT-FOR-BIT | not measured |" in index
+    assert "| 0.30.5 | - | first | not measured |" in index

@@ -340,3 +340,7 @@ def test_history_draws_every_release_in_order_and_marks_a_skipped_figure_as_skip
     fig2 = plot_history(r.tables["history"], "bench_diverge.Divergence.track_self_draft_acceptance", "",
                         releases=r.tables["releases"], skipped=sk)
     assert not fig2.axes[0].texts
+    from gemmdrift.view.history import history_text
+
+    line = next(x for x in history_text(r).splitlines() if "track_state_bugs" in x)
+    assert line.split()[-4:] == ["not", "run", "skipped", "4"]  # 0.26.5, 0.30.0, 0.32.4 in release order

@@ -135,3 +135,29 @@ def history_summary(result: Result) -> dict[str, Any]:
     return {"series": int(len(wide)), "versions": sorted(set(t["release"]), key=release_key),
             "machines": sorted(set(t["machine"])),
             "figures": list(figure_names(t)), "table": wide.to_dict(orient="records")}
+
+
+def history_text(result: Result) -> str:
+    """The wide table as printed: a column per release of the machines shown, in release order; a cell with no
+    value says "skipped" (asv recorded NaN) or "not run" (no such benchmark in that release's results), never 0
+    and never a blank that reads as one."""
+    from ..measure.history import release_key, series_name
+    from ..text import text_table
+
+    wide = result.tables["history_wide"].copy()
+    rel, sk = result.tables.get("releases"), result.tables.get("skipped")
+    if rel is None or sk is None or wide.empty:
+        return text_table(wide)
+    fixed = ["machine", "backend", "series"]
+    shown = set(zip(wide["machine"], wide["backend"]))
+    extra = {r for m, b, r in zip(rel["machine"], rel["backend"], rel["release"]) if (m, b) in shown}
+    cols = sorted((set(wide.columns) - set(fixed)) | extra, key=release_key)
+    wide = wide.reindex(columns=fixed + cols).astype(object)
+    where = {k: i for i, k in enumerate(zip(wide["machine"], wide["backend"], wide["series"]))}
+    for m, b, bench, params, r, why in zip(sk["machine"], sk["backend"], sk["benchmark"], sk["params"].fillna(""),
+                                           sk["release"], sk["why"]):
+        i = where.get((m, b, series_name(bench, str(params))))
+        if i is not None and r in wide.columns:
+            wide.iat[i, wide.columns.get_loc(r)] = why
+    return text_table(wide)
+

@@ -288,3 +288,24 @@ def test_the_timeline_takes_any_set_of_releases(tmp_path):
     assert "| 0.31.2 | [0.30.6](0.30.6..0.31.2.md) | BIT-FOR-BIT | ANSWER-CHANGING |" in index  # m2's tree moved, no ladder here
     assert "| 0.30.6 | [0.30.5](0.30.5..0.30.6.md) | BIT-FOR-BIT | not measured |" in index
     assert "| 0.30.5 | - | first | not measured |" in index
+
+
+def test_two_machines_that_paired_one_mlx_with_other_mlx_lm_releases(tmp_path):
+    """m2 ran every mlx with mlx-lm 0.30.2, m1 with 0.31.3: no mlx-lm pair across the machines (it would compare
+    two machines), each machine keeps its own line of pairs, and the default pages are written without a refusal."""
+    root = tmp_path / "results"
+    for i, mlx in enumerate(("0.30.6", "0.31.2")):
+        write_release(root, "m1", mlx, i + 1, dlogit=(0.5, 0.5), tree=1.0, rope=0.0, kld=0.0)
+        write_release(root, "m2", mlx, i + 1, dlogit=(0.5, 0.5), tree=1.0, rope=0.0, kld=0.0)
+        f = root / "m2" / f"aaaaaaaa-env-{mlx}.json"
+        f.write_text(f.read_text().replace('"mlx-lm": "0.31.3"', '"mlx-lm": "0.30.2"'))
+    df = history.read_results(root)
+    pairs = cl.default_pairs(df)
+    assert ("0.30.6+lm0.30.2", "0.31.2+lm0.30.2") in pairs and ("0.30.6+lm0.31.3", "0.31.2+lm0.31.3") in pairs
+    assert ("0.30.6+lm0.30.2", "0.30.6+lm0.31.3") not in pairs
+    out = tmp_path / "pages"
+    write_changelog([root], out, predict=False)
+    index = (out / "index.md").read_text()
+    assert "| 0.31.2+lm0.30.2 | [0.30.6+lm0.30.2](0.30.6+lm0.30.2..0.31.2+lm0.30.2.md) | not measured | BIT-FOR-BIT |" \
+        in index
+    assert "| 0.30.6+lm0.30.2 | - | not measured | first |" in index

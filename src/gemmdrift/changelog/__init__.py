@@ -120,15 +120,39 @@ def lm_pairs(releases: Sequence[str]) -> list[tuple[str, str]]:
     return [p for rs in by_mlx.values() for p in zip(rs, rs[1:])]
 
 
+def releases_by_machine(df: pd.DataFrame | None) -> dict[str, set[str]]:
+    """{"machine (backend)": the release labels it has tracked figures of}."""
+    if df is None:
+        return {}
+    t = history.tracked(df)
+    return {f"{m} ({b})": set(g["release"]) for (m, b), g in t.groupby(["machine", "backend"], sort=True)}
+
+
+def machine_lm_pairs(df: pd.DataFrame | None) -> list[tuple[str, str]]:
+    """:func:`lm_pairs` on each machine and backend's own releases (two machines that paired one mlx with
+    different mlx-lm releases do not make an mlx-lm pair between them)."""
+    if df is None:
+        return []
+    t = history.tracked(df)
+    out: list[tuple[str, str]] = []
+    for _, g in t.groupby(["machine", "backend"], sort=True):
+        out += lm_pairs(sorted(set(g["release"]), key=history.release_key))
+    return list(dict.fromkeys(out))
+
+
 def default_pairs(df: pd.DataFrame | None) -> list[tuple[str, str]]:
     """Every consecutive pair of the releases present: the measured main line (each mlx with the newest mlx-lm
     it ran with, one mlx after the other, as the gate pairs them), the mlx-lm releases measured with one mlx
     (one after the other), and the main line of every release present, measured or whose dispatch was read
-    (so a release known only by its dispatch sits between its neighbours). Oldest first, by the newer release.
+    (so a release known only by its dispatch sits between its neighbours), and each machine's own main line (where
+    machines paired one mlx with different mlx-lm releases). Oldest first, by the newer release.
     With every release measured, the three reduce to the consecutive mlx pairs and the mlx-lm pairs."""
     measured = measured_releases(df)
     main = main_line(measured)
-    pairs = list(zip(main, main[1:])) + lm_pairs(measured)
+    pairs = list(zip(main, main[1:])) + machine_lm_pairs(df)
+    for rs in releases_by_machine(df).values():  # each machine's own main line (its own mlx-lm pairings)
+        own = main_line(sorted(rs, key=history.release_key))
+        pairs += list(zip(own, own[1:]))
     every = main_line(known_releases(df))
     pairs += list(zip(every, every[1:]))
     return sorted(dict.fromkeys(pairs), key=lambda p: (history.release_key(p[1]), history.release_key(p[0])))
@@ -140,14 +164,15 @@ def _tree_t(benchmark: str) -> str:
 
 
 def measured(df: pd.DataFrame | None, old: str, new: str, *, threshold: float = history.GATE_THRESHOLD,
-             ) -> Measured:
+             strict: bool = True) -> Measured:
     """The measured part of the pair (old, new).
 
     For every machine and backend both releases have tracked figures on: ``compared`` (the gate's count),
     ``identical``, ``changed`` (figures whose value differs: benchmark, params, old, new, ratio, regression),
     ``trees`` (summation trees that changed: path, T, old and new id), ``probe`` (op probe rows that changed),
     ``golden`` (golden-logit figures of both releases, changed or not), ``regressions`` (the gate's count).
-    A pair where both releases have results but on no common machine raises, naming each one's machines.
+    A pair where both releases have results but on no common machine raises, naming each one's machines
+    (``strict=False``, for the default pairs: the note says so instead).
     """
     out = Measured(old, new)
     have = set(measured_releases(df))
@@ -163,8 +188,12 @@ def measured(df: pd.DataFrame | None, old: str, new: str, *, threshold: float = 
         return out
     a, b = set(out.only[old]), set(out.only[new])
     if not a & b:
-        raise GemmdriftError(f"{old} and {new} have no machine in common ({old}: {', '.join(sorted(a))}; "
-                             f"{new}: {', '.join(sorted(b))})")
+        why = (f"{old} and {new} have no machine in common ({old}: {', '.join(sorted(a))}; "
+               f"{new}: {', '.join(sorted(b))})")
+        if strict:
+            raise GemmdriftError(why)
+        out.note = f"Not measured on one machine: {why}"
+        return out
     from .classify import classify, figures_of, pair_ladder
 
     g = history.gate(df, candidate=new, baseline=old, threshold=threshold)
@@ -223,5 +252,5 @@ def read_ops(ops_dirs: Sequence[str | Path], old: str, new: str) -> list[dict[st
     return found
 
 
-__all__ = ["Measured", "measured", "default_pairs", "main_line", "lm_pairs", "commits_of", "known_releases", "resolve", "page_name", "read_ops",
+__all__ = ["Measured", "measured", "default_pairs", "main_line", "lm_pairs", "machine_lm_pairs", "releases_by_machine", "commits_of", "known_releases", "resolve", "page_name", "read_ops",
            "dispatch_releases", "measured_releases", "PAGES", "OPS_DIR"]

@@ -20,7 +20,7 @@ NOT_MEASURED = "not measured"
 
 
 def measured_columns(pages: Sequence[tuple[Measured, Mapping[str, Any]]]) -> list[str]:
-    """Every "machine (backend)" any release has results on, sorted."""
+    """Every "machine (backend)" any release of the pages has results on, sorted."""
     cols = set()
     for m, _ in pages:
         for ms in m.only.values():
@@ -29,11 +29,18 @@ def measured_columns(pages: Sequence[tuple[Measured, Mapping[str, Any]]]) -> lis
 
 
 def rows(releases: Sequence[str], pages: Sequence[tuple[Measured, Mapping[str, Any]]],
-         chips: Sequence[str]) -> tuple[list[str], list[dict[str, Any]]]:
+         chips: Sequence[str], have: Mapping[str, set[str]] | None = None) -> tuple[list[str], list[dict[str, Any]]]:
     """(columns, rows): a row per pair ending at a release (oldest first), and one for a release no pair ends at;
     each row ``{"release", "from", "page", "cells": {column: {"cls", "cell", "reason"}}}``. ``pages`` holds each
-    pair's Measured and its predicted classes by chip."""
-    measured_cols = measured_columns(pages)
+    pair's Measured and its predicted classes by chip; ``have`` each "machine (backend)"'s releases
+    (:func:`gemmdrift.changelog.releases_by_machine`; default: read from the pages)."""
+    if have is None:
+        have = {}
+        for m, _ in pages:
+            for r, ms in m.only.items():
+                for c in ms:
+                    have.setdefault(c, set()).add(r)
+    measured_cols = sorted(set(measured_columns(pages)) | set(have))
     columns = measured_cols + [f"{c} (predicted)" for c in chips]
     by_new: dict[str, list[tuple[Measured, Mapping[str, Any]]]] = {}
     for m, pred in pages:
@@ -43,7 +50,7 @@ def rows(releases: Sequence[str], pages: Sequence[tuple[Measured, Mapping[str, A
         ending = by_new.get(r, [])
         if not ending:
             out.append({"release": r, "from": None, "page": None,
-                        "cells": {c: {"cls": None, "cell": FIRST if _has(pages, r, c) else NOT_MEASURED,
+                        "cells": {c: {"cls": None, "cell": FIRST if r in have.get(c, ()) else NOT_MEASURED,
                                       "reason": ""} for c in measured_cols}
                         | {f"{c} (predicted)": {"cls": None, "cell": "-", "reason": ""} for c in chips}})
             continue
@@ -60,10 +67,6 @@ def rows(releases: Sequence[str], pages: Sequence[tuple[Measured, Mapping[str, A
                 cells[f"{c} (predicted)"] = dict(pred.get(c) or {"cls": None, "cell": "-", "reason": ""})
             out.append({"release": r, "from": m.old, "page": page_name(m.old, m.new), "cells": cells})
     return columns, out
-
-
-def _has(pages, release: str, column: str) -> bool:
-    return any(column in m.only.get(release, []) for m, _ in pages)
 
 
 def worst(classes: Sequence[str | None]) -> str | None:

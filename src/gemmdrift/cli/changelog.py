@@ -112,7 +112,7 @@ def write_changelog(results: Sequence[Path], out: Path, *, pair: tuple[str, str]
         predictor = Predictor(cache=cache if cache is not None else default_cache(root, out), replay=replay)
         chips = ENVELOPE_CHIPS
     for old, new in pairs:
-        m = cl.measured(df, old, new)
+        m = cl.measured(df, old, new, strict=pair is not None)
         ops = cl.read_ops([d for d in ops_dirs if Path(d).is_dir()], old, new)
         predicted = predictor.blocks(old, new) if predictor is not None else []
         pred = {c: chip_class(predictor, c, old, new) for c in chips} if predictor is not None else {}
@@ -129,7 +129,7 @@ def write_changelog(results: Sequence[Path], out: Path, *, pair: tuple[str, str]
         from ..changelog import timeline
         from ..view.timeline import save_timeline
 
-        columns, rows = timeline.rows(cl.known_releases(df), classes, chips)
+        columns, rows = timeline.rows(cl.known_releases(df), classes, chips, have=cl.releases_by_machine(df))
         written.append(save_timeline(columns, rows, out / TIMELINE))
         idx = timeline.index_blocks(columns, rows, inputs, figure=TIMELINE)
         written.append(write_text(out / "index.md", view.markdown(idx)))

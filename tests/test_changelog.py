@@ -158,6 +158,19 @@ def test_predicted_section_names_gemv_wide_on_m3_m4_and_says_prediction(tmp_path
         if not para.startswith("|"):
             assert "prediction" in para.lower(), para
     assert "not knowable" in view.markdown(p.blocks("0.29.4", "0.30.6"))
+    # The predicted class per chip: the replay reorders the same adds, so a move is ROUNDOFF; a replayed argmax
+    # flip that changes is ANSWER-CHANGING; a chip whose kernels do not change is BIT-FOR-BIT.
+    from gemmdrift.changelog.predicted import chip_class
+
+    assert chip_class(p, "M3", "0.32.0", "0.32.1")["cls"] == "ROUNDOFF"
+    assert "rounding by construction" in chip_class(p, "M3", "0.32.0", "0.32.1")["reason"]
+    p._cache[f"M3|{p.signature('M3', '0.32.1')}"]["verify:2"]["flips"] = 2.0
+    flip = chip_class(p, "M3", "0.32.0", "0.32.1")
+    assert flip["cls"] == "ANSWER-CHANGING" and flip["reason"].startswith("replayed: argmax flips changed: verify:2/flips 0 → 2")
+    assert chip_class(p, "sm90", "0.32.0", "0.32.1")["cls"] == "BIT-FOR-BIT"  # no dispatch row, no replay needed
+    assert chip_class(p, "M5", "0.32.0", "0.32.1")["cell"] == "not replayed"  # kernels change, nothing cached
+    assert chip_class(p, "M3", "0.29.4", "0.30.6")["cell"] == "not knowable"
+    assert chip_class(p, "M3", "0.32.4+lm0.30.2", "0.32.4+lm0.31.3")["cell"] == "-"  # mlx-lm's change
 
 
 def _cli(*args, cwd=None):

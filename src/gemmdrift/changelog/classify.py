@@ -150,7 +150,8 @@ def classify(old: Mapping[str, float], new: Mapping[str, float], *, ladder: str 
                              + (f" ({len(one_sided)} on one side only)" if one_sided else ""))
     changed = tuple(n for n in both if a[n] != b[n])
     answers = tuple(n for n in changed if answer(n))
-    tail = f"; {len(one_sided)} figure(s) measured on one side only, not compared" if one_sided else ""
+    tail = (f"; {len(one_sided)} figure{'s' if len(one_sided) > 1 else ''} measured on one side only, not compared"
+            if one_sided else "")
 
     def out(cls: str, reason: str) -> PairClass:
         return PairClass(cls, reason + tail, len(both), changed, answers, one_sided)

@@ -387,7 +387,7 @@ def chip_class(pred: "Predictor", chip: str, old: str, new: str) -> dict[str, An
     tail = (f" (mlx {', '.join(assumed)} newer than the source read: its rules taken as "
             f"{'.'.join(map(str, MIRROR_VERSION))}'s)" if assumed else "")
     rows = [r for r in pred.differences(old, new) if chip in r["chips"]]
-    moved = (f"the dispatch changes in {len(rows)} row(s) (first: {rows[0]['weights']} "
+    moved = (f"the dispatch changes in {len(rows)} row{'s' if len(rows) > 1 else ''} (first: {rows[0]['weights']} "
              f"{', '.join(rows[0]['ops'])} T={compact(rows[0]['T'])} {rows[0]['old']} → {rows[0]['new']})"
              if rows else "")
     eo, en = pred.envelope(chip, old), pred.envelope(chip, new)

@@ -386,6 +386,13 @@ def chip_class(pred: "Predictor", chip: str, old: str, new: str) -> dict[str, An
     assumed = [v for v in (vo, vn) if parse_version(v) > MIRROR_VERSION]
     tail = (f" (mlx {', '.join(assumed)} newer than the source read: its rules taken as "
             f"{'.'.join(map(str, MIRROR_VERSION))}'s)" if assumed else "")
+    from ..dispatch import OPS
+    from ..dispatch.tags import same_sources
+
+    touched = [op for op in OPS if same_sources(vo, vn, backend, op) is False]
+    if touched:  # the files changed although the rules read may give the same kernels: say so
+        tail += (f"; the source files of {backend} {', '.join(touched)} changed between the two (the rules read "
+                 "decide the kernels and their order)")
     rows = [r for r in pred.differences(old, new) if chip in r["chips"]]
     moved = (f"the dispatch changes in {len(rows)} row{'s' if len(rows) > 1 else ''} (first: {rows[0]['weights']} "
              f"{', '.join(rows[0]['ops'])} T={compact(rows[0]['T'])} {rows[0]['old']} → {rows[0]['new']})"

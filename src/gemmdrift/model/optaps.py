@@ -19,9 +19,13 @@ its neighbour by :func:`exposed_ops`.
 Three modes of one run, as :class:`OpRecorder` is built:
 
 * **record**: keep each op's output (and, with ``keep_inputs``, its per-row inputs) at the tapped positions;
-* **local**: every op is fed the reference run's per-row input at the same positions (the attention core its
-  queries; keys and values stay what this run's cache holds: its own layout), so whatever differs at an op's
-  output is that op's own;
+* **local**: every op is fed the reference run's per-row input at the same positions, and what it hands on (to
+  the next op, and into the KV cache) is the reference run's output: the attention core gets the reference's
+  queries, and its cache holds the reference's keys and values at every position (in this run's own layout:
+  a ``RotatingKVCache`` orders them as this schedule writes them). Whatever differs at an op's output is that
+  op's own; a value projection's drift never reaches the attention core through the cache. With
+  ``keep_inputs`` the inputs this run computed are kept too: one that differs from the reference's comes from
+  the computation between two tapped ops (the MLP activation, an inline residual add);
 * **replace**: the ops of the chosen classes return the reference run's output (the counterfactual: the class
   made invariant, everything else left as is).
 
@@ -296,6 +300,7 @@ class OpRecorder:
                 raise GemmdriftError(f"op {name} of layer {layer}: {args[j].shape[-2]} rows along axis -2, "
                                      f"expected {len(pos)} (this block's positions)")
         ref = self.reference
+        given = [args[j] for j in row_args]  # what the run computed as this op's input
         if self.local:
             ri = ref.rows(key, pos)
             for n_arg, j in enumerate(row_args):
@@ -304,12 +309,17 @@ class OpRecorder:
         if key in self.perturb:
             out = self.perturb[key](out, tuple(args))
         cls = op_class(name)
+        passed = out
         if cls in self.replace:
-            out = _inject(ref.out[key][ref.rows(key, pos)], out)
+            passed = out = _inject(ref.out[key][ref.rows(key, pos)], out)
             rec.replaced.add(cls)
+        elif self.local:  # the op's own output is kept; what flows on (into the next op, the cache) is the reference's
+            passed = _inject(ref.out[key][ri], out)
         if self.record_ops:
-            self._capture(key, pos, out, [args[j] for j in row_args] if self.keep_inputs else [])
-        return out
+            # local mode keeps the inputs the run computed (before the reference's went in): a difference there
+            # comes from the computation between two tapped ops (:func:`local_drift`'s ``input_differ``)
+            self._capture(key, pos, out, given if self.keep_inputs else [])
+        return passed
 
     def _capture(self, key, pos: np.ndarray, out, inputs: list) -> None:
         import mlx.core as mx
@@ -456,7 +466,8 @@ def run_ops(model, tokens: Sequence[int], schedule: str, *, split: int | None = 
         replace: op classes whose outputs are the reference's (the counterfactual).
         perturb: ``(layer, op name) -> f(output, args) -> output``, applied to this run's op output (a planted
             change, or an emulated kernel from the call's arguments: known-answer tests and controls).
-        keep_inputs: keep each op's per-row inputs too (a reference for local mode).
+        keep_inputs: keep each op's per-row inputs too (a reference for local mode; in local mode the inputs this
+            run computed, before the reference's went in).
         site_list: the model's :func:`sites`, taken before other proxies (a replay) went in.
         record_ops: keep the ops' outputs in the record (False: a run read for its layer taps and logits only, as a
             counterfactual is; the record then holds the forward order and the replaced classes, no arrays).
@@ -483,7 +494,10 @@ def run_ops(model, tokens: Sequence[int], schedule: str, *, split: int | None = 
 
 
 def local_drift(ref: OpRecord, other: OpRecord, positions: Sequence[int] | None = None) -> pd.DataFrame:
-    """Per (layer, op, position): share of elements whose bits differ, max ULP, rel L2 (reference first).
+    """Per (layer, op, position): share of elements whose bits differ, max ULP, rel L2 (reference first), and
+    ``input_differ``: the share of the op's per-row input elements whose bits differ, where ``other`` kept its
+    inputs (a local run with ``keep_inputs``: what reached the op before the reference's input went in; a
+    difference there was made between two tapped ops), else 0.
 
     Rows follow the reference's forward order (``order``: the op's index in it). ULPs are counted in the op's
     storage dtype (:func:`gemmdrift.metrics.storage_bits`, :func:`gemmdrift.metrics.ordered_int`)."""
@@ -507,13 +521,19 @@ def local_drift(ref: OpRecord, other: OpRecord, positions: Sequence[int] | None 
         sq_a = np.sum(a.astype(np.float64) ** 2, axis=1)
         sq_d = np.sum(d * d, axis=1)
         rel = np.where(sq_a > 0, np.sqrt(sq_d / np.where(sq_a > 0, sq_a, 1)), np.where(sq_d == 0, 0.0, np.inf))
+        inp = np.zeros(len(pos))
+        for x, y in zip(ref.inp.get(key) or [], other.inp.get(key) or []):
+            if x is not None and y is not None:
+                xa = np.ascontiguousarray(x[ref.rows(key, pos)], np.float32).reshape(len(pos), -1).view(np.uint32)
+                ya = np.ascontiguousarray(y[other.rows(key, pos)], np.float32).reshape(len(pos), -1).view(np.uint32)
+                inp = np.maximum(inp, np.mean(xa != ya, axis=1))  # float32 copies: exact values of the dtype
         layer, name = key
         for j, p in enumerate(pos):
             rows.append({"layer": layer, "op": name, "class": op_class(name), "kind": ref.kinds[key],
                          "order": order, "position": int(p), "frac_differ": float(np.mean(ba[j] != bb[j])),
-                         "max_ulp": float(ulp[j].max()), "rel_l2": float(rel[j])})
+                         "max_ulp": float(ulp[j].max()), "rel_l2": float(rel[j]), "input_differ": float(inp[j])})
     return pd.DataFrame(rows, columns=["layer", "op", "class", "kind", "order", "position", "frac_differ",
-                                       "max_ulp", "rel_l2"])
+                                       "max_ulp", "rel_l2", "input_differ"])
 
 
 def first_differing(drift: pd.DataFrame) -> pd.DataFrame:

@@ -125,7 +125,7 @@ def test_triage_explain_adds_the_cause_and_leaves_the_verdict(tiny):
     before = triage_result(t, {"model": tiny.info, "stream_a": stream}, {})
     after = explain_divergence(tiny, before, prompt, perturb=plant)
     e = after.details["triage"]["explanation"]
-    assert e["causes"] == ["mlp.down_proj"] and "mlp.down_proj is made invariant" in e["said"]
+    assert e["causes"] == ["mlp.down_proj"] and "when down_proj is made invariant" in e["said"]
     assert after.details["triage"]["verdict"] == "NEAR-TIE" and after.figures == before.figures
     from gemmdrift.view.summaries import text
 

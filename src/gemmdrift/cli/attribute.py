@@ -123,9 +123,6 @@ def explain_divergence(lm, result, prompt, kernels: str | None = None, perturb=N
     ``explanation`` too. ``perturb``: a planted change under schedule B (tests)."""
     import dataclasses
 
-    from ..attribution import attribute as attribution
-    from ..schedules import parse_schedule
-
     details = dict(result.details)
     t = details.get("triage")
     if not t:
@@ -137,12 +134,17 @@ def explain_divergence(lm, result, prompt, kernels: str | None = None, perturb=N
              "said": "nothing to explain: the teacher-forced schedules are bit-identical where the streams part, so "
                      "no op drifts (the divergence is not numeric)"}
     else:
-        e = _explain(lm, result, t, prompt, kernels, perturb, attribution, parse_schedule)
+        e = _explain(lm, result, t, prompt, kernels, perturb)
     details["triage"] = {**t, "explanation": e}
     return dataclasses.replace(result, details=details)
 
 
-def _explain(lm, result, t, prompt, kernels, perturb, attribution, parse_schedule) -> dict:
+def _explain(lm, result, t, prompt, kernels, perturb) -> dict:
+    """:func:`explain_divergence` where the streams part numerically: the explanation record with ``said``."""
+    from ..attribution import attribute as attribution
+    from ..model.optaps import short_class
+    from ..schedules import parse_schedule
+
     split = len(prompt) - 1
     streams = [(result.inputs.get(k) if result.kind == "triage" else (result.details.get(k) or {}).get("tokens"))
                or [] for k in ("stream_a", "stream_b")]
@@ -164,7 +166,9 @@ def _explain(lm, result, t, prompt, kernels, perturb, attribution, parse_schedul
         e["said"] = (f"teacher-forced over the shared tokens, the two schedules do not flip at position {position}: "
                      "no op class to name (no counterfactual run)")
     elif e["causes"]:
-        e["said"] = (f"the flip at position {position} disappears when {' or '.join(e['causes'])} is made invariant"
+        names = [short_class(c) for c in e["causes"]]
+        e["said"] = (f"the flip at position {position} disappears when {' or '.join(names)} "
+                     f"{'is' if len(names) == 1 else 'are each'} made invariant"
                      + (f" (first op whose bits differ: {e['first_op']})" if e["first_op"] else ""))
     else:
         e["said"] = (f"the flip at position {position} survives every op class made invariant on its own"

@@ -154,7 +154,7 @@ def attribute(lm, tokens: Sequence[int], schedules: Sequence[str], *, split: int
             # Local drift at every position B computes up to the last compared one: the blocks before a compared
             # position reach its logits through the cache (Report A D5), so their drift is measured too.
             computed = np.arange(prefix.length if prefix is not None else 0, int(positions[-1]) + 1)
-            _, _, _, loc = run_b(positions=computed, local=True, keep_inputs=True)
+            _, _, _, loc = run_b(positions=computed, local=True)
             local = optaps.local_drift(ref, loc)
             first = optaps.first_differing(local)
             part = {"base": base, "local": local.to_dict("records"), "first": first.to_dict("records")}

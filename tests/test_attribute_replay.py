@@ -193,3 +193,12 @@ def test_explain_says_when_there_is_nothing_to_explain(tiny, monkeypatch):
     e = explain_divergence(tiny, near, TOKENS[:3], perturb={(1, "mlp.down_proj"): in_blocks(one_ulp_up)}).details[
         "triage"]["explanation"]
     assert not e["flipped"] and "do not flip" in e["said"] and [c for c in calls if c] == []
+
+
+def test_a_report_with_nothing_drifting_says_why_and_carries_its_command(tiny):
+    from gemmdrift.view.attribute import report_part
+
+    r = attribute(tiny, TOKENS[:8], [DECODE, VERIFY], split=2, counterfactual=["each"])
+    blocks, reading = report_part(r)
+    text = " ".join(str(b[1]) for b in blocks)
+    assert "counterfactual runs were skipped" in text and "Recompute: `gemmdrift attribute --model" in text

@@ -118,6 +118,8 @@ def report_part(result: Result) -> tuple[list[tuple], list[str]]:
     cf = counterfactual_rows(result)
     if cf:
         blocks.append(("table", cf))
+    if not rows and not cf:  # nothing drifted (the counterfactual skipped): the run's own command
+        blocks.append(("p", f"Recompute: `{command(result)}`"))
     return blocks, [str(result.details.get("verdict", ""))]
 
 

@@ -202,3 +202,22 @@ def test_a_report_with_nothing_drifting_says_why_and_carries_its_command(tiny):
     blocks, reading = report_part(r)
     text = " ".join(str(b[1]) for b in blocks)
     assert "counterfactual runs were skipped" in text and "Recompute: `gemmdrift attribute --model" in text
+
+
+def test_under_a_replay_the_tapped_runs_compute_what_the_untapped_run_does():
+    """Report A D5's other suspect: the base run (no op taps) differing from the tapped ones. Under the replayed
+    M1, B's run with op taps gives the plain run's logits bit for bit."""
+    from gemmdrift.model.taps import run_schedule
+    from gemmdrift.replay.model import KernelsOption
+
+    lm = make_tiny("bfloat16", seed=12, sliding_window=64)
+    toks, pos = TOKENS[:20], np.arange(2, 20)
+    kopt = KernelsOption("replay:M1")
+    site_list = optaps.sites(lm.model)
+    with kopt.installed(lm):
+        plain = run_schedule(lm.model, toks, VERIFY, split=2, positions=pos, logit_positions=pos)
+        tapped, _ = optaps.run_ops(lm.model, toks, VERIFY, split=2, positions=pos, logit_positions=pos,
+                                   site_list=site_list)
+        decode = run_schedule(lm.model, toks, DECODE, split=2, positions=pos, logit_positions=pos)
+    assert np.array_equal(plain.logits, tapped.logits) and np.array_equal(plain.hidden, tapped.hidden)
+    assert not np.array_equal(plain.logits, decode.logits)  # the replay does make the schedules differ

@@ -102,7 +102,7 @@ def _flips_text(flips: Sequence[int], each: pd.DataFrame, summary: pd.DataFrame)
             parts.append(f"{where} {verb} when {' or '.join(short(c) for c in causes)} "
                          f"{'is' if len(causes) == 1 else 'are each'} made invariant")
         elif removers:
-            parts.append(f"{where} {verb} only when an op that carries the drift without drifting before it is "
+            parts.append(f"{where} {verb} only when a class with no local drift at or before it is "
                          f"replaced ({', '.join(short(c) for c in removers[:4])})")
         else:
             parts.append(f"{where} {'survive' if len(ps) > 1 else 'survives'} every single op class made invariant")

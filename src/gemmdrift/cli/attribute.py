@@ -173,8 +173,8 @@ def _explain(lm, result, t, prompt, kernels, perturb) -> dict:
     else:
         e["said"] = (f"the flip at position {position} survives every op class made invariant on its own"
                      if not e["removed_by"] else
-                     f"the flip at position {position} disappears only when an op that carries the drift is replaced "
-                     f"({', '.join(e['removed_by'][:4])}); no class drifts on its own at or before it")
+                     f"the flip at position {position} disappears only when a class with no local drift at or before "
+                     f"it is replaced ({', '.join(short_class(c) for c in e['removed_by'][:4])})")
     if e.get("unattributed"):
         e["said"] += "; unattributed: " + ", ".join(u["what"] for u in e["unattributed"])
     return e

@@ -40,6 +40,9 @@ from .verdict import DOWNSTREAM, causes_of, mark_causes, ops_summary, unattribut
 
 DIRECTIONS = ("each", "all-but-one")
 ENVELOPE = ("max_abs_dlogit", "max_abs_dgap", "flips", "kld_mean", "same_top1_share")
+# What a checkpoint's local part means (in its key: a part saved by other code is not resumed): 2 since issue 46,
+# every computed position, the reference's outputs handed on, the inputs checked.
+LOCAL_MODE = 2
 
 
 def _envelope(ref_taps, taps, tokens) -> dict[str, Any]:
@@ -115,7 +118,7 @@ def attribute(lm, tokens: Sequence[int], schedules: Sequence[str], *, split: int
     pair = f"{a} vs {b}"
     toks = [int(t) for t in tokens]
     ck = Checkpoints(checkpoint if perturb is None else None, "attribute", lm.description, toks, a, b, split,
-                     [int(p) for p in positions], kopt.text)
+                     [int(p) for p in positions], kopt.text, LOCAL_MODE)
     runs: dict[str, Any] = {}
     with kopt.installed(lm):
         with native_kernels.shared_prefix(lm.model) as log:

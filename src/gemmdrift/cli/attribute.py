@@ -117,35 +117,67 @@ def explain_divergence(lm, result, prompt, kernels: str | None = None, perturb=N
     """``triage`` / ``diverge`` ``--explain``: at the first divergence of ``result`` (a triage Result, or a diverge
     Result carrying one), the op classes whose counterfactual removes the flip there
     (:func:`gemmdrift.attribution.attribute.explain_flip`) added to its triage record as ``explanation``. The verdict is left
-    as it is: this explains it. ``perturb``: a planted change under schedule B (tests)."""
+    as it is: this explains it. The computation explained is the one that diverged: the triage's teacher-forced
+    tokens up to the end of the blocks (of either schedule) that hold the diverging position, so that position is
+    computed in the same block as there. Nothing to explain (no divergence, or not a numeric one) is said in
+    ``explanation`` too. ``perturb``: a planted change under schedule B (tests)."""
     import dataclasses
-
-    from ..attribution.attribute import explain_flip
 
     details = dict(result.details)
     t = details.get("triage")
-    if not t or t.get("index") is None or t.get("bit_identical"):
-        return result  # nothing diverged, or not numerically: no op to name
-    d, split = int(t["index"]), len(prompt) - 1
-    stream_a = (result.inputs.get("stream_a") if result.kind == "triage"
-                else (details.get("stream_a") or {}).get("tokens")) or []
-    tokens = [int(x) for x in list(prompt) + list(stream_a)[:d]]  # both streams agree up to the divergence
+    if not t:
+        return result
+    if t.get("index") is None:
+        e = {"flipped": False, "said": "nothing to explain: the two streams do not diverge"}
+    elif t.get("bit_identical"):
+        e = {"position": t.get("position"), "flipped": False,
+             "said": "nothing to explain: the teacher-forced schedules are bit-identical where the streams part, so "
+                     "no op drifts (the divergence is not numeric)"}
+    else:
+        e = _explain(lm, result, t, prompt, kernels, perturb)
+    details["triage"] = {**t, "explanation": e}
+    return dataclasses.replace(result, details=details)
+
+
+def _explain(lm, result, t, prompt, kernels, perturb) -> dict:
+    """:func:`explain_divergence` where the streams part numerically: the explanation record with ``said``."""
+    from ..attribution import attribute as attribution
+    from ..model.optaps import short_class
+    from ..schedules import parse_schedule
+
+    split = len(prompt) - 1
+    streams = [(result.inputs.get(k) if result.kind == "triage" else (result.details.get(k) or {}).get("tokens"))
+               or [] for k in ("stream_a", "stream_b")]
+    # What the triage teacher-forced: the prompt and a stream but its last token. Both streams agree up to the
+    # divergence, and a position's logits depend on the tokens after it only through the blocks' lengths: stream
+    # A's tokens, then stream B's where it is longer, cut at the end of the blocks that hold the position.
+    longer = max(streams, key=len)
+    tokens = [int(x) for x in list(prompt) + list(streams[0]) + list(longer)[len(streams[0]):]][
+        :len(prompt) + len(longer) - 1]
     position = int(t["position"])
-    e = explain_flip(lm, tokens[:position + 1], [t["schedule_a"], t["schedule_b"]], position,
-                     split=split if split >= 1 else None, kernels=kernels, perturb=perturb)
+    schedules = [parse_schedule(t["schedule_a"]), parse_schedule(t["schedule_b"])]
+    if split < 1:  # a one-token prompt has no prefill: the whole sequence is the continuation (as triage runs it)
+        schedules = [type(s)(s.phases[1:]) if len(s.phases) == 2 else s for s in schedules]
+    split_arg = split if split >= 1 else None
+    end = max(stop for s in schedules for start, stop in s.blocks(len(tokens), split_arg) if start <= position < stop)
+    e = attribution.explain_flip(lm, tokens[:end], [s.text for s in schedules], position, split=split_arg,
+                                 kernels=kernels, perturb=perturb)
     if not e["flipped"]:
         e["said"] = (f"teacher-forced over the shared tokens, the two schedules do not flip at position {position}: "
-                     "no op class to name")
+                     "no op class to name (no counterfactual run)")
     elif e["causes"]:
-        e["said"] = (f"the flip at position {position} disappears when {' or '.join(e['causes'])} is made invariant"
+        names = [short_class(c) for c in e["causes"]]
+        e["said"] = (f"the flip at position {position} disappears when {' or '.join(names)} "
+                     f"{'is' if len(names) == 1 else 'are each'} made invariant"
                      + (f" (first op whose bits differ: {e['first_op']})" if e["first_op"] else ""))
     else:
         e["said"] = (f"the flip at position {position} survives every op class made invariant on its own"
                      if not e["removed_by"] else
-                     f"the flip at position {position} disappears only when an op downstream of the drift is replaced "
-                     f"({', '.join(e['removed_by'][:4])})")
-    details["triage"] = {**t, "explanation": e}
-    return dataclasses.replace(result, details=details)
+                     f"the flip at position {position} disappears only when a class with no local drift at or before "
+                     f"it is replaced ({', '.join(short_class(c) for c in e['removed_by'][:4])})")
+    if e.get("unattributed"):
+        e["said"] += "; unattributed: " + ", ".join(u["what"] for u in e["unattributed"])
+    return e
 
 
 # The release axis (issue 29 item 4): --python PATH recomputes every op from captured inputs under another mlx.

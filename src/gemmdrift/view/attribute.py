@@ -114,10 +114,12 @@ def report_part(result: Result) -> tuple[list[tuple], list[str]]:
         ("p", f"**{result.details.get('verdict', '')}**"),
     ]
     rows = ops_rows(result)
-    blocks.append(("table", rows) if rows else ("p", "No op drifts on its own input at the compared positions."))
+    blocks.append(("table", rows) if rows else ("p", "No op drifts on its own input at any position computed up to the last compared one."))
     cf = counterfactual_rows(result)
     if cf:
         blocks.append(("table", cf))
+    if not rows and not cf:  # nothing drifted (the counterfactual skipped): the run's own command
+        blocks.append(("p", f"Recompute: `{command(result)}`"))
     return blocks, [str(result.details.get("verdict", ""))]
 
 

@@ -269,7 +269,8 @@ def test_a_finished_capture_is_reused_on_rerun(monkeypatch, capsys, tmp_path, fa
     work = out / "release_ops"
     work.mkdir(parents=True)
     doc = {"format": 1, "captured_under": release_ops.this_python(), "model": "embedded", "dtype": "bfloat16",
-           "positions": "300-303", "tokens": [], "layers": list(range(18)), "calls": []}
+           "positions": "300-303", "tokens": [], "layers": list(range(18)), "asked_layers": None,
+           "calls": []}
     (work / "capture.json").write_text(json.dumps(doc))
     import numpy as np
 

@@ -245,6 +245,21 @@ def check_length(info: Mapping[str, Any], n_tokens: int, what: str) -> None:
         raise GemmdriftError(f"{what} has {n_tokens:,} tokens: more than the model's {limit:,} positions")
 
 
+def check_release_stream(tokens: int, split: int, layers: Sequence[int] | None = None, n_layers: int | None = None,
+                         max_positions: int | None = None) -> None:
+    """``attribute --python``: ``--release-tokens`` (at least 2, at most the model's positions), ``--release-split``
+    inside the stream, ``--release-layers`` among the model's layers (those known are checked)."""
+    if tokens < 2:
+        raise GemmdriftError(f"--release-tokens must be at least 2 (a prompt and the captured block), got {tokens}")
+    if not 0 < split < tokens:
+        raise GemmdriftError(f"--release-split {split}: it must lie in 1..{tokens - 1} (the prompt before the block "
+                             f"captured, of --release-tokens {tokens})")
+    check_length({"max_positions": max_positions}, tokens, f"--release-tokens {tokens}: the stream")
+    bad = [i for i in layers or [] if n_layers is not None and not 0 <= i < n_layers]
+    if bad:
+        raise GemmdriftError(f"--release-layers: no layer {bad[0]} (the model has {n_layers}: 0-{n_layers - 1})")
+
+
 LM_TAG = "+lm"  # in a release label: MLX+lmMLXLM (see gemmdrift.measure.history)
 
 

@@ -162,6 +162,8 @@ def cmd_diverge(args) -> int:
     if args.prompts is not None:
         if any(x is not None for x in (args.prompt, args.prompt_file, args.prompt_ids)):
             raise GemmdriftError("--prompts is a prompt set: give it without --prompt, --prompt-file or --prompt-ids")
+        if args.explain:
+            raise GemmdriftError("--explain names the op behind one prompt's divergence: give it without --prompts")
         texts = builtin_prompts() if args.prompts == "builtin" else read_prompts(args.prompts)
         if args.context is not None:
             _context_text(args.context)

@@ -100,7 +100,7 @@ def run(args: argparse.Namespace, cli: Any = None) -> int | None:
     from ..machine.envinfo import select_device
     from ..attribution.primitives_operands import LM_HEAD_ROWS, SEED
 
-    ts = _ts(getattr(args, "ts", "1-8") or "1-8")
+    ts = _ts("1-8" if getattr(args, "ts", None) is None else args.ts)  # --ts '' is refused, not the default
     rows = getattr(args, "lm_head_rows", None)
     lm_head_rows = LM_HEAD_ROWS if rows is None else (None if rows == 0 else rows)
     if rows is not None and rows < 0:

@@ -202,14 +202,20 @@ def test_the_drifting_ops_table_says_when_it_is_cut(tiny):
 
 
 def test_envelope_at_one_position_has_kld_and_same_top1():
+    """The stream's last position has no next token: KLD and same top-1 need none (Δp and perplexity do)."""
     import numpy as np
 
-    from gemmdrift.measure.twostats import two_run
+    from gemmdrift.measure.stack import two_run
 
     a = np.array([[0.0, 1.0, 2.0]], dtype=np.float32)
-    b = np.array([[0.0, 1.5, 1.0]], dtype=np.float32)
-    rec = two_run(a, b, [5], [0, 0, 0, 0, 0, 2, 0])
-    assert np.isfinite(rec["kld_mean"]) and rec["kld_mean"] > 0 and rec["same_top1_share"] == 0.0
+    b = np.array([[0.0, 2.5, 1.0]], dtype=np.float32)
+    rec = two_run(a, b, np.array([5]), [0, 0, 0, 0, 0, 2])
+    pa, pb = np.exp(a[0] - a[0].max()), np.exp(b[0] - b[0].max())
+    pa, pb = pa / pa.sum(), pb / pb.sum()
+    assert rec["kld_mean"] == pytest.approx(float(np.sum(pa * np.log(pa / pb))), rel=1e-4)
+    assert rec["same_top1_share"] == 0.0 and np.isnan(rec["ppl_ratio"])
+    same = two_run(a, a, np.array([5]), [0, 0, 0, 0, 0, 2])
+    assert same["kld_mean"] == 0.0 and same["same_top1_share"] == 1.0
 
 
 def test_a_finished_attribute_leaves_no_empty_checkpoint(monkeypatch, capsys, tmp_path, tiny):

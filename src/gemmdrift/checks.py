@@ -270,8 +270,8 @@ def split_release(label: str) -> tuple[str, str]:
 
 
 def check_gate_versions(candidate: str | None, baseline: str | None) -> str | None:
-    """Refuse to gate a release against itself: that comparison passes whatever the release does. Returns a
-    warning (to print) when the baseline is newer than the candidate."""
+    """Refuse to gate a release against itself (that comparison passes whatever the release does) or against a
+    newer one (the pair reversed)."""
     def key(v: str) -> tuple:
         return tuple(tuple(int(x) if x.isdigit() else 0 for x in part.split(".")) for part in split_release(v))
 
@@ -279,9 +279,14 @@ def check_gate_versions(candidate: str | None, baseline: str | None) -> str | No
         raise GemmdriftError(f"--candidate {candidate} and --baseline {baseline} are the same release: "
                              "comparing a release with itself proves nothing")
     if candidate is not None and baseline is not None and key(baseline) > key(candidate):
-        return (f"warning: --baseline {baseline} is newer than --candidate {candidate}: the gate then asks whether "
-                "the older release regressed from the newer one (swap them to gate the newer release)")
+        raise GemmdriftError(f"--baseline {baseline} is newer than --candidate {candidate}: the gate judges a release "
+                             f"against an older one (write --candidate {baseline} --baseline {candidate})")
     return None
+
+
+def release_order_key(label: str) -> tuple:
+    """A release label's sort key (mlx version, then mlx-lm version), as the gate orders releases."""
+    return tuple(tuple(int(x) if x.isdigit() else 0 for x in part.split(".")) for part in split_release(label))
 
 
 def check_threshold(value: float) -> None:

@@ -464,7 +464,7 @@ def test_fp_kernels_have_one_name(monkeypatch, capsys):
 
 def test_the_registry_readme_agrees_with_calibration_md():
     readme = (REPO / "src" / "gemmdrift" / "data" / "calibrations" / "README.md").read_text()
-    assert "replay check --calibration" not in readme or "only the files given" in readme
+    assert "replay check` reads only the files given" in readme and "replay check --calibration`, `--kernels" not in readme
 
 
 def test_dispatch_env_names_the_flag(monkeypatch, capsys, tmp_path):

@@ -306,10 +306,11 @@ def cmd_run(args) -> int:
 
     check_out_dir(args.out)
     from ..machine.envinfo import select_device
-    from ..replay.calib import check_files
+    from ..replay.calib import check_run
+    from ..replay.paths import installed_mlx
     from ..suite import main_job
 
-    check_files(args.calibration)  # a bad file: one line, before the model loads
+    check_run(args.calibration, installed_mlx())  # a bad, other-release or disagreeing file: before the load
     select_device(args.device)
     paths = main_job(args.out, sizes=args.sizes, model=args.model, dtype=args.dtype, calibration=args.calibration)
     print(paths["markdown"].read_text())

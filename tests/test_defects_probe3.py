@@ -456,10 +456,13 @@ def test_calibration_refusal_on_a_cpu_has_no_empty_parentheses(monkeypatch, caps
 
 def test_fp_kernels_have_one_name(monkeypatch, capsys):
     r = gd_here(monkeypatch, capsys, "dispatch", "--chip", "M3", "--op", "quantized_matmul", "--mode", "mxfp4",
-                "--json")
+                "--K", "640", "--N", "1024", "--ts", "1-3", "--json")
     assert r.returncode == 0, r.stderr
-    names = {row["kernel"] for row in json.loads(r.stdout)["rows"]}
-    assert names and all(n.startswith("fp_") for n in names), names
+    rows = json.loads(r.stdout)
+    assert [(x["kernel"], x["label"].split()[0]) for x in rows] == [("fp_qmv", "fp_qmv")] + [("fp_qmv_wide",) * 2] * 2
+    from gemmdrift.replay import RECIPES
+
+    assert {x["kernel"] for x in rows} <= set(RECIPES)  # the names replay check uses
 
 
 def test_the_registry_readme_agrees_with_calibration_md():

@@ -485,8 +485,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=cmd_run)
 
     s = sub.add_parser("report", help="one page (HTML and markdown) from a results directory: tables, figures, reading")
-    s.add_argument("dir", help="a results directory: the output of run, stack, kernels, diverge, triage, history, "
-                               "state, batch, server or fingerprint")
+    s.add_argument("dir", help="a results directory: the output of run, stack, kernels, diverge, triage, attribute "
+                               "(its --primitives and --python outputs too), replay check, compare, history, state, "
+                               "batch, server or fingerprint")
     s.add_argument("--screenshot", action="store_true",
                    help="also render the page in headless Chromium to report_page.png (checks that it displays)")
     s.add_argument("--json", action="store_true")

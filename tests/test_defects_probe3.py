@@ -219,14 +219,17 @@ def test_envelope_at_one_position_has_kld_and_same_top1():
 
 
 def test_a_finished_attribute_leaves_no_empty_checkpoint(monkeypatch, capsys, tmp_path, tiny):
+    from gemmdrift import store
     from gemmdrift.cli import common
 
     monkeypatch.setattr(common, "load", lambda args: tiny)
+    write = store.write_result
+    monkeypatch.setattr(store, "write_result", lambda *a, **k: write(*a, **{**k, "draw": False}))  # no figure
     ids = tmp_path / "ids.json"
     ids.write_text("[2, 5, 9, 11, 40, 7, 3, 8]")
     out = tmp_path / "o"
     r = gd_here(monkeypatch, capsys, "attribute", "--prompt-ids", str(ids), "--schedules", "decode", "verify:2",
-                "--split", "2", "--ops", "q_proj", "--counterfactual", "each", "--out", str(out))
+                "--split", "2", "--counterfactual", "none", "--out", str(out))
     assert r.returncode == 0, r.stderr
     assert not (out / "checkpoint").exists()
     written = r.stdout.rsplit("written to", 1)[1]

@@ -477,3 +477,14 @@ def test_dispatch_env_names_the_flag(monkeypatch, capsys, tmp_path):
     afile = tmp_path / "afile"
     afile.write_text("")
     refused(monkeypatch, capsys, "--env", "dispatch", "--env", str(afile))
+
+
+def test_replay_check_says_which_variant_it_ran():
+    from types import SimpleNamespace
+
+    from gemmdrift.replay.check import variants_lines
+
+    recs = {"records": [{"path": "dense:bfloat16", "kernel": "steel_gemm"}]}
+    one = variants_lines(SimpleNamespace(details=recs, inputs={"variants": "mma=H2"}))
+    assert "mma=H1|H2|H3|H4" in one[0] and "this check ran mma=H2 only" in one[-1]
+    assert len(variants_lines(SimpleNamespace(details=recs, inputs={"variants": "all"}))) == 1

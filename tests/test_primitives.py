@@ -376,7 +376,9 @@ def test_the_command_prints_the_table_writes_json_and_csv(tmp_path, capsys):
     assert lines[0].startswith("primitives gate: shape:gemma3-270m (gemma3_text, 18 layers, bfloat16)")
     q = next(line for line in lines if line.startswith("self_attn.q_proj"))
     assert q.split()[-3:] == ["=", "=", "="] and "K=640 N=1024" in q and " 2048 " in q
-    assert "speculative decoding with up to 2 drafted tokens is exact" in lines[-1]
+    # --ops: the verdict is of the ops checked, not of speculative decoding (PROBE-DEFECTS-3 D14)
+    assert "the 2 ops checked (2 of 17: self_attn.q_proj, sdpa) bit-equal for T=1..3" in lines[-1]
+    assert "speculative decoding" not in lines[-1]
     rec = json.loads((tmp_path / "o" / "primitives.json").read_text())
     assert rec["ok"] and rec["exact_width"] == 2 and rec["device"]["backend"] == "cpu"
     row = rec["rows"][0]

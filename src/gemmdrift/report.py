@@ -394,7 +394,44 @@ def _server_part(d: Path, env: dict[str, Any]) -> tuple[list[Block], list[str]]:
 PARTS["batch"] = _batch_part
 PARTS["server"] = _server_part
 # Every kind a page renders, for `report --help` and its errors (a gemmdrift run directory holds several).
-KINDS_READ = "run, stack, kernels, diverge, triage, history, state, batch, server or fingerprint"
+KINDS_READ = ("run, stack, kernels, diverge, triage, attribute (its --primitives and --python outputs too), replay "
+              "check, compare, history, state, batch, server or fingerprint")
+
+
+def _mode_blocks(d: Path) -> list[Block] | None:
+    """The outputs of ``attribute --primitives`` (primitives.json) and ``attribute --python`` (release_ops.json),
+    which carry no Result record: their JSON is the record. None when ``d`` holds neither."""
+    import json
+
+    import pandas as pd
+
+    if (d / "primitives.json").is_file():
+        from .attribution.primitives import Gate
+        from .view.primitives import text
+
+        rec = json.loads((d / "primitives.json").read_text())
+        g = Gate(pd.DataFrame(rec.get("rows") or []), list(rec.get("ts") or [1]), rec.get("model") or {},
+                 rec.get("device") or {}, rec.get("kernels") or "native", float(rec.get("seconds") or 0),
+                 rec.get("error"), rec.get("settings") or {})
+        body = text(g)
+        title, said = "attribute --primitives: is a T-row call bit-equal to T single-row calls?", body.splitlines()[-1]
+        blocks: list[Block] = [("pre", body), ("p", "Each row's recomputing command is in `primitives.json`.")]
+    elif (d / "release_ops.json").is_file():
+        rec = json.loads((d / "release_ops.json").read_text())
+        changed = rec.get("changed") or []
+        names = list(dict.fromkeys(c["op"] for c in changed))
+        title = "attribute --python: which op's bits moved between two mlx releases"
+        said = (f"mlx {(rec.get('from') or {}).get('mlx')} vs mlx {(rec.get('to') or {}).get('mlx')}: "
+                f"{rec.get('compared')} op calls compared, " + (f"outputs differ in (forward order): {', '.join(names)}"
+                                                               if names else "every output bit-identical")
+                + (f"; {len(rec.get('errors') or [])} could not run" if rec.get("errors") else ""))
+        blocks = [("p", f"Model {rec.get('model')}, positions {rec.get('positions')}, layers "
+                        f"{', '.join(map(str, rec.get('layers') or []))}.")]
+        if changed:
+            blocks.append(("table", [{k: c.get(k) for k in ("op", "layer", "frac_differ", "max_ulp")} for c in changed]))
+    else:
+        return None
+    return [("h1", f"gemmdrift report: {d.name}"), ("h2", "What this shows"), ("ul", [said]), ("h2", title), *blocks]
 
 
 def _compare_part(d: Path, env: dict[str, Any]) -> tuple[list[Block], list[str]]:
@@ -457,9 +494,13 @@ def report_blocks(d: str | Path) -> list[Block]:
     from .model import describe
 
     d = Path(d)
+    if d.is_file():
+        raise GemmdriftError(f"{d} is a file, not a results directory")
     if not d.is_dir():
         raise GemmdriftError(f"no such results directory: {d}")
     parts = find_parts(d)
+    if not parts and _mode_blocks(d) is not None:
+        return _mode_blocks(d)
     if not parts:
         raise GemmdriftError(f"no gemmdrift results in {d} (expected the output of {KINDS_READ})")
     env, model = _environment(d, parts)

@@ -26,15 +26,18 @@ DEFAULT_SCHEDULES = ("prefill:512,decode", "prefill:512,verify:2")
 
 
 def parse_counterfactual(text: str) -> list[str]:
-    """``each``, ``all-but-one``, ``each,all-but-one`` or ``none`` -> the directions to run."""
+    """``each``, ``all-but-one``, ``both`` (= ``each,all-but-one``) or ``none`` -> the directions to run."""
     from ..attribution.attribute import DIRECTIONS
 
     if text.strip() == "none":
         return []
+    if text.strip() == "both":
+        return list(DIRECTIONS)
     out = [t.strip() for t in text.split(",") if t.strip()]
     bad = [t for t in out if t not in DIRECTIONS]
     if bad or not out:
-        raise GemmdriftError(f"--counterfactual {text!r}: expected each, all-but-one, each,all-but-one or none")
+        raise GemmdriftError(f"--counterfactual {text!r}: expected each, all-but-one, both "
+                              "(each,all-but-one) or none")
     return out
 
 
@@ -66,10 +69,78 @@ def add_parser(sub, cli) -> None:
     cli.add_output(s, "results/attribute")
     for add, _ in MODES:  # after --out and --json: a mode adds only the flags the command lacks
         add(s)
+    for action in s._actions:  # a default is marked: a flag the user typed is told from one left alone
+        if action.dest in _MARKED and action.default is not None:
+            action.default = _mark(action.default)
     s.set_defaults(func=lambda args: cmd_attribute(args, cli))
 
 
+# Flags one mode of ``attribute`` takes and the others do not: given to another mode, refused in one line.
+_SCHEDULE_ONLY = ("schedules", "split", "positions", "counterfactual", "prompt", "prompt_file", "prompt_ids",
+                  "tokens")
+_PRIMITIVES_ONLY = ("ts", "lm_head_rows", "max_rows", "operand_seed", "fail_unless_exact")
+_RELEASE_ONLY = ("baseline_python", "release_tokens", "release_split", "release_layers", "release_out",
+                 "release_capture")
+_MARKED = ("schedules", "counterfactual", "ts", "release_tokens", "release_split")  # defaults that are not None
+
+
+class _Marked:
+    """A default the parser set (not a value the user typed)."""
+
+
+def _mark(value):
+    for base in (str, int, list):
+        if isinstance(value, base) and not isinstance(value, bool):
+            return type(f"Default{base.__name__}", (_Marked, base), {})(value)
+    return value
+
+
+def given(args, dest: str) -> bool:
+    """Whether the user gave ``--dest`` (a marked default, None or False is not given)."""
+    v = getattr(args, dest, None)
+    return not (v is None or v is False or isinstance(v, _Marked))
+
+
+def check_mode_flags(args) -> str:
+    """Which mode ``args`` asks for (``primitives``, ``release`` or ``schedules``); a flag of another mode: a
+    one-line GemmdriftError naming it and the mode it belongs to (before anything loads)."""
+    flag = lambda d: "--" + d.replace("_", "-")  # noqa: E731
+    if given(args, "primitives") and given(args, "python"):
+        raise GemmdriftError("--primitives and --python are two modes of attribute (the gate, the release "
+                             "comparison): give one")
+    mode = "primitives" if given(args, "primitives") else "release" if given(args, "python") else "schedules"
+    name = {"primitives": "attribute --primitives (the gate)", "release": "attribute --python (the release "
+            "comparison)", "schedules": "attribute between two schedules"}[mode]
+    owner = {**{d: "the schedule attribution" for d in _SCHEDULE_ONLY},
+             **{d: "--primitives" for d in _PRIMITIVES_ONLY}, **{d: "--python" for d in _RELEASE_ONLY}}
+    refuse = {"primitives": _SCHEDULE_ONLY + _RELEASE_ONLY + ("quantize", "group_size"),
+              "release": _SCHEDULE_ONLY + _PRIMITIVES_ONLY + ("ops", "kernels", "quantize", "group_size"),
+              "schedules": _PRIMITIVES_ONLY + _RELEASE_ONLY}[mode]
+    for d in refuse:
+        if given(args, d):
+            whose = owner.get(d)
+            raise GemmdriftError(f"{flag(d)}: {name} does not take it" + (f" (a flag of {whose})" if whose else
+                                                                             " (it measures the model as it ships)"
+                                                                             if mode == "primitives" else ""))
+    return mode
+
+
+def precheck_lengths(args, kopt, cli) -> None:
+    """What ``--tokens`` bounds before the model loads: ``--split`` and ``--positions`` inside the stream, and a
+    replayed chip with no recipe for a call the run makes (as ``stack`` refuses it)."""
+    n = args.tokens
+    if n is not None and args.split is not None and args.split >= n:
+        raise GemmdriftError(f"--split {args.split}: the stream has {n} tokens (--tokens {n}); the split must lie "
+                             f"in 1..{n - 1}")
+    if n is not None and args.positions not in (None, "none"):
+        from ..ranges import parse_range
+
+        parse_range(args.positions, n, "--positions")
+    kopt.check_run(cli.replay_shapes(args), args.schedules, n, args.split, args.dtype)
+
+
 def cmd_attribute(args, cli) -> int:
+    check_mode_flags(args)
     for _, run in MODES:
         rc = run(args, cli)
         if rc is not None:
@@ -90,6 +161,7 @@ def cmd_attribute(args, cli) -> int:
     if ops is not None and not directions:
         raise GemmdriftError("--ops names the classes of the counterfactual: it needs --counterfactual other than none")
     kopt = KernelsOption(args.kernels)
+    precheck_lengths(args, kopt, cli)
     from ..attribution.attribute import attribute
     from ..ranges import default_split, parse_range
     from ..machine.envinfo import environment
@@ -104,11 +176,23 @@ def cmd_attribute(args, cli) -> int:
     n = len(ids)
     split = args.split if args.split is not None else default_split(n)
     positions = parse_range(args.positions, n, "--positions")
+    from ..replay.model import lm_shapes
+
+    kopt.check_run(lm_shapes(lm) if kopt.text else None, args.schedules, n, split, lm.description.dtype)
     print(f"gemmdrift attribute: {describe(lm.description)}; {n} tokens ({label}); split {split}", file=sys.stderr)
+    prompt_flag = (["--prompt", args.prompt] if args.prompt is not None else
+                   ["--prompt-file", args.prompt_file] if args.prompt_file is not None else
+                   ["--prompt-ids", args.prompt_ids] if args.prompt_ids is not None else None)
+    checkpoint = Path(args.out) / kopt.dirname("checkpoint")
     result = attribute(lm, ids, args.schedules, split=split, positions=positions, ops=ops,
                        counterfactual=directions, kernels=kopt.text or None,
-                       checkpoint=str(Path(args.out) / kopt.dirname("checkpoint")), env=environment(),
-                       record={"prompt": label, **({"prompt_ids_file": args.prompt_ids} if args.prompt_ids else {})})
+                       checkpoint=str(checkpoint), env=environment(),
+                       record={"prompt": label, **({"prompt_ids_file": args.prompt_ids} if args.prompt_ids else {}),
+                               "prompt_flag": prompt_flag, "ops_given": ops})
+    try:
+        checkpoint.rmdir()  # the checkpoints are dropped once the Result is whole: no empty directory left
+    except OSError:
+        pass
     cli.write_and_print(args, result, args.out)
     return 0
 

@@ -69,6 +69,9 @@ def cmd_changelog(args) -> int:
         if not d.is_dir() and args.ops:
             raise GemmdriftError(f"--ops: no directory {d}")
     out = Path(args.out) if args.out else ((root / PAGES) if root is not None else PAGES)
+    from ..checks import check_out_dir
+
+    check_out_dir(out)  # before any page is computed
     written = write_changelog(dirs, out, pair=(args.old, args.new) if args.old else None, ops_dirs=ops_dirs,
                               root=root, predict=not args.no_predict, replay=args.replay)
     for p in written:
@@ -95,6 +98,16 @@ def write_changelog(results: Sequence[Path], out: Path, *, pair: tuple[str, str]
         old, new = cl.resolve(pair[0], df, "--from"), cl.resolve(pair[1], df, "--to")
         if old == new:
             raise GemmdriftError(f"--from and --to name the same release ({old})")
+        from ..checks import release_order_key
+
+        if release_order_key(old) > release_order_key(new):
+            raise GemmdriftError(f"--from {old} is newer than --to {new}: a page reads from the older release to the "
+                                 f"newer (write --from {new} --to {old})")
+        have = set(cl.measured_releases(df))
+        if not predict and not {old, new} <= have:
+            raise GemmdriftError(f"--no-predict: {' and '.join(r for r in (old, new) if r not in have)} has no results "
+                                 f"measured here, so the page of {old} → {new} is its prediction only (drop "
+                                 "--no-predict)")
         pairs = [(old, new)]
     else:
         pairs = cl.default_pairs(df)

@@ -65,9 +65,7 @@ def cmd_gate(args) -> int:
     from ..checks import check_gate_versions, check_out_dir, check_threshold
 
     check_threshold(args.threshold)
-    warning = check_gate_versions(args.candidate, args.baseline)
-    if warning:
-        print(f"gemmdrift gate: {warning}", file=sys.stderr)
+    check_gate_versions(args.candidate, args.baseline)  # the same release twice, or the pair reversed
     if args.out:
         check_out_dir(args.out)
     from .. import files

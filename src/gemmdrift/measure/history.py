@@ -338,7 +338,11 @@ def gate(df: pd.DataFrame, candidate: str | None = None, baseline: str | None = 
     t = latest_per_version(tracked(df))
     t = t[~t["params"].str.contains("emulated:", regex=False)]  # negative controls, not mlx kernels
     if include:
+        if t.empty:
+            raise GemmdriftError("no tracked drift figures in the asv results")
         t = t[t["benchmark"].str.contains(include, regex=False)]
+        if t.empty:
+            raise GemmdriftError(f"--include {include}: no tracked figure's benchmark name contains it")
     if t.empty:
         raise GemmdriftError("no tracked drift figures in the asv results")
     releases = sorted(set(t["release"]), key=release_key)

@@ -139,6 +139,9 @@ def sites(model) -> list[Site]:
     return out
 
 
+KIND_WORDS = ("linear", "norm", "rope", "sdpa")  # the kinds --ops takes, as attribute --primitives names them
+
+
 @dataclass
 class ExposedOps:
     """Which ops a model exposes: names per layer (module order), their classes and kinds, and what is not
@@ -153,14 +156,26 @@ class ExposedOps:
     def classes(self) -> list[str]:
         return list(dict.fromkeys(op_class(n) for n in self.names + self.head))
 
+    def class_kind(self, cls: str) -> str:
+        """The kind word of a class as ``--ops`` takes it in both attribute modes (linear, norm, rope, sdpa)."""
+        kinds = [self.kinds.get(n) for n in self.names + self.head if op_class(n) == cls]
+        k = next((k for k in kinds if k), "")
+        return {"head": "linear", "attention": "sdpa"}.get(k, k)
+
     def resolve(self, wanted: Sequence[str], what: str = "op") -> list[str]:
-        """Classes named by ``wanted`` (a full class name or its last component, ``q_proj``); an unknown name
-        raises with the list of the ones this model exposes."""
+        """Classes named by ``wanted``: a full class name or its last component (``q_proj``), as in
+        ``attribute --primitives`` a name before a kind (``norm`` is the final norm), then a kind (``linear``:
+        every projection and the LM head) or ``kind:K`` (``kind:norm``: every norm). An unknown name raises
+        with the list of the ones this model exposes."""
         out = []
         for w in wanted:
-            hit = [c for c in self.classes if c == w or short_class(c) == w]
+            kind = w[5:] if w.startswith("kind:") else None
+            hit = [] if kind else [c for c in self.classes if c == w or short_class(c) == w]
+            if not hit and (kind or w) in KIND_WORDS:
+                hit = [c for c in self.classes if self.class_kind(c) == (kind or w)]
             if not hit:
-                raise GemmdriftError(f"unknown {what} {w!r}: this model exposes {', '.join(self.classes)}")
+                raise GemmdriftError(f"unknown {what} {w!r}: this model exposes {', '.join(self.classes)} (or a "
+                                     f"kind: {', '.join(KIND_WORDS)}, kind:norm for every norm)")
             out += [c for c in hit if c not in out]
         return out
 

@@ -141,6 +141,11 @@ def test_diverge_prompts_with_explain_is_refused(monkeypatch, capsys, tmp_path):
             "--out", str(tmp_path / "o"))
 
 
+def test_diverge_explain_without_triage_is_refused(monkeypatch, capsys, tmp_path):
+    refused(monkeypatch, capsys, "--no-triage", "diverge", "--n", "4", "--explain", "--no-triage",
+            "--out", str(tmp_path / "o"))
+
+
 # ------------------------------------------------------------------ item 14: refusals before the load
 
 

@@ -158,6 +158,8 @@ def cmd_diverge(args) -> int:
             raise GemmdriftError(f"{flag} must be positive, got {value}")
     precheck(args)
     impl, rb = cachebench.precheck(args)
+    if args.explain and args.no_triage:
+        raise GemmdriftError("--explain explains the triage's verdict: give it without --no-triage")
     texts = None
     if args.prompts is not None:
         if any(x is not None for x in (args.prompt, args.prompt_file, args.prompt_ids)):

@@ -262,7 +262,7 @@ def _local_drift_below_the_window(lm, k: int) -> dict[int, float]:
     (stack's local mode: every layer fed the reference's own input)."""
     from gemmdrift.measure.stack import measure_stack
 
-    from tests.test_taps_stack import TOKENS
+    from test_taps_stack import TOKENS
 
     n = lm.description.sliding_window  # 8 tokens: every position below the window
     r = measure_stack(lm, TOKENS[:n], ["prefill:2,decode", f"prefill:2,verify:{k}"], split=2, local=True)
@@ -279,7 +279,7 @@ def test_an_op_the_gate_calls_equal_carries_no_local_drift_below_the_window():
     the local drift, at every layer (all layers carry that norm)."""
     from mlx_lm.models import gemma3_text
 
-    from tests.conftest import TINY_CONFIG, make_tiny
+    from conftest import TINY_CONFIG, make_tiny
 
     k = 2
     g = primitives.gate(dict(TINY_CONFIG), ts=range(1, k + 2), fail_closed=False)
@@ -487,7 +487,7 @@ def _gate_verdicts(g) -> dict[tuple[str, int], bool]:
 def _attribution_ops(lm, k: int):
     from gemmdrift.attribution.attribute import attribute
 
-    from tests.test_taps_stack import TOKENS
+    from test_taps_stack import TOKENS
 
     n = lm.description.sliding_window  # every position below the window
     r = attribute(lm, TOKENS[:n], ["prefill:2,decode", f"prefill:2,verify:{k}"], split=2, counterfactual=[])
@@ -518,7 +518,7 @@ def test_an_op_the_gate_calls_equal_carries_no_local_drift_in_the_whole_model_at
     import mlx.core as mx
     from mlx_lm.models import gemma3_text
 
-    from tests.conftest import TINY_CONFIG, make_tiny
+    from conftest import TINY_CONFIG, make_tiny
 
     k, L = 2, TINY_CONFIG["num_hidden_layers"]
     g = primitives.gate(dict(TINY_CONFIG), ts=range(1, k + 2), fail_closed=False)

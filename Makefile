@@ -93,5 +93,7 @@ clean:
 
 # The numerics changelog's shipped pages (docs/changelog/) from the shipped inputs: the reference results, the
 # release comparisons of ops (benchmarks/release_ops/) and the replayed envelopes' cache (docs/changelog/replayed.json).
+# Pages of pairs that no longer exist (the releases present changed) are removed first; the cache is kept.
 changelog: env
+	rm -f docs/changelog/*.md docs/changelog/*.html docs/changelog/timeline.png
 	$(BIN)/gemmdrift changelog --results benchmarks/reference --out docs/changelog

@@ -87,8 +87,29 @@ def test_default_pairs_and_release_names(planted):
     pairs = cl.default_pairs(df)
     assert ("0.29.4", "0.30.6") in pairs and ("0.30.6", "0.31.2") in pairs
     assert ("0.32.0", "0.32.1") in pairs  # dispatch read, no results: predictions only
-    with pytest.raises(GemmdriftError, match=r"unknown release 0\.99\.0 \(known: 0\.29\.4, .*0\.31\.2"):
+    # a release known only by its dispatch sits between its measured neighbours, and the measured pair stays
+    assert ("0.29.4", "0.30.5") in pairs and ("0.30.5", "0.30.6") in pairs and ("0.30.5", "0.31.2") not in pairs
+    with pytest.raises(GemmdriftError, match=r"unknown release 0\.99\.0: no results \(the nearest releases with "
+                                             r"results: 0\.31\.2 \(before\)\).* \(known: 0\.29\.4, .*0\.31\.2"):
         cl.resolve("0.99.0", df, "--to")
+    with pytest.raises(GemmdriftError, match=r"0\.29\.4 \(before\) and 0\.30\.6 \(after\)"):
+        cl.resolve("0.30.3", df, "--from")
+
+
+def test_every_page_opens_with_its_class_and_one_line_reason(planted, tmp_path):
+    out = tmp_path / "pages"
+    write_changelog([planted], out, predict=False)
+    first = lambda name: (out / name).read_text().split("\n\n")[1]
+    # the planted 0.29.4 -> 0.30.6 moves drift figures but flips no argmax and has no precision ladder: not
+    # shown to be roundoff, so answer-changing, saying why
+    moved = first("0.29.4..0.30.6.md")
+    assert moved.startswith("**Class: ANSWER-CHANGING**, mlx 0.29.4 → 0.30.6, measured on m1 (cpu): ")
+    assert "no precision ladder verdict" in moved and "\n" not in moved
+    assert first("0.30.6..0.31.2.md").startswith("**Class: BIT-FOR-BIT**, mlx 0.30.6 → 0.31.2, measured on m1 (cpu): "
+                                                 "all 9 figures measured on both sides identical")
+    assert first("0.29.4..0.30.5.md").startswith("**Class: none**")  # neither measured nor predicted (--no-predict)
+    # the two commits are named where a pair was measured at two
+    assert "Measured at two gemmdrift commits (0.29.4: aaaaaaaa, 0.30.6: bbbbbbbb)" in (out / "0.29.4..0.30.6.md").read_text()
 
 
 def test_the_page_names_the_op_from_the_release_comparison(planted, tmp_path):
@@ -137,6 +158,19 @@ def test_predicted_section_names_gemv_wide_on_m3_m4_and_says_prediction(tmp_path
         if not para.startswith("|"):
             assert "prediction" in para.lower(), para
     assert "not knowable" in view.markdown(p.blocks("0.29.4", "0.30.6"))
+    # The predicted class per chip: the replay reorders the same adds, so a move is ROUNDOFF; a replayed argmax
+    # flip that changes is ANSWER-CHANGING; a chip whose kernels do not change is BIT-FOR-BIT.
+    from gemmdrift.changelog.predicted import chip_class
+
+    assert chip_class(p, "M3", "0.32.0", "0.32.1")["cls"] == "ROUNDOFF"
+    assert "rounding by construction" in chip_class(p, "M3", "0.32.0", "0.32.1")["reason"]
+    p._cache[f"M3|{p.signature('M3', '0.32.1')}"]["verify:2"]["flips"] = 2.0
+    flip = chip_class(p, "M3", "0.32.0", "0.32.1")
+    assert flip["cls"] == "ANSWER-CHANGING" and flip["reason"].startswith("replayed: argmax flips changed: verify:2/flips 0 → 2")
+    assert chip_class(p, "sm90", "0.32.0", "0.32.1")["cls"] == "BIT-FOR-BIT"  # no dispatch row, no replay needed
+    assert chip_class(p, "M5", "0.32.0", "0.32.1")["cell"] == "not replayed"  # kernels change, nothing cached
+    assert chip_class(p, "M3", "0.29.4", "0.30.6")["cell"] == "not knowable"
+    assert chip_class(p, "M3", "0.32.4+lm0.30.2", "0.32.4+lm0.31.3")["cell"] == "-"  # mlx-lm's change
 
 
 def _cli(*args, cwd=None):
@@ -153,6 +187,10 @@ def test_bad_input_is_one_line_exit_2(planted, tmp_path, monkeypatch, capsys):
     out = str(tmp_path / "o")
     r = _cli("--results", str(planted), "--from", "0.29.4", "--to", "0.77.1", "--out", out, "--no-predict")
     assert r.returncode == 2 and "known: 0.29.4" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    assert "the nearest releases with results: 0.31.2 (before)" in r.stderr
+    r = gd_here(monkeypatch, capsys, "gate", "--results", str(planted), "--candidate", "0.30.0", load=False)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
+    assert "no results for 0.30.0 (the nearest releases with results: 0.29.4 (before) and 0.30.6 (after)" in r.stderr
     write_release(planted, "m2", "0.33.0", 4, dlogit=(1, 1), tree=1.0, rope=0, kld=0, commit="dddddddd")
     r = _cli("--results", str(planted), "--from", "0.31.2", "--to", "0.33.0", "--out", out, "--no-predict")
     assert r.returncode == 2 and "no machine in common" in r.stderr and "m1 (cpu)" in r.stderr and "m2 (cpu)" in r.stderr
@@ -162,6 +200,14 @@ def test_bad_input_is_one_line_exit_2(planted, tmp_path, monkeypatch, capsys):
     assert r.returncode == 2 and "eeeeeeee-env-x.json" in r.stderr and "Traceback" not in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
     bad.unlink()
+    twice = planted / "m1" / "ffffffff-env-0.30.6.json"  # 0.30.6 measured again at another gemmdrift commit
+    twice.write_text((planted / "m1" / "bbbbbbbb-env-0.30.6.json").read_text().replace("bbbbbbbb", "ffffffff"))
+    for args in (("changelog", "--results", str(planted), "--out", out, "--no-predict"),
+                 ("gate", "--results", str(planted))):
+        r = gd_here(monkeypatch, capsys, *args, load=False)
+        assert r.returncode == 2 and "mix gemmdrift commits bbbbbbbb and ffffffff for release 0.30.6" in r.stderr
+        assert len(r.stderr.strip().splitlines()) == 1
+    twice.unlink()
     r = _cli("--results", str(tmp_path / "missing"), "--out", out, "--no-predict")
     assert r.returncode == 2 and "missing" in r.stderr
     ops = tmp_path / "ops"
@@ -172,12 +218,20 @@ def test_bad_input_is_one_line_exit_2(planted, tmp_path, monkeypatch, capsys):
     assert not Path(out).exists()  # nothing written before every input was read
 
 
-def test_index_lists_every_pair_with_its_answer(planted, tmp_path):
+def test_the_index_is_a_timeline_of_classes_with_its_figure(planted, tmp_path):
     out = tmp_path / "pages"
     write_changelog([planted], out, predict=False)
     index = (out / "index.md").read_text()
-    assert "[0.30.6 → 0.31.2](0.30.6..0.31.2.md): m1: no drift figure changed (9 series)" in index
-    assert "[0.29.4 → 0.30.6](0.29.4..0.30.6.md): m1: 5 of 9 drift figures changed" in index
+    assert "| release | from | m1 (cpu) |" in index
+    assert "| 0.31.2 | [0.30.6](0.30.6..0.31.2.md) | BIT-FOR-BIT |" in index
+    assert "| 0.30.6 | [0.29.4](0.29.4..0.30.6.md) | ANSWER-CHANGING |" in index
+    assert "| 0.30.6 | [0.30.5](0.30.5..0.30.6.md) | not measured |" in index  # 0.30.5: dispatch read, no results
+    assert "| 0.29.4 | - | first |" in index
+    assert index.index("| 0.31.2 |") < index.index("| 0.29.4 |")  # newest first
+    assert "![the timeline of classes](timeline.png)" in index
+    png = (out / "timeline.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 5000
+    assert '<img src="timeline.png"' in (out / "index.html").read_text()
     for link in re.findall(r"\]\(([^)]+\.md)\)", index):
         assert (out / link).is_file() and (out / (link[:-3] + ".html")).is_file()
 
@@ -190,10 +244,10 @@ def test_shipped_pages_are_what_the_command_writes(tmp_path):
     write_changelog([ROOT / "benchmarks" / "reference"], out, ops_dirs=[ROOT / cl.OPS_DIR], root=ROOT,
                     cache=shipped / "replayed.json")
     made = sorted(p.name for p in out.iterdir())
-    have = sorted(p.name for p in shipped.iterdir() if p.suffix in (".md", ".html"))
+    have = sorted(p.name for p in shipped.iterdir() if p.suffix in (".md", ".html", ".png"))
     assert made == have, "`make changelog` writes other pages than docs/changelog/ holds"
     for name in made:
-        assert (out / name).read_text() == (shipped / name).read_text(), f"docs/changelog/{name} is stale: make changelog"
+        assert (out / name).read_bytes() == (shipped / name).read_bytes(), f"docs/changelog/{name} is stale: make changelog"
 
 
 def test_shipped_reference_pages_state_the_known_answers():
@@ -205,6 +259,16 @@ def test_shipped_reference_pages_state_the_known_answers():
     for pair in ("0.30.6..0.31.2", "0.31.2..0.32.4+lm0.32.2"):
         assert "No drift figure changed: 263 of 263 drift figures identical" in (shipped / f"{pair}.md").read_text()
     assert "in forward order: `self_attn.rope`." in text  # the release comparison of ops (mlx fast.cpp's RoPE)
+    assert text.split("\n\n")[1].startswith("**Class: ANSWER-CHANGING**, mlx 0.29.4 → 0.30.6, measured on "
+                                            "reference-linux-cpu (cpu): argmax flips changed")
+    assert "The op that moved: `self_attn.rope`" in text.split("\n\n")[1]
+    for pair in ("0.30.6..0.31.2", "0.31.2..0.32.4+lm0.32.2"):
+        assert (shipped / f"{pair}.md").read_text().split("\n\n")[1].startswith("**Class: BIT-FOR-BIT**, mlx ")
+    lm = (shipped / "0.32.4+lm0.30.2..0.32.4+lm0.31.3.md").read_text().split("\n\n")[1]
+    assert lm.startswith("**Class: ANSWER-CHANGING**, for mlx-lm's change (mlx-lm 0.30.2 → 0.31.3, mlx 0.32.4 on both "
+                         "sides), measured on reference-linux-cpu (cpu): state verdicts changed: ") and "170 → 166" in lm
+    index = (shipped / "index.md").read_text()
+    assert "| 0.30.6 | [0.29.4](0.29.4..0.30.6.md) | ANSWER-CHANGING |" in index
     pred = (shipped / "0.32.0..0.32.1.md").read_text()
     assert re.search(r"\| M3, M3 Max, M3 Ultra, M4, M4 Max \| the embedded Gemma \| bf16 \| `q_proj`.* \| 2-5 \| "
                      r"steel GEMM \| gemv_wide", pred)
@@ -215,3 +279,46 @@ def test_gate_points_at_the_page_of_the_pair_it_judges():
     r = subprocess.run([sys.executable, "-m", "gemmdrift", "gate", "--results", str(ROOT / "benchmarks" / "reference"),
                         "--candidate", "0.30.6"], capture_output=True, text=True, cwd=ROOT)
     assert "0.29.4..0.30.6" in r.stdout or "--from 0.29.4 --to 0.30.6" in r.stdout, r.stdout[-500:]
+
+
+def test_the_timeline_takes_any_set_of_releases(tmp_path):
+    """Every release measured (one dispatch-read release among them), a second machine that lacks one, an mlx-lm
+    axis: the pairs are the consecutive ones only, each machine's cell is its own class or "not measured"."""
+    root = tmp_path / "results"
+    for i, mlx in enumerate(("0.30.5", "0.30.6", "0.31.2")):
+        write_release(root, "m1", mlx, i + 1, dlogit=(0.5, 0.5), tree=1.0, rope=0.0, kld=0.0, commit="aaaaaaaa")
+    write_release(root, "m2", "0.30.6", 1, dlogit=(0.5, 0.5), tree=1.0, rope=0.0, kld=0.0, commit="aaaaaaaa")
+    write_release(root, "m2", "0.31.2", 2, dlogit=(0.5, 0.5), tree=2.0, rope=0.0, kld=0.0, commit="aaaaaaaa")
+    df = history.read_results(root)
+    pairs = cl.default_pairs(df)
+    read_only = [p for p in pairs if not set(p) <= {"0.30.5", "0.30.6", "0.31.2"}]
+    assert ("0.30.5", "0.30.6") in pairs and ("0.30.6", "0.31.2") in pairs and ("0.30.5", "0.31.2") not in pairs
+    assert all(p[0] in ("0.31.2", "0.32.0", "0.32.1") for p in read_only)  # the dispatch-read releases after
+    out = tmp_path / "pages"
+    write_changelog([root], out, predict=False)
+    index = (out / "index.md").read_text()
+    assert "| release | from | m1 (cpu) | m2 (cpu) |" in index
+    assert "| 0.31.2 | [0.30.6](0.30.6..0.31.2.md) | BIT-FOR-BIT | ANSWER-CHANGING |" in index  # m2's tree moved, no ladder here
+    assert "| 0.30.6 | [0.30.5](0.30.5..0.30.6.md) | BIT-FOR-BIT | not measured |" in index
+    assert "| 0.30.5 | - | first | not measured |" in index
+
+
+def test_two_machines_that_paired_one_mlx_with_other_mlx_lm_releases(tmp_path):
+    """m2 ran every mlx with mlx-lm 0.30.2, m1 with 0.31.3: no mlx-lm pair across the machines (it would compare
+    two machines), each machine keeps its own line of pairs, and the default pages are written without a refusal."""
+    root = tmp_path / "results"
+    for i, mlx in enumerate(("0.30.6", "0.31.2")):
+        write_release(root, "m1", mlx, i + 1, dlogit=(0.5, 0.5), tree=1.0, rope=0.0, kld=0.0)
+        write_release(root, "m2", mlx, i + 1, dlogit=(0.5, 0.5), tree=1.0, rope=0.0, kld=0.0)
+        f = root / "m2" / f"aaaaaaaa-env-{mlx}.json"
+        f.write_text(f.read_text().replace('"mlx-lm": "0.31.3"', '"mlx-lm": "0.30.2"'))
+    df = history.read_results(root)
+    pairs = cl.default_pairs(df)
+    assert ("0.30.6+lm0.30.2", "0.31.2+lm0.30.2") in pairs and ("0.30.6+lm0.31.3", "0.31.2+lm0.31.3") in pairs
+    assert ("0.30.6+lm0.30.2", "0.30.6+lm0.31.3") not in pairs
+    out = tmp_path / "pages"
+    write_changelog([root], out, predict=False)
+    index = (out / "index.md").read_text()
+    assert "| 0.31.2+lm0.30.2 | [0.30.6+lm0.30.2](0.30.6+lm0.30.2..0.31.2+lm0.30.2.md) | not measured | BIT-FOR-BIT |" \
+        in index
+    assert "| 0.30.6+lm0.30.2 | - | not measured | first |" in index

@@ -5,6 +5,7 @@ import math
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from gemmdrift.measure import history
@@ -312,3 +313,34 @@ def test_history_picks_up_the_predicted_drift_per_chip(tmp_path):
     rows = wide[wide["series"].str.startswith(bench)].set_index("series")
     assert rows.loc[f"{bench}[M1, verify:2, max]", ["0.32.2", "0.32.4"]].tolist() == [0.42, 0.42]
     assert rows.loc[f"{bench}[M3, verify:2, max]", ["0.32.2", "0.32.4"]].tolist() == [0.25, 0.5]
+
+
+def test_history_draws_every_release_in_order_and_marks_a_skipped_figure_as_skipped(tmp_path):
+    from gemmdrift.view.history import plot_history
+
+    root = tmp_path / "results"
+    nan = {"bench_state.S.track_state_bugs": entry([float("nan")], [["'KVCache/trim'"]])}
+    write_result(root, "m1", "aaaaaaaa", "0.32.4", 3, (0.5, 0.25), [0.0, 0.01], 0.60,
+                 extra={"bench_state.S.track_state_bugs": entry([4.0], [["'KVCache/trim'"]])})
+    write_result(root, "m1", "aaaaaaaa", "0.26.5", 1, (0.5, 0.25), [0.0, 0.01], 0.60)  # no such benchmark
+    write_result(root, "m1", "aaaaaaaa", "0.30.0", 2, (0.5, 0.25), [0.0, 0.01], 0.60, extra=nan)  # NaN: skipped
+    r = history.history_result(history.read_results(root))
+    sk = r.tables["skipped"]
+    got = {(x.release, x.why) for x in sk[sk["benchmark"] == "bench_state.S.track_state_bugs"].itertuples()}
+    assert got == {("0.26.5", history.NOT_RUN), ("0.30.0", history.SKIPPED)}
+    assert list(r.tables["releases"]["release"]) == ["0.26.5", "0.30.0", "0.32.4"]  # release order, not text order
+    fig = plot_history(r.tables["history"], "bench_state.S.track_state_bugs", "KVCache/trim",
+                       releases=r.tables["releases"], skipped=sk)
+    ax = fig.axes[0]
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["0.26.5", "0.30.0", "0.32.4"]
+    ys = ax.lines[0].get_ydata()
+    assert np.isnan(ys[0]) and np.isnan(ys[1]) and ys[2] == 4.0  # no 0 where there is no value
+    assert sorted(t.get_text() for t in ax.texts) == ["not run", "skipped"]
+    # and a series present everywhere has no marks
+    fig2 = plot_history(r.tables["history"], "bench_diverge.Divergence.track_self_draft_acceptance", "",
+                        releases=r.tables["releases"], skipped=sk)
+    assert not fig2.axes[0].texts
+    from gemmdrift.view.history import history_text
+
+    line = next(x for x in history_text(r).splitlines() if "track_state_bugs" in x)
+    assert line.split()[-4:] == ["not", "run", "skipped", "4"]  # 0.26.5, 0.30.0, 0.32.4 in release order

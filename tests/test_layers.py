@@ -46,8 +46,9 @@ WINGS = {
 RANKS = {
     "machine": 0, "machine.platforminfo": 0, "machine.backends": 0, "machine.memory": 1, "machine.envinfo": 1,
     "machine.runenv": 2,
-    "dispatch.base": 1, "dispatch.chips": 2, "dispatch.metal": 2, "dispatch.cuda": 2, "dispatch.cpu": 3, "dispatch": 4,
-    "model.gguf_read": 0, "model.draft_self": 0, "model.native": 0, "model.gguf_gemma": 1, "model": 2,
+    "dispatch.base": 1, "dispatch.tags": 1.5, "dispatch.chips": 2, "dispatch.metal": 2, "dispatch.cuda": 2, "dispatch.cpu": 3, "dispatch": 4,
+    "model.gguf_read": 0, "model.draft_self": 0, "model.native": 0, "model.gguf_gemma": 1, "model.description": 1,
+    "model": 2,
     "model.taps": 3, "model.projections": 4, "model.optaps": 4,
     "caches": 0, "caches.exact": 0, "caches.designs": 0, "caches.plugins": 1, "caches.serve_launch": 2,
     "measure": 0, "measure.twostats": 1, "measure.speculative": 1, "measure.triage": 1.5, "measure.stack": 2,
@@ -62,11 +63,12 @@ RANKS = {
     "replay.orderrows": 9, "replay.check": 10, "replay.predict": 11,
     "fingerprint.probes": 10.1, "fingerprint.recovery": 10.2, "fingerprint.describe": 10.3, "fingerprint": 11,
     "attribution": 0, "attribution.primitives_operands": 4.5, "attribution.release_ops": 5,
-    "attribution.primitives_ops": 7.5, "attribution.attribute": 8, "attribution.primitives": 8.6,
-    "changelog": 6, "changelog.pages": 7, "changelog.predicted": 12,
+    "attribution.primitives_ops": 7.5, "attribution.verdict": 7.8, "attribution.attribute": 8,
+    "attribution.primitives": 8.6,
+    "changelog.classify": 5, "changelog": 6, "changelog.pages": 7, "changelog.timeline": 8, "changelog.predicted": 12,
     "view": 0, "view.figure": 1, "view.compare": 11, "view.predict": 11.5, "view.attribute": 11.6, "view.primitives": 11.7,
-    "view.history": 11.8, "view.fingerprint": 11.8, "view.state": 11.8, "view.batch": 11.8,
-    "view.summaries": 12, "view.plots": 12,
+    "view.history": 11.8, "view.timeline": 11.8, "view.fingerprint": 11.8, "view.state": 11.8, "view.batch": 11.8,
+    "view.summaries": 12, "view.plots": 12, "view.answer": 12.5,
     "cli.common": 0, "cli.golden": 1, "cli.dispatch": 1, "cli.replay": 1, "cli.primitives": 1, "cli.changelog": 1,
     "cli.history": 1.5, "cli.batch": 1, "cli.attribute": 2, "cli": 3, "cli.doc": 4,
 }
@@ -148,6 +150,28 @@ def test_every_wing_is_a_folder_with_a_docstring():
     for d in sorted(p for p in SRC.iterdir() if p.is_dir() and (p / "__init__.py").exists()):
         assert d.name in WINGS, f"{d.name}/ is not a wing of the house"
         assert ast.get_docstring(ast.parse((d / "__init__.py").read_text(encoding="utf-8"))), d.name
+
+
+MAX_LINES = 600  # docs/layout.md: no module over 600 lines
+
+
+def too_long(root: Path = SRC, limit: int = MAX_LINES) -> list[str]:
+    """Every module under ``root`` longer than ``limit`` lines, with its length."""
+    out = []
+    for p in sorted(root.rglob("*.py")):
+        n = len(p.read_text(encoding="utf-8").splitlines())
+        if n > limit:
+            out.append(f"{p.relative_to(root)}: {n} lines")
+    return out
+
+
+def test_no_module_is_over_600_lines(tmp_path):
+    assert not too_long(), f"modules over {MAX_LINES} lines (split them along a seam):\n" + "\n".join(too_long())
+    # the check sees a planted long module, and lets one of exactly the limit through
+    (tmp_path / "wing").mkdir()
+    (tmp_path / "wing" / "long.py").write_text("x = 1\n" * (MAX_LINES + 1))
+    (tmp_path / "edge.py").write_text("x = 1\n" * MAX_LINES)
+    assert too_long(tmp_path) == [f"{Path('wing', 'long.py')}: {MAX_LINES + 1} lines"]
 
 
 def test_the_layering_check_sees_a_planted_cycle(tmp_path):

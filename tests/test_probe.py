@@ -183,11 +183,11 @@ def test_triage_reads_the_schedule_in_the_stream_file(files):
         stream_schedule(None, files / "bad.json", "x", "--schedule-b")
 
 
-def test_gate_warns_when_the_baseline_is_newer(capsys):
+def test_gate_refuses_a_baseline_newer_than_the_candidate(capsys):
     ref = str(REPO / "benchmarks" / "reference")
-    cli.main(["gate", "--results", ref, "--candidate", "0.29.4", "--baseline", "0.32.4"])
+    assert cli.main(["gate", "--results", ref, "--candidate", "0.29.4", "--baseline", "0.32.4"]) == 2
     err = capsys.readouterr().err
-    assert "warning: --baseline 0.32.4 is newer than --candidate 0.29.4" in err
+    assert "--baseline 0.32.4 is newer than --candidate 0.29.4" in err and len(err.strip().splitlines()) == 1
     cli.main(["gate", "--results", ref, "--candidate", "0.32.4", "--baseline", "0.31.2"])
     assert "newer" not in capsys.readouterr().err
 

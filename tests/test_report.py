@@ -1,6 +1,7 @@
 """The report page: its plain-language reading follows the numbers, and the HTML stands alone."""
 
 import json
+import math
 import re
 import shutil
 from html.parser import HTMLParser
@@ -212,7 +213,10 @@ def test_a_partial_run_directory_says_what_is_missing(tiny, tmp_path):
     lines = reading(report.report_blocks(tmp_path))
     assert lines[-6:] == [f"`{name}/` has not finished: rerun `gemmdrift run` with the same `--out` to resume it."
                           for name in ("stack-decode", "stack-prefill", "diverge", "state", "predict", "attribute")]
-    assert [b[1] for b in report.report_blocks(tmp_path) if b[0] == "h2"][1] == report.PART_TITLES["kernels"]
+    heads = [b[1] for b in report.report_blocks(tmp_path) if b[0] == "h2"]
+    assert heads[1:3] == ["What this shows", report.PART_TITLES["kernels"]]  # after the answer (heads[0])
+    [line] = first_screen(report.report_blocks(tmp_path))  # nothing that answers the question has finished
+    assert line.startswith("Not measured yet: decode vs verification (`stack-decode/`), greedy generation")
 
 
 @pytest.mark.parametrize("name,content", [("summary.json", "{truncated"), ("meta.json", "[1, 2]"),
@@ -240,3 +244,315 @@ def test_the_state_legend_explains_every_verdict_a_state_cell_can_show():
                       Verdict.NOT_APPLICABLE, Verdict.NOT_CHECKED}
     assert {v.value for v in state_verdicts} == set(STATE_LEGEND)
     assert all(STATE_LEGEND.values())
+
+
+# ---------------------------------------------------------------- the first screen: the answer (planted parts, no model)
+
+MODEL = {"source": "embedded", "kind": "embedded", "dtype": "bfloat16", "synthetic": False,
+         "architecture": "gemma3_text", "n_layers": 2, "layer_types": ["sliding", "global"], "vocab_size": 97,
+         "hidden_size": 64, "sliding_window": 512, "max_positions": 32768, "quantization": None, "path": None}
+PAIRS = ["prefill:500,decode vs prefill:500,verify:2", "prefill:500,decode vs prefill:500,verify:3"]
+
+
+def plant_stack(first=None, dlogit=0.4375, flips=0, ladder="rounding", lo=500, hi=559, replay=None):
+    """A decode-vs-verify stack Result: bit-identical, or drifting from position ``first`` on."""
+    from gemmdrift.measure.stack import stack_result
+
+    stack, env, pos, lad = [], [], [], []
+    for pair in PAIRS:
+        ref, sched = pair.split(" vs ")
+        label = {"pair": pair, "reference": ref, "schedule": sched, "mode": "accumulated", "dtype": "bfloat16"}
+        for layer, tap in ((0, "layer 0"), (1, "layer 1"), (2, "logits")):
+            d = 0.0 if first is None else 1e-3 * (layer + 1)
+            stack += [{**label, "tap": tap, "layer": layer, "layer_type": "sliding", "metric": m, "value": v}
+                      for m, v in (("frac_differ", 0.5 if d else 0.0), ("rel_l2", d))]
+            if ladder and first is not None:
+                lad.append({"pair": pair, "tap": tap, "layer": layer, "rel_l2_bfloat16": d,
+                            "rel_l2_float32": d / (870 if ladder == "rounding" else 1), "shrink":
+                            870.0 if ladder == "rounding" else 1.0, "verdict": ladder})
+        n_flip = flips
+        for p in range(lo, hi + 1):
+            moved = first is not None and p >= first
+            pos.append({**label, "position": p, "argmax_a": 1, "argmax_b": 1, "gap_a": 1.0, "gap_b": 1.0,
+                        "dgap": 0.0, "max_abs_dlogit": dlogit if moved else 0.0, "flip": False})
+        env.append({**label, "positions": hi - lo + 1, "max_abs_dlogit": 0.0 if first is None else dlogit,
+                    "max_abs_dgap": 0.0 if first is None else 0.25, "p99_abs_dgap": 0.0, "flips": n_flip,
+                    "max_gap_at_flip": 0.0, "flip_gaps": []})
+    tables = {"stack": pd.DataFrame(stack), "envelope": pd.DataFrame(env), "positions": pd.DataFrame(pos)}
+    if lad:
+        tables["ladder"] = pd.DataFrame(lad)
+    inputs = {"model": MODEL, "tokens": list(range(hi + 1)), "split": lo, "reference": PAIRS[0].split(" vs ")[0]}
+    r = stack_result(tables, inputs, ENV)
+    if replay:
+        import dataclasses
+
+        r = dataclasses.replace(r, details={"replay": {"chip": replay, "mlx_version": "0.32.4", "variant": "mma=H1",
+                                                       "replayed": 126, "not_replayed": 90, "calls": []}})
+    return r
+
+
+def plant_diverge(verdict="IDENTICAL", index=None, first_outside=None, divergence_verdict=None, bit_identical=False):
+    from gemmdrift.measure.diverge import diverge_result
+
+    check = {"tokens": 32, "mismatches": 0, "first_mismatch": None, "first_outside": None, "margin_outside": None,
+             "max_margin": 0.0, "margins": [0.0] * 32}
+    margin = 0.0625 if divergence_verdict == "NEAR-TIE" else 4.0
+    t = {**_triage(verdict), "index": index, "position": None if index is None else 500 + index,
+         "divergence_verdict": divergence_verdict, "margin": margin if index is not None else None, "envelope": 0.125,
+         "bit_identical": bit_identical, "stream_a_check": check,
+         "stream_b_check": {**check, "first_outside": first_outside, "margin_outside": 2.5 if first_outside else None},
+         "reason": {"IDENTICAL": "the streams agree",
+                    "NEAR-TIE": f"the competing tokens are {margin} apart, within the 0.125 envelope: numeric rounding",
+                    "OUTSIDE ENVELOPE": "stream B is not what it computes"}[verdict]}
+    r = {"prompt_tokens": 500, "n": 32, "first_divergence": index, "triage": t, "text_a": "a", "text_b": "b",
+         "stream_a": {"label": "plain", "schedule": "prefill:2048,decode", "tokens": [1] * 32},
+         "stream_b": {"label": "speculative", "schedule": "prefill:512,verify:2", "tokens": [1] * 32}}
+    return diverge_result(r, {"model": MODEL, "n": 32, "tokens": list(range(500))}, ENV)
+
+
+def plant_state(bug=True, verdict="STATE BUG"):
+    """KVCache exact; RotatingKVCache's rollback a STATE BUG (or ``verdict``) past the window, or exact; its trim
+    exact."""
+    from types import SimpleNamespace
+
+    from gemmdrift.state.sweep import _result
+
+    rows = []
+    for cache in ("KVCache", "RotatingKVCache"):
+        for op in ("rollback", "trim"):
+            for where, prefix in (("below", 480), ("past", 540)):
+                for r in (0, 1):
+                    broken = bug and cache == "RotatingKVCache" and op == "rollback" and where == "past" and r
+                    rows.append({"cache": cache, "operation": op, "where": where, "prefix": prefix, "params":
+                                 f"k=2 r={r}", "verdict": verdict if broken else "EXACT", "reason":
+                                 "layer 0: entries differ (max |Δ| 1.5)" if broken else "bit-identical",
+                                 "max_abs": 1.5 if broken else 0.0})
+    lm = SimpleNamespace(description=SimpleNamespace(source="embedded", dtype="bfloat16"), info=MODEL)
+    return _result(lm, ENV, pd.DataFrame(rows), {"prefixes": {"below": 480, "past": 540}, "window": 512}, 1.0)
+
+
+def plant_attribute(classes=("sdpa",)):
+    from gemmdrift.attribution.attribute import attribute_result
+
+    ops = pd.DataFrame([{"layer": 0, "op": op, "class": op, "kind": "attention" if op == "sdpa" else "linear",
+                         "order": i, "positions_differ": 40 if op in classes else 0, "frac_differ": 0.1,
+                         "max_ulp": 4.0 if op in classes else 0.0, "rel_l2": 1e-3, "first_position":
+                         513 if op in classes else -1} for i, op in enumerate(("self_attn.q_proj", "sdpa"))])
+    cf = pd.DataFrame(columns=["class", "direction", "max_abs_dlogit", "max_abs_dgap", "flips", "kld_mean",
+                               "same_top1_share"])
+    env = pd.DataFrame([{"pair": PAIRS[0], "max_abs_dlogit": 0.4375, "max_abs_dgap": 0.25, "flips": 0}])
+    inputs = {"model": MODEL, "schedules": PAIRS[0].split(" vs "), "tokens": list(range(560)), "split": 500}
+    return attribute_result({"ops": ops, "counterfactual": cf, "envelope": env}, inputs, ENV, {"verdict": "v"})
+
+
+def plant_kernels(ulp=0.0):
+    """Every projection of layer 0 as a GEMV and inside GEMMs of T = 2..33: ``ulp`` apart at T=33."""
+    rows = [{"layer": 0, "projection": proj, "path": "model", "dtype": "bfloat16", "quant": "", "emulated": False,
+             "synthetic": False, "inputs": "captured", "K": 640, "N": 640, "key_length": math.nan, "T": t,
+             "metric": "max_ulp", "value": ulp if t == 33 else 0.0}
+            for proj in ("self_attn.q_proj", "mlp.down_proj") for t in (1, 2, 3, 4, 8, 16, 33)]
+    return kernels.kernels_result(pd.DataFrame(rows), {"model": MODEL}, ENV)
+
+
+def plant_run(tmp_path, run=True, **parts):
+    """A `gemmdrift run` directory holding the given parts (each marked done), no model computed; ``run`` False:
+    only these parts' directories (nothing said missing)."""
+    from gemmdrift import files
+
+    if run:
+        files.write_json(tmp_path / "env.json", ENV)
+    for name, result in parts.items():
+        store.write_result(result, tmp_path / name, draw=False)
+        files.write_json(tmp_path / name / "done.json", {"key": "k", "seconds": 1.0})
+    return report.report_blocks(tmp_path)
+
+
+def first_screen(blocks):
+    from gemmdrift.view.answer import QUESTION
+
+    assert blocks[1] == ("h2", QUESTION)  # right under the title
+    assert blocks[2][0] == "ul"
+    return blocks[2][1]
+
+
+def shows(blocks):
+    """'What this shows': its lines and its tables."""
+    i = blocks.index(("h2", "What this shows"))
+    j = next(k for k in range(i + 1, len(blocks)) if blocks[k][0] == "h2")
+    lines = [x for b in blocks[i + 1:j] if b[0] == "ul" for x in b[1]]
+    return lines, [b[1] for b in blocks[i + 1:j] if b[0] == "table"]
+
+
+def contradictions(blocks) -> list[str]:
+    """Where the first screen says other than the parts below it (their own readings), one line each."""
+    answer, (lines, tables) = first_screen(blocks), shows(blocks)
+    out = []
+    pairs = [x for x in lines if x.startswith("`prefill:500,decode vs")]
+    if pairs:
+        head = answer[0]
+        same = all("bit-identical at every layer and at the logits" in x for x in pairs)
+        if same != ("reproduces plain decoding bit for bit:" in head):
+            out.append(f"logits: the answer says {head!r}, the stack part {pairs}")
+        moves = {re.search(r"first move at position (\d+)", x).group(1) for x in pairs if "first move" in x}
+        below = re.search(r"bit for bit below the (\d+)-token", head)
+        if below and moves and min(map(int, moves)) < int(below.group(1)):
+            out.append(f"logits: bit-identical below the window on the first screen, moved at {moves} below")
+        said = re.search(r"from position (\d+)", " ".join(answer))
+        if moves and (not said or said.group(1) != min(moves, key=int)):
+            out.append(f"logits: first moved {moves} below, {said and said.group(1)} on the first screen")
+        rounding = all("**Rounding-level**" in x for x in pairs if "differ" in x)
+        if not same and rounding != (" by rounding (" in " ".join(answer)):
+            out.append("drift: rounding below, not on the first screen (or the other way)")
+        flips = {re.search(r"(\d+) argmax flips", x).group(1) for x in pairs if "argmax flips" in x}
+        if flips == {"0"} and "no argmax flips" not in " ".join(answer):
+            out.append("flips: none below, some on the first screen")
+    proj = [x for x in lines if "every real path" in x or "projections change with T" in x]
+    if proj and any("differ" in x for x in answer):
+        clean = "every real path" in proj[0]
+        if clean != ("no projection changes with T" in " ".join(answer)):
+            out.append(f"kernels: {proj[0]!r} below, not so on the first screen")
+    greedy = [x for x in lines if x.startswith("Greedy")]
+    if greedy:
+        below = ("IDENTICAL" if "agree" in greedy[0] else
+                 re.search(r"\*\*(NEAR-TIE|OUTSIDE ENVELOPE)\*\*", greedy[0]).group(1))
+        said = [v for v in ("IDENTICAL", "NEAR-TIE", "OUTSIDE ENVELOPE") if f"**{v}**" in " ".join(answer)]
+        if said != [below]:
+            out.append(f"greedy: {below} below, {said} on the first screen")
+    for rows in tables:
+        cells = [(r["cache"], v) for r in rows for w, v in r.items() if w in ("below", "at", "past", "far")]
+        bugs = {c for c, v in cells if v.startswith("STATE BUG")}
+        said = set(re.findall(r"`(\w+)` is a \*\*STATE BUG\*\*", " ".join(answer)))
+        if bugs != said:
+            out.append(f"state: STATE BUG in {sorted(bugs)} below, {sorted(said)} on the first screen")
+        if not bugs and "Every cache operation checked is exact" not in " ".join(answer):
+            out.append("state: exact below, not on the first screen")
+    return out
+
+
+SCENARIOS = {
+    # the CPU's answer (README): bit-identical below the window, rounding in sdpa past it; a near-tie, then the
+    # speculative stream leaves its own schedule (the rollback's state bug)
+    "cpu": dict(stack=dict(first=512), diverge=dict(verdict="OUTSIDE ENVELOPE", index=22, first_outside=25,
+                                                    divergence_verdict="NEAR-TIE"), state=dict(bug=True),
+                kernels=dict()),
+    "nothing drifts": dict(stack=dict(), diverge=dict(), state=dict(bug=False), kernels=dict()),
+    "near-tie, not rounding below the window": dict(stack=dict(first=505, ladder="semantic", flips=1),
+                                                    diverge=dict(verdict="NEAR-TIE", index=3, divergence_verdict=
+                                                                 "NEAR-TIE"), state=dict(bug=False),
+                                                    kernels=dict(ulp=3.0)),
+    "outside, schedules bit-identical": dict(stack=dict(), diverge=dict(verdict="OUTSIDE ENVELOPE", index=4,
+                                                                        divergence_verdict="OUTSIDE ENVELOPE",
+                                                                        bit_identical=True), state=dict(bug=True),
+                                         kernels=dict()),
+}
+
+
+@pytest.mark.parametrize("name", list(SCENARIOS))
+def test_the_first_screen_agrees_with_the_parts_below_it(tmp_path, name):
+    s = SCENARIOS[name]
+    blocks = plant_run(tmp_path, False, **{"stack-decode": plant_stack(**s["stack"]),
+                                           "diverge": plant_diverge(**s["diverge"]), "state": plant_state(**s["state"]),
+                                           "attribute": plant_attribute(), "kernels": plant_kernels(**s["kernels"])})
+    answer = first_screen(blocks)
+    assert 3 <= len(answer) <= 5 and all(" — part" in x for x in answer)  # each with the part it comes from
+    assert contradictions(blocks) == []
+    # and the checker sees a planted contradiction: each verdict swapped for its opposite
+    for a, b in (("**NEAR-TIE**", "**OUTSIDE ENVELOPE**"), ("**OUTSIDE ENVELOPE**", "**IDENTICAL**"),
+                 ("**IDENTICAL**", "**NEAR-TIE**"), ("reproduces plain decoding bit for bit:", "does not reproduce plain decoding bit for bit:"),
+                 ("does not reproduce plain decoding bit for bit:", "reproduces plain decoding bit for bit:"),
+                 ("by rounding (", "by more than rounding ("), ("is a **STATE BUG**", "is **refused**"),
+                 ("Every cache operation checked is exact", "Every cache operation"),
+                 ("no projection changes with T", "projections change with T")):
+        if any(a in x for x in answer):
+            i = blocks.index(("ul", answer))
+            lied = blocks[:i] + [("ul", [x.replace(a, b) for x in answer])] + blocks[i + 1:]
+            assert contradictions(lied), (name, a)
+
+
+def test_the_first_screen_says_the_cpu_answer(tmp_path):
+    s = SCENARIOS["cpu"]
+    answer = first_screen(plant_run(tmp_path, False, **{"stack-decode": plant_stack(**s["stack"]),
+                                                        "diverge": plant_diverge(**s["diverge"]),
+                                                        "state": plant_state(**s["state"]),
+                                                        "attribute": plant_attribute(), "kernels": plant_kernels()}))
+    assert answer[0] == ("Speculative decoding on this machine (cpu backend) reproduces plain decoding bit for bit "
+                         "below the 512-token sliding window (`verify:2`, `verify:3` against decode, positions "
+                         "500–511: max |Δlogit| 0) — part 2.")  # in the run's order: kernels, stack-decode, diverge, state, attribute
+    assert answer[1] == ("Past it (from position 512), the schedules differ in `sdpa` by rounding (max |Δlogit| "
+                         "0.4375, max |Δgap| 0.25, no argmax flips; at float32 it shrinks at least 870×; no projection "
+                         "changes with T (GEMV vs GEMM up to T=33: 0 ULP)) — parts 1, 2, 5.")
+    assert answer[2] == ("Greedy generation (mlx-lm, plain vs speculative, 32 tokens after a 500-token prompt, across "
+                         "the 512-token window) parts at generated token 22 on a near-tie (0.0625 logits apart, within "
+                         "the 0.125 envelope), and is **OUTSIDE ENVELOPE**: the speculative stream is not what its own "
+                         "schedule computes from generated token 25 (2.5 logits below the argmax), so it ran from a "
+                         "wrong state — part 3.")
+    assert answer[3].startswith("The stock `RotatingKVCache` is a **STATE BUG** under `rollback` in 1 of 4 cases (past "
+                                "the window); `KVCache` exact in every case (speculative decoding rewinds rejected "
+                                "drafts with `trim_prompt_cache`)")
+    assert answer[3].endswith("`gemmdrift state --cache-impl gemmdrift.caches.exact:make_cache` — part 4.")
+
+
+def test_the_first_screen_on_a_replayed_chip_and_with_parts_missing(tmp_path):
+    import dataclasses
+
+    blocks = plant_run(tmp_path / "replay", **{"stack-decode": plant_stack(first=512, replay="M1")})
+    # an interrupted part: its Result partial, no done.json
+    st = plant_state()
+    store.write_result(dataclasses.replace(st, inputs={**st.inputs, "partial": {"done": 3, "total": 4, "unit": "cells"}}),
+                       tmp_path / "replay" / "state", draw=False)
+    blocks = report.report_blocks(tmp_path / "replay")
+    answer = first_screen(blocks)
+    assert answer[0].startswith("Predicted for M1 (its kernels replayed here, not a measurement on it), speculative "
+                                "decoding reproduces plain decoding bit for bit below the 512-token sliding window")
+    assert answer[2].startswith("The stock `RotatingKVCache` is a **STATE BUG**")
+    assert answer[2].endswith("(partial: 3 of 4 cells) — part 2.")
+    assert answer[-1] == ("Not measured yet: greedy generation (`diverge/`), which op (`attribute/`), GEMV vs GEMM "
+                          "(`kernels/`), the GPU prediction (`predict/`); rerun `gemmdrift run` with the same `--out` "
+                          "to finish.")
+    assert contradictions(blocks) == []
+    # nothing at all finished: the answer says so, and no verdict
+    from gemmdrift import files
+
+    files.write_json(tmp_path / "none" / "env.json", ENV)
+    store.write_result(plant_attribute(classes=()), tmp_path / "none" / "attribute", draw=False)
+    [line] = first_screen(report.report_blocks(tmp_path / "none"))
+    assert line.startswith("Not measured yet: decode vs verification (`stack-decode/`)") and "**" not in line
+
+
+def test_state_findings_are_one_table(tmp_path):
+    from gemmdrift.view.state import state_findings
+
+    r = plant_state(bug=True)
+    rows = state_findings(r.tables["state"])
+    assert rows == [
+        {"cache": "KVCache", "operation": "rollback", "below": "EXACT", "past": "EXACT", "cases": 4,
+         "first case not exact": ""},
+        {"cache": "KVCache", "operation": "trim", "below": "EXACT", "past": "EXACT", "cases": 4,
+         "first case not exact": ""},
+        {"cache": "RotatingKVCache", "operation": "rollback", "below": "EXACT", "past": "STATE BUG 1/2", "cases": 4,
+         "first case not exact": "past k=2 r=1: layer 0: entries differ (max |Δ| 1.5)"},
+        {"cache": "RotatingKVCache", "operation": "trim", "below": "EXACT", "past": "EXACT", "cases": 4,
+         "first case not exact": ""}]
+    store.write_result(r, tmp_path, draw=False)
+    lines, tables = shows(report.report_blocks(tmp_path))
+    assert tables == [rows] and not any(x.startswith("State:") for x in lines)  # one table, no line per finding
+    md = report.build_report(tmp_path)["markdown"].read_text()
+    row = next(x for x in md.splitlines() if x.startswith("| RotatingKVCache | rollback"))
+    assert row.count(" | ") == 5  # the '|' of max |Δ| escaped: the row keeps its six cells
+
+
+@pytest.mark.parametrize("verdict,said", [
+    ("STATE BUG", "The stock `RotatingKVCache` is a **STATE BUG** under `rollback` in 1 of 4 cases (past the window)"),
+    ("refused", "The stock `RotatingKVCache` is **refused** under `rollback` (it raised) in 1 of 4 cases (past the "
+                "window)"),
+    ("rounding", "The stock `RotatingKVCache` is different by rounding under `rollback` in 1 of 4 cases (past the "
+                 "window); `KVCache` exact in every case — part 3."),
+    ("EXACT", "Every cache operation checked is exact: `KVCache`, `RotatingKVCache` × `rollback`, `trim`, 16 cases "
+              "— part 3.")])
+def test_the_state_line_says_the_worst_verdict_and_never_exact_when_one_is_not(verdict, said):
+    from gemmdrift.view.answer import Part, state_claim
+
+    claim = state_claim(Part("state", "state", 3, plant_state(verdict=verdict)))
+    assert claim.verdict == verdict and claim.line().startswith(said)
+    assert ("exact in every case" in claim.line()) == (verdict != "EXACT")  # KVCache, beside the finding
+    assert ("gemmdrift.caches.exact" in claim.line()) == (verdict == "STATE BUG")  # the fix, only for a state bug

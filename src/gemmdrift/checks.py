@@ -245,6 +245,21 @@ def check_length(info: Mapping[str, Any], n_tokens: int, what: str) -> None:
         raise GemmdriftError(f"{what} has {n_tokens:,} tokens: more than the model's {limit:,} positions")
 
 
+def check_release_stream(tokens: int, split: int, layers: Sequence[int] | None = None, n_layers: int | None = None,
+                         max_positions: int | None = None) -> None:
+    """``attribute --python``: ``--release-tokens`` (at least 2, at most the model's positions), ``--release-split``
+    inside the stream, ``--release-layers`` among the model's layers (those known are checked)."""
+    if tokens < 2:
+        raise GemmdriftError(f"--release-tokens must be at least 2 (a prompt and the captured block), got {tokens}")
+    if not 0 < split < tokens:
+        raise GemmdriftError(f"--release-split {split}: it must lie in 1..{tokens - 1} (the prompt before the block "
+                             f"captured, of --release-tokens {tokens})")
+    check_length({"max_positions": max_positions}, tokens, f"--release-tokens {tokens}: the stream")
+    bad = [i for i in layers or [] if n_layers is not None and not 0 <= i < n_layers]
+    if bad:
+        raise GemmdriftError(f"--release-layers: no layer {bad[0]} (the model has {n_layers}: 0-{n_layers - 1})")
+
+
 LM_TAG = "+lm"  # in a release label: MLX+lmMLXLM (see gemmdrift.measure.history)
 
 
@@ -255,8 +270,8 @@ def split_release(label: str) -> tuple[str, str]:
 
 
 def check_gate_versions(candidate: str | None, baseline: str | None) -> str | None:
-    """Refuse to gate a release against itself: that comparison passes whatever the release does. Returns a
-    warning (to print) when the baseline is newer than the candidate."""
+    """Refuse to gate a release against itself (that comparison passes whatever the release does) or against a
+    newer one (the pair reversed)."""
     def key(v: str) -> tuple:
         return tuple(tuple(int(x) if x.isdigit() else 0 for x in part.split(".")) for part in split_release(v))
 
@@ -264,9 +279,14 @@ def check_gate_versions(candidate: str | None, baseline: str | None) -> str | No
         raise GemmdriftError(f"--candidate {candidate} and --baseline {baseline} are the same release: "
                              "comparing a release with itself proves nothing")
     if candidate is not None and baseline is not None and key(baseline) > key(candidate):
-        return (f"warning: --baseline {baseline} is newer than --candidate {candidate}: the gate then asks whether "
-                "the older release regressed from the newer one (swap them to gate the newer release)")
+        raise GemmdriftError(f"--baseline {baseline} is newer than --candidate {candidate}: the gate judges a release "
+                             f"against an older one (write --candidate {baseline} --baseline {candidate})")
     return None
+
+
+def release_order_key(label: str) -> tuple:
+    """A release label's sort key (mlx version, then mlx-lm version), as the gate orders releases."""
+    return tuple(tuple(int(x) if x.isdigit() else 0 for x in part.split(".")) for part in split_release(label))
 
 
 def check_threshold(value: float) -> None:

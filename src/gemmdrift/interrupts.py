@@ -42,6 +42,10 @@ def on_interrupt(args: Any, exc: KeyboardInterrupt) -> str:
     if how is None:
         return f"gemmdrift {command}: interrupted: nothing was written (this command does not checkpoint; rerun it)"
     said = how.format(out=out)
+    if command == "attribute":
+        kept = _attribute_kept(args, out)
+        if kept is not None:
+            return f"gemmdrift attribute: interrupted: {kept}"
     if command == "state" and not _state_kept(exc, out):  # say "kept in OUT/.checkpoints" only when true
         return "gemmdrift state: interrupted: nothing had finished, so nothing is kept; rerun the same command"
     if isinstance(exc, Interrupted) and exc.result is not None and out is not None:
@@ -69,3 +73,22 @@ def _state_kept(exc: KeyboardInterrupt, out: Any) -> bool:
 
     d = Path(out) / DIR / "state" if out is not None else None
     return d is not None and d.is_dir() and any(d.iterdir())
+
+
+def _attribute_kept(args: Any, out: Any) -> str | None:
+    """``attribute``'s own message when it is not the schedule mode's promise: the release mode keeps only a
+    finished capture (a rerun reuses it); the schedule mode says "nothing had finished" when no checkpoint is
+    there. None: the checkpoints are there, the standard message holds."""
+    base = Path(out) if out is not None else None
+    if getattr(args, "python", None):
+        capture = (Path(args.release_capture) if getattr(args, "release_capture", None) else
+                   base / "release_ops" / "capture.json" if base is not None else None)
+        if capture is not None and capture.with_suffix(".json").is_file() and capture.with_suffix(".npz").is_file():
+            return (f"the capture had finished and is kept in {capture}; rerun the same command: it is reused "
+                    "(nothing else is kept)")
+        return "nothing had finished (the capture had not), so nothing is kept; rerun the same command"
+    if getattr(args, "primitives", False):
+        return "nothing is kept (the gate takes seconds); rerun the same command"
+    if base is not None and any(p.is_file() for d in base.glob("checkpoint*") for p in d.rglob("*")):
+        return None
+    return "nothing had finished, so nothing is kept; rerun the same command"

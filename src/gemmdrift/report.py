@@ -22,6 +22,7 @@ from .page import (  # noqa: F401  (the page's form, kept importable from here)
     CHROMIUM_FLAGS, MAC_BROWSERS, Block, find_chromium, screenshot, to_html, to_markdown,
 )
 from .text import fmt, text_table  # noqa: F401  (text_table: kept importable from here)
+from .view import answer
 from .view.summaries import replay_note, stack_summary, triage_items
 
 
@@ -330,35 +331,24 @@ STATE_LEGEND = {  # every verdict a state cell can show (view.state.state_cells)
 }
 
 
-def _state_part(d: Path, env: dict[str, Any]) -> tuple[list[Block], list[str]]:
+def _state_part(d: Path, env: dict[str, Any]) -> tuple[list[Block], list[Any]]:
     from .store import read_result
-    from .view.state import state_cells, state_summary
+    from .view.state import state_findings, state_summary
 
     r = read_result(d)
-    t = r.tables["state"]
     s = state_summary(r)
     pre = ", ".join(f"{w} {p}" for w, p in s["prefixes"].items())
     blocks: list[Block] = [
         ("p", f"Each case runs a cache operation of mlx-lm {s['mlx_lm']} and a reference that never did it, from the "
               f"same state and with the same blocks, and compares the cache contents in temporal order and the next "
-              f"position's logits. Prefix lengths: {pre} (sliding window {s['window']}).  "
+              f"position's logits. Prefix lengths: {pre} (sliding window {s['window']}). The verdict per cache, "
+              "operation and prefix position is the table under *What this shows*; "
               + "; ".join(f"{v}: {what}" for v, what in STATE_LEGEND.items()) + ". The full table is state.csv."),
-        ("table", state_cells(t).to_dict(orient="records")),
     ]
-    reading = []
-    bugs = t[t["verdict"] == "STATE BUG"]
-    for (cache, op), g in bugs.groupby(["cache", "operation"], sort=False):
-        r0 = g.iloc[0]
-        wheres = ", ".join(dict.fromkeys(str(w) for w in g["where"]))
-        reading.append(f"State: `{cache}` `{op}` is not exact in {len(g)} cases ({wheres}); first: "
-                       f"{r0['params']} — {r0['reason']}.")
-    for (cache, op), g in t[t["verdict"] == "refused"].groupby(["cache", "operation"], sort=False):
-        reading.append(f"State: the implementation under test refused `{cache}` `{op}` in {len(g)} cases (it "
-                       f"raised); first: {g.iloc[0]['params']} — {g.iloc[0]['reason']}.")
-    exact = t.groupby(["cache", "operation"])["verdict"].agg(lambda v: set(v) == {"EXACT"})
-    clean = [f"{c} {o}" for (c, o), ok in exact.items() if ok]
-    if clean:
-        reading.append(f"State: exact in every case: {', '.join(clean)}.")
+    # The findings: one table (cache x operation x where -> verdict), not one line each.
+    reading: list[Any] = [f"Cache state ({s['cases']} cases; {', '.join(f'{n} {v}' for v, n in s['verdicts'].items())}"
+                          f"): the worst verdict per cache, operation and prefix position, with the first case that "
+                          "is not exact:", ("table", state_findings(r.tables["state"]))]
     return blocks, reading
 
 
@@ -404,7 +394,44 @@ def _server_part(d: Path, env: dict[str, Any]) -> tuple[list[Block], list[str]]:
 PARTS["batch"] = _batch_part
 PARTS["server"] = _server_part
 # Every kind a page renders, for `report --help` and its errors (a gemmdrift run directory holds several).
-KINDS_READ = "run, stack, kernels, diverge, triage, history, state, batch, server or fingerprint"
+KINDS_READ = ("run, stack, kernels, diverge, triage, attribute (its --primitives and --python outputs too), replay "
+              "check, compare, history, state, batch, server or fingerprint")
+
+
+def _mode_blocks(d: Path) -> list[Block] | None:
+    """The outputs of ``attribute --primitives`` (primitives.json) and ``attribute --python`` (release_ops.json),
+    which carry no Result record: their JSON is the record. None when ``d`` holds neither."""
+    import json
+
+    import pandas as pd
+
+    if (d / "primitives.json").is_file():
+        from .attribution.primitives import Gate
+        from .view.primitives import text
+
+        rec = json.loads((d / "primitives.json").read_text())
+        g = Gate(pd.DataFrame(rec.get("rows") or []), list(rec.get("ts") or [1]), rec.get("model") or {},
+                 rec.get("device") or {}, rec.get("kernels") or "native", float(rec.get("seconds") or 0),
+                 rec.get("error"), rec.get("settings") or {})
+        body = text(g)
+        title, said = "attribute --primitives: is a T-row call bit-equal to T single-row calls?", body.splitlines()[-1]
+        blocks: list[Block] = [("pre", body), ("p", "Each row's recomputing command is in `primitives.json`.")]
+    elif (d / "release_ops.json").is_file():
+        rec = json.loads((d / "release_ops.json").read_text())
+        changed = rec.get("changed") or []
+        names = list(dict.fromkeys(c["op"] for c in changed))
+        title = "attribute --python: which op's bits moved between two mlx releases"
+        said = (f"mlx {(rec.get('from') or {}).get('mlx')} vs mlx {(rec.get('to') or {}).get('mlx')}: "
+                f"{rec.get('compared')} op calls compared, " + (f"outputs differ in (forward order): {', '.join(names)}"
+                                                               if names else "every output bit-identical")
+                + (f"; {len(rec.get('errors') or [])} could not run" if rec.get("errors") else ""))
+        blocks = [("p", f"Model {rec.get('model')}, positions {rec.get('positions')}, layers "
+                        f"{', '.join(map(str, rec.get('layers') or []))}.")]
+        if changed:
+            blocks.append(("table", [{k: c.get(k) for k in ("op", "layer", "frac_differ", "max_ulp")} for c in changed]))
+    else:
+        return None
+    return [("h1", f"gemmdrift report: {d.name}"), ("h2", "What this shows"), ("ul", [said]), ("h2", title), *blocks]
 
 
 def _compare_part(d: Path, env: dict[str, Any]) -> tuple[list[Block], list[str]]:
@@ -467,9 +494,13 @@ def report_blocks(d: str | Path) -> list[Block]:
     from .model import describe
 
     d = Path(d)
+    if d.is_file():
+        raise GemmdriftError(f"{d} is a file, not a results directory")
     if not d.is_dir():
         raise GemmdriftError(f"no such results directory: {d}")
     parts = find_parts(d)
+    if not parts and _mode_blocks(d) is not None:
+        return _mode_blocks(d)
     if not parts:
         raise GemmdriftError(f"no gemmdrift results in {d} (expected the output of {KINDS_READ})")
     env, model = _environment(d, parts)
@@ -481,7 +512,8 @@ def report_blocks(d: str | Path) -> list[Block]:
                     f"({env.get('device_name')}, {env.get('architecture')}), {env.get('os')}, "
                     f"python {env.get('python')}; recorded {env.get('time_utc')}")
     sections: list[Block] = []
-    reading: list[str] = []
+    reading: list[Any] = []  # lines, and a table where findings are one (the cache state)
+    read = []  # the parts as the answer reads them
     for i, (p, kind) in enumerate(parts, 1):
         blocks, said = PARTS.get(kind, _generic_part)(p, env)
         title = PART_TITLES.get(p.name) or KIND_TITLES.get(kind, kind)
@@ -500,10 +532,26 @@ def report_blocks(d: str | Path) -> list[Block]:
             reading.append(predicted)
         sections += blocks + _figures(p, d, kind)
         reading += said
-    if (d / "env.json").is_file():  # a `gemmdrift run` directory: say which parts are still missing
-        reading += [f"`{name}/` has not finished: rerun `gemmdrift run` with the same `--out` to resume it."
-                    for name in PART_TITLES if not (d / name / "done.json").is_file()]
-    return ([("h1", f"gemmdrift report: {d.name}"), ("ul", head), ("h2", "What this shows"), ("ul", reading)]
+        read.append(answer.Part(p.name, kind, i, _result(p)))
+    run = (d / "env.json").is_file()  # a `gemmdrift run` directory: say which parts are still missing
+    missing = [name for name in PART_TITLES if run and not (d / name / "done.json").is_file()]
+    reading += [f"`{name}/` has not finished: rerun `gemmdrift run` with the same `--out` to resume it."
+                for name in missing]
+    shows: list[Block] = []
+    for item in reading:  # consecutive lines as one list, a table as itself
+        if isinstance(item, tuple):
+            shows.append(item)
+        elif shows and shows[-1][0] == "ul":
+            shows[-1][1].append(item)
+        else:
+            shows.append(("ul", [item]))
+    shows = shows or [("ul", [])]
+    if run or parts[0][0] != d:  # the first screen: the answer to the question, from the parts below
+        first = [("h2", answer.QUESTION), ("ul", [c.line() for c in answer.answer(read, missing)]),
+                 ("p", " · ".join(head))]
+    else:
+        first = [("ul", head)]
+    return ([("h1", f"gemmdrift report: {d.name}")] + first + [("h2", "What this shows")] + shows
             + sections + [("h2", "How to read this"), ("ul", HOW_TO_READ)])
 
 

@@ -54,5 +54,6 @@ def md_table(rows: list[dict[str, Any]]) -> str:
         return "(none)"
     cols = list(rows[0])
     out = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    out += ["| " + " | ".join(cell(r.get(c)) for c in cols) + " |" for r in rows]
+    # a '|' inside a cell (max|Δ| in a reason) would split the row: escaped, as GitHub's tables read it
+    out += ["| " + " | ".join(cell(r.get(c)).replace("|", "\\|") for c in cols) + " |" for r in rows]
     return "\n".join(out)

@@ -4,13 +4,16 @@
 replayed chip (``kernels="replay:<chip>"``), a planted change (``perturb``), and the first divergence of
 ``triage`` / ``diverge`` (:func:`explain_flip`). For a pair (reference A, schedule B) over the same tokens:
 
-1. **local drift per op** (:mod:`gemmdrift.model.optaps`): B run with every op fed A's input to it; per (layer, op,
-   position) the share of differing bits, max ULP and rel L2, and the first op in forward order whose output
-   bits differ at each position;
+1. **local drift per op** (:mod:`gemmdrift.model.optaps`): B run with every op fed A's input to it and handing
+   A's output on (so the KV cache holds A's keys and values), at every position B computes up to the last
+   compared one; per (layer, op, position) the share of differing bits, max ULP and rel L2, the first op in
+   forward order whose output bits differ at each position, and what differs between two tapped ops
+   (``unattributed``);
 2. **the counterfactual** per op class: B rerun with that class's outputs replaced by A's (the class made
-   invariant, everything else as it is), and "all but one" (every other class made invariant), measured at the
-   logits: max|Δlogit|, max|Δgap|, flips, KLD, same top-1. The classes whose replacement removes the flips are
-   the cause, said in one line (:func:`verdict_line`).
+   invariant, everything else as it is), and "all but one" (every other drifting class made invariant, never
+   the final norm nor the head), measured at the logits: max|Δlogit|, max|Δgap|, flips, KLD, same top-1. A cause
+   of a flip drifts locally at or before it and its replacement removes it, said in one line
+   (:mod:`gemmdrift.attribution.verdict`). Nothing drifting: the counterfactual is skipped.
 
 The prefix both schedules share is computed once (natively under a replay, as ``stack`` does); the LM head runs
 only at the compared positions. Runs: A (record), B as it is (layer taps only), B (local), one per
@@ -33,9 +36,13 @@ from ..schedules import parse_schedule
 from .. import metrics
 from ..measure.stack import two_run
 from ..model.taps import common_prefix, run_schedule
+from .verdict import DOWNSTREAM, causes_of, mark_causes, ops_summary, unattributed, verdict_line
 
 DIRECTIONS = ("each", "all-but-one")
 ENVELOPE = ("max_abs_dlogit", "max_abs_dgap", "flips", "kld_mean", "same_top1_share")
+# What a checkpoint's local part means (in its key: a part saved by other code is not resumed): 2 since issue 46,
+# every computed position, the reference's outputs handed on, the inputs checked.
+LOCAL_MODE = 2
 
 
 def _envelope(ref_taps, taps, tokens) -> dict[str, Any]:
@@ -53,80 +60,12 @@ def _say(text: str) -> None:
     print(f"  {text}", file=sys.stderr, flush=True)
 
 
-def ops_summary(local: pd.DataFrame) -> pd.DataFrame:
-    """Per (layer, op): positions with differing bits, the largest share, ULP and rel L2, the first such position."""
-    rows = []
-    for (layer, op), g in local.groupby(["layer", "op"], sort=False):
-        hit = g[g["frac_differ"] > 0]
-        rows.append({"layer": int(layer), "op": op, "class": g["class"].iloc[0], "kind": g["kind"].iloc[0],
-                     "order": int(g["order"].iloc[0]), "positions_differ": int(len(hit)),
-                     "frac_differ": float(g["frac_differ"].max()), "max_ulp": float(g["max_ulp"].max()),
-                     "rel_l2": float(g["rel_l2"].max()),
-                     "first_position": int(hit["position"].min()) if len(hit) else -1})
-    return pd.DataFrame(rows).sort_values("order", kind="stable").reset_index(drop=True) if rows else pd.DataFrame()
-
-
-def _positions_text(ps: Sequence[int]) -> str:
-    ps = list(ps)
-    if len(ps) > 4:
-        return f"{len(ps)} positions ({', '.join(map(str, ps[:3]))}, ..., {ps[-1]})"
-    return " and ".join([", ".join(map(str, ps[:-1])), str(ps[-1])]) if len(ps) > 1 else str(ps[0])
-
-
-def verdict_line(pair: str, base: Mapping[str, Any], counterfactual: pd.DataFrame, summary: pd.DataFrame) -> str:
-    """One line per pair: which op classes the flips (or the logit drift) come from, and whether a projection
-    matters. A cause is a class that drifts on its own (local drift) and whose counterfactual removes the flips;
-    replacing an op downstream of the drift removes it too, and is not called a cause."""
-    hit = summary[summary["positions_differ"] > 0] if len(summary) else summary
-    if base["max_abs_dlogit"] == 0 and not len(hit):
-        return f"{pair}: bit-identical at the logits and at every op; nothing to attribute"
-    short = optaps.short_class
-    parts = []
-    drifting = list(dict.fromkeys(hit["class"])) if len(hit) else []
-    if len(hit):
-        layers = {c: sorted(set(int(x) for x in hit[hit["class"] == c]["layer"])) for c in drifting}
-        parts.append("local drift in " + "; ".join(f"{short(c)} (layer{'s' if len(v) > 1 else ''} "
-                                                    f"{','.join(map(str, v))})" for c, v in layers.items())
-                     + f" from position {int(hit['first_position'].min())}")
-    else:
-        parts.append("no op drifts on its own input")
-    each = counterfactual[counterfactual["direction"] == "each"] if len(counterfactual) else counterfactual
-    flips = list(base["flip_positions"])
-    if flips:
-        removers = [r["class"] for _, r in each.iterrows() if r["flips"] == 0]
-        causes = [short(c) for c in removers if c in drifting]
-        where = f"the flip{'s' if len(flips) > 1 else ''} at {_positions_text(flips)}"
-        verb = "disappear" if len(flips) > 1 else "disappears"
-        if causes:
-            parts.append(f"{where} {verb} when {' or '.join(causes)} {'is' if len(causes) == 1 else 'are each'} "
-                         "made invariant")
-        elif removers:
-            parts.append(f"{where} {verb} only when an op downstream of the drift is replaced "
-                         f"({', '.join(short(c) for c in removers[:4])})")
-        elif len(each):
-            parts.append(f"{where} survive every single op class made invariant")
-    elif len(each) and base["max_abs_dlogit"] > 0:
-        mine = each[each["class"].isin(drifting)]
-        zero = [short(r["class"]) for _, r in mine.iterrows() if r["max_abs_dlogit"] == 0]
-        if zero:
-            parts.append(f"no flips; the logit drift (max|dlogit| {base['max_abs_dlogit']:.3g}) is gone when "
-                         f"{' or '.join(zero)} {'is' if len(zero) == 1 else 'are each'} made invariant")
-        elif len(mine):
-            best = mine.sort_values("max_abs_dlogit").iloc[0]
-            parts.append(f"no flips; max|dlogit| {base['max_abs_dlogit']:.3g} shrinks most with "
-                         f"{short(best['class'])} made invariant (to {best['max_abs_dlogit']:.3g})")
-    proj_hit = sorted(set(hit[hit["kind"].isin(["linear", "head"])]["class"])) if len(hit) else []
-    parts.append("projections with local drift: " + ", ".join(short(c) for c in proj_hit) if proj_hit
-                 else "no projection matters")
-    return f"{pair}: " + "; ".join(parts)
-
-
 def attribute(lm, tokens: Sequence[int], schedules: Sequence[str], *, split: int | None = None,
               positions: Sequence[int] | None = None, ops: Sequence[str] | None = None,
               counterfactual: Sequence[str] = DIRECTIONS, kernels: str | None = None,
               perturb: Mapping[tuple[int, str], Callable] | None = None, checkpoint: str | None = None,
               env: dict[str, Any] | None = None, record: dict[str, Any] | None = None,
-              prefix_store: str | None = None) -> Result:
+              prefix_store: str | None = None, needs_flip: bool = False) -> Result:
     """Attribute the drift between two schedules to ops, layers and op classes.
 
     Args:
@@ -143,6 +82,10 @@ def attribute(lm, tokens: Sequence[int], schedules: Sequence[str], *, split: int
         checkpoint: a directory: every finished part is saved there and a repeated call resumes from it.
         prefix_store: a directory where measurements of one run share their prefixes (as ``stack``'s:
             :func:`gemmdrift.measure.stack.measure_stack`).
+        needs_flip: run the counterfactual only where a compared position flips (:func:`explain_flip`).
+
+    The counterfactual runs are skipped (``details["counterfactual_skipped"]`` says why) when nothing drifts:
+    the logits bit-identical, no op with local drift, nothing unattributed.
 
     Returns:
         An ``attribute`` :class:`Result`: tables ``local`` (layer x op x position), ``ops`` (per layer and op),
@@ -175,7 +118,7 @@ def attribute(lm, tokens: Sequence[int], schedules: Sequence[str], *, split: int
     pair = f"{a} vs {b}"
     toks = [int(t) for t in tokens]
     ck = Checkpoints(checkpoint if perturb is None else None, "attribute", lm.description, toks, a, b, split,
-                     [int(p) for p in positions], kopt.text)
+                     [int(p) for p in positions], kopt.text, LOCAL_MODE)
     runs: dict[str, Any] = {}
     with kopt.installed(lm):
         with native_kernels.shared_prefix(lm.model) as log:
@@ -194,13 +137,14 @@ def attribute(lm, tokens: Sequence[int], schedules: Sequence[str], *, split: int
                 _say(f"reference {a}: {runs['ref'][0].seconds:.1f} s")
             return runs["ref"]
 
-        def run_b(**kw):
+        def run_b(positions=positions, **kw):
             ref_taps, ref = reference()
             taps, rec = optaps.run_ops(lm.model, toks, b, split=split, prefix=prefix, positions=positions,
-                                       logit_positions=positions, perturb=perturb, site_list=site_list,
+                                       logit_positions=compared, perturb=perturb, site_list=site_list,
                                        reference=ref if kw else None, **kw)
             return ref_taps, ref, taps, rec
 
+        compared = positions
         part = ck.load("local")
         if part is None:
             ref_taps, ref = reference()
@@ -210,20 +154,34 @@ def attribute(lm, tokens: Sequence[int], schedules: Sequence[str], *, split: int
                         run_schedule(lm.model, toks, b, split=split, positions=positions, logit_positions=positions,
                                      prefix=prefix))
             base = _envelope(ref_taps, acc_taps, toks)
-            _, _, _, loc = run_b(local=True)
-            local = optaps.local_drift(ref, loc, positions)
+            # Local drift at every position B computes up to the last compared one: the blocks before a compared
+            # position reach its logits through the cache (Report A D5), so their drift is measured too.
+            computed = np.arange(prefix.length if prefix is not None else 0, int(positions[-1]) + 1)
+            _, _, _, loc = run_b(positions=computed, local=True)
+            local = optaps.local_drift(ref, loc)
             first = optaps.first_differing(local)
             part = {"base": base, "local": local.to_dict("records"), "first": first.to_dict("records")}
             ck.save("local", part)
             _say(f"local drift: {int((local['frac_differ'] > 0).sum())} of {len(local)} (layer, op, position) differ")
         base, local, first = part["base"], pd.DataFrame(part["local"]), pd.DataFrame(part["first"])
+        loose = unattributed(local)
         # Classes that carry local drift: "all but one" makes every other one of them invariant (replacing an
-        # op that drifts nowhere on its own only masks what flows through it, e.g. the LM head masks everything).
+        # op that drifts nowhere on its own only masks what flows through it), never the final norm nor the LM
+        # head: replacing them replaces the logits, and every "all but" would leave 0 by construction.
         drifting = [c for c in exposed.classes if c in set(local["class"][local["frac_differ"] > 0])]
+        skipped = None
+        if counterfactual and base["max_abs_dlogit"] == 0 and not drifting and not loose:
+            skipped = ("the counterfactual runs were skipped: nothing drifts, so each would leave 0 by "
+                       "construction")
+        elif counterfactual and needs_flip and not base["flip_positions"]:
+            skipped = "the counterfactual runs were skipped: no compared position flips, so none has a flip to remove"
+        if skipped:
+            _say(skipped)
         cf_rows = []
-        for direction in counterfactual:
+        for direction in counterfactual if skipped is None else ():
             for cls in classes if direction == "each" else [c for c in drifting if c in classes]:
-                replace = [cls] if direction == "each" else [c for c in drifting if c != cls]
+                replace = ([cls] if direction == "each" else
+                           [c for c in drifting if c != cls and c not in DOWNSTREAM])
                 row = ck.load("cf", direction, cls)
                 if row is None and not replace:  # the only drifting class: nothing else to make invariant
                     row = {"class": cls, "direction": direction, **base}
@@ -233,12 +191,10 @@ def attribute(lm, tokens: Sequence[int], schedules: Sequence[str], *, split: int
                     ck.save("cf", row, direction, cls)
                     _say(f"{direction:11s} {cls:28s} flips {row['flips']:.0f}  max|dlogit| {row['max_abs_dlogit']:.3g}")
                 cf_rows.append(row)
-    cf = pd.DataFrame(cf_rows, columns=["class", "direction", *ENVELOPE, "flip_positions"])
-    if len(cf):
-        cf["removes_flips"] = (cf["flips"] == 0) & (base["flips"] > 0)
-        cf["drifts_locally"] = cf["class"].isin(drifting)
     summary = ops_summary(local)
-    verdict = verdict_line(pair, base, cf, summary)
+    cf = mark_causes(pd.DataFrame(cf_rows, columns=["class", "direction", *ENVELOPE, "flip_positions"]), base,
+                     summary)
+    verdict = verdict_line(pair, base, cf, summary, loose, skipped)
     env_record = {**(env if env is not None else environment()), **weights_record(lm.description)}
     inputs = {"model": lm.info, "tokens": toks, "schedules": [a, b], "reference": a, "split": split,
               "positions": [int(p) for p in positions], "ops": list(classes), "counterfactual": list(counterfactual),
@@ -247,8 +203,9 @@ def attribute(lm, tokens: Sequence[int], schedules: Sequence[str], *, split: int
     tables = {"local": local, "ops": summary, "first": first, "counterfactual": cf,
               "envelope": pd.DataFrame([{"pair": pair, **{k: v for k, v in base.items() if k != "flip_positions"},
                                          "flip_positions": list(base["flip_positions"])}])}
-    result = attribute_result(tables, inputs, env_record, {"verdict": verdict, "exposed": {
-        "layer_ops": exposed.names, "head": exposed.head, "part_of": exposed.part_of}})
+    result = attribute_result(tables, inputs, env_record, {
+        "verdict": verdict, "unattributed": loose, "counterfactual_skipped": skipped,
+        "exposed": {"layer_ops": exposed.names, "head": exposed.head, "part_of": exposed.part_of}})
     ck.clear()
     return kopt.label(result)
 
@@ -287,21 +244,22 @@ def attribute_result(tables: Mapping[str, pd.DataFrame], inputs: Mapping[str, An
 def explain_flip(lm, tokens: Sequence[int], schedules: Sequence[str], position: int, *, split: int | None = None,
                  kernels: str | None = None, perturb: Mapping[tuple[int, str], Callable] | None = None) -> dict[str, Any]:
     """At one position (the first divergence of ``triage`` / ``diverge``): the op classes whose counterfactual
-    removes the flip there (``removed_by``; ``causes``: those that drift on their own), and the first op whose
-    local output bits differ. It explains a verdict; it decides none."""
+    removes the flip there (``removed_by``; ``causes``: those whose own local drift starts at or before it,
+    :func:`gemmdrift.attribution.verdict.causes_of`), and the first op whose local output bits differ there.
+    ``tokens`` must reach the end of the blocks that hold ``position`` (the computation that diverged); the
+    counterfactual runs only when the position flips. It explains a verdict; it decides none."""
     r = attribute(lm, tokens, schedules, split=split, positions=[position], counterfactual=("each",), kernels=kernels,
-                  perturb=perturb)
+                  perturb=perturb, needs_flip=True)
     cf = r.tables["counterfactual"]
     first = r.tables["first"]
     flipped = position in list(r.tables["envelope"]["flip_positions"].iloc[0])
-    removes = [c for c, f in zip(cf["class"], cf["flip_positions"]) if position not in f] if flipped else []
-    drifting = set(r.tables["ops"]["class"][r.tables["ops"]["positions_differ"] > 0])
+    removes = [c for c, f in zip(cf["class"], cf["flip_positions"]) if position not in f] if flipped and len(cf) else []
     row = first[first["position"] == position]
     return {"position": int(position), "flipped": bool(flipped), "removed_by": removes,
-            "causes": [c for c in removes if c in drifting],
+            "causes": causes_of(position, cf, r.tables["ops"]) if flipped and len(cf) else [],
             "first_op": (f"layer {int(row['layer'].iloc[0])} {row['op'].iloc[0]}"
                          if len(row) and int(row["layer"].iloc[0]) >= 0 else None),
-            "verdict": r.details["verdict"]}
+            "unattributed": r.details["unattributed"], "verdict": r.details["verdict"]}
 
 
 # The `attribute` part of `gemmdrift run`: the main job's pair (decode vs verify:2 past the sliding window on
@@ -341,5 +299,5 @@ def taps_overhead(lm, tokens: Sequence[int], schedules: Sequence[str], split: in
     return {"stack_seconds": plain, "attribute_seconds": tapped, "ratio": tapped / plain}
 
 
-__all__ = ["attribute_part", "taps_overhead", "PART_SIZES", "attribute", "attribute_result", "attribute_figures", "verdict_line", "ops_summary", "explain_flip",
-           "DIRECTIONS"]
+__all__ = ["attribute_part", "taps_overhead", "PART_SIZES", "attribute", "attribute_result", "attribute_figures",
+           "verdict_line", "ops_summary", "explain_flip", "DIRECTIONS"]

@@ -51,16 +51,19 @@ def check_ts(ts: Iterable[int]) -> list[int]:
 
 
 def select_ops(mops: ModelOps, names: Sequence[str] | None) -> list[Op]:
-    """The ops asked for, by name (``self_attn.q_proj``), short name (``q_proj``) or kind (``linear``, ``norm``,
-    ``rope``, ``sdpa``); an unknown name is a one-line error listing what the model exposes."""
+    """The ops asked for, by name (``self_attn.q_proj``), short name (``q_proj``), then kind (``linear``, ``rope``,
+    ``sdpa``) or ``kind:K``: a name before a kind, as in the attribution (``norm`` is the final norm,
+    ``kind:norm`` every norm); an unknown name is a one-line error listing what the model exposes."""
     if not names:
         return list(mops.ops)
     out: list[Op] = []
     for n in names:
-        hit = [o for o in mops.ops if n in (o.name, o.kind, o.name.rsplit(".", 1)[-1])]
+        kind = n[5:] if n.startswith("kind:") else None
+        hit = [] if kind else [o for o in mops.ops if n in (o.name, o.name.rsplit(".", 1)[-1])]
+        hit = hit or [o for o in mops.ops if o.kind == (kind or n)]
         if not hit:
             raise GemmdriftError(f"unknown op {n!r} for {mops.architecture} (it exposes: {', '.join(mops.names())}; "
-                                 f"or a kind: {', '.join(KINDS)})")
+                                 f"or a kind: {', '.join(KINDS)}; kind:norm for every norm)")
         out += [o for o in hit if o not in out]
     return sorted(out, key=lambda o: mops.ops.index(o))
 
@@ -213,6 +216,7 @@ def gate(source: Any = "embedded", ts: Iterable[int] = range(1, 9), *, ops: Sequ
         device = _device()
         mops, chosen, widths, kernels = plan(source, ts, ops=ops, dtype=dtype, kernels=kernels,
                                              lm_head_rows=lm_head_rows, max_rows=max_rows, prefix=prefix)
+        settings["n_ops"] = len(set(mops.names()))  # what the verdict's scope is measured against (--ops)
         model = {"source": mops.source, "architecture": mops.architecture, "dtype": mops.dtype,
                  "n_layers": mops.n_layers, "config": mops.config_origin, "quantization": mops.quantization}
         for op, sd in ((o, sd) for o in chosen for sd in seeds):

@@ -60,24 +60,26 @@ SRC = Path(__file__).resolve().parents[2]  # the directory holding the gemmdrift
 # ------------------------------------------------------------------ the other interpreter
 
 
-def probe_python(path: str) -> dict[str, Any]:
-    """{python, mlx, mlx_lm} of the interpreter at ``path``; a one-line GemmdriftError when it is not a Python
-    that imports mlx and mlx-lm."""
+def probe_python(path: str, flag: str = "--python") -> dict[str, Any]:
+    """{python, mlx, mlx_lm} of the interpreter at ``path``; a one-line GemmdriftError naming ``flag`` when it is
+    not a Python that imports mlx and mlx-lm. A relative path is the file there (never searched on PATH)."""
     p = Path(path).expanduser()
     if not p.exists():
-        raise GemmdriftError(f"--python {path}: no such file")
+        raise GemmdriftError(f"{flag} {path}: no such file")
+    if p.is_dir():
+        raise GemmdriftError(f"{flag} {path}: a directory, not an interpreter (give its bin/python)")
     try:
-        r = subprocess.run([str(p), "-c", _PROBE], capture_output=True, text=True, timeout=120)
+        r = subprocess.run([str(p.absolute()), "-c", _PROBE], capture_output=True, text=True, timeout=120)
     except (OSError, subprocess.SubprocessError) as e:
-        raise GemmdriftError(f"--python {path}: cannot run it ({e.__class__.__name__}: {e})") from None
+        raise GemmdriftError(f"{flag} {path}: cannot run it ({e.__class__.__name__}: {e})") from None
     try:
         info = json.loads(r.stdout.strip().splitlines()[-1])
     except (ValueError, IndexError):
-        raise GemmdriftError(f"--python {path}: not a Python interpreter (it printed no version)") from None
+        raise GemmdriftError(f"{flag} {path}: not a Python interpreter (it printed no version)") from None
     if "error" in info:
-        raise GemmdriftError(f"--python {path}: mlx does not import there ({info['error']})")
+        raise GemmdriftError(f"{flag} {path}: mlx does not import there ({info['error']})")
     if not info.get("mlx_lm"):
-        raise GemmdriftError(f"--python {path}: mlx {info['mlx']} but no mlx-lm there (it rebuilds the modules)")
+        raise GemmdriftError(f"{flag} {path}: mlx {info['mlx']} but no mlx-lm there (it rebuilds the modules)")
     return info
 
 
@@ -282,7 +284,8 @@ def capture_ops(lm, tokens: Sequence[int], split: int, path: str | Path, layers:
         mx.eval(model(mx.array([list(tokens[split:])]), cache=cache))
     doc = {"format": FORMAT, "captured_under": this_python(), "model": lm.info.get("source", "?"),
            "dtype": lm.info.get("dtype"), "positions": f"{split}-{len(tokens) - 1}", "tokens": [int(t) for t in tokens],
-           "layers": order, "calls": cap.calls}
+           "layers": order, "asked_layers": None if layers is None else sorted(set(layers)),
+           "calls": cap.calls}
     path = Path(path)
     with atomic_path(path.with_suffix(".npz")) as tmp:
         with open(tmp, "wb") as f:
@@ -484,33 +487,85 @@ def add_arguments(parser) -> None:
                    help="reuse this capture (a capture.json written before) instead of running the model again")
 
 
+def parse_layers(text: str | None) -> list[int] | None:
+    """``--release-layers``: a layer list such as ``0-5`` or ``0,3,17`` (None: every layer)."""
+    from ..ranges import parse_ints
+
+    return parse_ints(text, "--release-layers") if text is not None else None
+
+
+def _precheck(args) -> tuple[Path, Path, list[int] | None]:
+    """What the release mode can judge before the model loads (the embedded model's config is known): the
+    outputs, the stream, the layers. Returns (the --out directory, the comparison file, the layers)."""
+    from ..checks import check_out_dir, check_out_file, check_release_stream
+
+    base = check_out_dir(getattr(args, "out", None) or "results/attribute")
+    out = check_out_file(args.release_out, "--release-out") if args.release_out else base / "release_ops.json"
+    layers = parse_layers(args.release_layers)
+    if (getattr(args, "model", None) or "embedded") == "embedded":
+        from ..model import SHAPES
+
+        c = SHAPES["gemma3-270m"]
+        check_release_stream(args.release_tokens, args.release_split, layers, c["num_hidden_layers"],
+                             c["max_position_embeddings"])
+    else:
+        check_release_stream(args.release_tokens, args.release_split)
+    return base, out, layers
+
+
+def reusable(capture: Path, model: str, dtype: str, n: int, split: int, layers: list[int] | None) -> bool:
+    """Whether a finished capture (its .json is written last) is the one this run would make: the same model,
+    dtype, positions and layers asked, captured under this interpreter."""
+    try:
+        doc = json.loads(capture.with_suffix(".json").read_text())
+    except (OSError, ValueError):
+        return False
+    here, under = this_python(), doc.get("captured_under") or {}
+    return (capture.with_suffix(".npz").is_file() and (doc.get("model"), doc.get("dtype"), doc.get("positions"),
+            doc.get("asked_layers", "?"), under.get("path"), under.get("mlx")) == (model, dtype, f"{split}-{n - 1}",
+                                                                                 layers, here["path"], here["mlx"]))
+
+
 def run(args, cli: Any = None) -> int | None:
     """Run the release comparison when ``--python`` was given (None otherwise: another mode's turn). ``cli``: the
     CLI module, as ``gemmdrift attribute``'s MODES pass it (not needed here)."""
     if not getattr(args, "python", None):
         return None
+    base, out, layers = _precheck(args)
     info_b = probe_python(args.python)  # before any model loads
     if args.baseline_python:
-        probe_python(args.baseline_python)
-    from ..ranges import parse_range
-    from ..files import write_json
+        probe_python(args.baseline_python, "--baseline-python")
+    from ..files import to_json, write_json
     from ..model import load_model
     from ..prompts import builtin_stream
 
-    layers = parse_range(args.release_layers, "--release-layers") if args.release_layers else None
-    base = Path(getattr(args, "out", None) or "results/attribute")
-    out = Path(args.release_out) if args.release_out else base / "release_ops.json"
     work = base / "release_ops"  # the capture and the recomputed outputs (large: the layers' weights)
-    work.mkdir(parents=True, exist_ok=True)
     capture = Path(args.release_capture) if args.release_capture else work / "capture.json"
+    model, dtype = getattr(args, "model", None) or "embedded", getattr(args, "dtype", None) or "bfloat16"
+    n, split = int(args.release_tokens), int(args.release_split)
     if args.release_capture:
         _load(capture)  # a missing or corrupt capture: one line, before anything runs
+    elif reusable(capture, model, dtype, n, split, layers):
+        print(f"gemmdrift attribute: reusing the capture in {capture} (same model, positions, layers and "
+              "interpreter; delete it to capture again)", file=sys.stderr)
     else:
-        lm = load_model(getattr(args, "model", None) or "embedded", dtype=getattr(args, "dtype", None) or "bfloat16")
-        capture_ops(lm, builtin_stream(lm, args.release_tokens), args.release_split, capture, layers)
+        from ..checks import check_release_stream
+        from ..machine.envinfo import select_device
+
+        select_device(getattr(args, "device", None))
+        lm = load_model(model, dtype=dtype)
+        check_release_stream(n, split, layers, lm.n_layers, lm.description.max_positions)  # before the stream
+        work.mkdir(parents=True, exist_ok=True)
+        print(f"gemmdrift attribute: capturing every op of positions {split}-{n - 1} into {capture}", file=sys.stderr)
+        capture_ops(lm, builtin_stream(lm, n), split, capture, layers)
+    work.mkdir(parents=True, exist_ok=True)
+    print(f"gemmdrift attribute: recomputing every captured op under {args.python}", file=sys.stderr)
     doc = release_comparison(capture, args.python, args.baseline_python, work)
     write_json(out, doc)
     names = list(dict.fromkeys(c["op"] for c in doc["changed"]))
+    if getattr(args, "json", False):
+        return print(to_json({"kind": "release_ops", **{k: doc[k] for k in ("from", "to", "compared", "changed",
+                     "errors")}, "changed_ops": names, "capture": str(capture), "written": str(out)})) or 0
     print(f"mlx {doc['from']['mlx']} vs mlx {info_b['mlx']}: {doc['compared']} op calls compared, "
           + (f"outputs differ in (forward order): {', '.join(names)}" if names else "every output bit-identical")
           + (f"; {len(doc['errors'])} could not run" if doc["errors"] else "") + f"\nwritten to {out}")

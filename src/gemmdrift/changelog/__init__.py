@@ -47,6 +47,12 @@ class Measured:
     machines: list[dict[str, Any]] = field(default_factory=list)  # see measured()
     only: dict[str, list[str]] = field(default_factory=dict)  # release -> its machines, when it has results
     note: str = ""  # why there is nothing measured (a release without results)
+    commits: dict[str, list[str]] = field(default_factory=dict)  # release -> the gemmdrift commits it was measured at
+
+
+def commits_of(df: pd.DataFrame, release: str) -> list[str]:
+    """The gemmdrift commits (asv's ``commit_hash``, 8 digits) a release's results were measured at."""
+    return sorted(set(df.loc[df["release"] == release, "commit"]))
 
 
 def page_name(old: str, new: str) -> str:
@@ -94,23 +100,61 @@ def resolve(spec: str, df: pd.DataFrame | None, flag: str) -> str:
         pass
     if spec in dispatch_releases():
         return spec
-    raise GemmdriftError(f"{flag}: unknown release {spec} (known: {', '.join(known_releases(df))})")
+    raise GemmdriftError(f"{flag}: unknown release {spec}: no results ({history.nearest_text(spec, measured)}) and "
+                         f"its dispatch was not read (known: {', '.join(known_releases(df))})")
+
+
+def main_line(releases: Sequence[str]) -> list[str]:
+    """Each mlx once, with the newest mlx-lm it has (as the gate pairs them), oldest first."""
+    by_mlx: dict[str, list[str]] = {}
+    for r in sorted(releases, key=history.release_key):
+        by_mlx.setdefault(split_release(r)[0], []).append(r)
+    return [rs[-1] for _, rs in sorted(by_mlx.items(), key=lambda kv: history.version_key(kv[0]))]
+
+
+def lm_pairs(releases: Sequence[str]) -> list[tuple[str, str]]:
+    """The mlx-lm releases measured with one mlx, each with the next."""
+    by_mlx: dict[str, list[str]] = {}
+    for r in sorted(releases, key=history.release_key):
+        by_mlx.setdefault(split_release(r)[0], []).append(r)
+    return [p for rs in by_mlx.values() for p in zip(rs, rs[1:])]
+
+
+def releases_by_machine(df: pd.DataFrame | None) -> dict[str, set[str]]:
+    """{"machine (backend)": the release labels it has tracked figures of}."""
+    if df is None:
+        return {}
+    t = history.tracked(df)
+    return {f"{m} ({b})": set(g["release"]) for (m, b), g in t.groupby(["machine", "backend"], sort=True)}
+
+
+def machine_lm_pairs(df: pd.DataFrame | None) -> list[tuple[str, str]]:
+    """:func:`lm_pairs` on each machine and backend's own releases (two machines that paired one mlx with
+    different mlx-lm releases do not make an mlx-lm pair between them)."""
+    if df is None:
+        return []
+    t = history.tracked(df)
+    out: list[tuple[str, str]] = []
+    for _, g in t.groupby(["machine", "backend"], sort=True):
+        out += lm_pairs(sorted(set(g["release"]), key=history.release_key))
+    return list(dict.fromkeys(out))
 
 
 def default_pairs(df: pd.DataFrame | None) -> list[tuple[str, str]]:
-    """Every consecutive pair there is data for: the measured main line (each mlx with the newest mlx-lm it ran
-    with, one mlx after the other, as the gate pairs them), the mlx-lm releases measured with one mlx (one
-    after the other), and the mlx releases whose dispatch was read (one after the other)."""
+    """Every consecutive pair of the releases present: the measured main line (each mlx with the newest mlx-lm
+    it ran with, one mlx after the other, as the gate pairs them), the mlx-lm releases measured with one mlx
+    (one after the other), and the main line of every release present, measured or whose dispatch was read
+    (so a release known only by its dispatch sits between its neighbours), and each machine's own main line (where
+    machines paired one mlx with different mlx-lm releases). Oldest first, by the newer release.
+    With every release measured, the three reduce to the consecutive mlx pairs and the mlx-lm pairs."""
     measured = measured_releases(df)
-    by_mlx: dict[str, list[str]] = {}
-    for r in measured:
-        by_mlx.setdefault(split_release(r)[0], []).append(r)
-    main = [rs[-1] for _, rs in sorted(by_mlx.items(), key=lambda kv: history.version_key(kv[0]))]
-    pairs = list(zip(main, main[1:]))
-    for rs in by_mlx.values():
-        pairs += list(zip(rs, rs[1:]))
-    read = dispatch_releases()
-    pairs += [p for p in zip(read, read[1:]) if p not in pairs]
+    main = main_line(measured)
+    pairs = list(zip(main, main[1:])) + machine_lm_pairs(df)
+    for rs in releases_by_machine(df).values():  # each machine's own main line (its own mlx-lm pairings)
+        own = main_line(sorted(rs, key=history.release_key))
+        pairs += list(zip(own, own[1:]))
+    every = main_line(known_releases(df))
+    pairs += list(zip(every, every[1:]))
     return sorted(dict.fromkeys(pairs), key=lambda p: (history.release_key(p[1]), history.release_key(p[0])))
 
 
@@ -120,14 +164,15 @@ def _tree_t(benchmark: str) -> str:
 
 
 def measured(df: pd.DataFrame | None, old: str, new: str, *, threshold: float = history.GATE_THRESHOLD,
-             ) -> Measured:
+             strict: bool = True) -> Measured:
     """The measured part of the pair (old, new).
 
     For every machine and backend both releases have tracked figures on: ``compared`` (the gate's count),
     ``identical``, ``changed`` (figures whose value differs: benchmark, params, old, new, ratio, regression),
     ``trees`` (summation trees that changed: path, T, old and new id), ``probe`` (op probe rows that changed),
     ``golden`` (golden-logit figures of both releases, changed or not), ``regressions`` (the gate's count).
-    A pair where both releases have results but on no common machine raises, naming each one's machines.
+    A pair where both releases have results but on no common machine raises, naming each one's machines
+    (``strict=False``, for the default pairs: the note says so instead).
     """
     out = Measured(old, new)
     have = set(measured_releases(df))
@@ -143,9 +188,16 @@ def measured(df: pd.DataFrame | None, old: str, new: str, *, threshold: float = 
         return out
     a, b = set(out.only[old]), set(out.only[new])
     if not a & b:
-        raise GemmdriftError(f"{old} and {new} have no machine in common ({old}: {', '.join(sorted(a))}; "
-                             f"{new}: {', '.join(sorted(b))})")
+        why = (f"{old} and {new} have no machine in common ({old}: {', '.join(sorted(a))}; "
+               f"{new}: {', '.join(sorted(b))})")
+        if strict:
+            raise GemmdriftError(why)
+        out.note = f"Not measured on one machine: {why}"
+        return out
+    from .classify import classify, figures_of, pair_ladder
+
     g = history.gate(df, candidate=new, baseline=old, threshold=threshold)
+    out.commits = {r: commits_of(df, r) for r in (old, new)}
     for (machine, backend), rows in g.groupby(["machine", "backend"], sort=True):
         ident = rows["benchmark"].str.contains(TREE, regex=False)
         differ = rows["old"] != rows["new"]
@@ -161,6 +213,8 @@ def measured(df: pd.DataFrame | None, old: str, new: str, *, threshold: float = 
                        "new": _tree_id(r["new"])} for _, r in trees.iterrows()],
             "golden": [_figure(r) for _, r in rows[rows["benchmark"].str.startswith(GOLDEN)].iterrows()],
         }
+        a_figs, b_figs = (figures_of(df, r, machine, backend) for r in (old, new))
+        entry["class"] = classify(a_figs, b_figs, ladder=pair_ladder(a_figs, b_figs))
         out.machines.append(entry)
     return out
 
@@ -198,5 +252,5 @@ def read_ops(ops_dirs: Sequence[str | Path], old: str, new: str) -> list[dict[st
     return found
 
 
-__all__ = ["Measured", "measured", "default_pairs", "known_releases", "resolve", "page_name", "read_ops",
+__all__ = ["Measured", "measured", "default_pairs", "main_line", "lm_pairs", "machine_lm_pairs", "releases_by_machine", "commits_of", "known_releases", "resolve", "page_name", "read_ops",
            "dispatch_releases", "measured_releases", "PAGES", "OPS_DIR"]

@@ -11,8 +11,9 @@ from __future__ import annotations
 import html as _html
 import math
 import re
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
+from ..checks import split_release
 from . import Measured, page_name
 
 Block = tuple
@@ -162,11 +163,56 @@ def summary(m: Measured, ops: Sequence[dict[str, Any]]) -> str:
     return "; ".join(parts)
 
 
-def page(m: Measured, ops: Sequence[dict[str, Any]], predicted: Sequence[Block], inputs: str) -> list[Block]:
-    """All blocks of one pair's page."""
+def _what_changed(old: str, new: str) -> str:
+    """Which package the pair changes: mlx, or mlx-lm alone (one mlx on both sides)."""
+    (mo, lo), (mn, ln) = split_release(old), split_release(new)
+    if mo == mn:
+        return f"for mlx-lm's change (mlx-lm {lo or '?'} → {ln or '?'}, mlx {mn} on both sides)"
+    return f"mlx {mo} → {mn}" + (f" (mlx-lm {lo} → {ln})" if lo and ln and lo != ln else "")
+
+
+def opening(m: Measured, pred: Mapping[str, Mapping[str, Any]] | None = None,
+            ops: Sequence[dict[str, Any]] = ()) -> list[Block]:
+    """The page's first lines: its class and the one-line reason. The class is the most severe one measured here
+    (per machine and backend); with nothing measured, the most severe predicted one (said to be a prediction);
+    with neither, no class."""
+    from .classify import CLASSES
+
+    pred = pred or {}
+    measured = [(f"{e['machine']} ({e['backend']})", e["class"]) for e in m.machines if "class" in e]
+    predicted = [(chip, p) for chip, p in pred.items() if p.get("cls") in CLASSES]
+    what = _what_changed(m.old, m.new)
+    if measured:
+        who, pc = max(measured, key=lambda x: CLASSES.index(x[1].cls))
+        line = f"**Class: {pc.cls}**, {what}, measured on {who}: {pc.reason}."
+    elif predicted:
+        chip, p = max(predicted, key=lambda x: CLASSES.index(x[1]["cls"]))
+        line = f"**Class: {p['cls']}, predicted**, {what}, not measured here ({chip}): {p['reason']}."
+    else:
+        line = f"**Class: none**, {what}: not measured here, and no chip's dispatch predicts it."
+    names = list(dict.fromkeys(c["op"] for d in ops for c in d["changed"]))
+    if names:
+        line += " The op that moved: " + ", ".join(f"`{n}`" for n in names) + " (the release comparison of ops below)."
+    out: list[Block] = [("p", line)]
+    every = [f"{who}: {pc.cls}" for who, pc in measured] + [f"{chip} (predicted): {p.get('cell', '-')}"
+                                                            for chip, p in pred.items() if p.get("cell", "-") != "-"]
+    if len(every) > 1:
+        out.append(("p", "Per machine and chip: " + "; ".join(every) + "."))
+    mixed = [r for r in (m.old, m.new) if len(m.commits.get(r, [])) > 1]
+    if m.machines and not mixed and m.commits.get(m.old) and m.commits.get(m.new) \
+            and m.commits[m.old] != m.commits[m.new]:
+        out.append(("p", f"Measured at two gemmdrift commits ({m.old}: {m.commits[m.old][0]}, {m.new}: "
+                         f"{m.commits[m.new][0]}): a difference could be gemmdrift's as well as the release's."))
+    return out
+
+
+def page(m: Measured, ops: Sequence[dict[str, Any]], predicted: Sequence[Block], inputs: str,
+         pred: Mapping[str, Mapping[str, Any]] | None = None) -> list[Block]:
+    """All blocks of one pair's page: the class first (see :func:`opening`), then the three sections."""
     title = f"mlx {m.old} → {m.new}: what changed in the bits"
     cmd = f"gemmdrift changelog --from {m.old} --to {m.new}"
-    return ([("h", 1, title), ("p", f"Written by `{cmd}` from {inputs}. Back to the [index](index.md).")]
+    return ([("h", 1, title)] + opening(m, pred, ops)
+            + [("p", f"Written by `{cmd}` from {inputs}. Back to the [index](index.md).")]
             + measured_blocks(m) + ops_blocks(m, ops) + list(predicted))
 
 
@@ -192,6 +238,8 @@ def markdown(blocks: Sequence[Block]) -> str:
             out.append(b[1])
         elif b[0] == "list":
             out.append("\n".join(f"- {i}" for i in b[1]))
+        elif b[0] == "img":
+            out.append(f"![{b[1]}]({b[2]})")
         elif b[0] == "table":
             headers, rows = b[1], b[2]
             lines = ["| " + " | ".join(headers) + " |", "|" + "|".join(" --- " for _ in headers) + "|"]
@@ -227,6 +275,8 @@ def html(blocks: Sequence[Block]) -> str:
             body.append(f"<h{b[1]}>{inline(b[2])}</h{b[1]}>")
         elif b[0] == "p":
             body.append(f"<p>{inline(b[1])}</p>")
+        elif b[0] == "img":
+            body.append(f'<p><img src="{_html.escape(b[2])}" alt="{_html.escape(b[1])}" style="max-width:100%"></p>')
         elif b[0] == "list":
             body.append("<ul>\n" + "\n".join(f"<li>{inline(i)}</li>" for i in b[1]) + "\n</ul>")
         elif b[0] == "table":

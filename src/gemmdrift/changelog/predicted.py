@@ -5,7 +5,8 @@ Dispatch: :func:`gemmdrift.dispatch.choose` (read from the mlx source, no mlx im
 the LM head of the embedded Gemma (Gemma 3 270M's shapes, ``models.SHAPES["gemma3-270m"]``) and of
 ``shape:gemma4-31b``, dense bfloat16 and quantized affine 4 and 8 bits (group 64), and attention (T queries
 against the sliding window's keys), T = 1..33, on every named Apple chip class and size (M1..M5, base, Max,
-Ultra) and on sm80 and sm90. A release older than the rules read (0.30.5) is "not knowable"; one newer than
+Ultra) and on sm80 and sm90. A release older than the rules read (0.30.5) follows the rules of a release read where its
+sources are byte-identical ("as 0.30.5", :mod:`gemmdrift.dispatch.tags`), else that part is "not knowable"; one newer than
 the source read is given that source's rules, and the page says so.
 
 Envelope: :func:`gemmdrift.replay.predict.predict_drift` (the main job's replay part, one chip at a time, default
@@ -33,6 +34,7 @@ MODELS = (("the embedded Gemma", "gemma3-270m"), ("`shape:gemma4-31b`", "gemma4-
 ENVELOPE_CHIPS = ("M1", "M2", "M3", "M4", "M5", "sm90")  # replayed envelopes: one per GPU class (base size)
 ENVELOPE_KEYS = ("max_abs_dlogit", "max_abs_dgap", "flips")
 PREDICTION = "prediction"
+NOT_KNOWABLE = "not knowable"
 
 
 def chips() -> list[Any]:
@@ -72,14 +74,51 @@ def _version_of(release: str) -> str:
     return split_release(release)[0]
 
 
-def knowable(release: str) -> str | None:
-    """Why a release's dispatch cannot be predicted (its source was not read), or None."""
-    from ..dispatch import VERIFIED_FROM, parse_version
+PREDICTED_BACKENDS = ("metal", "cuda")  # the chips this section predicts (the CPU's rules are row-invariant)
 
-    if parse_version(_version_of(release)) < VERIFIED_FROM:
-        return (f"mlx {_version_of(release)}'s dispatch was not read (the rules were read from "
-                f"{'.'.join(map(str, VERIFIED_FROM))} on): not knowable")
+
+def rules(release: str, backend: str, op: str):
+    """Whose dispatch rules the release's ``op`` on ``backend`` follows (:func:`gemmdrift.dispatch.tags.rules_for`):
+    its own from 0.30.5 on, an older tag's when its files are those of a release read ("as 0.30.5"), else none."""
+    from ..dispatch.tags import rules_for
+
+    return rules_for(_version_of(release), backend, op)
+
+
+def knowable(release: str, backend: str | None = None) -> str | None:
+    """Why a release's dispatch (on ``backend``, else on every predicted backend) cannot be predicted, or None:
+    the first op whose files differ from every release read."""
+    from ..dispatch import OPS
+
+    for b in ((backend,) if backend else PREDICTED_BACKENDS):
+        for op in OPS:
+            r = rules(release, b, op)
+            if r.version is None:
+                return f"mlx {_version_of(release)}'s {b} {op} dispatch: {r.why}"
     return None
+
+
+def sources_blocks(old: str, new: str) -> list[tuple]:
+    """Where each release's rules come from, per backend and op: read, "as X.Y.Z" (files compared), assumed (newer
+    than the source read), or not knowable (the files that differ); and whether the two releases' files of that
+    part are byte-identical (a part whose files are unchanged dispatches and computes alike)."""
+    from ..dispatch import OPS
+    from ..dispatch.tags import same_sources
+
+    if _version_of(old) == _version_of(new):
+        return []
+    rows = []
+    for b in PREDICTED_BACKENDS:
+        for op in OPS:
+            cells = []
+            for r in (old, new):
+                ru = rules(r, b, op)
+                cells.append(ru.why or "read")
+            same = same_sources(old, new, b, op)
+            rows.append([b, op] + cells + ["?" if same is None else ("yes" if same else "no")])
+    return [("p", "Prediction: whose dispatch rules each release follows, per backend and op (from the git blobs "
+                  "of every release tag's sources, `gemmdrift/data/dispatch_tags.json`):"),
+            ("table", ["backend", "op", f"mlx {_version_of(old)}", f"mlx {_version_of(new)}", "same files"], rows)]
 
 
 class Predictor:
@@ -105,20 +144,28 @@ class Predictor:
             return self._tables[version]
         out: dict[tuple, str] = {}
         for chip in chips():
+            rv = {op: rules(release, chip.backend, op).version for op in ("matmul", "quantized_matmul", "sdpa")}
             for _, model in MODELS:
                 for wname, bits in WEIGHTS:
+                    op = "matmul" if bits is None else "quantized_matmul"
                     for proj, K, N in projection_shapes(model):
                         for T in range(1, T_MAX + 1):
-                            if bits is None:
-                                ch = choose(chip, "matmul", T=T, K=K, N=N, dtype="bfloat16", mlx_version=version)
+                            if rv[op] is None:
+                                out[(chip.name, model, wname, proj, T)] = NOT_KNOWABLE
+                            elif bits is None:
+                                ch = choose(chip, "matmul", T=T, K=K, N=N, dtype="bfloat16", mlx_version=rv[op])
+                                out[(chip.name, model, wname, proj, T)] = label(ch)
                             else:
                                 ch = choose(chip, "quantized_matmul", T=T, K=K, N=N, dtype="bfloat16",
-                                            mlx_version=version, bits=bits, group_size=GROUP)
-                            out[(chip.name, model, wname, proj, T)] = label(ch)
+                                            mlx_version=rv[op], bits=bits, group_size=GROUP)
+                                out[(chip.name, model, wname, proj, T)] = label(ch)
                 s = sdpa_shape(model)
                 for T in range(1, T_MAX + 1):
+                    if rv["sdpa"] is None:
+                        out[(chip.name, model, "any", "sdpa", T)] = NOT_KNOWABLE
+                        continue
                     ch = choose(chip, "sdpa", T=T, K=s["k_len"], N=s["head_dim"], dtype="bfloat16",
-                                mlx_version=version, n_heads=s["n_heads"], n_kv_heads=s["n_kv_heads"])
+                                mlx_version=rv["sdpa"], n_heads=s["n_heads"], n_kv_heads=s["n_kv_heads"])
                     out[(chip.name, model, "any", "sdpa", T)] = label(ch)
         self._tables[version] = out
         return out
@@ -129,7 +176,7 @@ class Predictor:
         groups: dict[tuple, dict[str, set]] = {}
         for key, ka in a.items():
             kb = b[key]
-            if ka == kb:
+            if ka == kb or NOT_KNOWABLE in (ka, kb):  # a part not knowable is said by sources_blocks
                 continue
             chip, model, weights, op, T = key
             g = groups.setdefault((chip, model, weights, ka, kb), {})
@@ -177,13 +224,15 @@ class Predictor:
         the recipe (kernel, parameters, default variant) the replay plans per projection at the T the predict
         part calls (1, 3, 4), or why it has none: equal signatures run the same recipes on the same inputs, so
         one replay serves every release that has it."""
+        from ..dispatch import CHIPS
         from ..replay.paths import plan_for
 
+        version = rules(release, CHIPS[chip].backend, "matmul").version or _version_of(release)
         parts = []
         for proj, K, N in projection_shapes("gemma3-270m"):
             for T in (1, 3, 4):
                 try:
-                    plan = plan_for(chip, "matmul", T=T, K=K, N=N, dtype="bfloat16", mlx_version=_version_of(release))
+                    plan = plan_for(chip, "matmul", T=T, K=K, N=N, dtype="bfloat16", mlx_version=version)
                     what = (plan.recipe.kernel, sorted(plan.params.items()), sorted(plan.variant.items()))
                 except GemmdriftError as e:
                     what = ("no recipe", re.sub(r"mlx [0-9.]+ ", "", str(e).partition(": ")[2]))  # the reason
@@ -208,10 +257,13 @@ class Predictor:
             self._lm = load_model("embedded")
         base = SIZES["cpu"]
         sizes = PredictSizes(tokens=base.tokens, split=base.split, chips=(chip,), variants="default")
-        r = predict_drift(self._lm, sizes, mlx_version=_version_of(release))
+        from ..dispatch import CHIPS
+
+        version = rules(release, CHIPS[chip].backend, "matmul").version or _version_of(release)
+        r = predict_drift(self._lm, sizes, mlx_version=version)
         env = r.tables["envelope"]
         env = env[(env["source"] == PREDICTION) & (env["chip"] == chip)]
-        out: dict[str, Any] = {"mlx_recipes": _version_of(release)}
+        out: dict[str, Any] = {"mlx_recipes": version}
         for _, row in env.iterrows():
             out[row["schedule"].rpartition(",")[2]] = {k: float(row[k]) for k in ENVELOPE_KEYS if k in row}
         ref = r.tables["refused"]
@@ -228,9 +280,13 @@ class Predictor:
                             ("p", "Every line of this section is a prediction from the dispatch rules read from the "
                                   "mlx source (`gemmdrift dispatch --chip M3`) and the replay (`gemmdrift stack --kernels replay:M3`), "
                                   "not a measurement on that chip.")]
-        why = [w for w in (knowable(old), knowable(new)) if w]
-        if why:
-            return out + [("p", f"Prediction: {why[0]}.")]
+        out += sources_blocks(old, new)
+        ops3 = ("matmul", "quantized_matmul", "sdpa")
+        blind = [r for r in (old, new) if all(rules(r, b, op).version is None for b in PREDICTED_BACKENDS for op in ops3)]
+        if blind:
+            return out + [("p", f"Prediction: not knowable: no part of mlx {_version_of(blind[0])}'s dispatch on "
+                                "the chips predicted follows rules read from the mlx source (the table above).")]
+        partial = any(knowable(r, b) for r in (old, new) for b in PREDICTED_BACKENDS)
         from ..dispatch import MIRROR_REVISION, MIRROR_VERSION, parse_version
 
         newer = [r for r in (old, new) if parse_version(_version_of(r)) > MIRROR_VERSION]
@@ -239,7 +295,10 @@ class Predictor:
                              f"read ({MIRROR_REVISION}): its rules are taken as that source's."))
         rows = self.differences(old, new)
         names = {m: label for label, m in MODELS}
-        if not rows:
+        if not rows and partial:
+            out.append(("p", f"Prediction: no dispatch difference between mlx {_version_of(old)} and "
+                             f"{_version_of(new)} in the parts knowable for both (the table above), T=1..{T_MAX}."))
+        elif not rows:
             out.append(("p", f"Prediction: no dispatch difference between mlx {_version_of(old)} and "
                              f"{_version_of(new)} on any chip listed (M1..M5 in every size, sm80, sm90) for the "
                              "embedded Gemma's or `shape:gemma4-31b`'s projections (dense bf16, q4, q8) and "
@@ -252,8 +311,13 @@ class Predictor:
                                   f"mlx {_version_of(new)}"],
                         [[", ".join(r["chips"]), names[r["model"]], r["weights"], ", ".join(f"`{o}`" for o in r["ops"]),
                           compact_ranges(r["T"]), r["old"], r["new"]] for r in rows]))
-        env_rows, missing = [], []
+        from ..dispatch import CHIPS
+
+        env_rows, missing, unknown = [], [], []
         for chip in ENVELOPE_CHIPS:
+            if any(rules(r, CHIPS[chip].backend, "matmul").version is None for r in (old, new)):
+                unknown.append(chip)
+                continue
             cells = []
             for rel in (old, new):
                 e = self.envelope(chip, rel)
@@ -282,10 +346,87 @@ class Predictor:
                              "kernels decoding the same stream against this CPU's decode."))
             out.append(("table", ["chip", "pair", f"mlx {_version_of(old)} (prediction)",
                                   f"mlx {_version_of(new)} (prediction)"], env_rows))
+        if unknown:
+            out.append(("p", "Prediction: the replayed envelope of " + ", ".join(unknown) + " is not knowable (its "
+                             "matmul dispatch is not, the table above)."))
         if missing:
             out.append(("p", "Prediction: the replayed envelope of " + ", ".join(missing) + " is not in the cache "
                              "(`gemmdrift changelog --replay` computes it)."))
         return out
+
+
+def envelope_figures(e: dict[str, Any] | None) -> dict[str, float]:
+    """A cached replayed envelope as figures for :func:`gemmdrift.changelog.classify.classify`: ``verify:2/flips``
+    (an answer figure), ``verify:2/max_abs_dlogit``, ...; a refused schedule gives none."""
+    out: dict[str, float] = {}
+    for sched, f in (e or {}).items():
+        if isinstance(f, dict) and sched not in ("refused",):
+            out.update({f"{sched}/{k}": float(v) for k, v in f.items() if k in ENVELOPE_KEYS})
+    return out
+
+
+def chip_class(pred: "Predictor", chip: str, old: str, new: str) -> dict[str, Any]:
+    """The predicted class of the pair on one chip class (its base size): ``{"cls": class or None, "cell": the
+    timeline's cell text, "reason": one line}``. The replay reorders the same adds, so what it predicts moves by
+    rounding by construction: ``ladder="rounding"``; a replayed argmax flip that changes is ANSWER-CHANGING. The
+    same mlx on both sides (an mlx-lm pair): nothing to predict. A side whose dispatch was not read: not
+    knowable. A dispatch change the replay did not run (or cannot: NAX, cuBLASLt): the cell says so."""
+    from ..dispatch import MIRROR_VERSION, parse_version
+    from .classify import BIT_FOR_BIT, ROUNDOFF, classify
+
+    vo, vn = _version_of(old), _version_of(new)
+    if vo == vn:
+        return {"cls": None, "cell": "-", "reason": f"mlx {vn} on both sides: mlx-lm's change is not predicted"}
+    from ..dispatch import CHIPS
+
+    backend = CHIPS[chip].backend
+    why = [w for w in (knowable(old, backend), knowable(new, backend)) if w]
+    if why:
+        return {"cls": None, "cell": "not knowable", "reason": why[0]}
+    assumed = [v for v in (vo, vn) if parse_version(v) > MIRROR_VERSION]
+    tail = (f" (mlx {', '.join(assumed)} newer than the source read: its rules taken as "
+            f"{'.'.join(map(str, MIRROR_VERSION))}'s)" if assumed else "")
+    from ..dispatch import OPS
+    from ..dispatch.tags import same_sources
+
+    touched = [op for op in OPS if same_sources(vo, vn, backend, op) is False]
+    if touched:  # the files changed although the rules read may give the same kernels: say so
+        tail += (f"; the source files of {backend} {', '.join(touched)} changed between the two (the rules read "
+                 "decide the kernels and their order)")
+    rows = [r for r in pred.differences(old, new) if chip in r["chips"]]
+    moved = (f"the dispatch changes in {len(rows)} row{'s' if len(rows) > 1 else ''} (first: {rows[0]['weights']} "
+             f"{', '.join(rows[0]['ops'])} T={compact(rows[0]['T'])} {rows[0]['old']} → {rows[0]['new']})"
+             if rows else "")
+    eo, en = pred.envelope(chip, old), pred.envelope(chip, new)
+    fo, fn = envelope_figures(eo), envelope_figures(en)
+    if eo is not None and en is not None and set(fo) & set(fn):
+        pc = classify(fo, fn, ladder="rounding")
+        if pc.cls == BIT_FOR_BIT and rows:
+            return {"cls": ROUNDOFF, "cell": ROUNDOFF, "reason": f"{moved}; the replayed decode-vs-verify envelope "
+                                                                 f"(bf16 dense) does not move{tail}"}
+        if pc.cls == BIT_FOR_BIT:
+            return {"cls": BIT_FOR_BIT, "cell": BIT_FOR_BIT, "reason": "the same kernels dispatch for every shape "
+                                                                       f"listed; the replayed envelope is identical{tail}"}
+        reason = pc.reason.replace("the precision ladder says rounding",
+                                   "rounding by construction (the replay reorders the same adds)")
+        return {"cls": pc.cls, "cell": pc.cls, "reason": f"replayed: {reason}" + (f"; {moved}" if rows else "")
+                + tail}
+    if not rows:
+        return {"cls": BIT_FOR_BIT, "cell": BIT_FOR_BIT, "reason": "the same kernels dispatch for every shape listed"
+                                                                   f" (no replay needed){tail}"}
+    refused = [e for e in (eo, en) if e is not None and not envelope_figures(e)]
+    if refused:
+        reasons = [str(r) for e in refused for r in (e.get("refused") or {}).values()]
+        return {"cls": None, "cell": "not knowable", "reason": f"{moved}; the replay cannot represent the kernels' "
+                                                               f"order ({_short(reasons[0]) if reasons else 'refused'})"}
+    return {"cls": None, "cell": "not replayed", "reason": f"{moved}; the envelope is not in the replay cache "
+                                                           "(`gemmdrift changelog --replay` computes it)"}
+
+
+def compact(ts: Sequence[int]) -> str:
+    from .pages import compact_ranges
+
+    return compact_ranges(ts)
 
 
 def _short(reason: str) -> str:
@@ -297,4 +438,4 @@ def _short(reason: str) -> str:
     return text.split(":")[0][:80]
 
 
-__all__: Sequence[str] = ["Predictor", "chips", "projection_shapes", "knowable", "T_MAX", "MODELS", "WEIGHTS"]
+__all__: Sequence[str] = ["Predictor", "chip_class", "envelope_figures", "chips", "projection_shapes", "knowable", "rules", "sources_blocks", "T_MAX", "MODELS", "WEIGHTS"]

@@ -158,10 +158,14 @@ def cmd_diverge(args) -> int:
             raise GemmdriftError(f"{flag} must be positive, got {value}")
     precheck(args)
     impl, rb = cachebench.precheck(args)
+    if args.explain and args.no_triage:
+        raise GemmdriftError("--explain explains the triage's verdict: give it without --no-triage")
     texts = None
     if args.prompts is not None:
         if any(x is not None for x in (args.prompt, args.prompt_file, args.prompt_ids)):
             raise GemmdriftError("--prompts is a prompt set: give it without --prompt, --prompt-file or --prompt-ids")
+        if args.explain:
+            raise GemmdriftError("--explain names the op behind one prompt's divergence: give it without --prompts")
         texts = builtin_prompts() if args.prompts == "builtin" else read_prompts(args.prompts)
         if args.context is not None:
             _context_text(args.context)
@@ -304,10 +308,11 @@ def cmd_run(args) -> int:
 
     check_out_dir(args.out)
     from ..machine.envinfo import select_device
-    from ..replay.calib import check_files
+    from ..replay.calib import check_run
+    from ..replay.paths import installed_mlx
     from ..suite import main_job
 
-    check_files(args.calibration)  # a bad file: one line, before the model loads
+    check_run(args.calibration, installed_mlx())  # a bad, other-release or disagreeing file: before the load
     select_device(args.device)
     paths = main_job(args.out, sizes=args.sizes, model=args.model, dtype=args.dtype, calibration=args.calibration)
     print(paths["markdown"].read_text())
@@ -482,8 +487,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=cmd_run)
 
     s = sub.add_parser("report", help="one page (HTML and markdown) from a results directory: tables, figures, reading")
-    s.add_argument("dir", help="a results directory: the output of run, stack, kernels, diverge, triage, history, "
-                               "state, batch, server or fingerprint")
+    s.add_argument("dir", help="a results directory: the output of run, stack, kernels, diverge, triage, attribute "
+                               "(its --primitives and --python outputs too), replay check, compare, history, state, "
+                               "batch, server or fingerprint")
     s.add_argument("--screenshot", action="store_true",
                    help="also render the page in headless Chromium to report_page.png (checks that it displays)")
     s.add_argument("--json", action="store_true")

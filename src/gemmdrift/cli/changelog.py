@@ -69,6 +69,9 @@ def cmd_changelog(args) -> int:
         if not d.is_dir() and args.ops:
             raise GemmdriftError(f"--ops: no directory {d}")
     out = Path(args.out) if args.out else ((root / PAGES) if root is not None else PAGES)
+    from ..checks import check_out_dir
+
+    check_out_dir(out)  # before any page is computed
     written = write_changelog(dirs, out, pair=(args.old, args.new) if args.old else None, ops_dirs=ops_dirs,
                               root=root, predict=not args.no_predict, replay=args.replay)
     for p in written:
@@ -87,13 +90,24 @@ def write_changelog(results: Sequence[Path], out: Path, *, pair: tuple[str, str]
     from .. import changelog as cl
     from ..changelog import pages as view
     from ..files import write_text
-    from ..measure.history import read_results
+    from ..measure.history import check_one_commit, read_results
 
     df = read_results([str(d) for d in results])
+    check_one_commit(df)
     if pair is not None:
         old, new = cl.resolve(pair[0], df, "--from"), cl.resolve(pair[1], df, "--to")
         if old == new:
             raise GemmdriftError(f"--from and --to name the same release ({old})")
+        from ..checks import release_order_key
+
+        if release_order_key(old) > release_order_key(new):
+            raise GemmdriftError(f"--from {old} is newer than --to {new}: a page reads from the older release to the "
+                                 f"newer (write --from {new} --to {old})")
+        have = set(cl.measured_releases(df))
+        if not predict and not {old, new} <= have:
+            raise GemmdriftError(f"--no-predict: {' and '.join(r for r in (old, new) if r not in have)} has no results "
+                                 f"measured here, so the page of {old} → {new} is its prediction only (drop "
+                                 "--no-predict)")
         pairs = [(old, new)]
     else:
         pairs = cl.default_pairs(df)
@@ -102,16 +116,21 @@ def write_changelog(results: Sequence[Path], out: Path, *, pair: tuple[str, str]
     if ops_text:
         inputs += " (release comparisons of ops: " + ", ".join(ops_text) + ")"
     pages: list[tuple[str, str, list, str]] = []
+    classes: list[tuple[Any, dict]] = []  # each pair's Measured and its predicted class per chip
     predictor = None
+    chips: tuple[str, ...] = ()
     if predict:
-        from ..changelog.predicted import Predictor
+        from ..changelog.predicted import ENVELOPE_CHIPS, Predictor, chip_class
 
         predictor = Predictor(cache=cache if cache is not None else default_cache(root, out), replay=replay)
+        chips = ENVELOPE_CHIPS
     for old, new in pairs:
-        m = cl.measured(df, old, new)
+        m = cl.measured(df, old, new, strict=pair is not None)
         ops = cl.read_ops([d for d in ops_dirs if Path(d).is_dir()], old, new)
         predicted = predictor.blocks(old, new) if predictor is not None else []
-        pages.append((old, new, view.page(m, ops, predicted, inputs), view.summary(m, ops)))
+        pred = {c: chip_class(predictor, c, old, new) for c in chips} if predictor is not None else {}
+        classes.append((m, pred))
+        pages.append((old, new, view.page(m, ops, predicted, inputs, pred), view.summary(m, ops)))
     if predictor is not None:
         predictor.save()
     written = []
@@ -120,11 +139,18 @@ def write_changelog(results: Sequence[Path], out: Path, *, pair: tuple[str, str]
         written.append(write_text(Path(str(stem) + ".md"), view.markdown(blocks)))
         written.append(write_text(Path(str(stem) + ".html"), view.html(blocks)))
     if pair is None:
-        rows = [(o, n, s) for o, n, _, s in reversed(pages)]
-        idx = view.index(rows, inputs)
+        from ..changelog import timeline
+        from ..view.timeline import save_timeline
+
+        columns, rows = timeline.rows(cl.known_releases(df), classes, chips, have=cl.releases_by_machine(df))
+        written.append(save_timeline(columns, rows, out / TIMELINE))
+        idx = timeline.index_blocks(columns, rows, inputs, figure=TIMELINE)
         written.append(write_text(out / "index.md", view.markdown(idx)))
         written.append(write_text(out / "index.html", view.html(idx)))
     return written
+
+
+TIMELINE = "timeline.png"  # the index's figure, beside the pages
 
 
 def default_cache(root: Path | None, out: Path) -> Path:

@@ -113,8 +113,8 @@ def write_and_print(args, result, out, note: str = "") -> None:
 
     written = store.write_result(result, out)
     files = [p.relative_to(out).as_posix() if p.is_relative_to(Path(out)) else p.name  # streams/x.json, not x.json
-             for k, p in written.items() if k not in ("frame", "figures", "marker", "details")]
-    names = ", ".join(files if len(files) <= 12 else files[:10] + [f"and {len(files) - 10} more"])
+             for k, p in written.items()]  # every file, result.json and result.csv included
+    names = ", ".join(files if len(files) <= 16 else files[:14] + [f"and {len(files) - 14} more"])
     emit(args, summaries.summary(result), summaries.text(result) + f"\n\nwritten to {Path(out)}/ ({names})"
           + (f"\n{note}" if note else ""))
 

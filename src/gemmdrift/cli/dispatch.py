@@ -97,7 +97,10 @@ def chip_of_record(path: str):
     if not p.is_file():
         raise GemmdriftError(f"--env {path}: no such file (give a results directory, its meta.json, or a file "
                              "written by `gemmdrift env --json`)")
-    obj = read_object(p)
+    try:
+        obj = read_object(p)
+    except GemmdriftError as e:  # name the flag the file came from
+        raise GemmdriftError(f"--env {path}: {e}") from None
     env = obj.get("env") if isinstance(obj.get("env"), dict) and "backend" not in obj else obj
     if "backend" not in env:
         raise GemmdriftError(f"--env {p}: no environment record in it (no 'backend')")
@@ -215,10 +218,17 @@ def records(args) -> tuple[list[dict[str, Any]], str]:
             bits, group = check_quantization(args.mode, args.bits, args.group_size, args.K)
             shape.update(bits=bits, group_size=group, mode=args.mode)
             what += f" {args.mode} bits={bits} group_size={group}"
+    from ..replay import FP_KERNELS
+
     out = []
     for t in ts:
         c = choose(chip, args.op, T=t, dtype=args.dtype, mlx_version=version, tf32=not args.no_tf32, **shape)
-        out.append({"T": t, "kernel": c.kernel, "label": label(c), "params": dict(c.params), "source": c.source,
+        kernel = c.kernel
+        if shape.get("mode", "affine") != "affine" and kernel in FP_KERNELS:  # fp_quantized.h's names, as replay's
+            kernel = FP_KERNELS[kernel]
+        said = label(c)
+        said = kernel + said[len(c.kernel):] if said.startswith(c.kernel) else said
+        out.append({"T": t, "kernel": kernel, "label": said, "params": dict(c.params), "source": c.source,
                     "note": c.note, "chip": chip.name, "mlx": version})
     return out, f"{describe_chip(chip)}; {what}; mlx {version}"
 

@@ -42,11 +42,15 @@ def cmd_history(args) -> int:
     check_out_dir(args.out)
     from .. import store
     from ..view import summaries
-    from ..measure.history import history_result, read_results
+    from ..measure.history import history_result, mixed_commits, read_results
 
     dirs = _results_dirs(args)
     out = Path(args.out)
-    result = history_result(read_results(dirs), include=args.include,
+    df = read_results(dirs)
+    for machine, release, commits in mixed_commits(df):
+        print(f"gemmdrift history: warning: machine {machine} holds {release} at gemmdrift commits "
+              f"{' and '.join(commits)}: the latest of each figure is drawn", file=sys.stderr)
+    result = history_result(df, include=args.include,
                             results=[str(d) for d in (dirs if isinstance(dirs, (list, tuple)) else [dirs])])
     store.write_result(result, out)
     summary = summaries.summary(result)
@@ -61,16 +65,15 @@ def cmd_gate(args) -> int:
     from ..checks import check_gate_versions, check_out_dir, check_threshold
 
     check_threshold(args.threshold)
-    warning = check_gate_versions(args.candidate, args.baseline)
-    if warning:
-        print(f"gemmdrift gate: {warning}", file=sys.stderr)
+    check_gate_versions(args.candidate, args.baseline)  # the same release twice, or the pair reversed
     if args.out:
         check_out_dir(args.out)
     from .. import files
-    from ..measure.history import gate, read_results
+    from ..measure.history import check_one_commit, gate, read_results
     from ..text import text_table
 
     df = read_results(_results_dirs(args))
+    check_one_commit(df)
     g = gate(df, candidate=args.candidate, baseline=args.baseline, threshold=args.threshold, include=args.include)
     bad = g[g["regression"]]
     if args.out:

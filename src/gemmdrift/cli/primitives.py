@@ -100,7 +100,7 @@ def run(args: argparse.Namespace, cli: Any = None) -> int | None:
     from ..machine.envinfo import select_device
     from ..attribution.primitives_operands import LM_HEAD_ROWS, SEED
 
-    ts = _ts(getattr(args, "ts", "1-8") or "1-8")
+    ts = _ts("1-8" if getattr(args, "ts", None) is None else args.ts)  # --ts '' is refused, not the default
     rows = getattr(args, "lm_head_rows", None)
     lm_head_rows = LM_HEAD_ROWS if rows is None else (None if rows == 0 else rows)
     if rows is not None and rows < 0:
@@ -114,10 +114,15 @@ def run(args: argparse.Namespace, cli: Any = None) -> int | None:
                                                                                              "--operand-seed")
     model = getattr(args, "model", None) or "embedded"
     select_device(getattr(args, "device", None))
-    primitives.plan(model, ts, seed=seeds, **kw)  # every bad input, one line, before anything is computed
+    out = getattr(args, "out", None)
+    if out:
+        from ..checks import check_out_dir
+
+        check_out_dir(out)
+    mops, chosen, widths, kernels = primitives.plan(model, ts, seed=seeds, **kw)  # every bad input, one line
+    _check_replayable(kernels, chosen, widths, mops.dtype)
     g = primitives.gate(model, ts, seed=seeds, **kw)
     rec = primitives_view.record(g)
-    out = getattr(args, "out", None)
     if out:
         Path(out).mkdir(parents=True, exist_ok=True)
         files.write_json(Path(out) / "primitives.json", rec)
@@ -134,6 +139,30 @@ def run(args: argparse.Namespace, cli: Any = None) -> int | None:
     if getattr(args, "fail_unless_exact", False) and not g.ok:
         return 1
     return 0
+
+
+def _check_replayable(kernels: str | None, ops, widths: list[int], dtype: str) -> None:
+    """A replayed chip with no recipe for a width asked (sm90's cuBLASLt at T >= 2): refused now, naming the
+    widths it can replay, instead of a gate that fails closed after computing."""
+    if not kernels:
+        return
+    from ..replay.model import KernelsOption
+
+    kopt = KernelsOption(kernels)
+    shapes = [(o.name, int(o.shape["K"]), int(o.shape["N"]), None) for o in ops
+              if o.kind == "linear" and o.quant is None]
+    ok, why = [], None
+    for T in widths:
+        try:
+            kopt.check_calls(shapes, [T], dtype)
+            ok.append(T)
+        except GemmdriftError as e:
+            why = why or str(e)
+    if why is not None:
+        from ..view.primitives import _ts_text
+
+        raise GemmdriftError(f"--kernels {kernels}: {why}; "
+                             + (f"replayable here: --ts {_ts_text(ok)}" if ok else "no width asked is replayable"))
 
 
 __all__ = ["add_arguments", "run"]

@@ -98,7 +98,28 @@ def resolve_release(spec: str, releases: Sequence[str], flag: str) -> str:
     matching = sorted((r for r in releases if split_release(r)[0] == spec), key=release_key)
     if matching:
         return matching[-1]
-    raise GemmdriftError(f"{flag}: no results for {spec} (have {', '.join(sorted(releases, key=release_key))})")
+    raise GemmdriftError(f"{flag}: no results for {spec} ({nearest_text(spec, releases)}; have "
+                         f"{', '.join(sorted(releases, key=release_key))})")
+
+
+def nearest(spec: str, releases: Sequence[str]) -> tuple[str | None, str | None]:
+    """The releases with results just before and just after ``spec`` (a release label or an mlx version), by mlx
+    version then mlx-lm version; None where there is none on that side."""
+    try:
+        key = release_key(spec)
+    except (TypeError, ValueError):
+        return None, None
+    ordered = sorted(set(releases), key=release_key)
+    before = [r for r in ordered if release_key(r) < key]
+    after = [r for r in ordered if release_key(r) > key]
+    return (before[-1] if before else None), (after[0] if after else None)
+
+
+def nearest_text(spec: str, releases: Sequence[str]) -> str:
+    """'the nearest releases with results: 0.29.4 (before) and 0.30.6 (after)', for a one-line refusal."""
+    before, after = nearest(spec, releases)
+    named = [f"{r} ({side})" for r, side in ((before, "before"), (after, "after")) if r]
+    return "the nearest releases with results: " + " and ".join(named) if named else "no release has results"
 
 
 def _param_value(text: str) -> Any:
@@ -234,6 +255,31 @@ def _file_rows(path: Path, d: dict[str, Any], units: dict[str, Any]) -> list[dic
     return file_rows
 
 
+def mixed_commits(df: pd.DataFrame) -> list[tuple[str, str, list[str]]]:
+    """(machine, release, commits) for every release one machine holds results of at two or more gemmdrift
+    commits. Different releases measured at different commits are not listed (the shipped reference results
+    hold three commits, one per release measured): a pair of them is compared with a note on its page."""
+    t = df[df["release"].notna()]
+    out = []
+    for (machine, release), g in t.groupby(["machine", "release"], sort=True):
+        commits = sorted(set(g["commit"]))
+        if len(commits) > 1:
+            out.append((str(machine), str(release), commits))
+    return out
+
+
+def check_one_commit(df: pd.DataFrame) -> None:
+    """Refuse results where one machine holds one release at two gemmdrift commits (a difference between
+    releases could then be gemmdrift's, and which one a figure came from is a guess)."""
+    mixed = mixed_commits(df)
+    if mixed:
+        machine, release, commits = mixed[0]
+        more = f" ({len(mixed) - 1} more release(s) alike)" if len(mixed) > 1 else ""
+        raise GemmdriftError(f"the results of machine {machine} mix gemmdrift commits {' and '.join(commits)} for "
+                             f"release {release}{more}: keep one commit's files ({machine}/<commit>-<env>.json) or "
+                             "give the other commit's results another machine name")
+
+
 def tracked(df: pd.DataFrame) -> pd.DataFrame:
     """Only the drift figures (track_*), without the environment bookkeeping ones."""
     t = df[df["benchmark"].str.contains(r"\.track_")
@@ -292,7 +338,11 @@ def gate(df: pd.DataFrame, candidate: str | None = None, baseline: str | None = 
     t = latest_per_version(tracked(df))
     t = t[~t["params"].str.contains("emulated:", regex=False)]  # negative controls, not mlx kernels
     if include:
+        if t.empty:
+            raise GemmdriftError("no tracked drift figures in the asv results")
         t = t[t["benchmark"].str.contains(include, regex=False)]
+        if t.empty:
+            raise GemmdriftError(f"--include {include}: no tracked figure's benchmark name contains it")
     if t.empty:
         raise GemmdriftError("no tracked drift figures in the asv results")
     releases = sorted(set(t["release"]), key=release_key)
@@ -378,5 +428,35 @@ def history_result(df: pd.DataFrame, include: str = "", results: Sequence[str] =
     frame = tidy(t.drop(columns=["mlx"]).rename(columns={"benchmark": "metric", "release": "mlx"})
                  .assign(pair=t["params"], model="embedded")[["backend", "mlx", "model", "pair", "metric", "value",
                                                               "machine"]])
+    releases = coverage(df)
     return Result(kind="history", inputs={"results": [str(r) for r in results], "include": include}, env={},
-                  frame=frame, tables={"history": t, "history_wide": history_table(t)})
+                  frame=frame, tables={"history": t, "history_wide": history_table(t), "releases": releases,
+                                       "skipped": skipped_table(df, t, releases)})
+
+
+SKIPPED = "skipped"  # asv recorded no value (NaN: the benchmark skipped or failed; never 0)
+NOT_RUN = "not run"  # the results of that release do not have the benchmark at all
+
+
+def coverage(df: pd.DataFrame) -> pd.DataFrame:
+    """Every (machine, backend, release) with a result file, in release order: the history's x axis."""
+    t = df[df["release"].notna()][["machine", "backend", "release"]].drop_duplicates()
+    t = t.assign(_k=t["release"].map(release_key)).sort_values(["machine", "backend", "_k"])
+    return t.drop(columns="_k").reset_index(drop=True)
+
+
+def skipped_table(df: pd.DataFrame, t: pd.DataFrame, releases: pd.DataFrame | None = None) -> pd.DataFrame:
+    """Every (machine, backend, series, release) the history has no value for although that machine has results
+    of that release: ``why`` is :data:`SKIPPED` (asv recorded NaN) or :data:`NOT_RUN` (no such benchmark in its
+    results). A figure draws these as skipped, never as a value of 0 or a silent gap."""
+    releases = coverage(df) if releases is None else releases
+    have = {k: set(g["release"]) for k, g in releases.groupby(["machine", "backend"])}
+    nan = df[df["value"].isna()]
+    nan_keys = set(zip(nan["machine"], nan["backend"], nan["benchmark"], nan["params"], nan["release"]))
+    rows = []
+    for (machine, backend, bench, params), g in t.groupby(["machine", "backend", "benchmark", "params"], sort=True):
+        for rel in sorted(have.get((machine, backend), set()) - set(g["release"]), key=release_key):
+            why = SKIPPED if (machine, backend, bench, params, rel) in nan_keys else NOT_RUN
+            rows.append({"machine": machine, "backend": backend, "benchmark": bench, "params": params,
+                         "release": rel, "why": why})
+    return pd.DataFrame(rows, columns=["machine", "backend", "benchmark", "params", "release", "why"])

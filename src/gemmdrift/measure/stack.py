@@ -118,8 +118,12 @@ def two_run(la: np.ndarray, lb: np.ndarray, logit_positions: np.ndarray, tokens:
     from .twostats import two_run_stats, view_from_logits
 
     keep = np.flatnonzero(logit_positions + 1 < len(tokens))
-    if keep.size == 0:
-        return {}
+    if keep.size == 0:  # no next token (the stream's last position): KLD and top-1 need none, Δp and ppl do
+        pos = np.asarray(logit_positions)
+        views = [view_from_logits(x, pos, np.argmax(la, axis=-1), 2, full=True) for x in (la, lb)]
+        s = two_run_stats(*views)["summary"]
+        return {k: float(s[k]) if k in ("kld_mean", "kld_max", "kld_p99.9", "same_top1_share") else float("nan")
+                for k in TWO_RUN_FIGURES}
     pos = logit_positions[keep]
     targets = np.asarray(tokens, dtype=np.int64)[pos + 1]
     views = [view_from_logits(x[keep], pos, targets, 2, full=True) for x in (la, lb)]

@@ -19,9 +19,13 @@ its neighbour by :func:`exposed_ops`.
 Three modes of one run, as :class:`OpRecorder` is built:
 
 * **record**: keep each op's output (and, with ``keep_inputs``, its per-row inputs) at the tapped positions;
-* **local**: every op is fed the reference run's per-row input at the same positions (the attention core its
-  queries; keys and values stay what this run's cache holds: its own layout), so whatever differs at an op's
-  output is that op's own;
+* **local**: every op is fed the reference run's per-row input at the same positions, and what it hands on (to
+  the next op, and into the KV cache) is the reference run's output: the attention core gets the reference's
+  queries, and its cache holds the reference's keys and values at every position (in this run's own layout:
+  a ``RotatingKVCache`` orders them as this schedule writes them). Whatever differs at an op's output is that
+  op's own; a value projection's drift never reaches the attention core through the cache. Per row, the share
+  of the input this run computed that differs from the reference's is kept (``OpRecord.input_differ``): a
+  difference there comes from the computation between two tapped ops (the MLP activation, an inline add);
 * **replace**: the ops of the chosen classes return the reference run's output (the counterfactual: the class
   made invariant, everything else left as is).
 
@@ -135,6 +139,9 @@ def sites(model) -> list[Site]:
     return out
 
 
+KIND_WORDS = ("linear", "norm", "rope", "sdpa")  # the kinds --ops takes, as attribute --primitives names them
+
+
 @dataclass
 class ExposedOps:
     """Which ops a model exposes: names per layer (module order), their classes and kinds, and what is not
@@ -149,14 +156,26 @@ class ExposedOps:
     def classes(self) -> list[str]:
         return list(dict.fromkeys(op_class(n) for n in self.names + self.head))
 
+    def class_kind(self, cls: str) -> str:
+        """The kind word of a class as ``--ops`` takes it in both attribute modes (linear, norm, rope, sdpa)."""
+        kinds = [self.kinds.get(n) for n in self.names + self.head if op_class(n) == cls]
+        k = next((k for k in kinds if k), "")
+        return {"head": "linear", "attention": "sdpa"}.get(k, k)
+
     def resolve(self, wanted: Sequence[str], what: str = "op") -> list[str]:
-        """Classes named by ``wanted`` (a full class name or its last component, ``q_proj``); an unknown name
-        raises with the list of the ones this model exposes."""
+        """Classes named by ``wanted``: a full class name or its last component (``q_proj``), as in
+        ``attribute --primitives`` a name before a kind (``norm`` is the final norm), then a kind (``linear``:
+        every projection and the LM head) or ``kind:K`` (``kind:norm``: every norm). An unknown name raises
+        with the list of the ones this model exposes."""
         out = []
         for w in wanted:
-            hit = [c for c in self.classes if c == w or short_class(c) == w]
+            kind = w[5:] if w.startswith("kind:") else None
+            hit = [] if kind else [c for c in self.classes if c == w or short_class(c) == w]
+            if not hit and (kind or w) in KIND_WORDS:
+                hit = [c for c in self.classes if self.class_kind(c) == (kind or w)]
             if not hit:
-                raise GemmdriftError(f"unknown {what} {w!r}: this model exposes {', '.join(self.classes)}")
+                raise GemmdriftError(f"unknown {what} {w!r}: this model exposes {', '.join(self.classes)} (or a "
+                                     f"kind: {', '.join(KIND_WORDS)}, kind:norm for every norm)")
             out += [c for c in hit if c not in out]
         return out
 
@@ -202,6 +221,9 @@ class OpRecord:
     inp: dict[tuple[int, str], list[np.ndarray]]
     dtype: dict[tuple[int, str], str]
     replaced: set = field(default_factory=set)  # classes whose outputs were replaced
+    # local mode: per (layer, op) and position kept, the share of its per-row input elements that differ from the
+    # reference's input it was fed instead (the largest over its row arguments)
+    input_differ: dict[tuple[int, str], np.ndarray] = field(default_factory=dict)
 
     def rows(self, key, positions: np.ndarray) -> np.ndarray:
         have = self.positions.get(key)
@@ -224,6 +246,18 @@ def _take_rows(x, rows: np.ndarray):
     if len(rows) == x.shape[-2] and rows[-1] == len(rows) - 1:  # every row (a decode step): no gather needed
         return mx.moveaxis(x, -2, 0)
     return mx.moveaxis(mx.take(x, mx.array(rows.astype(np.int32)), axis=-2), -2, 0)
+
+
+def _row_share_differ(given: Sequence, fed: Sequence):
+    """Per row (axis -2): the share of elements whose values differ between the inputs a run computed and the
+    reference's it was fed instead, the largest over the arguments; shaped ``(rows, 1)`` (rows along axis -2)."""
+    import mlx.core as mx
+
+    shares = []
+    for g, f in zip(given, fed):
+        axes = [i for i in range(g.ndim) if i != g.ndim - 2]
+        shares.append(mx.mean(mx.not_equal(g, f.astype(g.dtype)).astype(mx.float32), axis=axes))
+    return mx.expand_dims(mx.max(mx.stack(shares), axis=0), -1)
 
 
 def _inject(rows: np.ndarray, like):
@@ -296,22 +330,29 @@ class OpRecorder:
                 raise GemmdriftError(f"op {name} of layer {layer}: {args[j].shape[-2]} rows along axis -2, "
                                      f"expected {len(pos)} (this block's positions)")
         ref = self.reference
+        differ = None
         if self.local:
             ri = ref.rows(key, pos)
+            given = [args[j] for j in row_args]  # what the run computed as this op's input
             for n_arg, j in enumerate(row_args):
                 args[j] = _inject(ref.inp[key][n_arg][ri], args[j])
+            if self.record_ops:
+                differ = _row_share_differ(given, [args[j] for j in row_args])
         out = fn(*args, **kwargs)
         if key in self.perturb:
             out = self.perturb[key](out, tuple(args))
         cls = op_class(name)
+        passed = out
         if cls in self.replace:
-            out = _inject(ref.out[key][ref.rows(key, pos)], out)
+            passed = out = _inject(ref.out[key][ref.rows(key, pos)], out)
             rec.replaced.add(cls)
+        elif self.local:  # the op's own output is kept; what flows on (into the next op, the cache) is the reference's
+            passed = _inject(ref.out[key][ri], out)
         if self.record_ops:
-            self._capture(key, pos, out, [args[j] for j in row_args] if self.keep_inputs else [])
-        return out
+            self._capture(key, pos, out, [args[j] for j in row_args] if self.keep_inputs else [], differ)
+        return passed
 
-    def _capture(self, key, pos: np.ndarray, out, inputs: list) -> None:
+    def _capture(self, key, pos: np.ndarray, out, inputs: list, differ=None) -> None:
         import mlx.core as mx
 
         keep = np.isin(pos, self.positions)
@@ -328,6 +369,8 @@ class OpRecorder:
             if len(rows) >= 64:
                 mx.async_eval(sel)
             self.pending.append((key, slots, j, sel))
+        if differ is not None:
+            self.pending.append((key, slots, -1, _take_rows(differ, rows)))
 
     def flush(self) -> None:
         """Evaluate and keep this block's captures (called once per block, after the block's eval)."""
@@ -342,7 +385,9 @@ class OpRecorder:
         for (key, slots, j, arr), f32 in zip(self.pending, upcast):
             a = np.array(f32, copy=True)
             n = len(rec.positions[key])
-            if j == 0:
+            if j == -1:
+                rec.input_differ.setdefault(key, np.zeros(n))[slots] = a[:, 0]
+            elif j == 0:
                 if key not in rec.out:
                     rec.out[key] = np.zeros((n, *a.shape[1:]), np.float32)
                     rec.dtype[key] = storage_dtype_name(arr.dtype)
@@ -483,7 +528,10 @@ def run_ops(model, tokens: Sequence[int], schedule: str, *, split: int | None = 
 
 
 def local_drift(ref: OpRecord, other: OpRecord, positions: Sequence[int] | None = None) -> pd.DataFrame:
-    """Per (layer, op, position): share of elements whose bits differ, max ULP, rel L2 (reference first).
+    """Per (layer, op, position): share of elements whose bits differ, max ULP, rel L2 (reference first), and
+    ``input_differ``: in a local run, the share of the op's per-row input elements that differ from the
+    reference's input it was fed instead (every tapped op hands on the reference's output, so a difference there
+    was made between two tapped ops), else 0.
 
     Rows follow the reference's forward order (``order``: the op's index in it). ULPs are counted in the op's
     storage dtype (:func:`gemmdrift.metrics.storage_bits`, :func:`gemmdrift.metrics.ordered_int`)."""
@@ -507,13 +555,15 @@ def local_drift(ref: OpRecord, other: OpRecord, positions: Sequence[int] | None 
         sq_a = np.sum(a.astype(np.float64) ** 2, axis=1)
         sq_d = np.sum(d * d, axis=1)
         rel = np.where(sq_a > 0, np.sqrt(sq_d / np.where(sq_a > 0, sq_a, 1)), np.where(sq_d == 0, 0.0, np.inf))
+        inp = (other.input_differ[key][other.rows(key, pos)] if key in other.input_differ
+               else np.zeros(len(pos)))
         layer, name = key
         for j, p in enumerate(pos):
             rows.append({"layer": layer, "op": name, "class": op_class(name), "kind": ref.kinds[key],
                          "order": order, "position": int(p), "frac_differ": float(np.mean(ba[j] != bb[j])),
-                         "max_ulp": float(ulp[j].max()), "rel_l2": float(rel[j])})
+                         "max_ulp": float(ulp[j].max()), "rel_l2": float(rel[j]), "input_differ": float(inp[j])})
     return pd.DataFrame(rows, columns=["layer", "op", "class", "kind", "order", "position", "frac_differ",
-                                       "max_ulp", "rel_l2"])
+                                       "max_ulp", "rel_l2", "input_differ"])
 
 
 def first_differing(drift: pd.DataFrame) -> pd.DataFrame:

@@ -219,12 +219,14 @@ class Resolved:
 
 
 def resolve(chip: Any, mlx_version: str, files: Sequence[str | Path] = (), *,
-            registry: str | Path | None | bool = None) -> Resolved:
+            registry: str | Path | None | bool = None, others: str = "refuse") -> Resolved:
     """The measured variant for ``chip`` at ``mlx_version`` from ``files`` and the registry.
 
     A given file for another chip (architecture) or release, or files that disagree on an axis: one-line
     GemmdriftError. Registry files for other chips or releases are not for this replay and are skipped
-    (``registry``: another directory, or False for none).
+    (``registry``: another directory, or False for none). ``others="skip"``: a given file for another chip is
+    skipped too, as a registry file is (the main job replays several chips; :func:`check_run` checked the
+    files before it started).
     """
     from ..dispatch import parse_version
     from .paths import parse_chip
@@ -234,9 +236,11 @@ def resolve(chip: Any, mlx_version: str, files: Sequence[str | Path] = (), *,
     chosen: list[Calibration] = []
     for f in files:
         cal = load(f)
+        if cal.architecture != c.arch and others == "skip":
+            continue
         if cal.architecture != c.arch:
             raise GemmdriftError(f"calibration {cal.path}: measured on {cal.device.get('chip')} ({cal.architecture}), "
-                                 f"not {c.name} ({c.arch})")
+                                 f"not {c.name}" + (f" ({c.arch})" if c.arch else ""))
         if _version(cal, f) != want:
             raise GemmdriftError(f"calibration {cal.path}: measured with mlx {cal.mlx}, this replays mlx {mlx_version}")
         chosen.append(cal)
@@ -267,6 +271,20 @@ def _version(cal: Calibration, f) -> tuple[int, ...]:
         raise GemmdriftError(f"calibration {f}: its mlx version {cal.mlx!r} is not a release number") from None
 
 
+def check_run(files: Sequence[str | Path], mlx_version: str) -> None:
+    """The main job's files, before it starts: each readable, measured with the mlx the prediction replays, and
+    the files (with the registry's) of each chip agreeing. A file for a chip the job does not replay is
+    skipped there, as a registry file is."""
+    from types import SimpleNamespace
+
+    by_arch: dict[str, list[str]] = {}
+    for f in files:
+        cal = load(f)
+        by_arch.setdefault(cal.architecture, []).append(str(f))
+    for arch, fs in by_arch.items():
+        resolve(SimpleNamespace(arch=arch, name=load(fs[0]).device.get("chip") or arch), mlx_version, fs)
+
+
 def check_files(files: Iterable[str | Path]) -> list[str]:
     """Load every given file now (before any model loads): the one-line errors early."""
     out = []
@@ -293,4 +311,4 @@ def summary(record: Mapping[str, Any]) -> str:
 
 
 __all__ = ["FORMAT", "VERSION", "REGISTRY", "FILENAME", "Calibration", "build", "write", "load", "registry_files",
-           "Resolved", "resolve", "check_files", "summary"]
+           "Resolved", "resolve", "check_run", "check_files", "summary"]

@@ -531,6 +531,9 @@ def variants_lines(result) -> list[str]:
             parts.append(k + (" " + " ".join(f"{a}={'|'.join(v)}" for a, v in axes.items()) if axes
                               else " (no open axis)"))
         out.append(f"variants on {path}: " + "; ".join(parts))
+    checked = (result.inputs or {}).get("variants")
+    if out and checked not in (None, "all"):  # the list is of what exists; say what this check ran
+        out.append(f"  (the variants each kernel has; this check ran {checked or 'the default'} only)")
     return out
 
 

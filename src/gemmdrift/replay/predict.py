@@ -241,6 +241,10 @@ def predict_drift(lm, sizes: PredictSizes, *, checkpoint: str | Path | None = No
     n, split = len(tokens), sizes.split
     positions = np.arange(split, n)
     version = mlx_version or installed_mlx()
+    if calibration:  # another release or disagreeing files: refused before anything is measured
+        from .calib import check_run
+
+        check_run(calibration, version)
     ts = {s: block_ts(s, n, split) for s in scheds}
     common = dict(split=split, local=False, env=env, workers=1)  # in-process: the replay proxies live here
     layers: list[dict] = []
@@ -272,7 +276,7 @@ def predict_drift(lm, sizes: PredictSizes, *, checkpoint: str | Path | None = No
         if knowable:
             run = [scheds[0], *knowable]
             variants = chip_variants(lm, chip, sorted({t for s in run for t in ts[s]}), sizes.variants, version)
-            cal = resolve(chip, version, calibration)
+            cal = resolve(chip, version, calibration, others="skip")  # a file calibrates its own chip only
             if cal.variant:
                 variants = calibrated_variants(variants, cal.variant)
                 calibrated[chip] = cal.note

@@ -18,6 +18,7 @@ from ..text import fmt
 
 TITLE = "Which op: local drift per op and layer, and the counterfactual per op class"
 FIGURE = "attribute.png"
+SHOWN = 40  # rows of drifting ops printed on the terminal
 
 
 def command(result: Result, positions: str | None = None, ops: str | None = None,
@@ -27,15 +28,22 @@ def command(result: Result, positions: str | None = None, ops: str | None = None
     model = i.get("model") or {}
     parts = ["gemmdrift", "attribute", "--model", str(model.get("source") or "embedded"),
              "--dtype", str(model.get("dtype") or "bfloat16")]
-    if i.get("prompt_ids_file"):
+    if i.get("prompt_flag"):  # the prompt as it was given (--prompt TEXT, --prompt-file, --prompt-ids)
+        parts += [str(x) for x in i["prompt_flag"]]
+    elif i.get("prompt_ids_file"):
         parts += ["--prompt-ids", str(i["prompt_ids_file"])]
     parts += ["--tokens", str(len(i.get("tokens") or [])), "--schedules", *i.get("schedules", [])]
     if i.get("split") is not None:
         parts += ["--split", str(i["split"])]
     parts += ["--positions", positions or _range(i.get("positions") or [])]
-    if ops:
+    directions = counterfactual or ",".join(i.get("counterfactual") or []) or "none"
+    if ops is None and "ops_given" in i:  # the classes the run was given (none: every class)
+        ops = ",".join(i["ops_given"]) if i["ops_given"] else None
+    elif ops is None:  # an older result, or the main job's part: the classes it ran
+        ops = ",".join(i.get("ops") or []) or None
+    if ops and directions != "none":  # --ops with --counterfactual none is refused
         parts += ["--ops", ops]
-    parts += ["--counterfactual", counterfactual or ",".join(i.get("counterfactual") or []) or "none"]
+    parts += ["--counterfactual", directions]
     if i.get("kernels"):
         parts += ["--kernels", str(i["kernels"])]
     return " ".join(shlex.quote(p) for p in parts)
@@ -94,7 +102,9 @@ def attribute_text(result: Result) -> str:
     if hit:
         lines.append("ops with local drift (layer, op: positions differing, max ULP, first position):")
         lines += [f"  {r['layer']:3d} {r['op']:28s} {r['positions differing']:5d}  {r['max ULP']:>8s}  "
-                  f"{r['first position']}" for r in hit[:40]]
+                  f"{r['first position']}" for r in hit[:SHOWN]]
+        if len(hit) > SHOWN:
+            lines.append(f"  (the first {SHOWN} of {len(hit)} rows; every row is in ops.csv and the report)")
     cf = counterfactual_rows(result)
     if cf:
         lines.append("envelope left per counterfactual (max|dlogit|, flips):")
@@ -114,10 +124,12 @@ def report_part(result: Result) -> tuple[list[tuple], list[str]]:
         ("p", f"**{result.details.get('verdict', '')}**"),
     ]
     rows = ops_rows(result)
-    blocks.append(("table", rows) if rows else ("p", "No op drifts on its own input at the compared positions."))
+    blocks.append(("table", rows) if rows else ("p", "No op drifts on its own input at any position computed up to the last compared one."))
     cf = counterfactual_rows(result)
     if cf:
         blocks.append(("table", cf))
+    if not rows and not cf:  # nothing drifted (the counterfactual skipped): the run's own command
+        blocks.append(("p", f"Recompute: `{command(result)}`"))
     return blocks, [str(result.details.get("verdict", ""))]
 
 

@@ -80,16 +80,26 @@ def text(g: Gate) -> str:
     if g.error:
         lines.append(f"gate FAILED (closed: nothing is exact): {g.error}")
     k = g.exact_width
+    s = g.settings or {}
+    checked = list(dict.fromkeys(t["op"])) if not t.empty else []
+    part = bool(s.get("ops")) and s.get("n_ops") is not None and len(checked) < int(s["n_ops"])
+    sliced = (f" (linears cut to --max-rows {s['max_rows']}: not the full shapes, which an engine should gate on)"
+              if s.get("max_rows") and not t.empty and (t["kind"] == "linear").any() else "")
     if k is None:
-        lines.append("verdict: not exact at any width here")
+        verdict = "verdict: not exact at any width here"
+    elif part and not g.error and k == max(g.ts) - 1:  # --ops: a verdict of the ops checked, never of the model
+        verdict = (f"verdict: the {len(checked)} op{'' if len(checked) == 1 else 's'} checked ({len(checked)} of "
+                   f"{s['n_ops']}: {', '.join(checked[:6])}{', ...' if len(checked) > 6 else ''}) bit-equal for "
+                   f"T=1..{k + 1}; the others were not checked (drop --ops for the model's verdict)")
     elif k == max(g.ts) - 1:
-        lines.append(f"verdict: every op bit-equal for T=1..{k + 1}: speculative decoding with up to {k} drafted "
-                     f"token{'' if k == 1 else 's'} is exact on this device")
+        verdict = (f"verdict: every op bit-equal for T=1..{k + 1}: speculative decoding with up to {k} drafted "
+                   f"token{'' if k == 1 else 's'} is exact on this device")
     else:
         first = g.first_unequal()
         who = ", ".join(f"{r['op']} (layers {r['layers']}) at T={int(r['T'])}" for _, r in first.head(4).iterrows())
-        lines.append(f"verdict: exact up to {k} drafted token{'' if k == 1 else 's'} (T<={k + 1}); "
-                     f"first difference: {who}")
+        verdict = (f"verdict: exact up to {k} drafted token{'' if k == 1 else 's'} (T<={k + 1}); "
+                   f"first difference: {who}" + (f"; only {len(checked)} of {s['n_ops']} ops checked" if part else ""))
+    lines.append(verdict + sliced)
     return "\n".join(lines)
 
 

@@ -71,6 +71,25 @@ def state_cells(table: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows).fillna("")
 
 
+def state_findings(table: pd.DataFrame) -> list[dict[str, Any]]:
+    """The findings as one table: cache x operation (rows) x prefix position (columns) -> verdict
+    (:func:`state_cells`), with the number of cases and the first case that is not exact, with its reason."""
+    cells = state_cells(table)
+    worst = [v for v in STATE_SEVERITY if v not in ("EXACT", "not applicable", "not checked")]
+    rows = []
+    for _, c in cells.iterrows():
+        g = table[(table["cache"] == c["cache"]) & (table["operation"] == c["operation"])]
+        bad = g[g["verdict"].isin(worst)]
+        if len(bad):
+            bad = bad.assign(_rank=[worst.index(v) for v in bad["verdict"]]).sort_values("_rank", kind="stable")
+            r0 = bad.iloc[0]
+            first = f"{r0['where']} {r0['params']}: {r0['reason']}"
+        else:
+            first = ""
+        rows.append({**c.to_dict(), "cases": int(len(g)), "first case not exact": first})
+    return rows
+
+
 def state_summary(result) -> dict[str, Any]:
     t = result.tables["state"]
     bugs = t[t["verdict"] == "STATE BUG"]

@@ -18,7 +18,7 @@ from ..result import Result
 from ..text import fmt, text_table
 from .batch import batch_summary, batch_text, server_summary, server_text
 from .fingerprint import fingerprint_summary, fingerprint_text
-from .history import history_summary
+from .history import history_summary, history_text
 from .state import state_summary, state_text
 
 
@@ -357,7 +357,7 @@ TEXTS["divergence"] = divergence_text
 
 
 SUMMARIES["history"] = history_summary
-TEXTS["history"] = lambda r: text_table(r.tables["history_wide"])
+TEXTS["history"] = history_text
 
 
 # ---- fingerprint

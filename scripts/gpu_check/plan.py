@@ -22,7 +22,7 @@ from pathlib import Path
 
 MIB = 1024 * 1024
 LIMIT = 64 * MIB  # one call's working tree, carried folders included
-MARGIN = MIB // 2  # room left in every call for what the tree gains before the call (prepare.py --check re-measures)
+MARGIN = MIB // 4  # room left in every call for what the tree gains before the call (prepare.py --check re-measures)
 PACK = ".gpu-pack"  # the ignored folder the pieces live in (.git/info/exclude)
 MANIFEST = "manifest.json"
 CHUNK = 4 * MIB  # read size for hashing and copying

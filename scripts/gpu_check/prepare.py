@@ -185,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--pack", default=str(REPO / plan.PACK), help="where the pieces go (default .gpu-pack)")
     p.add_argument("--check", action="store_true", help="only check an existing pack against the limits")
     p.add_argument("--margin-mib", type=float, default=plan.MARGIN / plan.MIB,
-                   help="room kept free in every call (default 0.5 MiB)")
+                   help="room kept free in every call (default 0.25 MiB)")
     p.add_argument("--limit-mib", type=float, default=plan.LIMIT / plan.MIB,
                    help="what one call may send (default 64 MiB; lower it if a call is refused as too large)")
     args = p.parse_args(argv)

@@ -63,7 +63,7 @@ RANKS = {
     "fingerprint.probes": 10.1, "fingerprint.recovery": 10.2, "fingerprint.describe": 10.3, "fingerprint": 11,
     "attribution": 0, "attribution.primitives_operands": 4.5, "attribution.release_ops": 5,
     "attribution.primitives_ops": 7.5, "attribution.attribute": 8, "attribution.primitives": 8.6,
-    "changelog": 6, "changelog.pages": 7, "changelog.predicted": 12,
+    "changelog.classify": 5, "changelog": 6, "changelog.pages": 7, "changelog.predicted": 12,
     "view": 0, "view.figure": 1, "view.compare": 11, "view.predict": 11.5, "view.attribute": 11.6, "view.primitives": 11.7,
     "view.history": 11.8, "view.fingerprint": 11.8, "view.state": 11.8, "view.batch": 11.8,
     "view.summaries": 12, "view.plots": 12,

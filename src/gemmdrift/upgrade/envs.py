@@ -33,26 +33,34 @@ from ..errors import GemmdriftError
 KNOWN_LM = {"0.29.4": "0.30.2", "0.30.6": "0.31.2", "0.31.2": "0.31.3", "0.32.4": "0.32.2"}
 _VERSION = re.compile(r"^\d+(\.\d+){1,3}$")
 _PROBE = r"""
-import json, sys, importlib.util
+import ast, json, sys, importlib.util, importlib.metadata, os
 out = {"python": sys.version.split()[0], "executable": sys.executable}
 try:
     import mlx.core as mx
     out["mlx"] = mx.__version__
 except Exception as e:
     out["error"] = f"{e.__class__.__name__}: {e}"
-try:
-    import mlx_lm
-    out["mlx_lm"] = mlx_lm.__version__
+try:  # not imported (mlx-lm's __init__ imports transformers: seconds); its files read
+    spec = importlib.util.find_spec("mlx_lm")
 except Exception:
-    out["mlx_lm"] = None
-mt = sys.argv[1] if len(sys.argv) > 1 else ""
-if mt and out.get("mlx_lm"):
+    spec = None
+out["mlx_lm"] = None
+if spec is not None and spec.submodule_search_locations:
     try:
-        from mlx_lm.utils import MODEL_REMAPPING
-        mt = MODEL_REMAPPING.get(mt, mt)
+        out["mlx_lm"] = importlib.metadata.version("mlx-lm")
     except Exception:
-        pass
-    out["model_type_known"] = importlib.util.find_spec(f"mlx_lm.models.{mt}") is not None
+        out["mlx_lm"] = "?"
+    pkg = list(spec.submodule_search_locations)[0]
+    mt = sys.argv[1] if len(sys.argv) > 1 else ""
+    if mt:
+        try:
+            tree = ast.parse(open(os.path.join(pkg, "utils.py")).read())
+            for node in ast.walk(tree):
+                if isinstance(node, ast.Assign) and any(getattr(t, "id", "") == "MODEL_REMAPPING" for t in node.targets):
+                    mt = ast.literal_eval(node.value).get(mt, mt)
+        except Exception:
+            pass
+        out["model_type_known"] = os.path.isfile(os.path.join(pkg, "models", mt + ".py"))
 print(json.dumps(out))
 """
 
@@ -277,8 +285,10 @@ def this_interpreter(model_type: str | None) -> Plan:
 
 
 def plan_side(side: str, version: str | None, mlx_lm: str | None, python: str | None, model_type: str | None,
-              versions: Callable[[str], list[str]] = index_versions) -> Plan:
-    """The interpreter of one side, or the release to build for it; every check that needs no model."""
+              versions: Callable[[str], list[str]] | None = None) -> Plan:
+    """The interpreter of one side, or the release to build for it; every check that needs no model.
+    ``versions``: the releases of a package with a wheel here (default :func:`index_versions`)."""
+    versions = versions or index_versions
     flag = "--python" if side == "to" else "--from-python"
     if python:
         info = probe(python, model_type, flag=flag)

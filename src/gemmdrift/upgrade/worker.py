@@ -11,10 +11,11 @@ one JSON request per line on stdin with one JSON line on stdout (mlx-lm's own pr
   prompt ``tokens[:split + 1]`` (each step's top ``TOP`` ids and logits kept, for the triage where two
   releases' streams part).
 * ``ladder``: the same decode logits with the weights in float32 (the precision ladder's high rung).
+* ``recompute``: every op of a capture (:mod:`gemmdrift.attribution.release_ops`) run again under this release.
 * ``speed``: one prefill of ``prefill`` tokens and ``decode`` greedy steps, timed (tokens per second).
 
-It imports only numpy, mlx, mlx-lm and the parts of gemmdrift that need nothing else (the model loader and
-:mod:`gemmdrift.model.taps`): an environment made for one mlx release holds nothing more.
+It imports only numpy, mlx, mlx-lm and the parts of gemmdrift that need nothing else (the model loader,
+:mod:`gemmdrift.model.taps` and the release ops' recompute): an environment made for one mlx release holds nothing more.
 """
 
 from __future__ import annotations
@@ -113,6 +114,13 @@ class Worker:
             with open(tmp, "wb") as f:
                 np.savez(f, logits=t.logits.astype(np.float32))
         return {"schedule": sched}
+
+    def recompute(self, req: dict[str, Any]) -> dict[str, Any]:
+        """Every op of a capture run again under this release (:func:`gemmdrift.attribution.release_ops.recompute`)."""
+        from ..attribution.release_ops import recompute
+
+        r = recompute(req["capture"], req["out"])
+        return {"calls": len(r["calls"]), "errors": sum(1 for c in r["calls"] if c.get("error"))}
 
     def speed(self, req: dict[str, Any]) -> dict[str, Any]:
         import mlx.core as mx

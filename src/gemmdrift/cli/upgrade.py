@@ -147,6 +147,10 @@ def add_parser(sub, cli) -> None:
     m.add_argument("--dtype", default=D.DTYPE, help=f"compute dtype (default {D.DTYPE})")
     s.set_defaults(quantize=None, group_size=None, quant_mode=D.QUANT_MODE, device=None)
     cli.add_prompt(s)
+    for action in s._actions:
+        if action.dest == "tokens":
+            action.help = ("the stream's length: the first N tokens of the prompt, or N tokens of the built-in essay "
+                           "(default: 64 past position 256 and past the model's sliding window; 577 for Gemma 3)")
     s.add_argument("--generate", type=int, default=32, help="greedy tokens generated under each release (default 32)")
     s.add_argument("--speed-rounds", type=int, default=3,
                    help="speed rounds, alternating the two releases (default 3; medians)")

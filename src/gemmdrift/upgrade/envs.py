@@ -81,8 +81,11 @@ class Side:
     info: dict[str, Any] = field(default_factory=dict)
 
     def record(self) -> dict[str, Any]:
-        return {"mlx": self.mlx, "mlx_lm": self.mlx_lm, "python": self.python, "how": self.how,
-                "python_version": self.info.get("python")}
+        rec = {"mlx": self.mlx, "mlx_lm": self.mlx_lm, "python": self.python, "how": self.how,
+               "python_version": self.info.get("python")}
+        if "build_seconds" in self.info:  # made by this run (uv or pip)
+            rec["build_seconds"] = round(self.info["build_seconds"], 1)
+        return rec
 
     def key(self) -> str:
         return f"{self.mlx}+lm{self.mlx_lm}@{self.python}"
@@ -128,7 +131,8 @@ def index_versions(package: str) -> list[str]:
     """The releases of ``package`` with a wheel for this interpreter and platform, from the package index
     (pip's own resolver filters by platform tags). :class:`Offline` when the index cannot be reached."""
     try:
-        r = subprocess.run([sys.executable, "-m", "pip", "index", "versions", package, "--disable-pip-version-check"],
+        r = subprocess.run([sys.executable, "-m", "pip", "index", "versions", package, "--disable-pip-version-check",
+                            "--timeout", "15", "--retries", "1"],
                            capture_output=True, text=True, timeout=120)
     except (OSError, subprocess.SubprocessError) as e:
         raise Offline(f"cannot ask the package index ({e.__class__.__name__})") from None

@@ -191,11 +191,12 @@ def test_bad_allow_and_shape_models(no_load, capsys):
 
 
 def test_parting_is_judged_against_the_envelope_from_each_releases_own_margins():
-    ids = np.array([[5, 7, 1], [3, 4, 1]], np.int32)
-    old = {"greedy": np.array([5, 3]), "greedy_top_ids": ids,
-           "greedy_top_logits": np.array([[2.0, 1.5, 0.0], [1.0, 0.9, 0.0]], np.float32)}
-    new = {"greedy": np.array([5, 4]), "greedy_top_ids": np.array([[5, 7, 1], [4, 3, 1]], np.int32),
-           "greedy_top_logits": np.array([[2.0, 1.5, 0.0], [1.2, 0.95, 0.0]], np.float32)}
+    rows = np.zeros((2, 8), np.float32)
+    old = {"greedy": np.array([5, 3]), "greedy_logits": rows.copy()}
+    new = {"greedy": np.array([5, 4]), "greedy_logits": rows.copy()}
+    old["greedy_logits"][0, 5] = new["greedy_logits"][0, 5] = 2.0
+    old["greedy_logits"][1, [3, 4]] = [1.0, 0.9]  # the old release prefers 3 by 0.1
+    new["greedy_logits"][1, [3, 4]] = [0.95, 1.2]  # the new one prefers 4 by 0.25
     p = judge.parting(old, new, envelope=0.2)
     assert p["index"] == 1 and (p["token_old"], p["token_new"]) == (3, 4)
     assert p["margin_old"] == pytest.approx(0.1) and p["margin_new"] == pytest.approx(0.25)

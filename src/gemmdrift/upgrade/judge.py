@@ -53,14 +53,9 @@ def logits_stats(tokens: Sequence[int], positions: np.ndarray, old: np.ndarray, 
             "flip_positions": [int(p) for p, same in zip(positions, st["positions"]["same_top1"]) if not same]}
 
 
-def _logit_of(ids: np.ndarray, logits: np.ndarray, token: int) -> tuple[float, bool]:
-    """A token's logit from a step's top list: (value, known); unknown: the smallest kept (an upper bound)."""
-    hit = np.flatnonzero(ids == token)
-    return (float(logits[hit[0]]), True) if hit.size else (float(logits[-1]), False)
-
-
 def parting(old: Mapping[str, np.ndarray], new: Mapping[str, np.ndarray], envelope: float) -> dict[str, Any]:
-    """Where the greedy streams part and triage's verdict there (see the module docstring)."""
+    """Where the greedy streams part and triage's verdict there (see the module docstring). ``greedy``: the
+    tokens; ``greedy_logits``: each step's logits (every logit of the vocabulary)."""
     a, b = np.asarray(old["greedy"]), np.asarray(new["greedy"])
     n = min(len(a), len(b))
     differ = np.flatnonzero(a[:n] != b[:n])
@@ -69,20 +64,17 @@ def parting(old: Mapping[str, np.ndarray], new: Mapping[str, np.ndarray], envelo
         return {**out, "index": None, "verdict": IDENTICAL, "reason": f"the {n} greedy tokens agree"}
     i = int(differ[0])
     ta, tb = int(a[i]), int(b[i])
-    la_a, _ = _logit_of(old["greedy_top_ids"][i], old["greedy_top_logits"][i], ta)
-    la_b, known_a = _logit_of(old["greedy_top_ids"][i], old["greedy_top_logits"][i], tb)
-    lb_b, _ = _logit_of(new["greedy_top_ids"][i], new["greedy_top_logits"][i], tb)
-    lb_a, known_b = _logit_of(new["greedy_top_ids"][i], new["greedy_top_logits"][i], ta)
-    gap_old, gap_new = la_a - la_b, lb_b - lb_a  # each release's margin for its own token (a lower bound if unknown)
+    la, lb = np.asarray(old["greedy_logits"][i], np.float64), np.asarray(new["greedy_logits"][i], np.float64)
+    gap_old, gap_new = float(la[ta] - la[tb]), float(lb[tb] - lb[ta])  # each release's margin for its own token
     margin = min(gap_old, gap_new)
-    near = margin <= envelope and known_a and known_b
+    near = margin <= envelope
     verdict = NEAR_TIE if near else OUTSIDE
     reason = (f"the two tokens are {margin:.4g} apart, within the envelope {envelope:.4g}: a near-tie the release "
-              f"switch tipped" if near else
-              f"the two tokens are {margin:.4g}{'+' if not (known_a and known_b) else ''} apart, outside the envelope "
-              f"{envelope:.4g}: the releases compute this step differently, not only rounding")
+              "switch tipped" if near else
+              f"the two tokens are {margin:.4g} apart, outside the envelope {envelope:.4g}: the releases compute "
+              "this step differently, not only rounding")
     return {**out, "index": i, "token_old": ta, "token_new": tb, "margin_old": gap_old, "margin_new": gap_new,
-            "margin": margin, "margins_known": bool(known_a and known_b), "verdict": verdict, "reason": reason}
+            "margin": margin, "verdict": verdict, "reason": reason}
 
 
 def speed(rounds: Sequence[tuple[Mapping[str, float], Mapping[str, float]]]) -> dict[str, Any]:

@@ -8,8 +8,7 @@ one JSON request per line on stdin with one JSON line on stdout (mlx-lm's own pr
   logits of every position from ``split`` on under ``decode`` (kept, as float32, in ``out``.npz: the other
   release's are compared with them), the same under ``verify:2`` (the envelope: max |Δlogit|, max |Δgap| and
   argmax flips between the two schedules, under this release), and ``gen`` greedy tokens generated from the
-  prompt ``tokens[:split + 1]`` (each step's top ``TOP`` ids and logits kept, for the triage where two
-  releases' streams part).
+  prompt ``tokens[:split + 1]`` (each step's logits kept, for the triage where two releases' streams part).
 * ``ladder``: the same decode logits with the weights in float32 (the precision ladder's high rung).
 * ``recompute``: every op of a capture (:mod:`gemmdrift.attribution.release_ops`) run again under this release.
 * ``speed``: one prefill of ``prefill`` tokens and ``decode`` greedy steps, timed (tokens per second).
@@ -27,7 +26,6 @@ from typing import Any
 
 import numpy as np
 
-TOP = 16  # ids and logits kept per greedy step
 DECODE, VERIFY = "decode", "verify:2"
 
 
@@ -77,20 +75,17 @@ class Worker:
         # Greedy from the prompt tokens[:split + 1]: the prefix holds tokens[:split]; its last token is fed first.
         cache = copy_cache(prefix.cache)
         y = tokens[split]
-        stream, top_ids, top_logits = [], [], []
+        stream, rows = [], []
         for _ in range(gen):
             out = self.model(mx.array([[y]], dtype=mx.uint32), cache=cache)
             row = np.array(out[0, -1].astype(mx.float32))
-            ids = np.argsort(-row, kind="stable")[:TOP]
-            y = int(ids[0])
+            y = int(np.argmax(row))  # the first of tied maxima: the lowest id, as mlx-lm's argmax
             stream.append(y)
-            top_ids.append(ids.astype(np.int32))
-            top_logits.append(row[ids])
+            rows.append(row)
         with atomic_path(req["out"] + ".npz") as tmp:
             with open(tmp, "wb") as f:
                 np.savez(f, positions=positions, logits=dec, greedy=np.asarray(stream, np.int32),
-                         greedy_top_ids=np.asarray(top_ids, np.int32).reshape(gen, -1),
-                         greedy_top_logits=np.asarray(top_logits, np.float32).reshape(gen, -1))
+                         greedy_logits=np.asarray(rows, np.float32).reshape(gen, -1))
         return {"schedules": sched, "envelope": envelope, "greedy": stream, "prefill_seconds": prefill_s,
                 "logits_dtype": "float32"}
 

@@ -16,6 +16,11 @@ def _side(s: dict[str, Any]) -> str:
     return f"mlx {s.get('mlx')} with mlx-lm {s.get('mlx_lm')} ({s.get('how')}: {s.get('python')})"
 
 
+def _line(text: str) -> str:
+    """A generated text on one line (its newlines shown as \\n)."""
+    return str(text).replace("\r", "\\r").replace("\n", "\\n")
+
+
 def upgrade_summary(result: Result) -> dict[str, Any]:
     d, i = result.details, result.inputs
     first = d.get("first_op")
@@ -27,7 +32,7 @@ def upgrade_summary(result: Result) -> dict[str, Any]:
             "ops_changed": d["ops"]["changed"], "ops_compared": d["ops"]["compared"],
             "logits": {k: d["logits"][k] for k in ("kld_mean", "kld_p99.9", "same_top1", "same_top1_share", "flips",
                                                    "max_abs_dlogit", "positions", "bit_identical")},
-            "greedy": {k: part.get(k) for k in ("generated", "index", "token_old", "token_new", "verdict", "reason",
+            "greedy": {k: part.get(k) for k in ("generated", "index", "token_old", "token_new", "verdict", "reason", "text_old", "text_new",
                                                 "margin", "envelope")},
             "speed": d["speed"], "ladder": {k: v for k, v in d["ladder"].items() if k != "rung"},
             "decode_vs_verify2": d["envelopes"], "seconds": d.get("seconds", {})}
@@ -93,7 +98,7 @@ def upgrade_part(result: Result) -> tuple[list[tuple], list[str]]:
                    ("table", ops.head(30).to_dict(orient="records"))]
     part = d["parting"]
     blocks += [("p", "Greedy output from the same prompt (…" + repr(part.get("prompt_tail", ""))[1:-1] + "):"),
-               ("pre", f"from: {part['text_old']}\nto:   {part['text_new']}")]
+               ("pre", f"from: {_line(part['text_old'])}\nto:   {_line(part['text_new'])}")]
     sp = result.tables.get("speed")
     if sp is not None and len(sp):
         blocks += [("p", "Speed rounds, alternating the two releases (tokens per second; the machine may be shared):"),

@@ -32,8 +32,8 @@ def upgrade_summary(result: Result) -> dict[str, Any]:
             "ops_changed": d["ops"]["changed"], "ops_compared": d["ops"]["compared"],
             "logits": {k: d["logits"][k] for k in ("kld_mean", "kld_p99.9", "same_top1", "same_top1_share", "flips",
                                                    "max_abs_dlogit", "positions", "bit_identical")},
-            "greedy": {k: part.get(k) for k in ("generated", "index", "token_old", "token_new", "verdict", "reason", "text_old", "text_new",
-                                                "margin", "envelope")},
+            "greedy": {k: part.get(k) for k in ("generated", "index", "token_old", "token_new", "verdict", "reason",
+                                                "margin", "envelope", "text_old", "text_new")},
             "speed": d["speed"], "ladder": {k: v for k, v in d["ladder"].items() if k != "rung"},
             "decode_vs_verify2": d["envelopes"], "seconds": d.get("seconds", {})}
 

@@ -14,6 +14,9 @@ On one token stream (default: past position 256 and past the model's sliding win
    (``SPEED_ROUNDS`` rounds, medians), and their ratio;
 4. **the class**: :func:`gemmdrift.changelog.classify.classify` on the figures of :func:`judge.class_figures`.
 
+The two workers compute side by side (each request sent to both, then both answers read), and the capture runs
+in this process while they compute their runs; only the speed rounds take turns.
+
 Every numbered part is a unit saved under ``OUT/.checkpoints/upgrade/`` (named by the digest of everything it
 depends on: the model, dtype, stream, sizes and each release's versions and interpreter): a rerun after Ctrl-C
 computes only what is missing.
@@ -65,15 +68,25 @@ class Process:
         log.parent.mkdir(parents=True, exist_ok=True)
         self.side, self.log = side, log
         self._err = open(log, "ab")
+        self.pending: list[str] = []
         self.p = subprocess.Popen([side.python, "-m", "gemmdrift.upgrade.worker"], stdin=subprocess.PIPE,
                                   stdout=subprocess.PIPE, stderr=self._err, text=True, env=env)
 
-    def call(self, cmd: str, **kw: Any) -> dict[str, Any]:
+    def send(self, cmd: str, **kw: Any) -> None:
+        """A request, answered later by :meth:`recv` (requests are answered in order)."""
         try:
             self.p.stdin.write(json.dumps({"cmd": cmd, **kw}) + "\n")
             self.p.stdin.flush()
-            line = self.p.stdout.readline()
         except (BrokenPipeError, OSError):
+            pass  # the worker stopped: recv says why
+        self.pending.append(cmd)
+
+    def recv(self) -> dict[str, Any]:
+        """The answer to the oldest request not yet answered."""
+        cmd = self.pending.pop(0)
+        try:
+            line = self.p.stdout.readline()
+        except OSError:
             line = ""
         if not line:
             self._err.flush()
@@ -84,6 +97,12 @@ class Process:
         if "error" in reply:
             raise GemmdriftError(f"mlx {self.side.mlx} ({self.side.python}): {cmd} failed: {reply['error']}")
         return reply
+
+    def call(self, cmd: str, **kw: Any) -> dict[str, Any]:
+        self.send(cmd, **kw)
+        while len(self.pending) > 1:  # earlier requests (the load) first
+            self.recv()
+        return self.recv()
 
     def close(self) -> None:
         try:
@@ -141,10 +160,27 @@ def measure_upgrade(lm, tokens: Sequence[int], sides: tuple[Side, Side], out: st
     procs: dict[str, Process] = {}
 
     def proc(side: Side) -> Process:
-        if side.label not in procs:
+        if side.label not in procs:  # started, its load requested (answered before its next answer)
             procs[side.label] = Process(side, ck / f"worker-{side.label}.log")
-            procs[side.label].call("load", path=str(path), dtype=dtype)
+            procs[side.label].send("load", path=str(path), dtype=dtype)
         return procs[side.label]
+
+    def side_by_side(jobs: list[tuple[Side, str, str, dict]], here: Callable[[], Any] | None = None) -> list:
+        """Each job (side, unit name, request, arguments) sent to its release's worker at once, so the two
+        releases compute in parallel, ``here`` run in this process meanwhile, then every answer read."""
+        t0 = time.perf_counter()
+        for side, _, cmd, kw in jobs:
+            proc(side).send(cmd, **kw)
+        if here is not None:
+            here()
+        out = []
+        for side, name, _, _ in jobs:
+            p = proc(side)
+            while len(p.pending) > 1:
+                p.recv()
+            out.append(p.recv())
+            seconds[name] = round(time.perf_counter() - t0, 2)
+        return out
 
     def timed(name: str, fn: Callable[[], Any]) -> Any:
         t0 = time.perf_counter()
@@ -153,35 +189,42 @@ def measure_upgrade(lm, tokens: Sequence[int], sides: tuple[Side, Side], out: st
         return r
 
     try:
-        # 1. the capture here, recomputed under each release
+        # each release's runs in its worker, side by side, while this process captures the ops
         here = ro.this_python()
         cap = ck / f"capture-{_key(base, here, CAPTURE_POSITIONS)}.json"
-        if not cap.is_file():
-            log(f"upgrade: capturing every op of positions {n - CAPTURE_POSITIONS}-{n - 1} (mlx {here['mlx']})")
-            timed("capture", lambda: ro.capture_ops(lm, tokens, n - CAPTURE_POSITIONS, cap))
-        outputs = {}
+        run_files = {s.label: ck / f"runs-{s.label}-{_key(base, s.key())}" for s in sides}
+        todo = [s for s in sides if _read_json(run_files[s.label].with_suffix(".json")) is None]
+        for side in todo:
+            log(f"upgrade: mlx {side.mlx}: logits (decode, verify:2) and {gen} greedy tokens")
+
+        def capture() -> None:
+            if not cap.is_file():
+                log(f"upgrade: capturing every op of positions {n - CAPTURE_POSITIONS}-{n - 1} (mlx {here['mlx']})")
+                timed("capture", lambda: ro.capture_ops(lm, tokens, n - CAPTURE_POSITIONS, cap))
+
+        replies = side_by_side([(s, f"runs_{s.label}", "runs", {"tokens": tokens, "split": split, "gen": gen,
+                                                                 "out": str(run_files[s.label])}) for s in todo],
+                               here=capture)
+        for side, reply in zip(todo, replies):
+            write_json(run_files[side.label].with_suffix(".json"), reply)
+        runs = {s.label: _read_json(run_files[s.label].with_suffix(".json")) for s in sides}
+        arrays = {s.label: _npz(run_files[s.label].with_suffix(".npz")) for s in sides}
+        # the captured ops recomputed under each release
+        outputs, jobs = {}, []
+        ops_files = {s.label: ck / f"ops-{s.label}-{_key(cap.name, s.key())}" for s in sides}
         for side in sides:
             if side.how == "this interpreter" and side.python == sys.executable:  # its own outputs were captured
                 outputs[side.label] = ro.captured_outputs(*ro._load(cap))
-                continue
-            o = ck / f"ops-{side.label}-{_key(cap.name, side.key())}"
-            if not o.with_suffix(".json").is_file():
+            elif not ops_files[side.label].with_suffix(".json").is_file():
                 log(f"upgrade: recomputing the captured ops under mlx {side.mlx}")
-                timed(f"ops_{side.label}", lambda: proc(side).call("recompute", capture=str(cap), out=str(o)))
-            outputs[side.label] = ro._outputs(o)
+                jobs.append((side, f"ops_{side.label}", "recompute",
+                             {"capture": str(cap), "out": str(ops_files[side.label])}))
+        side_by_side(jobs)
+        for side in sides:
+            if side.label not in outputs:
+                outputs[side.label] = ro._outputs(ops_files[side.label])
         cap_doc = json.loads(cap.read_text())
         ops = ro.compare(cap_doc, outputs[old.label], outputs[new.label])
-        # 2. each release's runs
-        runs, arrays = {}, {}
-        for side in sides:
-            r = ck / f"runs-{side.label}-{_key(base, side.key())}"
-            if _read_json(r.with_suffix(".json")) is None:
-                log(f"upgrade: mlx {side.mlx}: logits (decode, verify:2) and {gen} greedy tokens")
-                reply = timed(f"runs_{side.label}", lambda: proc(side).call(
-                    "runs", tokens=tokens, split=split, gen=gen, out=str(r)))
-                write_json(r.with_suffix(".json"), reply)
-            runs[side.label] = _read_json(r.with_suffix(".json"))
-            arrays[side.label] = _npz(r.with_suffix(".npz"))
         la, lb = arrays[old.label]["logits"], arrays[new.label]["logits"]
         positions = arrays[old.label]["positions"]
         logits = judge.logits_stats(tokens, positions, la, lb)
@@ -191,15 +234,15 @@ def measure_upgrade(lm, tokens: Sequence[int], sides: tuple[Side, Side], out: st
             if dtype == "float32":
                 ladder = {"verdict": None, "why": "the model runs in float32: no higher rung"}
             else:
-                high = {}
-                for side in sides:
-                    r = ck / f"ladder-{side.label}-{_key(base, side.key())}"
-                    if _read_json(r.with_suffix(".json")) is None:
-                        log(f"upgrade: mlx {side.mlx}: the float32 rung")
-                        reply = timed(f"ladder_{side.label}", lambda: proc(side).call(
-                            "ladder", path=str(path), tokens=tokens, split=split, out=str(r)))
-                        write_json(r.with_suffix(".json"), reply)
-                    high[side.label] = _npz(r.with_suffix(".npz"))["logits"]
+                rung = {s.label: ck / f"ladder-{s.label}-{_key(base, s.key())}" for s in sides}
+                todo = [s for s in sides if _read_json(rung[s.label].with_suffix(".json")) is None]
+                for side in todo:
+                    log(f"upgrade: mlx {side.mlx}: the float32 rung")
+                replies = side_by_side([(s, f"ladder_{s.label}", "ladder", {
+                    "path": str(path), "tokens": tokens, "split": split, "out": str(rung[s.label])}) for s in todo])
+                for side, reply in zip(todo, replies):
+                    write_json(rung[side.label].with_suffix(".json"), reply)
+                high = {s.label: _npz(rung[s.label].with_suffix(".npz"))["logits"] for s in sides}
                 from ..measure.stack import ladder_verdict
 
                 low_d, high_d = _rel_l2(la, lb), _rel_l2(high[old.label], high[new.label])

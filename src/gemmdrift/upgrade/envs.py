@@ -56,7 +56,8 @@ if spec is not None and spec.submodule_search_locations:
         try:
             tree = ast.parse(open(os.path.join(pkg, "utils.py")).read())
             for node in ast.walk(tree):
-                if isinstance(node, ast.Assign) and any(getattr(t, "id", "") == "MODEL_REMAPPING" for t in node.targets):
+                names = [getattr(t, "id", "") for t in getattr(node, "targets", [])]
+                if isinstance(node, ast.Assign) and "MODEL_REMAPPING" in names:
                     mt = ast.literal_eval(node.value).get(mt, mt)
         except Exception:
             pass

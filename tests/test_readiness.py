@@ -52,12 +52,14 @@ def test_every_measuring_command_forces_true_float32_before_its_handler(monkeypa
         return 0
 
     from gemmdrift.cli import attribute as attribute_cli, batch as batch_cli, golden as goldcli, replay as replay_cli
+    from gemmdrift.cli import upgrade as upgrade_cli
 
     required = {"triage": ["--stream-a", "a", "--stream-b", "b"]}
     # Commands whose handler lives in their own module.
     handlers = {"logits": (goldcli, "cmd_logits"), "compare": (goldcli, "cmd_compare"),
                 "replay check": (replay_cli, "cmd_replay_check"), "attribute": (attribute_cli, "cmd_attribute"),
-                "batch": (batch_cli, "cmd_batch"), "server": (batch_cli, "cmd_server")}
+                "batch": (batch_cli, "cmd_batch"), "server": (batch_cli, "cmd_server"),
+                "upgrade": (upgrade_cli, "cmd_upgrade")}
     monkeypatch.setattr(envinfo, "TF32_POLICY", None)
     for name in runenv.MEASURING:
         monkeypatch.delenv("MLX_ENABLE_TF32", raising=False)

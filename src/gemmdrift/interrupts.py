@@ -26,6 +26,8 @@ RESUMES = {
     "batch": "finished rows are kept in {out}/.checkpoints; rerun the same command to resume",
     "server": "finished cases are kept in {out}/.checkpoints; rerun the same command to resume",
     "fingerprint": "finished paths x T are kept in {out}/.checkpoints; rerun the same command to resume",
+    "upgrade": ("finished units (the op capture, each release's ops and runs, the speed) are kept in "
+                "{out}/.checkpoints/upgrade; rerun the same command to resume"),
     "replay": "finished (projection, path) units are kept in {out}/checkpoint; rerun the same command to resume",
 }
 DIVERGE_SET = "finished prompts are kept in {out}/prompts; rerun the same command to resume"

@@ -476,6 +476,16 @@ PART_TITLES["attribute"] = KIND_TITLES["attribute"] = "Which op: local drift per
 FIGURES["attribute"] = [("attribute.png", "local drift per op and layer; the envelope left per counterfactual class")]
 
 
+def _upgrade_part(d: Path, env: dict[str, Any]) -> tuple[list[Block], list[str]]:
+    from .view.upgrade import upgrade_part
+
+    return upgrade_part(_result(d))
+
+
+PARTS["upgrade"] = _upgrade_part  # issue 48
+KIND_TITLES["upgrade"] = "Should I upgrade mlx? The class of the change on this model, and why"
+
+
 def _environment(d: Path, parts: list[tuple[Path, str]]) -> tuple[dict[str, Any], dict[str, Any]]:
     """The environment record and the model description found in a results directory."""
     env = _json(d / "env.json") or {}

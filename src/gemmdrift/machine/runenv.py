@@ -29,7 +29,7 @@ DEVICE_VAR = "GEMMDRIFT_DEVICE"
 
 # The commands that compute with mlx; env, report, history and gate only read or describe.
 MEASURING = ("stack", "kernels", "diverge", "triage", "state", "run", "fingerprint", "batch", "server", "logits",
-             "compare", "replay check", "attribute")
+             "compare", "replay check", "attribute", "upgrade")
 
 TF32_HELP = ("off (default): set MLX_ENABLE_TF32=0 before the first matmul, so float32 is true float32 on CUDA "
              "and M5-class GPUs; keep: leave MLX_ENABLE_TF32 as it is (recorded)")

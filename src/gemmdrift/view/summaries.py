@@ -443,3 +443,22 @@ def _attribute_text(result: Result) -> str:
 
 SUMMARIES["attribute"] = _attribute_summary
 TEXTS["attribute"] = _attribute_text
+
+
+# ---- upgrade (issue 48): the words live in gemmdrift.view.upgrade
+
+
+def _upgrade_summary(result: Result) -> dict[str, Any]:
+    from .upgrade import upgrade_summary
+
+    return upgrade_summary(result)
+
+
+def _upgrade_text(result: Result) -> str:
+    from .upgrade import upgrade_text
+
+    return upgrade_text(result)
+
+
+SUMMARIES["upgrade"] = _upgrade_summary
+TEXTS["upgrade"] = _upgrade_text

@@ -135,7 +135,9 @@ def test_nothing_drifting_skips_the_counterfactual_and_says_why(tiny, monkeypatc
     calls = counting_runs(monkeypatch)
     r = attribute(tiny, TOKENS[:8], [DECODE, VERIFY], split=2, counterfactual=["each", "all-but-one"])
     assert [c for c in calls if c] == []  # no counterfactual run
-    assert len(r.tables["counterfactual"]) == 0
+    cf = r.tables["counterfactual"]  # the rows are the base envelope, 0 by construction: no run made them
+    assert set(cf["direction"]) == {"each"} and len(cf) == len(set(cf["class"])) > 0
+    assert (cf["max_abs_dlogit"] == 0).all() and (cf["flips"] == 0).all() and not cf["cause"].any()
     assert "skipped" in r.details["counterfactual_skipped"]
     assert "counterfactual" in r.details["verdict"] and "0 by construction" in r.details["verdict"]
 

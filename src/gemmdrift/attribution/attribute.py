@@ -178,6 +178,10 @@ def attribute(lm, tokens: Sequence[int], schedules: Sequence[str], *, split: int
         if skipped:
             _say(skipped)
         cf_rows = []
+        if skipped and not drifting and not loose and base["max_abs_dlogit"] == 0 and "each" in counterfactual:
+            # Nothing drifts: making a class invariant replaces B's outputs by equal ones, so each row is the base
+            # envelope (all 0) without a run; the tracked figures keep their meaning (0 left, never "not measured").
+            cf_rows = [{"class": cls, "direction": "each", **base} for cls in classes]
         for direction in counterfactual if skipped is None else ():
             for cls in classes if direction == "each" else [c for c in drifting if c in classes]:
                 replace = ([cls] if direction == "each" else

@@ -105,7 +105,7 @@ def attribute_text(result: Result) -> str:
                   f"{r['first position']}" for r in hit[:SHOWN]]
         if len(hit) > SHOWN:
             lines.append(f"  (the first {SHOWN} of {len(hit)} rows; every row is in ops.csv and the report)")
-    cf = counterfactual_rows(result)
+    cf = [] if result.details.get("counterfactual_skipped") else counterfactual_rows(result)
     if cf:
         lines.append("envelope left per counterfactual (max|dlogit|, flips):")
         lines += [f"  {r['made invariant']:34s} {r['max abs dlogit left']:>10s}  {r['flips left']}" for r in cf]
@@ -125,7 +125,8 @@ def report_part(result: Result) -> tuple[list[tuple], list[str]]:
     ]
     rows = ops_rows(result)
     blocks.append(("table", rows) if rows else ("p", "No op drifts on its own input at any position computed up to the last compared one."))
-    cf = counterfactual_rows(result)
+    skipped = result.details.get("counterfactual_skipped")
+    cf = [] if skipped else counterfactual_rows(result)  # skipped: its rows are the base envelope, no run's
     if cf:
         blocks.append(("table", cf))
     if not rows and not cf:  # nothing drifted (the counterfactual skipped): the run's own command

@@ -38,6 +38,8 @@ WINGS = {
     "changelog": 11,  # changelog/: the numerics changelog of mlx
     "view": 12,  # view/: summaries, printed text, figures and report sections per kind
     "legacy": 13, "store": 14, "page": 14.5, "report": 15, "interrupts": 15, "suite": 16,
+    "tracking": 16.5,  # the tracking tier (asv's default benchmarks): the suite's measurements at tracking sizes
+    "history_run": 16.5,  # the whole asv history in one command (uv environments, resumable)
     "cli": 17,  # cli/: the command line and its parsers per command
     "clidoc": 18, "__main__": 18, "": 19,  # "" is the package itself (gemmdrift/__init__.py)
 }

@@ -1,0 +1,195 @@
+"""The tracking tier (gemmdrift.tracking, benchmarks/bench_tier.py) and the history command (gemmdrift.history_run).
+
+Small on purpose: the edge figures on planted per-position tables (known answers), every tier benchmark reading the
+figure its part computes (planted figures, and one run of every part on the tiny model), the opt-in main-job
+benchmarks skipped (never 0) unless asked, the matrix (both platforms list the same releases, each mlx-lm compatible),
+and the history command's resume and refusals.
+"""
+
+import inspect
+import json
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from benchmarks import bench_tier, common  # noqa: E402
+from gemmdrift import history_run, tracking  # noqa: E402
+from gemmdrift.errors import GemmdriftError  # noqa: E402
+
+
+def _pp(drift, flips=(), start=508):
+    pos = np.arange(start, start + len(drift))
+    return pd.DataFrame({"position": pos, "max_abs_dlogit": drift, "flip": np.isin(pos, flips)})
+
+
+def test_edge_figures_known_answers():
+    # bit-identical through 512, drifting from 513 (the decode pair on the Linux CPU)
+    f = tracking.edge_figures(_pp([0, 0, 0, 0, 0, 0.25, 0.5, 0.125, 0.375]), 512)
+    assert (f["identical_through"], f["first_drift"]) == (512.0, 513.0)
+    assert (f["max_abs_dlogit_upto_edge"], f["max_abs_dlogit_past_edge"]) == (0.0, 0.5)
+    assert (f["flips_upto_edge"], f["flips_past_edge"]) == (0.0, 0.0)
+    # flips past 256 only (the prefill pair on mlx 0.29.x), rows in any order
+    f = tracking.edge_figures(_pp([0, 0, 0, 3.0, 12.0], flips=(259, 260), start=256).iloc[::-1], 256)
+    assert (f["identical_through"], f["first_drift"], f["flips_upto_edge"], f["flips_past_edge"]) == (258, 259, 0, 2)
+    # never drifting: identical through the last compared position, no first drift (NaN, not 0)
+    f = tracking.edge_figures(_pp([0.0] * 9), 512)
+    assert f["identical_through"] == 516.0 and math.isnan(f["first_drift"])
+    # drifting from the first compared position: identical through the one before it
+    assert tracking.edge_figures(_pp([1.0, 0, 0]), 512)["identical_through"] == 507.0
+
+
+def _tier_tracks():
+    """(class, method name, params) of every tier track_."""
+    out = []
+    for name, cls in vars(bench_tier).items():
+        if inspect.isclass(cls) and name.startswith("Tier"):
+            for m in dir(cls):
+                if m.startswith("track_"):
+                    out.append((cls, m))
+    return out
+
+
+def test_the_tier_benchmarks_mirror_the_librarys_tier():
+    t = tracking.TIER
+    assert bench_tier.KERNEL_PATHS == t["kernel_paths"] and bench_tier.KERNEL_TS == t["kernel_ts"]
+    assert bench_tier.FP_PATHS == t["fp_paths"]
+    assert bench_tier.DECODE_PAIR == " vs ".join(t["decode_schedules"])
+    assert bench_tier.PREFILL_PAIR == " vs ".join(t["prefill_schedules"])
+    assert tracking.WINDOW_EDGE in t["decode_logits"] and tracking.WINDOW_EDGE + 1 in t["decode_logits"]
+    assert tracking.ROPE_EDGE in t["prefill_logits"] and tracking.ROPE_EDGE + 1 in t["prefill_logits"]
+    for cls, m in _tier_tracks():
+        fn = getattr(cls, m)
+        assert fn.unit and fn.version, f"{cls.__name__}.{m}"
+
+
+@pytest.mark.slow
+def test_every_tier_part_runs_and_every_benchmark_reads_its_figure(tiny):
+    """Every part on the tiny model at tiny sizes (each whole, in its own process, as asv's setup runs them): each
+    tier track_ returns the part's figure (planted lookups would not catch a misspelt name)."""
+    small = dict(decode_tokens=24, decode_split=16, decode_logits=(17, 18, 19), prefill_tokens=24,
+                 prefill_positions=(12, 24), prefill_logits=(14, 15, 16, 17), prefill_schedules=("prefill:2048",
+                                                                                               "prefill:8"),
+                 state_operations=("rollback", "trim"), diverge_prompt=12, diverge_n=4, kernel_layers=(0,),
+                 kernel_ts=(1, 2), kernel_rows=2, fp_paths=("matmul:float32",), fp_k=16, fp_ts=(1, 2), fp_n=8,
+                 ops=dict(ops=["rope"], query_lengths=[1, 2], key_lengths=[8]))
+    f = tracking.measure_tier(tiny, only=("decode", "prefill", "state", "diverge", "kernels", "fingerprint", "ops"),
+                              tier=small, workers=1)
+    assert f["golden"] == {}  # not run: its benchmarks are skipped (NaN)
+    assert math.isnan(bench_tier.TierGolden().track_kld_mean(f))
+    assert bench_tier.TierDecodeVsVerify().track_ladder_verdict(f) in (0.0, 1.0)
+    assert bench_tier.TierDecodeVsVerify().track_identical_through(f) >= 16
+    assert bench_tier.TierPrefillChunks().track_flips_past_256(f) == f["prefill"]["flips_past_edge"]
+    assert bench_tier.TierState().track_state_bugs(f) == f["state"]["state_bugs"]
+    assert bench_tier.TierState().track_cases(f) > 0
+    assert bench_tier.TierDivergence().track_first_divergence(f) == f["diverge"]["first_divergence"]
+    assert bench_tier.TierKernelDrift().track_bits_lost(f, "emulated:splitk4", 2) > 0  # the negative control
+    assert bench_tier.TierKernelDrift().track_bits_lost(f, "model", 2) == 0.0  # row-invariant CPU
+    assert bench_tier.TierFingerprint().track_distinct_trees(f, "matmul:float32") >= 1
+    assert bench_tier.TierOps().track_bits_lost(f, "rope") >= 0
+
+
+def test_the_main_job_benchmarks_are_opt_in_and_skipped_not_zero(monkeypatch):
+    from benchmarks import bench_kernels, bench_stack
+
+    monkeypatch.delenv("GEMMDRIFT_BENCH_FULL", raising=False)
+    cache = bench_stack.DecodeVsVerify().setup_cache()  # returns at once: nothing is measured
+    assert cache == common.skipped_full()
+    with pytest.raises(NotImplementedError):  # asv records NotImplementedError in setup as skipped
+        bench_stack.DecodeVsVerify().setup(cache, "verify2")
+    with pytest.raises(NotImplementedError):
+        bench_kernels.KernelSpeed().setup(bench_kernels.KernelSpeed().setup_cache(), "model", 1)
+    monkeypatch.setenv("GEMMDRIFT_BENCH_FULL", "1")
+    bench_stack.DecodeVsVerify().setup({"decode": {}}, "verify2")  # asked for: runs
+
+
+def test_both_platforms_list_the_same_releases_and_each_mlx_lm_fits_its_mlx():
+    conf = json.loads((ROOT / "asv.conf.json").read_text())
+    linux, darwin = history_run.releases(conf, "linux"), history_run.releases(conf, "darwin")
+    assert linux == darwin and len(linux) == len(set(linux))
+    mlx = {m for m, _ in linux}
+    assert mlx >= {"0.26.5", "0.27.1", "0.28.0", "0.29.0", "0.29.1", "0.29.2", "0.29.3", "0.29.4", "0.30.0",
+                   "0.30.1", "0.30.3", "0.30.4", "0.30.5", "0.30.6", "0.31.0", "0.31.1", "0.31.2", "0.32.0",
+                   "0.32.1", "0.32.2", "0.32.3", "0.32.4"}
+    # the mlx-lm axis: the last patch of each minor with mlx 0.32.4
+    assert {lm for m, lm in linux if m == "0.32.4"} >= {"0.26.4", "0.27.1", "0.28.4", "0.29.1", "0.30.7", "0.31.3",
+                                                         "0.32.2"}
+    # each mlx-lm's own requirement on mlx (its wheel's metadata), read 2026-12-06
+    needs = {"0.26.4": "0.26.0", "0.27.1": "0.29.0", "0.28.0": "0.29.1", "0.28.4": "0.29.2", "0.29.1": "0.29.2",
+             "0.30.2": "0.29.2", "0.30.5": "0.30.3", "0.30.7": "0.30.4", "0.31.2": "0.30.4", "0.31.3": "0.31.2",
+             "0.32.2": "0.32.2"}
+    key = history_run_version_key
+    for m, lm in linux:
+        assert key(m) >= key(needs[lm]), (m, lm)
+    for inc in conf["include"]:
+        if inc["sys_platform"] == "linux":
+            assert inc["req"]["mlx-cpu"] == inc["req"]["mlx"]
+
+
+def history_run_version_key(v):
+    return tuple(int(x) for x in v.split("."))
+
+
+def _fake_repo(tmp_path, entries):
+    conf = {"include": [{"sys_platform": "linux", "req": {"mlx": m, "mlx-cpu": m, "mlx-lm": lm}} for m, lm in entries]}
+    (tmp_path / "asv.conf.json").write_text(json.dumps(conf))
+    return tmp_path
+
+
+def test_the_history_run_resumes_records_failures_and_keeps_one_commit(tmp_path, monkeypatch, capsys):
+    root = _fake_repo(tmp_path, [("0.29.4", "0.30.2"), ("0.32.4", "0.32.2")])
+    results = tmp_path / "results"
+    status = results / "m.status.json"
+    monkeypatch.setattr(history_run, "_git", lambda r, *a: "c" * 40 if a[0] == "rev-parse" else "")
+    monkeypatch.setattr(history_run, "prepare", lambda *a: (tmp_path, tmp_path / "g.whl"))
+    monkeypatch.setattr(history_run, "_run", lambda *a, **k: None)
+    built = []
+
+    def build(uv, where, req, wheel):
+        built.append(req["mlx"])
+        if req["mlx"] == "0.29.4":
+            raise GemmdriftError("No solution found when resolving dependencies")
+
+    monkeypatch.setattr(history_run, "build_env", build)
+    monkeypatch.setattr(history_run.shutil, "which", lambda *a, **k: "/bin/uv")
+
+    class Done:
+        returncode = 0
+
+    def asv_run(cmd, cwd, env, stdout, stderr):
+        out = Path(cwd) / ".asv" / "results" / "m"
+        out.mkdir(parents=True, exist_ok=True)
+        python = cmd[cmd.index("--environment") + 1].split(":", 1)[1]
+        (out / f"cccccccc-existing-py{python.replace('/', '_')}.json").write_text("{}")
+        (out / "machine.json").write_text("{}")
+        (Path(cwd) / ".asv" / "results" / "benchmarks.json").write_text(json.dumps({"bench_tier.X.track_y": {}}))
+        return Done()
+
+    monkeypatch.setattr(history_run.subprocess, "run", asv_run)
+    (results).mkdir()
+    (results / "benchmarks.json").write_text(json.dumps({"bench_stack.Old.track_z": {"unit": "x"}}))
+    s = history_run.run_history(root, machine="m", results=results)
+    assert s["envs"]["mlx0.29.4-lm0.30.2"]["state"] == history_run.NOT_INSTALLABLE
+    assert "No solution" in s["envs"]["mlx0.29.4-lm0.30.2"]["reason"]
+    assert s["envs"]["mlx0.32.4-lm0.32.2"]["state"] == history_run.DONE  # the run went on
+    assert "not installable: No solution" in capsys.readouterr().err
+    assert len(list((results / "m").glob("cccccccc-*.json"))) == 1
+    assert set(json.loads((results / "benchmarks.json").read_text())) == {"bench_stack.Old.track_z",
+                                                                         "bench_tier.X.track_y"}
+    built.clear()
+    history_run.run_history(root, machine="m", results=results)  # resumed: nothing runs again
+    assert built == []
+    # another commit for the same history: refused, naming the recorded one
+    monkeypatch.setattr(history_run, "_git", lambda r, *a: "d" * 40)
+    with pytest.raises(GemmdriftError, match="cccccccc"):
+        history_run.run_history(root, machine="m", results=results)
+    with pytest.raises(GemmdriftError, match="no such entry"):
+        history_run.run_history(root, machine="m", results=results, only=["mlx9.9.9-lm0.1.0"])
+    assert json.loads(status.read_text())["commit"] == "c" * 40

@@ -71,16 +71,16 @@ def test_the_tier_benchmarks_mirror_the_librarys_tier():
 
 
 @pytest.mark.slow
-def test_every_tier_part_runs_and_every_benchmark_reads_its_figure(tiny):
-    """Every part on the tiny model at tiny sizes (each whole, in its own process, as asv's setup runs them): each
+def test_every_tier_part_runs_and_every_benchmark_reads_its_figure(embedded):
+    """Every part on the embedded Gemma at tiny sizes (each whole, in its own process, as asv's setup runs them): each
     tier track_ returns the part's figure (planted lookups would not catch a misspelt name)."""
     small = dict(decode_tokens=24, decode_split=16, decode_logits=(17, 18, 19), prefill_tokens=24,
                  prefill_positions=(12, 24), prefill_logits=(14, 15, 16, 17), prefill_schedules=("prefill:2048",
                                                                                                "prefill:8"),
-                 state_operations=("rollback", "trim"), diverge_prompt=12, diverge_n=4, kernel_layers=(0,),
+                 state_operations=("rollback", "trim"), state_where=("below",), state_ks=(1,), diverge_prompt=12, diverge_n=4, kernel_layers=(0,),
                  kernel_ts=(1, 2), kernel_rows=2, fp_paths=("matmul:float32",), fp_k=16, fp_ts=(1, 2), fp_n=8,
                  ops=dict(ops=["rope"], query_lengths=[1, 2], key_lengths=[8]))
-    f = tracking.measure_tier(tiny, only=("decode", "prefill", "state", "diverge", "kernels", "fingerprint", "ops"),
+    f = tracking.measure_tier(embedded, only=("decode", "prefill", "state", "diverge", "kernels", "fingerprint", "ops"),
                               tier=small, workers=1)
     assert f["golden"] == {}  # not run: its benchmarks are skipped (NaN)
     assert math.isnan(bench_tier.TierGolden().track_kld_mean(f))
@@ -173,6 +173,7 @@ def test_the_history_run_resumes_records_failures_and_keeps_one_commit(tmp_path,
         return Done()
 
     monkeypatch.setattr(history_run.subprocess, "run", asv_run)
+    monkeypatch.setenv("GEMMDRIFT_CACHE", str(tmp_path / "cache"))
     (results).mkdir()
     (results / "benchmarks.json").write_text(json.dumps({"bench_stack.Old.track_z": {"unit": "x"}}))
     s = history_run.run_history(root, machine="m", results=results)
@@ -193,3 +194,37 @@ def test_the_history_run_resumes_records_failures_and_keeps_one_commit(tmp_path,
     with pytest.raises(GemmdriftError, match="no such entry"):
         history_run.run_history(root, machine="m", results=results, only=["mlx9.9.9-lm0.1.0"])
     assert json.loads(status.read_text())["commit"] == "c" * 40
+
+
+def test_a_part_that_cannot_run_on_a_release_is_recorded_not_raised(monkeypatch, capsys):
+    """An old mlx or mlx-lm lacking what a part needs: that part's figures are NaN (skipped), the others go on."""
+    def lacks(lm, tier):
+        raise AttributeError("module 'mlx_lm.models.cache' has no attribute 'BatchKVCache'")
+
+    monkeypatch.setitem(tracking.FUNCTIONS, "state", lacks)
+    out = tracking.run_part(None, "state")
+    assert out == {"cannot_run": "AttributeError: module 'mlx_lm.models.cache' has no attribute 'BatchKVCache'"}
+    assert "part state cannot run here" in capsys.readouterr().err
+    monkeypatch.setattr(tracking.suite, "side_by_side", lambda lm, parts, workers=None: {
+        p: tracking.run_part(lm, **kw) for p, (fn, kw) in parts.items()})
+    monkeypatch.setitem(tracking.FUNCTIONS, "ops", lambda lm, tier: type("R", (), {"figures": {"ops_bits_lost/rope": 0.0}})())
+    f = tracking.measure_tier(None, only=("state", "ops"))
+    assert f["state"] == {} and f["ops"] == {"ops_bits_lost/rope": 0.0}
+    assert math.isnan(bench_tier.TierState().track_state_bugs(f)) and bench_tier.TierOps().track_bits_lost(f, "rope") == 0
+
+
+def test_the_compat_reducer_carries_bfloat16_arrays_exactly():
+    """machine.compat's reducer (installed where an old mlx cannot pickle bfloat16): the same values and dtype back."""
+    import pickle
+
+    import mlx.core as mx
+
+    from gemmdrift.machine import compat
+
+    a = mx.array([1.5, -2.0, 3.140625, 65280.0], dtype=mx.bfloat16)
+    fn, args = compat._reduce(a)
+    b = fn(*args)
+    assert b.dtype == mx.bfloat16 and mx.array_equal(a, b).item()
+    fn, args = compat._reduce(mx.array([1, 2], dtype=mx.int32))
+    assert fn(*args).dtype == mx.int32
+    assert compat.install() is False or pickle.loads(pickle.dumps(a)).dtype == mx.bfloat16

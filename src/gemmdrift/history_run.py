@@ -4,15 +4,15 @@
 
 1. one clone of this repository at the commit (``.asv/history/src``) and one wheel of gemmdrift built from it, so
    every release runs the same benchmarks and the same library, and every difference is mlx's or mlx-lm's;
-2. per matrix entry, a virtual environment built with uv (``.asv/history/envs/<label>``): the entry's pins, then
+2. per matrix entry, a virtual environment built with uv (``<gemmdrift's cache>/history-envs/<label>``): the entry's pins, then
    gemmdrift ``--no-deps`` (its own ``mlx>=0.29`` would refuse the older releases the matrix measures);
 3. ``asv run --environment existing:<that python> --set-commit-hash <commit> --machine <machine>``, and its result
    file copied into ``<results>/<machine>/`` (``benchmarks.json`` merged: the older machines' units stay).
 
 Progress: one line per environment on stderr (its build and run seconds). Resumable: a status file
 (``<results>/<machine>.status.json``, written after every environment) holds the commit and each environment's
-outcome; a rerun skips every environment already finished (measured, not installable or failed) and refuses another
-commit. Ctrl-C stops at once; the environment under way is run again next time. An environment that does not build is
+outcome; a rerun skips every environment already finished (measured, not installable, or failed: ``--retry`` runs
+those again) and refuses another commit. Ctrl-C stops at once; the environment under way is run again next time. An environment that does not build is
 one line (``not installable: <reason>``), recorded in the status file, and the run goes on.
 """
 
@@ -29,13 +29,16 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from .errors import GemmdriftError
-from .files import atomic_path
+from .files import atomic_path, cache_dir
 
 MACHINE = "reference-linux-cpu-tier"
 WORK = Path(".asv") / "history"
 DONE, NOT_INSTALLABLE, FAILED = "measured", "not installable", "failed"
 # What every environment gets besides the entry's pins: asv's runner (asv imports it inside the environment).
 RUNNER = "asv_runner"
+# What the history runs: the tier and the environment record. asv would start a process for each of the ~500 cases of
+# the opt-in main-job benchmarks only to record it as skipped (minutes on a loaded 2-core machine).
+BENCH = r"^bench_(tier|env)\."
 
 
 def entries(conf: dict[str, Any], platform: str = "linux") -> list[tuple[str, dict[str, str]]]:
@@ -147,6 +150,7 @@ def prepare(root: Path, work: Path, commit: str, uv: str) -> tuple[Path, Path]:
             shutil.rmtree(src)
         _git(root, "clone", "--quiet", "--shared", "--no-checkout", str(root), str(src))
         _git(src, "checkout", "--quiet", "--detach", commit)
+    _git(src, "branch", "--force", "main", commit)  # asv.conf.json's branch (asv refuses a repository without it)
     wheels = work / "wheel" / commit[:12]
     found = sorted(wheels.glob("gemmdrift-*.whl"))
     if not found:
@@ -158,9 +162,10 @@ def prepare(root: Path, work: Path, commit: str, uv: str) -> tuple[Path, Path]:
 
 
 def run_history(root: Path, *, machine: str = MACHINE, results: Path | None = None, commit: str | None = None,
-                only: Sequence[str] = (), bench: str | None = None, dry_run: bool = False) -> dict[str, Any]:
+                only: Sequence[str] = (), bench: str | None = BENCH, dry_run: bool = False,
+                retry: bool = False) -> dict[str, Any]:
     """Measure every Linux entry of ``root``'s asv.conf.json not yet finished (see the module docstring);
-    returns the status."""
+    returns the status. ``retry``: run the environments whose asv run failed again."""
     root = root.resolve()
     results = (results or root / "benchmarks" / "reference").resolve()
     conf = json.loads((root / "asv.conf.json").read_text())
@@ -177,7 +182,8 @@ def run_history(root: Path, *, machine: str = MACHINE, results: Path | None = No
     check_commit(status, commit, status_path)
     status.setdefault("envs", {})
     status.update(commit=commit, machine=machine)
-    finished = {k for k, v in status["envs"].items() if v.get("state") in (DONE, NOT_INSTALLABLE, FAILED)}
+    final = (DONE, NOT_INSTALLABLE) + (() if retry else (FAILED,))
+    finished = {k for k, v in status["envs"].items() if v.get("state") in final}
     pending = [(lab, r) for lab, r in todo if lab not in finished]
     _say(f"{len(todo)} environments at gemmdrift {commit[:8]} on machine {machine}: {len(todo) - len(pending)} "
          f"finished before, {len(pending)} to run")
@@ -196,7 +202,9 @@ def run_history(root: Path, *, machine: str = MACHINE, results: Path | None = No
     _run([*asv, "machine", "--config", src / "asv.conf.json", "--machine", machine, "--yes"], cwd=src)
     env = {**os.environ, "MLX_ENABLE_TF32": "0"}
     for i, (lab, req) in enumerate(pending, 1):
-        where = work / "envs" / lab
+        # One stable place per machine (asv names an existing environment by its interpreter's path, and the
+        # result file by that name): the same release keeps its name whichever checkout runs the history.
+        where = cache_dir() / "history-envs" / lab
         rec: dict[str, Any] = {"mlx": req.get("mlx"), "mlx_lm": req.get("mlx-lm")}
         t0 = time.perf_counter()
         try:
@@ -219,9 +227,11 @@ def run_history(root: Path, *, machine: str = MACHINE, results: Path | None = No
             p = subprocess.run([str(c) for c in cmd], cwd=src, env=env, stdout=fh, stderr=subprocess.STDOUT)
         rec["run_s"] = round(time.perf_counter() - t1, 1)
         files = asv_result_files(src / ".asv" / "results", machine, python)
-        if p.returncode != 0 or not files:
-            rec.update(state=FAILED, reason=f"asv run exited {p.returncode} (log {log})")
+        if not files:
+            rec.update(state=FAILED, reason=f"asv run exited {p.returncode} and wrote no results (log {log})")
         else:
+            if p.returncode != 0:  # asv exits 2 when a benchmark failed: it is recorded as failed (null), never 0
+                rec["note"] = f"asv run exited {p.returncode}: some benchmarks failed (log {log})"
             out = results / machine
             out.mkdir(parents=True, exist_ok=True)
             for f in files + [src / ".asv" / "results" / machine / "machine.json"]:
@@ -244,7 +254,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--results", default=None, help="results directory (default benchmarks/reference)")
     p.add_argument("--commit", default=None, help="gemmdrift commit (default: the status file's, else HEAD)")
     p.add_argument("--only", default="", help="comma-separated entry labels (e.g. mlx0.29.4-lm0.30.2)")
-    p.add_argument("--bench", default=None, help="asv's --bench regex (default: asv's default set, the tier)")
+    p.add_argument("--bench", default=BENCH, help=f"asv's --bench regex (default {BENCH!r}: the tier and the "
+                   "environment record; '': everything, the opt-in benchmarks recorded as skipped)")
+    p.add_argument("--retry", action="store_true", help="run the environments whose asv run failed again")
     p.add_argument("--dry-run", action="store_true", help="list the environments still to run, run nothing")
     return p
 
@@ -260,7 +272,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         status = run_history(root, machine=args.machine, results=Path(args.results) if args.results else None,
                              commit=args.commit, only=[x.strip() for x in args.only.split(",") if x.strip()],
-                             bench=args.bench, dry_run=args.dry_run)
+                             bench=args.bench, dry_run=args.dry_run, retry=args.retry)
     except GemmdriftError as e:
         print(f"history: {e}", file=sys.stderr)
         return 2

@@ -23,6 +23,7 @@ Every part returns a Result whose figures include the tier's own (:func:`tier_fi
 from __future__ import annotations
 
 import math
+import sys
 from dataclasses import replace
 from typing import Any
 
@@ -54,7 +55,9 @@ PARTS = ("diverge", "decode", "state", "golden", "prefill", "kernels", "ops", "f
 
 
 def _with(result, figures: dict[str, float]):
-    return replace(result, figures={**result.figures, **{k: float(v) for k, v in figures.items()}})
+    """The Result with more figures; one that is not finite is left out (not measured: NaN in asv, never 0)."""
+    more = {k: float(v) for k, v in figures.items() if v is not None and math.isfinite(float(v))}
+    return replace(result, figures={**result.figures, **more})
 
 
 def edge_figures(per_pos, edge: int) -> dict[str, float]:
@@ -144,7 +147,7 @@ def diverge_part(lm, tier: dict[str, Any] | None = None):
         b = tri.get("stream_b_check") or {}
         fo = b.get("first_outside")
         figs["stream_first_outside"] = float(fo) if fo is not None else math.nan
-    return _with(r, {k: v for k, v in figs.items() if not math.isnan(v)})
+    return _with(r, figs)
 
 
 def kernels_part(lm, tier: dict[str, Any] | None = None):
@@ -179,19 +182,31 @@ FUNCTIONS = {"decode": decode_part, "prefill": prefill_part, "state": state_part
              "kernels": kernels_part, "fingerprint": fingerprint_part, "ops": ops_part, "golden": golden_part}
 
 
+def run_part(lm, part: str, tier: dict[str, Any] | None = None):
+    """One part, as :func:`gemmdrift.suite.side_by_side` runs it: its Result, or ``{"cannot_run": reason}`` when this
+    mlx or mlx-lm cannot run it (the part's figures are then NaN, skipped, never 0; the other parts go on)."""
+    try:
+        return FUNCTIONS[part](lm, tier)
+    except Exception as e:  # noqa: BLE001  (any failure of a release is recorded, not raised: the run goes on)
+        reason = f"{e.__class__.__name__}: {e}".splitlines()[0][:300]
+        print(f"gemmdrift tier: part {part} cannot run here: {reason}", file=sys.stderr, flush=True)
+        return {"cannot_run": reason}
+
+
 def parts(only: Any = (), tier: dict[str, Any] | None = None) -> dict[str, tuple[Any, dict[str, Any]]]:
-    """``{part: (function, kwargs)}`` for :func:`gemmdrift.suite.side_by_side`, longest first; ``only``: a subset;
+    """``{part: (run_part, kwargs)}`` for :func:`gemmdrift.suite.side_by_side`, longest first; ``only``: a subset;
     ``tier``: sizes replacing :data:`TIER`'s (tests)."""
     unknown = [p for p in only if p not in FUNCTIONS]
     if unknown:
         from .errors import GemmdriftError
 
         raise GemmdriftError(f"unknown tier part {unknown[0]!r} (choose from {', '.join(PARTS)})")
-    return {p: (FUNCTIONS[p], dict(tier=tier)) for p in PARTS if not only or p in only}
+    return {p: (run_part, dict(part=p, tier=tier)) for p in PARTS if not only or p in only}
 
 
 def measure_tier(lm, only: Any = (), workers: int | None = None,
                  tier: dict[str, Any] | None = None) -> dict[str, dict[str, float]]:
-    """Every part side by side (each whole, in a process of its own): ``{part: figures}``; a part not run: {}."""
+    """Every part side by side (each whole, in a process of its own): ``{part: figures}``; a part not run, or one
+    that cannot run on this release (:func:`run_part`): {} (its benchmarks are skipped)."""
     results = suite.side_by_side(lm, parts(only, tier), workers=workers)
-    return {p: dict(results[p].figures) if p in results else {} for p in PARTS}
+    return {p: dict(results[p].figures) if hasattr(results.get(p), "figures") else {} for p in PARTS}

@@ -72,21 +72,23 @@ def test_the_tier_benchmarks_mirror_the_librarys_tier():
 
 @pytest.mark.slow
 def test_every_tier_part_runs_and_every_benchmark_reads_its_figure(embedded):
-    """Every part on the embedded Gemma at tiny sizes (each whole, in its own process, as asv's setup runs them): each
-    tier track_ returns the part's figure (planted lookups would not catch a misspelt name)."""
+    """Every part on the embedded Gemma at tiny sizes: each tier track_ returns the part's figure (planted lookups
+    would not catch a misspelt name)."""
     small = dict(decode_tokens=24, decode_split=16, decode_logits=(17, 18, 19), prefill_tokens=24,
                  prefill_positions=(12, 24), prefill_logits=(14, 15, 16, 17), prefill_schedules=("prefill:2048",
                                                                                                "prefill:8"),
                  state_operations=("rollback", "trim"), state_where=("below",), state_ks=(1,), diverge_prompt=12, diverge_n=4, kernel_layers=(0,),
                  kernel_ts=(1, 2), kernel_rows=2, fp_paths=("matmul:float32",), fp_k=16, fp_ts=(1, 2), fp_n=8,
                  ops=dict(ops=["rope"], query_lengths=[1, 2], key_lengths=[8]))
-    f = tracking.measure_tier(embedded, only=("decode", "prefill", "state", "diverge", "kernels", "fingerprint", "ops"),
-                              tier=small, workers=1)
+    # in this process, part by part (tracking.measure_tier's side by side is tested with planted parts below)
+    f = {p: dict(tracking.run_part(embedded, p, small).figures) for p in tracking.PARTS if p != "golden"}
+    f["golden"] = {}
     assert f["golden"] == {}  # not run: its benchmarks are skipped (NaN)
     assert math.isnan(bench_tier.TierGolden().track_kld_mean(f))
     assert bench_tier.TierDecodeVsVerify().track_ladder_verdict(f) in (0.0, 1.0)
     assert bench_tier.TierDecodeVsVerify().track_identical_through(f) >= 16
-    assert bench_tier.TierPrefillChunks().track_flips_past_256(f) == f["prefill"]["flips_past_edge"]
+    assert bench_tier.TierPrefillChunks().track_flips_upto_256(f) == f["prefill"]["flips_upto_edge"] == 0
+    assert math.isnan(bench_tier.TierPrefillChunks().track_flips_past_256(f))  # nothing compared past 256: NaN
     assert bench_tier.TierState().track_state_bugs(f) == f["state"]["state_bugs"]
     assert bench_tier.TierState().track_cases(f) > 0
     assert bench_tier.TierDivergence().track_first_divergence(f) == f["diverge"]["first_divergence"]
@@ -228,3 +230,62 @@ def test_the_compat_reducer_carries_bfloat16_arrays_exactly():
     fn, args = compat._reduce(mx.array([1, 2], dtype=mx.int32))
     assert fn(*args).dtype == mx.int32
     assert compat.install() is False or pickle.loads(pickle.dumps(a)).dtype == mx.bfloat16
+
+
+TIER_RESULTS = ROOT / "benchmarks" / "reference"
+
+
+def _tier_values():
+    """{(release label, benchmark, params): value} of the shipped tier results (machine reference-linux-cpu-tier)."""
+    from gemmdrift.measure.history import read_results
+
+    if not (TIER_RESULTS / history_run.MACHINE).is_dir():
+        return {}
+    df = read_results(TIER_RESULTS)
+    df = df[df["machine"] == history_run.MACHINE]
+    return {(r.mlx, r.mlx_lm, r.benchmark, r.params): r.value for r in df.itertuples()}
+
+
+def test_the_shipped_tier_results_show_every_known_effect():
+    """The known answers, in the history's own results: every release measured so far (the history resumes)."""
+    v = _tier_values()
+    if not v:
+        pytest.skip("no tier results shipped yet")
+    releases = {(m, lm) for m, lm, _, _ in v}
+    key = history_run_version_key
+    for m, lm in releases:
+        def get(bench, params=""):
+            return v.get((m, lm, f"bench_tier.{bench}", params))
+
+        if get("TierDecodeVsVerify.track_identical_through") is not None:
+            assert get("TierDecodeVsVerify.track_identical_through") == 512, (m, lm)
+            assert get("TierDecodeVsVerify.track_first_drift") == 513, (m, lm)
+            assert get("TierDecodeVsVerify.track_ladder_verdict") == 1, (m, lm)  # rounding
+        flips = get("TierPrefillChunks.track_flips_past_256")
+        if flips is not None:
+            assert get("TierPrefillChunks.track_flips_upto_256") == 0
+            assert (flips > 0) == (key(m) < (0, 30, 0)), (m, lm, flips)  # RoPE positions in bf16 before 0.30.0
+        rope = get("TierOps.track_bits_lost", "rope")
+        if rope is not None:
+            assert (rope > 0) == (key(m) < (0, 30, 0)), (m, lm, rope)
+        if (m, lm) == ("0.32.4", "0.32.2") and get("TierGolden.track_kld_mean") is not None:
+            assert get("TierGolden.track_kld_mean") == 0 and get("TierGolden.track_same_top1") == 1  # made the base
+        if get("TierDivergence.track_diverged") == 1:
+            assert get("TierDivergence.track_first_near_tie") in (0, 1)
+
+
+def test_the_compat_attention_mask_is_mlx_lms_rule():
+    """machine.compat's mask for mlx-lm releases without cache.create_attention_mask: the same as that function."""
+    import mlx.core as mx
+    from mlx_lm.models.cache import create_attention_mask
+
+    from gemmdrift.machine import compat
+
+    for n, offset, arr, win in [(1, 5, False, None), (3, 5, False, None), (3, 5, True, None), (2, 9, False, 4),
+                                (1, 0, True, None), (4, 0, True, 8)]:
+        want, got = create_attention_mask(n, offset, return_array=arr, window_size=win), compat._attention_mask(
+            n, offset, arr, win)
+        if isinstance(want, mx.array):
+            assert isinstance(got, mx.array) and mx.array_equal(want, got).item(), (n, offset, arr, win)
+        else:
+            assert got == want, (n, offset, arr, win)

@@ -289,3 +289,12 @@ def test_the_compat_attention_mask_is_mlx_lms_rule():
             assert isinstance(got, mx.array) and mx.array_equal(want, got).item(), (n, offset, arr, win)
         else:
             assert got == want, (n, offset, arr, win)
+
+
+def test_the_history_records_the_parts_a_release_cannot_run():
+    log = ("[14%] Setting up bench_tier:40\\r\\ngemmdrift: 8 measurements\\n"
+           "gemmdrift tier: part ops cannot run here: ImportError: cannot import name 'x'\\n"
+           "gemmdrift tier: part state cannot run here: AttributeError: no BatchKVCache\\n")
+    assert history_run.parts_not_run(log.encode().decode("unicode_escape")) == {
+        "ops": "ImportError: cannot import name 'x'", "state": "AttributeError: no BatchKVCache"}
+    assert history_run.parts_not_run("gemmdrift: decode done in 3.0 s") == {}

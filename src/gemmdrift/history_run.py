@@ -123,6 +123,17 @@ def asv_result_files(results: Path, machine: str, python: Path) -> list[Path]:
     return sorted(p for p in (results / machine).glob("*.json") if key in p.name)
 
 
+def parts_not_run(log_text: str) -> dict[str, str]:
+    """The tier parts a release could not run, with their reasons, from asv's log of it (gemmdrift.tracking.run_part's
+    lines: ``gemmdrift tier: part NAME cannot run here: REASON``)."""
+    out = {}
+    for line in log_text.replace("\r", "\n").splitlines():
+        head, sep, reason = line.partition(" cannot run here: ")
+        if sep and "gemmdrift tier: part " in head:
+            out[head.rsplit("gemmdrift tier: part ", 1)[1].strip()] = reason.strip()
+    return out
+
+
 def merge_benchmarks(src: Path, dst: Path) -> None:
     """asv's benchmarks.json of this run into ``dst``'s: new names added, the others kept (their units)."""
     new = json.loads(src.read_text())
@@ -226,6 +237,9 @@ def run_history(root: Path, *, machine: str = MACHINE, results: Path | None = No
         with open(log, "w") as fh:
             p = subprocess.run([str(c) for c in cmd], cwd=src, env=env, stdout=fh, stderr=subprocess.STDOUT)
         rec["run_s"] = round(time.perf_counter() - t1, 1)
+        missing = parts_not_run(log.read_text(errors="replace"))
+        if missing:  # recorded as not measurable, with the reason: their figures are NaN (skipped), never 0
+            rec["parts_not_run"] = missing
         files = asv_result_files(src / ".asv" / "results", machine, python)
         if not files:
             rec.update(state=FAILED, reason=f"asv run exited {p.returncode} and wrote no results (log {log})")
@@ -242,7 +256,8 @@ def run_history(root: Path, *, machine: str = MACHINE, results: Path | None = No
         status["envs"][lab] = rec
         write_status(status_path, status)
         _say(f"[{i}/{len(pending)}] {lab}: {rec['state']} (build {rec['build_s']:.0f} s, asv run {rec['run_s']:.0f} s)"
-             + (f": {rec['reason']}" if rec.get("reason") else ""))
+             + (f": {rec['reason']}" if rec.get("reason") else "")
+             + (f"; parts not run: {', '.join(f'{k} ({v})' for k, v in missing.items())}" if missing else ""))
     return status
 
 

@@ -71,17 +71,19 @@ def test_the_tier_benchmarks_mirror_the_librarys_tier():
 
 
 @pytest.mark.slow
-def test_every_tier_part_runs_and_every_benchmark_reads_its_figure(embedded):
+def test_every_tier_part_runs_and_every_benchmark_reads_its_figure(embedded, tiny):
     """Every part on the embedded Gemma at tiny sizes: each tier track_ returns the part's figure (planted lookups
     would not catch a misspelt name)."""
     small = dict(decode_tokens=24, decode_split=16, decode_logits=(17, 18, 19), prefill_tokens=24,
                  prefill_positions=(12, 24), prefill_logits=(14, 15, 16, 17), prefill_schedules=("prefill:2048",
                                                                                                "prefill:8"),
-                 state_operations=("rollback", "trim"), state_where=("below",), state_ks=(1,), diverge_prompt=12, diverge_n=4, kernel_layers=(0,),
+                 state_operations=("rollback", "trim"), state_where=("past",), state_ks=(1,), diverge_prompt=12, diverge_n=4, kernel_layers=(0,),
                  kernel_ts=(1, 2), kernel_rows=2, fp_paths=("matmul:float32",), fp_k=16, fp_ts=(1, 2), fp_n=8,
                  ops=dict(ops=["rope"], query_lengths=[1, 2], key_lengths=[8]))
-    # in this process, part by part (tracking.measure_tier's side by side is tested with planted parts below)
-    f = {p: dict(tracking.run_part(embedded, p, small).figures) for p in tracking.PARTS if p != "golden"}
+    # in this process, part by part (tracking.measure_tier's side by side is tested with planted parts below); the
+    # parts that need no tokenizer on the tiny model (its window is 8: the state sweep's prefixes stay short)
+    f = {p: dict(tracking.run_part(tiny if p in ("state", "ops") else embedded, p, small).figures)
+         for p in tracking.PARTS if p != "golden"}
     f["golden"] = {}
     assert f["golden"] == {}  # not run: its benchmarks are skipped (NaN)
     assert math.isnan(bench_tier.TierGolden().track_kld_mean(f))
@@ -258,8 +260,11 @@ def test_the_shipped_tier_results_show_every_known_effect():
             return v.get((m, lm, f"bench_tier.{bench}", params))
 
         if get("TierDecodeVsVerify.track_identical_through") is not None:
-            assert get("TierDecodeVsVerify.track_identical_through") == 512, (m, lm)
-            assert get("TierDecodeVsVerify.track_first_drift") == 513, (m, lm)
+            if key(m) >= (0, 30, 0):  # bit-identical through the window's edge, drifting from 513
+                assert get("TierDecodeVsVerify.track_identical_through") == 512, (m, lm)
+                assert get("TierDecodeVsVerify.track_first_drift") == 513, (m, lm)
+            else:  # RoPE positions in bf16 (past 256) part decode from verify before the edge (508: 0.29.4)
+                assert get("TierDecodeVsVerify.track_first_drift") < 513, (m, lm)
             assert get("TierDecodeVsVerify.track_ladder_verdict") == 1, (m, lm)  # rounding
         flips = get("TierPrefillChunks.track_flips_past_256")
         if flips is not None:

@@ -134,6 +134,21 @@ def parts_not_run(log_text: str) -> dict[str, str]:
     return out
 
 
+def write_machine(src: Path, dst: Path, machine: str) -> None:
+    """asv's machine.json of the run into ``dst``, with what asv detects of this machine (cpu, cores, memory, os)
+    where the run's file lacks it (asv machine --yes in a fresh clone writes the name alone)."""
+    rec = json.loads(src.read_text()) if src.exists() else {}
+    try:
+        from asv.machine import Machine
+
+        found = Machine.get_defaults()
+    except Exception:  # noqa: BLE001  (the record is a label: without asv's detection, the run's file as it is)
+        found = {}
+    rec = {**{k: v for k, v in found.items() if k != "machine"}, **rec, "machine": machine, "version": 1}
+    with atomic_path(dst) as tmp:
+        tmp.write_text(json.dumps(rec, indent=4, sort_keys=True) + "\n")
+
+
 def merge_benchmarks(src: Path, dst: Path) -> None:
     """asv's benchmarks.json of this run into ``dst``'s: new names added, the others kept (their units)."""
     new = json.loads(src.read_text())
@@ -248,8 +263,9 @@ def run_history(root: Path, *, machine: str = MACHINE, results: Path | None = No
                 rec["note"] = f"asv run exited {p.returncode}: some benchmarks failed (log {log})"
             out = results / machine
             out.mkdir(parents=True, exist_ok=True)
-            for f in files + [src / ".asv" / "results" / machine / "machine.json"]:
+            for f in files:
                 shutil.copy2(f, out / f.name)
+            write_machine(src / ".asv" / "results" / machine / "machine.json", out / "machine.json", machine)
             merge_benchmarks(src / ".asv" / "results" / "benchmarks.json", results / "benchmarks.json")
             rec.update(state=DONE, files=[f.name for f in files])
         rec["finished"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())

@@ -303,3 +303,23 @@ def test_the_history_records_the_parts_a_release_cannot_run():
     assert history_run.parts_not_run(log.encode().decode("unicode_escape")) == {
         "ops": "ImportError: cannot import name 'x'", "state": "AttributeError: no BatchKVCache"}
     assert history_run.parts_not_run("gemmdrift: decode done in 3.0 s") == {}
+
+
+def test_the_shipped_tier_results_pairwise_known_answers():
+    """From the issue's known answers: the CPU's numerics do not move from mlx 0.30.6 through 0.31.2 to 0.32.4 (every
+    tier figure but mlx-lm's cache-state ones identical), and mlx-lm 0.30.2 -> 0.31.3 with mlx 0.32.4 changes the
+    state verdicts."""
+    v = _tier_values()
+    have = {(m, lm) for m, lm, _, _ in v}
+    line = [("0.30.6", "0.31.2"), ("0.31.2", "0.31.3"), ("0.32.4", "0.32.2")]
+    if not set(line) <= have:
+        pytest.skip("the shipped tier results do not hold mlx 0.30.6, 0.31.2 and 0.32.4 yet")
+    series = {(b, p) for _, _, b, p in v if b.startswith("bench_tier.") and "TierState" not in b}
+    for b, p in series:
+        vals = {v.get((m, lm, b, p)) for m, lm in line}
+        vals = {None if x is None or x != x else x for x in vals}  # NaN (skipped, e.g. no drift) is None
+        assert len(vals) == 1, (b, p, vals)
+    axis = [("0.32.4", "0.30.2"), ("0.32.4", "0.31.3")]
+    if set(axis) <= have:
+        bugs = [v[(m, lm, "bench_tier.TierState.track_state_bugs", "")] for m, lm in axis]
+        assert bugs[0] != bugs[1]

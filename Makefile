@@ -44,7 +44,7 @@ $(error INSTALLER=$(INSTALLER) is not an installer: use uv or pip)
 endif
 PIP_INSTALL = $(BIN)/python -m pip install --quiet --upgrade pip && $(BIN)/python -m pip install --quiet -e ".[$(EXTRAS)]"
 
-.PHONY: run test env bench golden docs clean changelog
+.PHONY: run test env bench golden docs clean changelog history-run
 
 $(BIN)/.installed-$(EXTRAS): pyproject.toml
 	@test -n "$(PYTHON)" && $(PYTHON) -c '$(PY_OK)' 2>/dev/null || { echo "make: no Python 3.10+$(if $(filter metal,$(BACKEND)), for arm64,) found (tried $(or $(PYTHON),$(PYTHONS))); install one, or give it as PYTHON=..." >&2; exit 2; }
@@ -76,6 +76,11 @@ test: env
 bench: env
 	$(BIN)/asv machine --config $(ASV_CONFIG) --yes
 	$(BIN)/asv run --config $(ASV_CONFIG) --show-stderr
+
+# The whole history (docs/tracking.md): every Linux entry of asv.conf.json, one uv-built environment each, at one
+# gemmdrift commit, into benchmarks/reference/reference-linux-cpu-tier; resumable (run it again after Ctrl-C).
+history-run: env
+	$(BIN)/python -m gemmdrift.history_run $(HISTORY_ARGS)
 
 # The shipped golden logits (src/gemmdrift/data/golden/linux-cpu): the embedded Gemma in bfloat16 over the
 # built-in essay and prompt set, decode and verify:2. Run on the Linux CPU backend with the mlx it records.

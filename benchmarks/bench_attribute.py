@@ -54,6 +54,8 @@ class OpTapsOverhead:
     timeout = 3600
 
     def setup_cache(self):
+        if not common.full_benchmarks():
+            return common.skipped_full()
         from gemmdrift import suite
         from gemmdrift.attribution.attribute import taps_overhead
 
@@ -62,6 +64,9 @@ class OpTapsOverhead:
                              ["prefill:64,decode", "prefill:64,verify:2"], OVERHEAD_SIZES["split"])
 
     setup_cache.timeout = 3600
+
+    def setup(self, f):
+        common.skip_unless_full(f, "OpTapsOverhead")
 
     def track_taps_overhead(self, f):
         return f["ratio"]

@@ -37,6 +37,8 @@ class CacheCandidates:
     param_names = ["cache"]
 
     def setup_cache(self):
+        if not common.full_benchmarks():
+            return common.skipped_full()
         from gemmdrift import suite
 
         # Each candidate's grid computes on one core (a plug-in's sweep runs in one process): side by side,
@@ -44,6 +46,9 @@ class CacheCandidates:
         parts = {name: (suite.cache_impl_part, dict(spec=spec, **GRID)) for name, spec in CANDIDATES.items()}
         results = suite.side_by_side(common.model(), parts)
         return {name: _grid_counts(results[name]) for name in CANDIDATES}
+
+    def setup(self, f, *params):
+        common.skip_unless_full(f, "CacheCandidates")
 
     def track_non_exact(self, f, cache):
         """Rounding, STATE BUG or refused cases of the grid (0: exact wherever it applies)."""

@@ -56,6 +56,8 @@ class KernelSpeed:
     warmup_time = 0.1
 
     def setup_cache(self):
+        if not common.full_benchmarks():
+            return common.skipped_full()
         from gemmdrift import kernels, suite
 
         lm = common.model()
@@ -68,6 +70,7 @@ class KernelSpeed:
     setup_cache.timeout = 1800
 
     def setup(self, cache, path, t):
+        common.skip_unless_full(cache, "KernelSpeed")
         from gemmdrift import kernels
 
         rows, operand = cache

@@ -19,6 +19,7 @@ class TapOverhead:
     rounds = 1  # asv's default is 2: every case twice, each in a new process that loads the model
 
     def setup(self, schedule):
+        common.skip_unless_full(None, "TapOverhead")
         from gemmdrift import suite
 
         self.lm = common.model()

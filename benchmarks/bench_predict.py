@@ -29,11 +29,16 @@ class PredictedDrift:
     timeout = 3600
 
     def setup_cache(self):
+        if not common.full_benchmarks():
+            return common.skipped_full()
         from gemmdrift.replay.predict import PredictSizes, predict_drift
 
         return dict(predict_drift(common.model(), PredictSizes(**PREDICT_SIZES)).figures)
 
     setup_cache.timeout = 3600
+
+    def setup(self, f, *params):
+        common.skip_unless_full(f, "PredictedDrift")
 
     def track_max_dlogit(self, f, chip, schedule, stat):
         return _figure(f, "max_abs_dlogit", chip, schedule, stat)

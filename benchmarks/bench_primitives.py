@@ -6,6 +6,8 @@ exact here (drafted tokens; 7 = every op bit-equal up to T=8) and the number of 
 (0 on a row-invariant backend, a count, never NaN). See docs/attribution.md, "The one-second gate".
 """
 
+from . import common
+
 PRIMITIVES_MODEL = "shape:gemma3-270m"
 PRIMITIVES_TS = tuple(range(1, 9))
 
@@ -19,6 +21,7 @@ class PrimitivesGate:
     warmup_time = 0.0
 
     def setup(self):
+        common.skip_unless_full(None, "PrimitivesGate")
         from gemmdrift.attribution import primitives
 
         self._gate = primitives.gate

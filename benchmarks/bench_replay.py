@@ -7,6 +7,8 @@ the call before, as for every call of a fixed weight in a model run after its fi
 returns the first call's (``first_ratio``). The issue's target is at most 10x; see docs/replay.md.
 """
 
+from . import common
+
 REPLAY_KERNELS = ("cpu_simd_gemm", "gemv", "gemv_wide", "steel_gemm", "steel_gemm_splitk", "cuda_gemv",
                   "cpu_qmm", "qmv_fast", "qmv_wide", "qmm_t")
 REPLAY_TS = (1, 8, 33)
@@ -24,6 +26,7 @@ class ReplayCost:
     warmup_time = 0.0
 
     def setup(self, kernel, t):
+        common.skip_unless_full(None, "ReplayCost")
         from gemmdrift.replay.check import speed_ratio
 
         self._ratio = speed_ratio

@@ -39,13 +39,15 @@ WINGS = {
     "upgrade": 11.5,  # upgrade/: should I upgrade mlx? two releases' interpreters, the class of the change
     "view": 12,  # view/: summaries, printed text, figures and report sections per kind
     "legacy": 13, "store": 14, "page": 14.5, "report": 15, "interrupts": 15, "suite": 16,
+    "tracking": 16.5,  # the tracking tier (asv's default benchmarks): the suite's measurements at tracking sizes
+    "history_run": 16.5,  # the whole asv history in one command (uv environments, resumable)
     "cli": 17,  # cli/: the command line and its parsers per command
     "clidoc": 18, "__main__": 18, "": 19,  # "" is the package itself (gemmdrift/__init__.py)
 }
 
 # Inside a wing (a wing's own name is its __init__.py).
 RANKS = {
-    "machine": 0, "machine.platforminfo": 0, "machine.backends": 0, "machine.memory": 1, "machine.envinfo": 1,
+    "machine": 0, "machine.compat": 0, "machine.platforminfo": 0, "machine.backends": 0, "machine.memory": 1, "machine.envinfo": 1,
     "machine.runenv": 2,
     "dispatch.base": 1, "dispatch.tags": 1.5, "dispatch.chips": 2, "dispatch.metal": 2, "dispatch.cuda": 2, "dispatch.cpu": 3, "dispatch": 4,
     "model.gguf_read": 0, "model.draft_self": 0, "model.native": 0, "model.gguf_gemma": 1, "model.description": 1,

@@ -97,9 +97,10 @@ def _init(recipe: dict[str, Any], tf32_off: bool, device: tuple[str, int]) -> No
     global _LM
     import mlx.core as mx
 
-    from .machine import envinfo
+    from .machine import compat, envinfo
     from .model import load_model
 
+    compat.install()  # bfloat16 arrays pickle back to the parent on every mlx release
     if tf32_off:
         envinfo.force_true_float32()  # inherited MLX_ENABLE_TF32=0; records that this process forced it
     _set_device(device)  # the parent's device
@@ -118,6 +119,10 @@ def run_jobs(lm, fn: Callable[..., Any], jobs: Sequence[dict[str, Any]], workers
     loaded again): nothing a job leaves in its process -- mlx's once-read switches such as MLX_ENABLE_TF32,
     its memory cache -- reaches the next one.
     """
+    if workers > 1 or fresh:
+        from .machine import compat
+
+        compat.install()  # the jobs' bfloat16 arrays pickle on every mlx release
     if fresh and jobs and can_reload(lm):
         return _run_fresh(lm, fn, jobs, max(1, min(workers, len(jobs))), done)
     if workers <= 1 or len(jobs) <= 1:
@@ -299,6 +304,10 @@ def _call_task(fn: Callable[..., Any], job: dict[str, Any]) -> Any:
 def _executor(workers: int, initializer, initargs):
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
+
+    from .machine import compat
+
+    compat.install()  # the jobs' bfloat16 arrays pickle on every mlx release
 
     return ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"), initializer=initializer,
                                initargs=initargs)

@@ -106,8 +106,8 @@ def ops_sweep(lm, *, ops: Sequence[str] = OP_NAMES, query_lengths: Iterable[int]
         seed: seed of the inputs.
     """
     import mlx.core as mx
-    from mlx_lm.models.cache import create_attention_mask
 
+    from ..machine.compat import attention_mask as create_attention_mask
     from ..model import mx_dtype
 
     bad = [o for o in ops if o not in OP_NAMES]

@@ -1,0 +1,320 @@
+"""The whole history in one command: every Linux entry of asv.conf.json, one gemmdrift commit (issue 47).
+
+``python -m gemmdrift.history_run`` (``make history-run``) measures every release of the matrix in turn:
+
+1. one clone of this repository at the commit (``.asv/history/src``) and one wheel of gemmdrift built from it, so
+   every release runs the same benchmarks and the same library, and every difference is mlx's or mlx-lm's;
+2. per matrix entry, a virtual environment built with uv (``<gemmdrift's cache>/history-envs/<label>``): the entry's pins, then
+   gemmdrift ``--no-deps`` (its own ``mlx>=0.29`` would refuse the older releases the matrix measures);
+3. ``asv run --environment existing:<that python> --set-commit-hash <commit> --machine <machine>``, and its result
+   file copied into ``<results>/<machine>/`` (``benchmarks.json`` merged: the older machines' units stay).
+
+Progress: one line per environment on stderr (its build and run seconds). Resumable: a status file
+(``<results>/<machine>.status.json``, written after every environment) holds the commit and each environment's
+outcome; a rerun skips every environment already finished (measured, not installable, or failed: ``--retry`` runs
+those again) and refuses another commit. Ctrl-C stops at once; the environment under way is run again next time. An environment that does not build is
+one line (``not installable: <reason>``), recorded in the status file, and the run goes on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+from .errors import GemmdriftError
+from .files import atomic_path, cache_dir
+
+MACHINE = "reference-linux-cpu-tier"
+WORK = Path(".asv") / "history"
+DONE, NOT_INSTALLABLE, FAILED = "measured", "not installable", "failed"
+# What every environment gets besides the entry's pins: asv's runner (asv imports it inside the environment).
+RUNNER = "asv_runner"
+# What the history runs: the tier and the environment record. asv would start a process for each of the ~500 cases of
+# the opt-in main-job benchmarks only to record it as skipped (minutes on a loaded 2-core machine).
+BENCH = r"^bench_(tier|env)\."
+
+
+def entries(conf: dict[str, Any], platform: str = "linux") -> list[tuple[str, dict[str, str]]]:
+    """(label, pins) of every include entry of ``platform``, in the configuration's order."""
+    out = []
+    for inc in conf.get("include", []):
+        if inc.get("sys_platform") != platform:
+            continue
+        req = {k: str(v) for k, v in inc.get("req", {}).items()}
+        out.append((env_label(req), req))
+    return out
+
+
+def releases(conf: dict[str, Any], platform: str) -> list[tuple[str, str]]:
+    """(mlx, mlx-lm) of every entry of ``platform``: the releases it measures."""
+    return [(r.get("mlx", ""), r.get("mlx-lm", "")) for _, r in entries(conf, platform)]
+
+
+def env_label(req: dict[str, str]) -> str:
+    """``mlx0.29.4-lm0.30.2``: the directory and status key of one entry."""
+    return f"mlx{req.get('mlx', '')}-lm{req.get('mlx-lm', '')}"
+
+
+def requirement_specs(req: dict[str, str]) -> list[str]:
+    """The entry's pins as installer arguments (``name==version``, or the bare name where asv's entry is '')."""
+    return [f"{k}=={v}" if v else k for k, v in req.items()]
+
+
+def read_status(path: Path) -> dict[str, Any]:
+    if not path.exists():
+        return {}
+    try:
+        d = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise GemmdriftError(f"cannot read the history status {path}: {e}") from None
+    if not isinstance(d, dict) or not isinstance(d.get("envs", {}), dict):
+        raise GemmdriftError(f"{path} is not a history status file")
+    return d
+
+
+def write_status(path: Path, status: dict[str, Any]) -> None:
+    with atomic_path(path) as tmp:
+        tmp.write_text(json.dumps(status, indent=1, sort_keys=True) + "\n")
+
+
+def check_commit(status: dict[str, Any], commit: str, path: Path) -> None:
+    """One gemmdrift commit for the whole history: a resumed run must be at the recorded one."""
+    old = status.get("commit")
+    if old and old != commit:
+        raise GemmdriftError(f"{path} records the history at gemmdrift commit {old[:8]}, not {commit[:8]}: "
+                             f"resume with --commit {old[:8]}, or give another --machine for a new history")
+
+
+def last_line(text: str) -> str:
+    lines = [x.strip() for x in (text or "").splitlines() if x.strip()]
+    return lines[-1][:300] if lines else "no output"
+
+
+def _run(cmd: Sequence[str], **kw) -> subprocess.CompletedProcess:
+    return subprocess.run([str(c) for c in cmd], capture_output=True, text=True, **kw)
+
+
+def build_env(uv: str, where: Path, req: dict[str, str], wheel: Path) -> None:
+    """A fresh virtual environment at ``where`` with the entry's pins, asv's runner and gemmdrift (no deps).
+    Raises GemmdriftError with the installer's last line when it fails."""
+    if where.exists():
+        shutil.rmtree(where)
+    steps = [
+        [uv, "venv", "--quiet", "--python", "3.11", where],
+        [uv, "pip", "install", "--quiet", "--python", where / "bin" / "python", *requirement_specs(req), RUNNER],
+        [uv, "pip", "install", "--quiet", "--no-deps", "--python", where / "bin" / "python", wheel],
+    ]
+    for cmd in steps:
+        p = _run(cmd)
+        if p.returncode != 0:
+            raise GemmdriftError(last_line(p.stderr or p.stdout))
+
+
+def asv_result_files(results: Path, machine: str, python: Path) -> list[Path]:
+    """asv's result files of the existing environment ``python`` (its name holds the interpreter's path)."""
+    key = str(python).replace(os.path.sep, "_")
+    return sorted(p for p in (results / machine).glob("*.json") if key in p.name)
+
+
+def parts_not_run(log_text: str) -> dict[str, str]:
+    """The tier parts a release could not run, with their reasons, from asv's log of it (gemmdrift.tracking.run_part's
+    lines: ``gemmdrift tier: part NAME cannot run here: REASON``)."""
+    out = {}
+    for line in log_text.replace("\r", "\n").splitlines():
+        head, sep, reason = line.partition(" cannot run here: ")
+        if sep and "gemmdrift tier: part " in head:
+            out[head.rsplit("gemmdrift tier: part ", 1)[1].strip()] = reason.strip()
+    return out
+
+
+def write_machine(src: Path, dst: Path, machine: str) -> None:
+    """asv's machine.json of the run into ``dst``, with what asv detects of this machine (cpu, cores, memory, os)
+    where the run's file lacks it (asv machine --yes in a fresh clone writes the name alone)."""
+    rec = json.loads(src.read_text()) if src.exists() else {}
+    try:
+        from asv.machine import Machine
+
+        found = Machine.get_defaults()
+    except Exception:  # noqa: BLE001  (the record is a label: without asv's detection, the run's file as it is)
+        found = {}
+    rec = {**{k: v for k, v in found.items() if k != "machine"}, **rec, "machine": machine, "version": 1}
+    with atomic_path(dst) as tmp:
+        tmp.write_text(json.dumps(rec, indent=4, sort_keys=True) + "\n")
+
+
+def merge_benchmarks(src: Path, dst: Path) -> None:
+    """asv's benchmarks.json of this run into ``dst``'s: new names added, the others kept (their units)."""
+    new = json.loads(src.read_text())
+    old = json.loads(dst.read_text()) if dst.exists() else {}
+    with atomic_path(dst) as tmp:
+        tmp.write_text(json.dumps({**old, **new}, indent=4, sort_keys=True) + "\n")
+
+
+def _say(msg: str) -> None:
+    print(f"history: {msg}", file=sys.stderr, flush=True)
+
+
+def _git(root: Path, *args: str) -> str:
+    p = _run(["git", "-C", root, *args])
+    if p.returncode != 0:
+        raise GemmdriftError(f"git {' '.join(args)}: {last_line(p.stderr)}")
+    return p.stdout.strip()
+
+
+def prepare(root: Path, work: Path, commit: str, uv: str) -> tuple[Path, Path]:
+    """The clone at ``commit`` and gemmdrift's wheel built from it (both reused while the commit is the same)."""
+    src = work / "src"
+    if not (src / ".git").exists() or _git(src, "rev-parse", "HEAD") != commit:
+        if src.exists():
+            shutil.rmtree(src)
+        _git(root, "clone", "--quiet", "--shared", "--no-checkout", str(root), str(src))
+        _git(src, "checkout", "--quiet", "--detach", commit)
+    _git(src, "branch", "--force", "main", commit)  # asv.conf.json's branch (asv refuses a repository without it)
+    wheels = work / "wheel" / commit[:12]
+    found = sorted(wheels.glob("gemmdrift-*.whl"))
+    if not found:
+        p = _run([uv, "build", "--quiet", "--wheel", "--out-dir", wheels, src])
+        if p.returncode != 0:
+            raise GemmdriftError(f"building gemmdrift's wheel: {last_line(p.stderr)}")
+        found = sorted(wheels.glob("gemmdrift-*.whl"))
+    return src, found[-1]
+
+
+def run_history(root: Path, *, machine: str = MACHINE, results: Path | None = None, commit: str | None = None,
+                only: Sequence[str] = (), bench: str | None = BENCH, dry_run: bool = False,
+                retry: bool = False) -> dict[str, Any]:
+    """Measure every Linux entry of ``root``'s asv.conf.json not yet finished (see the module docstring);
+    returns the status. ``retry``: run the environments whose asv run failed again."""
+    root = root.resolve()
+    results = (results or root / "benchmarks" / "reference").resolve()
+    conf = json.loads((root / "asv.conf.json").read_text())
+    todo = entries(conf, "linux")
+    labels = [lab for lab, _ in todo]
+    unknown = [x for x in only if x not in labels]
+    if unknown:
+        raise GemmdriftError(f"--only {unknown[0]}: no such entry (the entries: {', '.join(labels)})")
+    if only:
+        todo = [(lab, r) for lab, r in todo if lab in only]
+    status_path = results / f"{machine}.status.json"
+    status = read_status(status_path)
+    commit = _git(root, "rev-parse", commit or status.get("commit") or "HEAD")
+    check_commit(status, commit, status_path)
+    status.setdefault("envs", {})
+    status.update(commit=commit, machine=machine)
+    final = (DONE, NOT_INSTALLABLE) + (() if retry else (FAILED,))
+    finished = {k for k, v in status["envs"].items() if v.get("state") in final}
+    pending = [(lab, r) for lab, r in todo if lab not in finished]
+    _say(f"{len(todo)} environments at gemmdrift {commit[:8]} on machine {machine}: {len(todo) - len(pending)} "
+         f"finished before, {len(pending)} to run")
+    if dry_run:
+        for lab, r in pending:
+            _say(f"would run {lab}: {' '.join(requirement_specs(r))}")
+        return status
+    if not pending:
+        return status
+    uv = shutil.which("uv", path=str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", ""))
+    if uv is None:
+        raise GemmdriftError("uv is not installed (make env installs it in .venv)")
+    work = root / WORK
+    src, wheel = prepare(root, work, commit, uv)
+    asv = [sys.executable, "-m", "asv"]
+    _run([*asv, "machine", "--config", src / "asv.conf.json", "--machine", machine, "--yes"], cwd=src)
+    env = {**os.environ, "MLX_ENABLE_TF32": "0"}
+    for i, (lab, req) in enumerate(pending, 1):
+        # One stable place per machine (asv names an existing environment by its interpreter's path, and the
+        # result file by that name): the same release keeps its name whichever checkout runs the history.
+        where = cache_dir() / "history-envs" / lab
+        rec: dict[str, Any] = {"mlx": req.get("mlx"), "mlx_lm": req.get("mlx-lm")}
+        t0 = time.perf_counter()
+        try:
+            build_env(uv, where, req, wheel)
+        except GemmdriftError as e:
+            rec.update(state=NOT_INSTALLABLE, reason=str(e), build_s=round(time.perf_counter() - t0, 1))
+            status["envs"][lab] = rec
+            write_status(status_path, status)
+            _say(f"[{i}/{len(pending)}] {lab}: not installable: {e}")
+            continue
+        rec["build_s"] = round(time.perf_counter() - t0, 1)
+        python = where / "bin" / "python"
+        t1 = time.perf_counter()
+        cmd = [*asv, "run", "--config", src / "asv.conf.json", "--environment", f"existing:{python}",
+               "--set-commit-hash", commit, "--machine", machine, "--quick", "--show-stderr",
+               *(["--bench", bench] if bench else [])]
+        log = work / "logs" / f"{lab}.log"
+        log.parent.mkdir(parents=True, exist_ok=True)
+        with open(log, "w") as fh:
+            p = subprocess.run([str(c) for c in cmd], cwd=src, env=env, stdout=fh, stderr=subprocess.STDOUT)
+        rec["run_s"] = round(time.perf_counter() - t1, 1)
+        missing = parts_not_run(log.read_text(errors="replace"))
+        if missing:  # recorded as not measurable, with the reason: their figures are NaN (skipped), never 0
+            rec["parts_not_run"] = missing
+        files = asv_result_files(src / ".asv" / "results", machine, python)
+        if not files:
+            rec.update(state=FAILED, reason=f"asv run exited {p.returncode} and wrote no results (log {log})")
+        else:
+            if p.returncode != 0:  # asv exits 2 when a benchmark failed: it is recorded as failed (null), never 0
+                rec["note"] = f"asv run exited {p.returncode}: some benchmarks failed (log {log})"
+            out = results / machine
+            out.mkdir(parents=True, exist_ok=True)
+            for f in files:
+                shutil.copy2(f, out / f.name)
+            write_machine(src / ".asv" / "results" / machine / "machine.json", out / "machine.json", machine)
+            merge_benchmarks(src / ".asv" / "results" / "benchmarks.json", results / "benchmarks.json")
+            rec.update(state=DONE, files=[f.name for f in files])
+        rec["finished"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        status["envs"][lab] = rec
+        write_status(status_path, status)
+        _say(f"[{i}/{len(pending)}] {lab}: {rec['state']} (build {rec['build_s']:.0f} s, asv run {rec['run_s']:.0f} s)"
+             + (f": {rec['reason']}" if rec.get("reason") else "")
+             + (f"; parts not run: {', '.join(f'{k} ({v})' for k, v in missing.items())}" if missing else ""))
+    return status
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m gemmdrift.history_run",
+                                description="Run the asv benchmarks for every Linux entry of asv.conf.json at one "
+                                            "gemmdrift commit, one uv-built environment per release; resumable.")
+    p.add_argument("--machine", default=MACHINE, help=f"asv machine name of the results (default {MACHINE})")
+    p.add_argument("--results", default=None, help="results directory (default benchmarks/reference)")
+    p.add_argument("--commit", default=None, help="gemmdrift commit (default: the status file's, else HEAD)")
+    p.add_argument("--only", default="", help="comma-separated entry labels (e.g. mlx0.29.4-lm0.30.2)")
+    p.add_argument("--bench", default=BENCH, help=f"asv's --bench regex (default {BENCH!r}: the tier and the "
+                   "environment record; '': everything, the opt-in benchmarks recorded as skipped)")
+    p.add_argument("--retry", action="store_true", help="run the environments whose asv run failed again")
+    p.add_argument("--dry-run", action="store_true", help="list the environments still to run, run nothing")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    root = Path.cwd()
+    while not (root / "asv.conf.json").is_file():
+        if root.parent == root:
+            print("history: no asv.conf.json here or above", file=sys.stderr)
+            return 2
+        root = root.parent
+    try:
+        status = run_history(root, machine=args.machine, results=Path(args.results) if args.results else None,
+                             commit=args.commit, only=[x.strip() for x in args.only.split(",") if x.strip()],
+                             bench=args.bench, dry_run=args.dry_run, retry=args.retry)
+    except GemmdriftError as e:
+        print(f"history: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("history: interrupted; run the same command again to resume", file=sys.stderr)
+        return 130
+    states = [v.get("state") for v in status.get("envs", {}).values()]
+    _say(f"{states.count(DONE)} measured, {states.count(NOT_INSTALLABLE)} not installable, "
+         f"{states.count(FAILED)} failed")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -223,7 +223,11 @@ def test_the_committed_reference_results_read_as_one_cpu_machine():
 
     ref = Path(__file__).resolve().parent.parent / history.REFERENCE_RESULTS
     df = history.read_results(ref)
-    assert set(df["machine"]) == {"reference-linux-cpu"} and set(df["backend"]) == {"cpu"}
+    # two machine names: the main-job-size results (four releases) and the tracking tier's history (issue 47)
+    assert set(df["machine"]) == {"reference-linux-cpu", "reference-linux-cpu-tier"} and set(df["backend"]) == {"cpu"}
+    tier = df[df["machine"] == "reference-linux-cpu-tier"]
+    assert {"0.26.5", "0.27.1", "0.28.0", "0.29.4", "0.30.6", "0.31.2", "0.32.4"} <= set(tier["mlx"])
+    df = df[df["machine"] == "reference-linux-cpu"]
     assert (df["mlx"] == df["mlx_pinned"]).all()  # what ran is what the matrix pinned
     assert set(df["mlx"]) == {"0.29.4", "0.30.6", "0.31.2", "0.32.4"}  # the four-release CPU matrix
     # ... and the mlx-lm axis: mlx 0.32.4 with mlx-lm 0.30.2 and 0.31.3 beside its own 0.32.2

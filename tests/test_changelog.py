@@ -284,6 +284,10 @@ def test_shipped_reference_pages_state_the_known_answers():
 def test_gate_points_at_the_page_of_the_pair_it_judges():
     r = subprocess.run([sys.executable, "-m", "gemmdrift", "gate", "--results", str(ROOT / "benchmarks" / "reference"),
                         "--candidate", "0.30.6"], capture_output=True, text=True, cwd=ROOT)
+    # the default baseline is the newest release before the candidate with results (the tier measured 0.30.0)
+    assert "exceed mlx 0.30.0" in r.stdout and "0.30.0..0.30.6" in r.stdout, r.stdout[-500:]
+    r = subprocess.run([sys.executable, "-m", "gemmdrift", "gate", "--results", str(ROOT / "benchmarks" / "reference"),
+                        "--candidate", "0.30.6", "--baseline", "0.29.4"], capture_output=True, text=True, cwd=ROOT)
     assert "0.29.4..0.30.6" in r.stdout or "--from 0.29.4 --to 0.30.6" in r.stdout, r.stdout[-500:]
 
 

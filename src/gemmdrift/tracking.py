@@ -50,8 +50,10 @@ TIER = dict(
     ops={},  # measure_ops' defaults: every op, the model's geometry
     golden="linux-cpu/verify-2", golden_tokens=272,
 )
-# The parts, longest first (the order side_by_side starts them in).
-PARTS = ("diverge", "decode", "state", "golden", "prefill", "kernels", "ops", "fingerprint")
+# The parts, longest first (the order side_by_side starts them in: two at a time, the longest first packs them
+# best). Their own seconds on the idle 2-core machine, two at a time (mlx 0.32.4): decode 90, diverge 61, state 50,
+# golden 44, prefill 34, fingerprint 24, ops 9, kernels 7 -- about 160 s of wall time at best.
+PARTS = ("decode", "diverge", "state", "golden", "prefill", "fingerprint", "ops", "kernels")
 
 
 def _with(result, figures: dict[str, float]):

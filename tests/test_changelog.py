@@ -270,6 +270,10 @@ def test_shipped_reference_pages_state_the_known_answers():
         assert "reference-linux-cpu (cpu): BIT-FOR-BIT;" in paras[2]
         assert paras[1].startswith("**Class: ANSWER-CHANGING**, mlx ") and "state verdicts changed" in paras[1]
         assert "reference-linux-cpu-tier (cpu)" in paras[1] and "TierState.track_state_bugs" in paras[1]
+    # the tier paired 0.30.6 with mlx-lm 0.31.2 and 0.31.2 with 0.31.3: the bare labels hide it, the page says it
+    tier = (shipped / "0.30.6..0.31.2.md").read_text()
+    assert "(and there mlx-lm 0.31.2 → 0.31.3)" in tier.split("\n\n")[1]
+    assert "On this machine the pair changes mlx-lm too (mlx-lm 0.31.2 → 0.31.3)" in tier
     lm = (shipped / "0.32.4+lm0.30.2..0.32.4+lm0.31.3.md").read_text().split("\n\n")[1]
     assert lm.startswith("**Class: ANSWER-CHANGING**, for mlx-lm's change (mlx-lm 0.30.2 → 0.31.3, mlx 0.32.4 on both "
                          "sides), measured on reference-linux-cpu (cpu): state verdicts changed: ") and "170 → 166" in lm
@@ -332,3 +336,25 @@ def test_two_machines_that_paired_one_mlx_with_other_mlx_lm_releases(tmp_path):
     assert "| 0.31.2+lm0.30.2 | [0.30.6+lm0.30.2](0.30.6+lm0.30.2..0.31.2+lm0.30.2.md) | not measured | BIT-FOR-BIT |" \
         in index
     assert "| 0.30.6+lm0.30.2 | - | not measured | first |" in index
+
+
+def test_a_page_says_when_its_machine_changed_mlx_lm_too(tmp_path):
+    """Bare labels (one mlx-lm per mlx in these results) hide that m1 ran 0.30.6 with mlx-lm 0.31.2 and 0.31.2 with
+    0.31.3: the page's class line and the machine's section say so; a pair with one mlx-lm says nothing of it."""
+    root = tmp_path / "results"
+    for i, mlx in enumerate(("0.30.5", "0.30.6", "0.31.2")):
+        write_release(root, "m1", mlx, i + 1, dlogit=(0.5, 0.5 + (mlx == "0.31.2")), tree=1.0, rope=0.0, kld=0.0)
+    f = root / "m1" / "aaaaaaaa-env-0.30.6.json"
+    f.write_text(f.read_text().replace('"mlx-lm": "0.31.3"', '"mlx-lm": "0.31.2"'))
+    f = root / "m1" / "aaaaaaaa-env-0.30.5.json"
+    f.write_text(f.read_text().replace('"mlx-lm": "0.31.3"', '"mlx-lm": "0.31.2"'))
+    df = history.read_results(root)
+    (e,) = cl.measured(df, "0.30.6", "0.31.2").machines
+    assert e["mlx_lm"] == ["0.31.2", "0.31.3"]
+    out = tmp_path / "pages"
+    write_changelog([root], out, predict=False)
+    page = (out / "0.30.6..0.31.2.md").read_text()
+    assert "mlx 0.30.6 → 0.31.2 (and there mlx-lm 0.31.2 → 0.31.3), measured on m1 (cpu)" in page.split("\n\n")[1]
+    assert "On this machine the pair changes mlx-lm too (mlx-lm 0.31.2 → 0.31.3)" in page
+    quiet = (out / "0.30.5..0.30.6.md").read_text()
+    assert "mlx-lm too" not in quiet and "and there" not in quiet

@@ -438,8 +438,21 @@ def test_report_renders_or_names_the_attribute_modes(tmp_path):
     assert "attribute" in str(e.value) and "replay check" in str(e.value)
 
 
-def test_python_paths_are_not_searched_on_path_and_baseline_is_named(tmp_path, monkeypatch):
+def _upgrade_probe(path, flag="--python"):
+    from gemmdrift.upgrade.envs import probe
+
+    return probe(path, flag=flag)
+
+
+def _attribute_probe(path, flag="--python"):
     from gemmdrift.attribution.release_ops import probe_python
+
+    return probe_python(path, flag)
+
+
+@pytest.mark.parametrize("probe_python", [_attribute_probe, _upgrade_probe], ids=["attribute", "upgrade"])
+def test_python_paths_are_not_searched_on_path_and_baseline_is_named(tmp_path, monkeypatch, probe_python):
+    """attribute --python and upgrade --python ask the interpreter through one function: the same refusals."""
     from gemmdrift.errors import GemmdriftError
 
     script = tmp_path / "fakepy.sh"
@@ -447,6 +460,7 @@ def test_python_paths_are_not_searched_on_path_and_baseline_is_named(tmp_path, m
     script.chmod(0o755)
     monkeypatch.chdir(tmp_path)
     assert probe_python("./fakepy.sh")["mlx"]
+    assert probe_python("fakepy.sh")["mlx"]  # the file here, by its absolute path (never searched on PATH)
     d = tmp_path / "adir"
     d.mkdir()
     with pytest.raises(GemmdriftError, match="--python adir: a directory"):

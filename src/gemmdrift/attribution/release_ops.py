@@ -62,25 +62,10 @@ SRC = Path(__file__).resolve().parents[2]  # the directory holding the gemmdrift
 
 def probe_python(path: str, flag: str = "--python") -> dict[str, Any]:
     """{python, mlx, mlx_lm} of the interpreter at ``path``; a one-line GemmdriftError naming ``flag`` when it is
-    not a Python that imports mlx and mlx-lm. A relative path is the file there (never searched on PATH)."""
-    p = Path(path).expanduser()
-    if not p.exists():
-        raise GemmdriftError(f"{flag} {path}: no such file")
-    if p.is_dir():
-        raise GemmdriftError(f"{flag} {path}: a directory, not an interpreter (give its bin/python)")
-    try:
-        r = subprocess.run([str(p.absolute()), "-c", _PROBE], capture_output=True, text=True, timeout=120)
-    except (OSError, subprocess.SubprocessError) as e:
-        raise GemmdriftError(f"{flag} {path}: cannot run it ({e.__class__.__name__}: {e})") from None
-    try:
-        info = json.loads(r.stdout.strip().splitlines()[-1])
-    except (ValueError, IndexError):
-        raise GemmdriftError(f"{flag} {path}: not a Python interpreter (it printed no version)") from None
-    if "error" in info:
-        raise GemmdriftError(f"{flag} {path}: mlx does not import there ({info['error']})")
-    if not info.get("mlx_lm"):
-        raise GemmdriftError(f"{flag} {path}: mlx {info['mlx']} but no mlx-lm there (it rebuilds the modules)")
-    return info
+    not a Python that imports mlx and mlx-lm (:func:`gemmdrift.machine.interpreter.probe`)."""
+    from ..machine.interpreter import probe
+
+    return probe(path, _PROBE, flag=flag, timeout=120, no_lm="it rebuilds the modules")
 
 
 def this_python() -> dict[str, Any]:

@@ -213,10 +213,19 @@ def measured(df: pd.DataFrame | None, old: str, new: str, *, threshold: float = 
                        "new": _tree_id(r["new"])} for _, r in trees.iterrows()],
             "golden": [_figure(r) for _, r in rows[rows["benchmark"].str.startswith(GOLDEN)].iterrows()],
         }
+        entry["mlx_lm"] = [_lm_of(df, r, machine, backend) for r in (old, new)]
         a_figs, b_figs = (figures_of(df, r, machine, backend) for r in (old, new))
         entry["class"] = classify(a_figs, b_figs, ladder=pair_ladder(a_figs, b_figs))
         out.machines.append(entry)
     return out
+
+
+def _lm_of(df: pd.DataFrame, release: str, machine: str, backend: str) -> str:
+    """The mlx-lm version(s) a release ran with on one machine and backend ("" when the results do not say): a bare
+    label hides it (``0.31.2`` is mlx 0.31.2 with whichever mlx-lm that machine paired it with)."""
+    t = df[(df["release"] == release) & (df["machine"] == machine) & (df["backend"] == backend)]
+    lms = sorted({str(v) for v in t.get("mlx_lm", pd.Series(dtype=object)).dropna()}, key=history.version_key)
+    return ", ".join(lms)
 
 
 def _tree_id(v: float) -> str:

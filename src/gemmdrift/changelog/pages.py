@@ -48,6 +48,10 @@ def measured_blocks(m: Measured) -> list[Block]:
         return out + [("p", m.note + "." + (f" Results exist for {have}." if have else ""))]
     for e in m.machines:
         out.append(("h", 3, f"{e['machine']} ({e['backend']})"))
+        lm = lm_also(e)
+        if lm:
+            out.append(("p", f"On this machine the pair changes mlx-lm too ({lm}): a changed figure may be "
+                             "mlx-lm's (its cache-state verdicts are mlx-lm's code) as well as mlx's."))
         n_changed = e["compared"] - e["identical"]
         if not n_changed:
             out.append(("p", f"No drift figure changed: {e['identical']} of {e['compared']} drift figures identical "
@@ -163,6 +167,12 @@ def summary(m: Measured, ops: Sequence[dict[str, Any]]) -> str:
     return "; ".join(parts)
 
 
+def lm_also(e: Mapping[str, Any]) -> str:
+    """``mlx-lm 0.31.2 → 0.31.3`` when a machine's entry ran the pair with two mlx-lm releases, else ''."""
+    a, b = (list(e.get("mlx_lm") or []) + ["", ""])[:2]
+    return f"mlx-lm {a} → {b}" if a and b and a != b else ""
+
+
 def _what_changed(old: str, new: str) -> str:
     """Which package the pair changes: mlx, or mlx-lm alone (one mlx on both sides)."""
     (mo, lo), (mn, ln) = split_release(old), split_release(new)
@@ -184,6 +194,10 @@ def opening(m: Measured, pred: Mapping[str, Mapping[str, Any]] | None = None,
     what = _what_changed(m.old, m.new)
     if measured:
         who, pc = max(measured, key=lambda x: CLASSES.index(x[1].cls))
+        worst = next(e for e in m.machines if f"{e['machine']} ({e['backend']})" == who)
+        lm = lm_also(worst)
+        if lm and "mlx-lm" not in what:  # a bare label hides the machine's mlx-lm
+            what += f" (and there {lm})"
         line = f"**Class: {pc.cls}**, {what}, measured on {who}: {pc.reason}."
     elif predicted:
         chip, p = max(predicted, key=lambda x: CLASSES.index(x[1]["cls"]))

@@ -193,22 +193,10 @@ def interpreters_with(mlx: str) -> list[str]:
 
 def probe(python: str, model_type: str | None = None, flag: str = "--python") -> dict[str, Any]:
     """{python, mlx, mlx_lm, model_type_known} of an interpreter; one line when it is not a Python with mlx and
-    mlx-lm, or when its mlx-lm has no ``model_type``."""
-    p = Path(python).expanduser()
-    if not p.exists():
-        raise GemmdriftError(f"{flag} {python}: no such file")
-    try:
-        r = subprocess.run([str(p), "-c", _PROBE, model_type or ""], capture_output=True, text=True, timeout=180)
-    except (OSError, subprocess.SubprocessError) as e:
-        raise GemmdriftError(f"{flag} {python}: cannot run it ({e.__class__.__name__}: {e})") from None
-    try:
-        info = json.loads(r.stdout.strip().splitlines()[-1])
-    except (ValueError, IndexError):
-        raise GemmdriftError(f"{flag} {python}: not a Python interpreter (it printed no version)") from None
-    if "error" in info:
-        raise GemmdriftError(f"{flag} {python}: mlx does not import there ({info['error']})")
-    if not info.get("mlx_lm"):
-        raise GemmdriftError(f"{flag} {python}: mlx {info['mlx']} but no mlx-lm there (install mlx-lm in it)")
+    mlx-lm (:func:`gemmdrift.machine.interpreter.probe`), or when its mlx-lm has no ``model_type``."""
+    from ..machine.interpreter import probe as probe_interpreter
+
+    info = probe_interpreter(python, _PROBE, [model_type or ""], flag=flag)
     if model_type and info.get("model_type_known") is False:
         raise GemmdriftError(f"mlx-lm {info['mlx_lm']} (with mlx {info['mlx']}, {flag} {python}) cannot load the "
                              f"model: it has no {model_type!r} architecture")

@@ -556,3 +556,26 @@ def test_the_state_line_says_the_worst_verdict_and_never_exact_when_one_is_not(v
     assert claim.verdict == verdict and claim.line().startswith(said)
     assert ("exact in every case" in claim.line()) == (verdict != "EXACT")  # KVCache, beside the finding
     assert ("gemmdrift.caches.exact" in claim.line()) == (verdict == "STATE BUG")  # the fix, only for a state bug
+
+
+def test_the_gpu_line_names_the_verification_pair_its_figure_is_from():
+    """Two verification pairs predicted for one chip (the main job's verify:2 0.375 and verify:3 0.3818 on M1): the
+    first screen gives the larger figure and names its pair (a bare 0.3818 read as a contradiction of the README's
+    verify:2 0.375); flips are the most of any pair; one pair alone is not labelled."""
+    from gemmdrift.result import Result, tidy
+    from gemmdrift.view.answer import Part, gpu_claim
+
+    def part(rows):
+        env = pd.DataFrame([{"chip": "M1", "source": "prediction", "schedule": s, "max_abs_dlogit_default": d,
+                             "flips_default": f} for s, d, f in rows])
+        r = Result("predict", {"sizes": {"chips": ["M1"]}, "schedules": [s for s, _, _ in rows]}, {},
+                   tidy([{"metric": "max_abs_dlogit", "value": d} for _, d, _ in rows]),
+                   tables={"spread_envelope": env})
+        return Part("predict", "predict", 7, r)
+
+    text = gpu_claim(part([("prefill:1,verify:2", 0.375, 0), ("prefill:1,verify:3", 0.3818, 1)])).text
+    assert "`M1` max |Δlogit| 0.3818 (verify:3), 1 flip" in text, text
+    text = gpu_claim(part([("prefill:1,verify:2", 0.5, 0), ("prefill:1,verify:3", 0.3818, 2)])).text
+    assert "`M1` max |Δlogit| 0.5 (verify:2), 2 flips" in text, text
+    text = gpu_claim(part([("prefill:1,verify:2", 0.375, 0)])).text
+    assert "`M1` max |Δlogit| 0.375, 0 flips" in text, text

@@ -72,6 +72,8 @@ def test_env_json_records_versions_and_device():
     (["kernels", "--ts", "1,x"], "expected numbers"),
     (["kernels", "--paths", "model,turbo:9"], "path"),
     (["kernels", "--rows", "0"], "--rows must be positive"),
+    (["kernels", "--flop-budget", "0"], "--flop-budget must be a positive number"),
+    (["kernels", "--flop-budget", "nan"], "--flop-budget must be a positive number"),
     (["triage", "--stream-a", "/nope/a.json", "--stream-b", "/nope/b.json"], "cannot read stream file"),
     (["gate", "--threshold", "-1"], "non-negative"),
     (["report", "/no/such/results"], "no such results directory"),
@@ -228,3 +230,31 @@ def test_run_refuses_to_resume_a_directory_made_with_other_inputs(tmp_path):
     part.mkdir()
     (part / "done.json").write_text("{")
     assert not suite._done(part, "k") and not (part / "done.json").exists()
+
+
+def test_kernels_flop_budget_is_the_devices_own_and_can_be_given(tmp_path, monkeypatch, capsys):
+    """The kernel probe's FLOP budget: the CPU's 2e9 on a CPU, a GPU's 1e12 where mlx's default device is a GPU (the
+    CPU's budget would cut a GPU's sweep short), --flop-budget over both; recorded with the result, and it decides
+    which block sizes above 4 run."""
+    from test_models import save_tiny
+
+    from gemmdrift import cli, store, suite
+
+    save_tiny(tmp_path / "m")
+    (tmp_path / "ids.json").write_text(json.dumps(list(range(1, 17))))
+    base = ["kernels", "--model", str(tmp_path / "m"), "--prompt-ids", str(tmp_path / "ids.json"), "--layers", "0",
+            "--projections", "q_proj", "--rows", "2", "--paths", "model", "--ts", "1,2,8,16"]
+
+    def run(name, *more):
+        assert cli.main([*base, *more, "--out", str(tmp_path / name)]) == 0
+        err = capsys.readouterr().err
+        r = store.read_result(tmp_path / name)
+        return r, err, sorted(set(int(t) for t in r.tables["kernels"]["T"]))
+
+    r, err, ts = run("cpu")
+    assert r.inputs["flop_budget"] == 2e9 and "FLOP budget 2e+09" in err and ts == [1, 2, 8, 16]
+    r, err, ts = run("small", "--flop-budget", "1")  # only the always-measured sizes (up to 4) fit
+    assert r.inputs["flop_budget"] == 1.0 and ts == [1, 2]
+    monkeypatch.setattr(suite, "default_sizes", lambda: "gpu")
+    r, err, ts = run("gpu")
+    assert r.inputs["flop_budget"] == 1e12 and "FLOP budget 1e+12" in err

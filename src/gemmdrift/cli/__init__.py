@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -92,6 +93,8 @@ def cmd_kernels(args) -> int:
     for flag, value in (("--rows", args.rows), ("--max-t", args.max_t)):
         if value < 1:
             raise GemmdriftError(f"{flag} must be positive, got {value}")
+    if args.flop_budget is not None and not (args.flop_budget > 0 and math.isfinite(args.flop_budget)):
+        raise GemmdriftError(f"--flop-budget must be a positive number of FLOPs, got {args.flop_budget:g}")
     layers = parse_ints(args.layers, "--layers")
     if ts is not None:
         check_max_t(ts, args.max_t)
@@ -113,7 +116,13 @@ def cmd_kernels(args) -> int:
     kopt = KernelsOption(args.kernels, ops=args.ops, calibration=args.calibration)
     lm = load(args)
     projs = kernels.projections(lm, layers=layers, names=names)
-    print(f"gemmdrift kernels: {describe(lm.description)}; {len(projs)} projections x {len(paths)} paths", file=sys.stderr)
+    from ..suite import SIZES, default_sizes
+
+    # The CPU's budget (the reference BLAS, ~7 GFLOP/s in bf16) would stop a GPU's sweep at T=128 for the MLP and
+    # T=4 for the LM head: the device's own sizes, as `gemmdrift run` picks them.
+    budget = args.flop_budget if args.flop_budget is not None else SIZES[default_sizes()].flop_budget
+    print(f"gemmdrift kernels: {describe(lm.description)}; {len(projs)} projections x {len(paths)} paths; "
+          f"FLOP budget {budget:.3g} per projection and path", file=sys.stderr)
     if lm.synthetic:
         ids, label = [], "synthetic rows"
     else:
@@ -121,8 +130,9 @@ def cmd_kernels(args) -> int:
     inputs = kernels.capture_inputs(lm, ids, projs, max_rows=args.rows)
     out = Path(args.out)
     result = kernels.measure_kernels(lm, inputs, projs, paths, ts, ops=args.ops, max_t=args.max_t, kernels=kopt,
+                                     flop_budget=budget,
                                      checkpoint=out / kopt.checkpoint, env=environment(),
-                                     record={"prompt": label, "tokens": ids,
+                                     record={"prompt": label, "tokens": ids, "flop_budget": budget,
                                              "rows": inputs.describe() if hasattr(inputs, "describe") else None})
     write_and_print(args, result, out)
     return 0
@@ -402,6 +412,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"largest block size (default {D.KERNEL_MAX_T}; a FLOP budget caps big projections)")
     s.add_argument("--rows", type=int, default=D.KERNEL_MAX_ROWS,
                    help=f"distinct captured rows per projection (default {D.KERNEL_MAX_ROWS})")
+    s.add_argument("--flop-budget", type=float, default=None,
+                   help="FLOPs per projection and path: block sizes above 4 are added, smallest first, while they fit "
+                        "(default: 2e9 on a CPU, 1e12 on a GPU, as `gemmdrift run`'s sizes)")
     s.add_argument("--ops", action="store_true", help="also sdpa, rms_norm, rope and softmax with the model's geometry")
     s.add_argument("--kernels", help=D.KERNELS_HELP)
     s.add_argument("--calibration", action="append", default=[], metavar="FILE", help=D.CALIBRATION_HELP)

@@ -68,6 +68,21 @@ def test_the_measured_line_is_exactly_zero_and_replay_cpu_gives_it(lm, tmp_path)
     assert result.figure("max_abs_dlogit/cpu/verify:3/max") == 0.0
 
 
+def test_the_measured_line_is_named_by_this_machines_backend(lm):
+    """On a GPU the measured line is that GPU's kernels: its rows say the backend the environment record gives,
+    never "cpu" (the replayed chip "cpu" keeps its name and figures)."""
+    from gemmdrift.machine.envinfo import environment
+
+    env = {**environment(), "backend": "cuda"}
+    result = predict.predict_drift(lm, predict.PredictSizes(tokens=5, split=1, chips=("cpu",)), tokens=TOKENS,
+                                   env=env)
+    for name in ("layers", "envelope"):
+        t = result.tables[name]
+        assert set(t.loc[t["source"] == "measured", "chip"]) == {"cuda"}
+        assert set(t.loc[t["source"] == "prediction", "chip"]) == {"cpu"}
+    assert "cuda (measured)" in (result.details or {}).get("seconds", {})
+
+
 def test_the_variant_spread_is_the_min_and_max_of_the_variants_own_results(run):
     result, _ = run
     assert result.inputs["variants"]["M1"] == ["mma=H1", "mma=H2", "mma=H3", "mma=H4"]

@@ -256,12 +256,14 @@ def predict_drift(lm, sizes: PredictSizes, *, checkpoint: str | Path | None = No
 
     t0 = time.perf_counter()
     r = measure_stack(lm, tokens, list(scheds), checkpoint=ck / "native" if ck else None, keep_taps=kept, **common)
-    seconds["cpu (measured)"] = time.perf_counter() - t0
-    here = {"chip": "cpu", "variant": "measured", "default": True, "source": "measured"}
+    # The measured line is this machine's own kernels, named by its backend (a GPU's rows are not "cpu").
+    backend = str(env.get("backend") or "unknown backend")
+    seconds[f"{backend} (measured)"] = time.perf_counter() - t0
+    here = {"chip": backend, "variant": "measured", "default": True, "source": "measured"}
     layers += _layer_rows(r.tables["stack"], here)
     envs += _envelope_rows(r.tables["envelope"], here)
     native_ref = kept[(scheds[0], "accumulated", lm.description.dtype)]
-    _say(f"this machine's kernels: {seconds['cpu (measured)']:.1f} s")
+    _say(f"this machine's kernels: {seconds[f'{backend} (measured)']:.1f} s")
 
     from .calib import resolve
 

@@ -259,8 +259,9 @@ def test_shipped_reference_pages_state_the_known_answers():
     for pair in ("0.30.6..0.31.2", "0.31.2..0.32.4+lm0.32.2"):
         assert "No drift figure changed: 263 of 263 drift figures identical" in (shipped / f"{pair}.md").read_text()
     assert "in forward order: `self_attn.rope`." in text  # the release comparison of ops (mlx fast.cpp's RoPE)
-    assert text.split("\n\n")[1].startswith("**Class: ANSWER-CHANGING**, mlx 0.29.4 → 0.30.6, measured on "
-                                            "reference-linux-cpu (cpu): argmax flips changed")
+    assert text.split("\n\n")[1].startswith("**Class: ANSWER-CHANGING**, mlx 0.29.4 → 0.30.6 (and there mlx-lm "
+                                            "0.30.2 → 0.31.2), measured on reference-linux-cpu (cpu): argmax flips "
+                                            "changed")
     assert "The op that moved: `self_attn.rope`" in text.split("\n\n")[1]
     for pair in ("0.30.6..0.31.2", "0.31.2..0.32.4+lm0.32.2"):
         # BIT-FOR-BIT on the reference machine; the tracking tier's state sweep (more cache operations) sees the
@@ -278,7 +279,9 @@ def test_shipped_reference_pages_state_the_known_answers():
     assert lm.startswith("**Class: ANSWER-CHANGING**, for mlx-lm's change (mlx-lm 0.30.2 → 0.31.3, mlx 0.32.4 on both "
                          "sides), measured on reference-linux-cpu (cpu): state verdicts changed: ") and "170 → 166" in lm
     index = (shipped / "index.md").read_text()
-    assert "| 0.30.6 | [0.29.4](0.29.4..0.30.6.md) | ANSWER-CHANGING |" in index
+    assert ("| 0.30.6 | [0.29.4](0.29.4..0.30.6.md) | ANSWER-CHANGING (mlx-lm 0.30.2 → 0.31.2 too) | "
+            "ANSWER-CHANGING (mlx-lm 0.30.2 → 0.31.2 too) |") in index
+    assert "| 0.30.0 | [0.29.4](0.29.4..0.30.0.md) | not measured | ANSWER-CHANGING |" in index  # mlx's own
     pred = (shipped / "0.32.0..0.32.1.md").read_text()
     assert re.search(r"\| M3, M3 Max, M3 Ultra, M4, M4 Max \| the embedded Gemma \| bf16 \| `q_proj`.* \| 2-5 \| "
                      r"steel GEMM \| gemv_wide", pred)
@@ -288,8 +291,8 @@ def test_shipped_reference_pages_state_the_known_answers():
 def test_gate_points_at_the_page_of_the_pair_it_judges():
     r = subprocess.run([sys.executable, "-m", "gemmdrift", "gate", "--results", str(ROOT / "benchmarks" / "reference"),
                         "--candidate", "0.30.6"], capture_output=True, text=True, cwd=ROOT)
-    # the default baseline is the newest release before the candidate with results (the tier measured 0.30.0)
-    assert "exceed mlx 0.30.0" in r.stdout and "0.30.0..0.30.6" in r.stdout, r.stdout[-500:]
+    # the default baseline is the newest release before the candidate with results (the tier measured 0.30.5)
+    assert "exceeds mlx 0.30.5" in r.stdout and "0.30.5..0.30.6" in r.stdout, r.stdout[-500:]
     r = subprocess.run([sys.executable, "-m", "gemmdrift", "gate", "--results", str(ROOT / "benchmarks" / "reference"),
                         "--candidate", "0.30.6", "--baseline", "0.29.4"], capture_output=True, text=True, cwd=ROOT)
     assert "0.29.4..0.30.6" in r.stdout or "--from 0.29.4 --to 0.30.6" in r.stdout, r.stdout[-500:]
@@ -358,3 +361,38 @@ def test_a_page_says_when_its_machine_changed_mlx_lm_too(tmp_path):
     assert "On this machine the pair changes mlx-lm too (mlx-lm 0.31.2 → 0.31.3)" in page
     quiet = (out / "0.30.5..0.30.6.md").read_text()
     assert "mlx-lm too" not in quiet and "and there" not in quiet
+    index = (out / "index.md").read_text()  # the timeline's cell says it too; the quiet pair's does not
+    assert "| 0.31.2 | [0.30.6](0.30.6..0.31.2.md) | ANSWER-CHANGING (mlx-lm 0.31.2 → 0.31.3 too) |" in index
+    assert "| 0.30.6 | [0.30.5](0.30.5..0.30.6.md) | BIT-FOR-BIT |" in index
+
+
+def test_the_shipped_history_changes_answers_once_for_mlx_and_names_mlx_lm_for_the_rest():
+    """The whole history on the Linux CPU (the tier, every release): of the consecutive mlx releases that ran with the
+    same mlx-lm, only 0.29.4 -> 0.30.0 (RoPE positions in float32) changes the answers; every other mlx-only pair is
+    BIT-FOR-BIT. Every ANSWER-CHANGING page on the main line where mlx-lm changed too says so in its first line."""
+    shipped = ROOT / "docs" / "changelog"
+    status = ROOT / "benchmarks" / "reference" / "reference-linux-cpu-tier.status.json"
+    if not status.is_file() or not (shipped / "index.md").is_file():
+        pytest.skip("no tier history shipped")
+    envs = json.loads(status.read_text())["envs"].values()
+    lm_of = {e["mlx"]: e["mlx_lm"] for e in envs if e["mlx"] != "0.32.4" or e["mlx_lm"] == "0.32.2"}
+    rows = [line.split(" | ") for line in (shipped / "index.md").read_text().splitlines()
+            if line.startswith("| 0.") and "+lm" not in line.split(" | ")[1].split("](")[0]]
+    col = (shipped / "index.md").read_text().split("| release | from | ")[1].split(" |\n")[0].split(" | ")
+    tier = col.index("reference-linux-cpu-tier (cpu)") + 2
+    mlx_only = answer = 0
+    for r in rows:
+        new = r[0].strip("| ").split("+lm")[0]
+        old = r[1].split("](")[0].lstrip("[").split("+lm")[0]
+        if old == "-" or old not in lm_of or new not in lm_of:
+            continue
+        cls = r[tier].strip()
+        page = (shipped / r[1].split("](")[1].split(")")[0]).read_text().split("\n\n")[1]
+        if lm_of[old] == lm_of[new]:
+            mlx_only += 1
+            assert cls == ("ANSWER-CHANGING" if (old, new) == ("0.29.4", "0.30.0") else "BIT-FOR-BIT"), (old, new, cls)
+        elif cls.startswith("ANSWER-CHANGING"):
+            answer += 1
+            assert cls == f"ANSWER-CHANGING (mlx-lm {lm_of[old]} → {lm_of[new]} too)", (old, new, cls)
+            assert f"(and there mlx-lm {lm_of[old]} → {lm_of[new]})" in page, (old, new, page[:300])
+    assert mlx_only == 14 and answer >= 6, (mlx_only, answer)  # every mlx-only pair of the 22 releases

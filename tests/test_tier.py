@@ -279,6 +279,22 @@ def test_the_shipped_tier_results_show_every_known_effect():
             assert get("TierDivergence.track_first_near_tie") in (0, 1)
 
 
+def test_the_shipped_history_is_every_linux_entry_at_one_commit():
+    """The whole history (issue 47): every Linux entry of asv.conf.json measured, none skipped or failed, every
+    result file at the status file's one gemmdrift commit, and every part of the tier run on every release."""
+    status_path = TIER_RESULTS / f"{history_run.MACHINE}.status.json"
+    if not status_path.is_file():
+        pytest.skip("no tier history shipped yet")
+    status = json.loads(status_path.read_text())
+    conf = json.loads((ROOT / "asv.conf.json").read_text())
+    labels = [lab for lab, _ in history_run.entries(conf, "linux")]
+    assert len(labels) == 29 and set(status["envs"]) == set(labels)
+    assert all(e["state"] == history_run.DONE and not e.get("parts_not_run") for e in status["envs"].values())
+    files = sorted((TIER_RESULTS / history_run.MACHINE).glob("*-existing-*.json"))
+    assert len(files) == 29
+    assert {json.loads(f.read_text())["commit_hash"] for f in files} == {status["commit"]}
+
+
 def test_the_compat_attention_mask_is_mlx_lms_rule():
     """machine.compat's mask for mlx-lm releases without cache.create_attention_mask: the same as that function."""
     import mlx.core as mx

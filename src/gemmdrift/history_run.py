@@ -310,9 +310,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("history: interrupted; run the same command again to resume", file=sys.stderr)
         return 130
-    states = [v.get("state") for v in status.get("envs", {}).values()]
+    envs = list(status.get("envs", {}).values())
+    states = [v.get("state") for v in envs]
+    build, run = (sum(float(v.get(k) or 0) for v in envs) for k in ("build_s", "run_s"))
     _say(f"{states.count(DONE)} measured, {states.count(NOT_INSTALLABLE)} not installable, "
-         f"{states.count(FAILED)} failed")
+         f"{states.count(FAILED)} failed; their builds {build / 60:.1f} min and asv runs {run / 60:.1f} min in all "
+         f"(the status file keeps each one's)")
     return 0
 
 

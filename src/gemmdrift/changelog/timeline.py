@@ -12,8 +12,10 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
 
+from ..checks import split_release
 from . import Measured, page_name
 from .classify import CLASSES
+from .pages import lm_also
 
 FIRST = "first"  # the oldest release: no pair ends at it
 NOT_MEASURED = "not measured"
@@ -63,6 +65,10 @@ def rows(releases: Sequence[str], pages: Sequence[tuple[Measured, Mapping[str, A
                     cells[c] = {"cls": None, "cell": NOT_MEASURED, "reason": ""}
                 else:
                     cells[c] = {"cls": e["class"].cls, "cell": e["class"].cls, "reason": e["class"].reason}
+                    lm = lm_also(e)
+                    if lm and split_release(m.old)[0] != split_release(m.new)[0]:
+                        # an mlx pair this machine ran with two mlx-lm releases: the class may be mlx-lm's
+                        cells[c].update(cell=f"{e['class'].cls} ({lm} too)", lm=lm)
             for c in chips:
                 cells[f"{c} (predicted)"] = dict(pred.get(c) or {"cls": None, "cell": "-", "reason": ""})
             out.append({"release": r, "from": m.old, "page": page_name(m.old, m.new), "cells": cells})
@@ -93,7 +99,10 @@ def index_blocks(columns: Sequence[str], table: Sequence[dict[str, Any]], inputs
               "the replay reorders the same adds) and no answer figure changed; **ANSWER-CHANGING**, argmax flips, "
               "the divergence point or a state verdict changed, or the ladder says semantics (or no ladder verdict "
               "shows the move is rounding). A cell per measured machine and backend, and per predicted chip; "
-              "\"not measured\", \"not knowable\" and \"not replayed\" are not classes. Newest first."),
+              "\"not measured\", \"not knowable\" and \"not replayed\" are not classes. A measured cell that "
+              "names an mlx-lm change (\"mlx-lm 0.27.1 → 0.28.0 too\"; `*` in the figure) is an mlx pair that "
+              "machine ran with two mlx-lm releases: the class may be mlx-lm's (its page says which figure decided "
+              "it). Newest first."),
     ]
     if figure:
         out.append(("img", "the timeline of classes", figure))

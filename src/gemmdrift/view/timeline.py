@@ -27,11 +27,13 @@ def plot_timeline(columns: Sequence[str], rows: Sequence[dict[str, Any]]):
             cell = row["cells"][c]
             colour = COLOURS.get(cell.get("cls")) or (NONE if cell["cell"] in ("-", "first") else OTHER)
             ax.add_patch(plt.Rectangle((j, i), 1, 1, facecolor=colour, edgecolor="white", linewidth=1.5))
-            ax.text(j + 0.5, i + 0.5, SHORT.get(cell["cell"], cell["cell"]), ha="center", va="center", fontsize=6.5)
+            text = SHORT.get(cell.get("cls") if cell.get("lm") else cell["cell"], cell["cell"])
+            ax.text(j + 0.5, i + 0.5, text + ("*" if cell.get("lm") else ""), ha="center", va="center", fontsize=6.5)
     ax.set_xlim(0, k)
     ax.set_ylim(n, 0)
     ax.set_xticks([j + 0.5 for j in range(k)])
-    ax.set_xticklabels([c.replace(" (", "\n(") for c in columns], fontsize=7)
+    # machine names break at their dashes too: two long names side by side do not run into each other
+    ax.set_xticklabels([c.replace(" (", "\n(").replace("-cpu-", "-cpu-\n") for c in columns], fontsize=7)
     ax.xaxis.tick_top()
     ax.set_yticks([i + 0.5 for i in range(n)])
     ax.set_yticklabels([r["release"] + (f"  (from {r['from']})" if r["from"] else "") for r in rows], fontsize=7)
@@ -40,6 +42,8 @@ def plot_timeline(columns: Sequence[str], rows: Sequence[dict[str, Any]]):
         side.set_visible(False)
     handles = [Patch(facecolor=v, label=k_) for k_, v in COLOURS.items()]
     handles += [Patch(facecolor=OTHER, label="not measured (·) / not knowable (?) / not replayed (n/r)")]
+    if any(r["cells"][c].get("lm") for r in rows for c in columns):
+        handles += [Patch(facecolor=NONE, label="* mlx-lm changed too on that machine: the class may be mlx-lm's")]
     ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.02), ncol=2, fontsize=7, frameon=False)
     ax.set_title("mlx releases, pair by pair: the class of each change", fontsize=9, pad=28)
     return fig

@@ -15,6 +15,18 @@ SHORT = {"BIT-FOR-BIT": "BFB", "ROUNDOFF": "ROUNDOFF", "ANSWER-CHANGING": "ANSWE
          "not knowable": "?", "not replayed": "n/r", "first": "first", "-": ""}
 
 
+def _wrap(column: str, width: int = 20) -> str:
+    """A column's label on lines of about ``width`` characters (a long machine name breaks after a dash), the
+    backend or "(predicted)" on a line of its own: two long names side by side do not run into each other."""
+    name, _, rest = column.partition(" (")
+    lines = []
+    while len(name) > width and "-" in name[1:width]:
+        cut = name.rindex("-", 1, width) + 1
+        lines.append(name[:cut])
+        name = name[cut:]
+    return "\n".join(lines + [name] + ([f"({rest}"] if rest else []))
+
+
 def plot_timeline(columns: Sequence[str], rows: Sequence[dict[str, Any]]):
     """The timeline (oldest release at the top), cells coloured by class and labelled in short."""
     plt = _plt()
@@ -32,8 +44,7 @@ def plot_timeline(columns: Sequence[str], rows: Sequence[dict[str, Any]]):
     ax.set_xlim(0, k)
     ax.set_ylim(n, 0)
     ax.set_xticks([j + 0.5 for j in range(k)])
-    # machine names break at their dashes too: two long names side by side do not run into each other
-    ax.set_xticklabels([c.replace(" (", "\n(").replace("-cpu-", "-cpu-\n") for c in columns], fontsize=7)
+    ax.set_xticklabels([_wrap(c) for c in columns], fontsize=7)
     ax.xaxis.tick_top()
     ax.set_yticks([i + 0.5 for i in range(n)])
     ax.set_yticklabels([r["release"] + (f"  (from {r['from']})" if r["from"] else "") for r in rows], fontsize=7)

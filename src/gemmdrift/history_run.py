@@ -219,7 +219,9 @@ def run_history(root: Path, *, machine: str = MACHINE, results: Path | None = No
         return status
     if not pending:
         return status
-    uv = shutil.which("uv", path=str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", ""))
+    from .machine.interpreter import uv_path
+
+    uv = uv_path()
     if uv is None:
         raise GemmdriftError("uv is not installed (make env installs it in .venv)")
     work = root / WORK

@@ -371,10 +371,17 @@ def recompute(path: str | Path, out: str | Path) -> dict[str, Any]:
     return result
 
 
-def recompute_in(python: str, capture: Path, out: Path) -> dict[str, Any]:
-    """:func:`recompute` in another interpreter (a subprocess that imports this package from this checkout)."""
+def checkout_env() -> dict[str, str]:
+    """This process's environment with this checkout first on ``PYTHONPATH``: another interpreter started with it
+    imports this gemmdrift (``recompute_in``, the upgrade's workers)."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(SRC), *([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])])
+    return env
+
+
+def recompute_in(python: str, capture: Path, out: Path) -> dict[str, Any]:
+    """:func:`recompute` in another interpreter (a subprocess that imports this package from this checkout)."""
+    env = checkout_env()
     r = subprocess.run([python, "-m", "gemmdrift.attribution.release_ops", "recompute", str(capture), str(out)],
                        capture_output=True, text=True, env=env)
     if r.returncode != 0:

@@ -1,11 +1,14 @@
 """Another Python interpreter, asked what it has (``attribute --python``, ``upgrade --python``, the upgrade's
 environments): one function runs a probe script there and reads the JSON object on its last line, with the same
-one-line refusals for every caller."""
+one-line refusals for every caller; and uv, which makes those environments (the upgrade's, the history's)."""
 
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -41,3 +44,8 @@ def probe(path: str, script: str, args: Sequence[str] = (), *, flag: str = "--py
     if not info.get("mlx_lm"):
         raise GemmdriftError(f"{flag} {path}: mlx {info.get('mlx')} but no mlx-lm there ({no_lm})")
     return info
+
+
+def uv_path() -> str | None:
+    """uv beside this interpreter (``make env`` installs it in .venv), else on PATH; None when there is none."""
+    return shutil.which("uv", path=str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", ""))

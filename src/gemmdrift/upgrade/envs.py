@@ -204,11 +204,11 @@ def probe(python: str, model_type: str | None = None, flag: str = "--python") ->
 
 
 def _installer() -> list[str] | None:
-    """uv (beside this interpreter, or on PATH), or None (pip)."""
-    for cand in (Path(sys.executable).parent / "uv", shutil.which("uv")):
-        if cand and Path(cand).exists():
-            return [str(cand)]
-    return None
+    """uv (beside this interpreter, or on PATH: :func:`gemmdrift.machine.interpreter.uv_path`), or None (pip)."""
+    from ..machine.interpreter import uv_path
+
+    uv = uv_path()
+    return [uv] if uv else None
 
 
 def build(mlx: str, mlx_lm: str | None, log: Callable[[str], None] = print) -> tuple[Path, float]:

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import subprocess
 import sys
 import time
@@ -45,7 +44,6 @@ CAPTURE_POSITIONS = 4  # positions of the op capture (the last of the stream)
 COMPARED = 64  # positions whose logits are compared (the last of the stream)
 GEN = 32  # greedy tokens per release
 SPEED_ROUNDS, SPEED_PREFILL, SPEED_DECODE = 3, 128, 16
-SRC = ro.SRC
 
 
 def default_length(info: Mapping[str, Any]) -> int:
@@ -62,8 +60,7 @@ class Process:
     """One release's worker process (``python -m gemmdrift.upgrade.worker``): one JSON line each way."""
 
     def __init__(self, side: Side, log: Path):
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join([str(SRC), *([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])])
+        env = ro.checkout_env()
         env.setdefault("MLX_ENABLE_TF32", "0")  # the float32 rung is true float32 (asv sets the same)
         log.parent.mkdir(parents=True, exist_ok=True)
         self.side, self.log = side, log

@@ -14,7 +14,8 @@ one JSON request per line on stdin with one JSON line on stdout (mlx-lm's own pr
 * ``speed``: one prefill of ``prefill`` tokens and ``decode`` greedy steps, timed (tokens per second).
 
 It imports only numpy, mlx, mlx-lm and the parts of gemmdrift that need nothing else (the model loader,
-:mod:`gemmdrift.model.taps` and the release ops' recompute): an environment made for one mlx release holds nothing more.
+:mod:`gemmdrift.model.taps`, :mod:`gemmdrift.metrics` and the release ops' recompute): an environment made for
+one mlx release holds nothing more.
 """
 
 from __future__ import annotations
@@ -137,18 +138,16 @@ class Worker:
 
 
 def schedule_envelope(dec: np.ndarray, ver: np.ndarray) -> dict[str, Any]:
-    """decode against verify:2 on the same positions: max |Δlogit|, max |Δgap| (the top-2 gap of decode's top
-    two tokens, as the triage envelope), argmax flips and whether every bit agrees."""
-    d64, v64 = dec.astype(np.float64), ver.astype(np.float64)
-    rows = np.arange(len(dec))
-    order = np.argsort(-dec, axis=1, kind="stable")[:, :2]
-    t1, t2 = order[:, 0], order[:, 1]
-    gap_d = d64[rows, t1] - d64[rows, t2]
-    gap_v = v64[rows, t1] - v64[rows, t2]
-    flips = int(np.sum(np.argmax(dec, axis=1) != np.argmax(ver, axis=1)))
-    return {"positions": int(len(dec)), "max_abs_dlogit": float(np.max(np.abs(d64 - v64))) if len(dec) else 0.0,
-            "envelope": float(np.max(np.abs(gap_d - gap_v))) if len(dec) else 0.0, "flips": flips,
-            "bit_identical": bool(np.array_equal(dec, ver))}
+    """decode against verify:2 on the same positions (:func:`gemmdrift.metrics.logit_drift`, summed up by
+    :func:`gemmdrift.metrics.envelope_summary`): max |Δlogit|, max |Δgap| (the top-2 gap of decode's top two
+    tokens, as the triage envelope), argmax flips and whether every bit agrees."""
+    from ..metrics import envelope_summary, logit_drift
+
+    if not len(dec):
+        return {"positions": 0, "max_abs_dlogit": 0.0, "envelope": 0.0, "flips": 0, "bit_identical": True}
+    s = envelope_summary(logit_drift(dec, ver))
+    return {"positions": s["positions"], "max_abs_dlogit": s["max_abs_dlogit"], "envelope": s["max_abs_dgap"],
+            "flips": s["flips"], "bit_identical": bool(np.array_equal(dec, ver))}
 
 
 def main() -> int:

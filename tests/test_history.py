@@ -30,7 +30,7 @@ def write_result(root, machine, commit, mlx, date, dlogit, layers, accept, pinne
         "bench_env.track_mlx_version": entry(history.encode_version(mlx)),
         "bench_env.track_backend": entry(0.0),
         "bench_stack.DecodeVsVerify.track_max_abs_dlogit": entry([dlogit[0], dlogit[1]], [["'verify2'", "'verify3'"]]),
-        "bench_stack.Layers.track_rel_l2": entry(layers, [["'verify2'"], ["'layer 0'", "'layer 1'"]]),
+        "bench_stack.DecodeVsVerifyLayers.track_rel_l2": entry(layers, [["'verify2'"], ["'layer 0'", "'layer 1'"]]),
         "bench_diverge.Divergence.track_self_draft_acceptance": entry(accept),
         "bench_kernels.KernelDrift.track_bits_lost": entry([0.0, float("nan")], [["'model'"], ["1", "2"]]),
         **(extra or {}),
@@ -66,7 +66,7 @@ def test_reader_flattens_parameters_and_reads_the_tracked_version(results):
         ("0.31.2", "verify2", 0.5), ("0.31.2", "verify3", 0.25), ("0.32.4", "verify2", 0.52),
         ("0.32.4", "verify3", 0.4)]
     assert set(s["unit"]) == {"logits"} and set(df["backend"]) == {"cpu"}
-    layers = df[df["benchmark"] == "bench_stack.Layers.track_rel_l2"]
+    layers = df[df["benchmark"] == "bench_stack.DecodeVsVerifyLayers.track_rel_l2"]
     assert sorted(layers["params"]) == ["verify2, layer 0", "verify2, layer 0", "verify2, layer 1", "verify2, layer 1"]
     nan = df[df["benchmark"] == "bench_kernels.KernelDrift.track_bits_lost"]
     assert nan["value"].isna().sum() == 2  # NaN (skipped) is read as missing, not as a number
@@ -87,8 +87,8 @@ def test_history_table_has_a_column_per_version(results):
 
 def test_layer_profiles_regroup_per_layer_series(results):
     profiles = history.layer_profiles(history.read_results(results))
-    assert list(profiles) == [("m1", "cpu", "bench_stack.Layers.track_rel_l2", "verify2")]
-    p = profiles[("m1", "cpu", "bench_stack.Layers.track_rel_l2", "verify2")]
+    assert list(profiles) == [("m1", "cpu", "bench_stack.DecodeVsVerifyLayers.track_rel_l2", "verify2")]
+    p = profiles[("m1", "cpu", "bench_stack.DecodeVsVerifyLayers.track_rel_l2", "verify2")]
     assert sorted(zip(p["release"], p["tap_index"], p["value"])) == [
         ("0.31.2", 0, 0.0), ("0.31.2", 1, 0.01), ("0.32.4", 0, 0.0), ("0.32.4", 1, 0.01)]
     from gemmdrift.view import plots
@@ -112,7 +112,7 @@ def test_gate_zero_baseline_and_higher_is_better(tmp_path):
     write_result(root, "m1", "bbbbbbbb", "0.32.4", 2, (0.5, 0.5), [1e-3, 0.01], 0.50)
     g = history.gate(history.read_results(root))
     bad = set(zip(g[g["regression"]]["benchmark"], g[g["regression"]]["params"]))
-    assert ("bench_stack.Layers.track_rel_l2", "verify2, layer 0") in bad  # 0 -> 1e-3
+    assert ("bench_stack.DecodeVsVerifyLayers.track_rel_l2", "verify2, layer 0") in bad  # 0 -> 1e-3
     assert ("bench_diverge.Divergence.track_self_draft_acceptance", "") in bad  # acceptance fell
     assert math.isinf(g[g["params"] == "verify2, layer 0"]["ratio"].iloc[0])
 
@@ -152,7 +152,7 @@ def test_cli_gate_exit_status_and_history_figures(results, tmp_path):
     assert r.returncode == 0, r.stderr
     summary = json.loads(r.stdout)
     assert summary["versions"] == ["0.31.2", "0.32.4"] and summary["figures"]
-    assert any("layers_bench_stack.Layers.track_rel_l2" in f for f in summary["figures"])
+    assert any("layers_bench_stack.DecodeVsVerifyLayers.track_rel_l2" in f for f in summary["figures"])
     assert all((tmp_path / "h" / "figures").glob("*.png"))
     from gemmdrift import report, store
 

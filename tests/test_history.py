@@ -448,3 +448,19 @@ def test_a_bare_mlx_version_and_a_label_of_that_mlx_are_ordered_once_resolved(lm
     # one order everywhere: a label of an mlx sorts after the bare version and before the next mlx
     assert sorted(["0.33.0", "0.32.4+lm0.31.3", "0.32.4", "0.32.10"], key=history.release_key) == [
         "0.32.4", "0.32.4+lm0.31.3", "0.32.10", "0.33.0"]
+
+
+def test_the_manifest_gives_every_tracked_figure_a_direction():
+    """What the gate reads (benchmarks/manifest.json, kept equal to the benchmarks' own declarations by
+    tests/test_benchmarks.py): every track_ benchmark with one of the four directions, without asv installed."""
+    from pathlib import Path
+
+    from gemmdrift import directions as D
+
+    doc = json.loads((Path(__file__).resolve().parent.parent / history.MANIFEST).read_text())
+    tracks = {k: v.get("direction") for k, v in doc.items() if v["type"] == "track"}
+    assert len(tracks) >= 90 and all(d in D.DIRECTIONS for d in tracks.values()), \
+        [k for k, d in tracks.items() if d not in D.DIRECTIONS]
+    assert history.directions_of() == tracks
+    assert {k for k, d in tracks.items() if d == D.LABEL} == {history.VERSION_BENCH, history.LM_VERSION_BENCH,
+                                                               history.BACKEND_BENCH, history.SIZES_BENCH}

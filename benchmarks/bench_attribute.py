@@ -32,6 +32,7 @@ class Attribution(common.Probes):
 
     track_local_bits.unit = "bits"
     track_local_bits.version = "1"
+    track_local_bits.direction = "lower"
 
     def track_left_max_dlogit(self, f, op_class):
         """max|dlogit| left with the class made invariant."""
@@ -39,6 +40,7 @@ class Attribution(common.Probes):
 
     track_left_max_dlogit.unit = "logits"
     track_left_max_dlogit.version = "1"
+    track_left_max_dlogit.direction = "lower"
 
     def track_left_flips(self, f, op_class):
         """argmax flips left with the class made invariant."""
@@ -46,6 +48,7 @@ class Attribution(common.Probes):
 
     track_left_flips.unit = "argmax flips"
     track_left_flips.version = "1"
+    track_left_flips.direction = "lower"
 
 
 class OpTapsOverhead:
@@ -73,3 +76,4 @@ class OpTapsOverhead:
 
     track_taps_overhead.unit = "ratio"
     track_taps_overhead.version = "1"
+    track_taps_overhead.direction = "lower"

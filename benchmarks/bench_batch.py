@@ -58,6 +58,7 @@ class Batch:
 
     track_batch_envelope.unit = "logits"
     track_batch_envelope.version = "1"
+    track_batch_envelope.direction = "lower"
 
     def track_batch_envelope_long(self, f):
         """The same with a companion longer than the sliding window (B=2)."""
@@ -65,6 +66,7 @@ class Batch:
 
     track_batch_envelope_long.unit = "logits"
     track_batch_envelope_long.version = "1"
+    track_batch_envelope_long.direction = "lower"
 
     def track_batch_flips(self, f):
         """Rows whose greedy stream parts from the lone stream (short companions)."""
@@ -72,6 +74,7 @@ class Batch:
 
     track_batch_flips.unit = "rows"
     track_batch_flips.version = "1"
+    track_batch_flips.direction = "lower"
 
     def track_batch_outside(self, f):
         """Rows outside the single-sequence envelope (a padding or state suspect)."""
@@ -79,6 +82,7 @@ class Batch:
 
     track_batch_outside.unit = "rows"
     track_batch_outside.version = "1"
+    track_batch_outside.direction = "lower"
 
     def track_batch_speedup(self, f):
         """The B=8 batch against the same 8 streams one by one (wall time ratio)."""
@@ -86,6 +90,7 @@ class Batch:
 
     track_batch_speedup.unit = "ratio"
     track_batch_speedup.version = "1"
+    track_batch_speedup.direction = "higher"
 
 
 class Server:
@@ -112,6 +117,7 @@ class Server:
 
     track_server_divergences.unit = "pairs"
     track_server_divergences.version = "1"
+    track_server_divergences.direction = "lower"
 
     def track_server_draft_first_divergence(self, f):
         """First divergent token, no draft vs --draft-model (NaN: no divergence)."""
@@ -119,6 +125,7 @@ class Server:
 
     track_server_draft_first_divergence.unit = "tokens"
     track_server_draft_first_divergence.version = "1"
+    track_server_draft_first_divergence.direction = "higher"
 
     def track_server_tokens_per_s(self, f):
         """Greedy tokens/s through the server (request wall time, prompt included)."""
@@ -126,6 +133,7 @@ class Server:
 
     track_server_tokens_per_s.unit = "tokens/s"
     track_server_tokens_per_s.version = "1"
+    track_server_tokens_per_s.direction = "higher"
 
     def track_inprocess_tokens_per_s(self, f):
         """The same prompt with mlx-lm generate in process."""
@@ -133,3 +141,4 @@ class Server:
 
     track_inprocess_tokens_per_s.unit = "tokens/s"
     track_inprocess_tokens_per_s.version = "1"
+    track_inprocess_tokens_per_s.direction = "higher"

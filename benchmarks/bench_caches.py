@@ -56,6 +56,7 @@ class CacheCandidates:
 
     track_non_exact.unit = "cases"
     track_non_exact.version = "1"
+    track_non_exact.direction = "lower"
 
     def track_state_bugs(self, f, cache):
         """STATE BUG cases of the grid."""
@@ -63,6 +64,7 @@ class CacheCandidates:
 
     track_state_bugs.unit = "cases"
     track_state_bugs.version = "1"
+    track_state_bugs.direction = "lower"
 
 
 class CacheDecodeCost:
@@ -98,6 +100,7 @@ class CacheDecodeCost:
 
     track_speed_ratio.unit = "ratio"
     track_speed_ratio.version = "1"
+    track_speed_ratio.direction = "higher"
 
     def track_extra_bytes_per_layer(self, f, cache):
         """Peak cache bytes per layer above mlx-lm's during the decode."""
@@ -105,3 +108,4 @@ class CacheDecodeCost:
 
     track_extra_bytes_per_layer.unit = "bytes"
     track_extra_bytes_per_layer.version = "1"
+    track_extra_bytes_per_layer.direction = "lower"

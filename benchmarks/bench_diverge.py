@@ -17,6 +17,7 @@ class Divergence(common.Probes):
 
     track_first_divergence.unit = "tokens"
     track_first_divergence.version = "1"
+    track_first_divergence.direction = "higher"
 
     def track_diverged(self, f):
         """1 when the streams part within the tokens generated, 0 when they never do."""
@@ -24,6 +25,7 @@ class Divergence(common.Probes):
 
     track_diverged.unit = "divergences"
     track_diverged.version = "1"
+    track_diverged.direction = "lower"
 
     def track_outside_envelope(self, f):
         """1 when the divergence is judged a state bug rather than a near-tie (NaN when no triage ran)."""
@@ -31,6 +33,7 @@ class Divergence(common.Probes):
 
     track_outside_envelope.unit = "divergences"
     track_outside_envelope.version = "1"
+    track_outside_envelope.direction = "lower"
 
     def track_self_draft_acceptance(self, f):
         """Fraction of tokens accepted from the self-draft: below K/(K+1) only through numeric rejections."""
@@ -38,3 +41,4 @@ class Divergence(common.Probes):
 
     track_self_draft_acceptance.unit = "fraction"
     track_self_draft_acceptance.version = "1"
+    track_self_draft_acceptance.direction = "higher"

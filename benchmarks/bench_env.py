@@ -11,6 +11,7 @@ def track_mlx_version():
 
 track_mlx_version.unit = "major*10000+minor*100+patch"
 track_mlx_version.version = "1"
+track_mlx_version.direction = "label"
 track_mlx_version.timeout = 600  # asv's 60 s: importing mlx on a loaded machine took longer
 
 
@@ -24,6 +25,7 @@ def track_backend():
 
 track_backend.unit = "0=cpu 1=metal 2=cuda"
 track_backend.version = "1"
+track_backend.direction = "label"
 track_backend.timeout = 600  # asv's 60 s: importing mlx on a loaded machine took longer
 
 
@@ -38,6 +40,7 @@ def track_mlx_lm_version():
 
 track_mlx_lm_version.unit = "major*10000+minor*100+patch"
 track_mlx_lm_version.version = "1"
+track_mlx_lm_version.direction = "label"
 track_mlx_lm_version.timeout = 600  # asv's 60 s: importing mlx on a loaded machine took longer
 
 
@@ -56,4 +59,5 @@ def track_sizes():
 
 track_sizes.unit = "0=cpu 1=gpu sizes"
 track_sizes.version = "1"
+track_sizes.direction = "label"
 track_sizes.timeout = 600  # asv's 60 s: importing mlx on a loaded machine took longer

@@ -32,6 +32,7 @@ class Fingerprint(common.Probes):
 
     track_distinct_trees.unit = "trees"
     track_distinct_trees.version = "1"
+    track_distinct_trees.direction = "either"
 
     def track_tree_id_t1(self, figures, path):
         """The T=1 (decode) tree: first 48 bits of its fingerprint, as an integer."""
@@ -39,6 +40,7 @@ class Fingerprint(common.Probes):
 
     track_tree_id_t1.unit = "tree id"
     track_tree_id_t1.version = "1"
+    track_tree_id_t1.direction = "either"
 
     def track_tree_id_tmax(self, figures, path):
         """The tree at the largest T (33), row position 0."""
@@ -46,6 +48,7 @@ class Fingerprint(common.Probes):
 
     track_tree_id_tmax.unit = "tree id"
     track_tree_id_tmax.version = "1"
+    track_tree_id_tmax.direction = "either"
 
     def track_unrecovered(self, figures, path):
         """Row positions whose tree could not be recovered (0 expected)."""
@@ -53,3 +56,4 @@ class Fingerprint(common.Probes):
 
     track_unrecovered.unit = "rows"
     track_unrecovered.version = "1"
+    track_unrecovered.direction = "lower"

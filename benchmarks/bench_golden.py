@@ -24,6 +24,7 @@ class GoldenLogits(common.Probes):
 
     track_kld_mean.unit = "nats"
     track_kld_mean.version = "1"
+    track_kld_mean.direction = "lower"
 
     def track_kld_p999(self, figures, base):
         """The 99.9th percentile of the per-position KLD(shipped base ‖ this release)."""
@@ -31,6 +32,7 @@ class GoldenLogits(common.Probes):
 
     track_kld_p999.unit = "nats"
     track_kld_p999.version = "1"
+    track_kld_p999.direction = "lower"
 
     def track_same_top1(self, figures, base):
         """The share of positions whose top-1 token is the shipped base's."""
@@ -38,3 +40,4 @@ class GoldenLogits(common.Probes):
 
     track_same_top1.unit = "share"
     track_same_top1.version = "1"
+    track_same_top1.direction = "higher"

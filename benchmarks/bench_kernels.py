@@ -26,12 +26,14 @@ class KernelDrift(_Probe):
 
     track_bits_lost.unit = "bits"
     track_bits_lost.version = "1"
+    track_bits_lost.direction = "lower"
 
     def track_rows_differ(self, f, path, t):
         return common.figure(f["kernels"], "rows_differ", path, t)
 
     track_rows_differ.unit = "rows"
     track_rows_differ.version = "1"
+    track_rows_differ.direction = "lower"
 
     def track_err_rel_l2(self, f, path, t):
         """Error against a float64 reference from the same stored operands."""
@@ -39,6 +41,7 @@ class KernelDrift(_Probe):
 
     track_err_rel_l2.unit = "relative L2"
     track_err_rel_l2.version = "1"
+    track_err_rel_l2.direction = "lower"
 
 
 class KernelSpeed:
@@ -97,3 +100,4 @@ class OpsDrift(common.Probes):
 
     track_bits_lost.unit = "bits"
     track_bits_lost.version = "1"
+    track_bits_lost.direction = "lower"

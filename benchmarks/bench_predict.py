@@ -45,18 +45,21 @@ class PredictedDrift:
 
     track_max_dlogit.unit = "logits"
     track_max_dlogit.version = "1"
+    track_max_dlogit.direction = "lower"
 
     def track_max_dgap(self, f, chip, schedule, stat):
         return _figure(f, "max_abs_dgap", chip, schedule, stat)
 
     track_max_dgap.unit = "logits"
     track_max_dgap.version = "1"
+    track_max_dgap.direction = "lower"
 
     def track_flips(self, f, chip, schedule, stat):
         return _figure(f, "flips", chip, schedule, stat)
 
     track_flips.unit = "argmax flips"
     track_flips.version = "1"
+    track_flips.direction = "lower"
 
     def track_last_layer_rel_l2(self, f, chip, schedule, stat):
         """rel L2 of the last decoder layer's hidden states (accumulated drift)."""
@@ -64,3 +67,4 @@ class PredictedDrift:
 
     track_last_layer_rel_l2.unit = "relative L2"
     track_last_layer_rel_l2.version = "1"
+    track_last_layer_rel_l2.direction = "lower"

@@ -41,6 +41,7 @@ class PrimitivesGate:
 
     track_primitives_exact_width.unit = "tokens"
     track_primitives_exact_width.version = "1"
+    track_primitives_exact_width.direction = "higher"
 
     def track_primitives_rows_unequal(self):
         """(op, T) rows whose T-row call is not bit-equal to T single-row calls."""
@@ -48,3 +49,4 @@ class PrimitivesGate:
 
     track_primitives_rows_unequal.unit = "rows"
     track_primitives_rows_unequal.version = "1"
+    track_primitives_rows_unequal.direction = "lower"

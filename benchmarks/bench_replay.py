@@ -46,3 +46,4 @@ class ReplayCost:
 
     track_ratio_to_numpy_matmul.unit = "x numpy matmul"
     track_ratio_to_numpy_matmul.version = "1"
+    track_ratio_to_numpy_matmul.direction = "lower"

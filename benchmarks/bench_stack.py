@@ -33,24 +33,28 @@ class DecodeVsVerify(_Decode):
 
     track_max_abs_dlogit.unit = "logits"
     track_max_abs_dlogit.version = "1"
+    track_max_abs_dlogit.direction = "lower"
 
     def track_max_abs_dgap(self, f, pair):
         return common.figure(f["decode"], "max_abs_dgap", PAIRS[pair])
 
     track_max_abs_dgap.unit = "logits"
     track_max_abs_dgap.version = "1"
+    track_max_abs_dgap.direction = "lower"
 
     def track_p99_abs_dgap(self, f, pair):
         return common.figure(f["decode"], "p99_abs_dgap", PAIRS[pair])
 
     track_p99_abs_dgap.unit = "logits"
     track_p99_abs_dgap.version = "1"
+    track_p99_abs_dgap.direction = "lower"
 
     def track_flips(self, f, pair):
         return common.figure(f["decode"], "flips", PAIRS[pair])
 
     track_flips.unit = "argmax flips"
     track_flips.version = "1"
+    track_flips.direction = "lower"
 
     def track_logits_rel_l2_float32(self, f, pair):
         """The same pair at float32 (precision ladder): rounding drift shrinks by orders of magnitude.
@@ -59,6 +63,7 @@ class DecodeVsVerify(_Decode):
 
     track_logits_rel_l2_float32.unit = "relative L2"
     track_logits_rel_l2_float32.version = "1"
+    track_logits_rel_l2_float32.direction = "lower"
 
 
 class DecodeVsVerifyLayers(_Decode):
@@ -72,6 +77,7 @@ class DecodeVsVerifyLayers(_Decode):
 
     track_rel_l2.unit = "relative L2"
     track_rel_l2.version = "1"
+    track_rel_l2.direction = "lower"
 
     def track_bits_p99(self, f, pair, mode, tap):
         """log2(1 + p99 ULP distance): 0 when bit-identical."""
@@ -79,6 +85,7 @@ class DecodeVsVerifyLayers(_Decode):
 
     track_bits_p99.unit = "bits"
     track_bits_p99.version = "1"
+    track_bits_p99.direction = "lower"
 
 
 class PrefillChunks(_Prefill):
@@ -89,18 +96,21 @@ class PrefillChunks(_Prefill):
 
     track_max_abs_dlogit.unit = "logits"
     track_max_abs_dlogit.version = "1"
+    track_max_abs_dlogit.direction = "lower"
 
     def track_max_abs_dgap(self, f):
         return common.figure(f["prefill"], "max_abs_dgap", PREFILL_PAIR)
 
     track_max_abs_dgap.unit = "logits"
     track_max_abs_dgap.version = "1"
+    track_max_abs_dgap.direction = "lower"
 
     def track_flips(self, f):
         return common.figure(f["prefill"], "flips", PREFILL_PAIR)
 
     track_flips.unit = "argmax flips"
     track_flips.version = "1"
+    track_flips.direction = "lower"
 
 
 class PrefillChunksLayers(_Prefill):
@@ -114,3 +124,4 @@ class PrefillChunksLayers(_Prefill):
 
     track_rel_l2.unit = "relative L2"
     track_rel_l2.version = "1"
+    track_rel_l2.direction = "lower"

@@ -33,6 +33,7 @@ class StateExactness(common.Probes):
 
     track_non_exact.unit = "cases"
     track_non_exact.version = "1"
+    track_non_exact.direction = "lower"
 
     def track_state_bugs(self, figures, case):
         """All STATE BUG cases of the sweep (the same number for every case parameter)."""
@@ -40,6 +41,7 @@ class StateExactness(common.Probes):
 
     track_state_bugs.unit = "cases"
     track_state_bugs.version = "1"
+    track_state_bugs.direction = "lower"
 
 
 # The built-in prompts, each after the built-in essay (past the 512-token window), 32 greedy tokens,
@@ -82,6 +84,7 @@ class ExactRollbackDivergence:
 
     track_outside_envelope.unit = "prompts"
     track_outside_envelope.version = "1"
+    track_outside_envelope.direction = "lower"
 
     def track_near_ties(self, f, rollback):
         """Prompts whose first divergence is a near-tie (numeric) and whose stream is otherwise sound."""
@@ -89,6 +92,7 @@ class ExactRollbackDivergence:
 
     track_near_ties.unit = "prompts"
     track_near_ties.version = "1"
+    track_near_ties.direction = "lower"
 
     def track_diverged(self, f, rollback):
         """Prompts whose speculative stream parts from plain greedy decoding within the tokens generated."""
@@ -96,3 +100,4 @@ class ExactRollbackDivergence:
 
     track_diverged.unit = "prompts"
     track_diverged.version = "1"
+    track_diverged.direction = "lower"

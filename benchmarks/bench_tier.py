@@ -57,6 +57,7 @@ class TierDecodeVsVerify(_Tier):
 
     track_identical_through.unit = "position"
     track_identical_through.version = "1"
+    track_identical_through.direction = "higher"
 
     def track_first_drift(self, f):
         """The first position whose logits differ (513 on the Linux CPU; NaN: none of 508..516 does)."""
@@ -64,18 +65,21 @@ class TierDecodeVsVerify(_Tier):
 
     track_first_drift.unit = "position"
     track_first_drift.version = "1"
+    track_first_drift.direction = "higher"
 
     def track_max_abs_dlogit_upto_edge(self, f):
         return _get(f, "decode", "max_abs_dlogit_upto_edge")
 
     track_max_abs_dlogit_upto_edge.unit = "logits"
     track_max_abs_dlogit_upto_edge.version = "1"
+    track_max_abs_dlogit_upto_edge.direction = "lower"
 
     def track_max_abs_dlogit_past_edge(self, f):
         return _get(f, "decode", "max_abs_dlogit_past_edge")
 
     track_max_abs_dlogit_past_edge.unit = "logits"
     track_max_abs_dlogit_past_edge.version = "1"
+    track_max_abs_dlogit_past_edge.direction = "lower"
 
     def track_flips(self, f):
         """Argmax flips at positions 508..516."""
@@ -83,6 +87,7 @@ class TierDecodeVsVerify(_Tier):
 
     track_flips.unit = "argmax flips"
     track_flips.version = "1"
+    track_flips.direction = "lower"
 
     def track_ladder_verdict(self, f):
         """The precision ladder's verdict on the pair: 0 identical, 1 rounding, 2 unclear, 3 semantic, 4 unreliable."""
@@ -90,6 +95,7 @@ class TierDecodeVsVerify(_Tier):
 
     track_ladder_verdict.unit = "0=identical 1=rounding 2=unclear 3=semantic 4=unreliable"
     track_ladder_verdict.version = "1"
+    track_ladder_verdict.direction = "either"
 
 
 class TierDecodeLayers(_Tier):
@@ -103,12 +109,14 @@ class TierDecodeLayers(_Tier):
 
     track_rel_l2.unit = "relative L2"
     track_rel_l2.version = "1"
+    track_rel_l2.direction = "lower"
 
     def track_rel_l2_float32(self, f, tap):
         return _get(f, "decode", "ladder_rel_l2_float32", DECODE_PAIR, tap)
 
     track_rel_l2_float32.unit = "relative L2"
     track_rel_l2_float32.version = "1"
+    track_rel_l2_float32.direction = "lower"
 
 
 class TierPrefillChunks(_Tier):
@@ -119,6 +127,7 @@ class TierPrefillChunks(_Tier):
 
     track_flips_upto_256.unit = "argmax flips"
     track_flips_upto_256.version = "1"
+    track_flips_upto_256.direction = "lower"
 
     def track_flips_past_256(self, f):
         """Argmax flips at positions 257..279 (mlx 0.29.x: RoPE positions rounded in bf16; 0 from 0.30.0)."""
@@ -126,18 +135,21 @@ class TierPrefillChunks(_Tier):
 
     track_flips_past_256.unit = "argmax flips"
     track_flips_past_256.version = "1"
+    track_flips_past_256.direction = "lower"
 
     def track_max_abs_dlogit_upto_256(self, f):
         return _get(f, "prefill", "max_abs_dlogit_upto_edge")
 
     track_max_abs_dlogit_upto_256.unit = "logits"
     track_max_abs_dlogit_upto_256.version = "1"
+    track_max_abs_dlogit_upto_256.direction = "lower"
 
     def track_max_abs_dlogit_past_256(self, f):
         return _get(f, "prefill", "max_abs_dlogit_past_edge")
 
     track_max_abs_dlogit_past_256.unit = "logits"
     track_max_abs_dlogit_past_256.version = "1"
+    track_max_abs_dlogit_past_256.direction = "lower"
 
     def track_first_drift(self, f):
         """The first of positions 248..279 whose logits differ (NaN: none does)."""
@@ -145,6 +157,7 @@ class TierPrefillChunks(_Tier):
 
     track_first_drift.unit = "position"
     track_first_drift.version = "1"
+    track_first_drift.direction = "higher"
 
 
 class TierState(_Tier):
@@ -155,6 +168,7 @@ class TierState(_Tier):
 
     track_state_bugs.unit = "cases"
     track_state_bugs.version = "1"
+    track_state_bugs.direction = "lower"
 
     def track_cannot_run(self, f):
         """Cases this mlx-lm cannot run (an operation or cache class it lacks: not applicable) or not checked."""
@@ -162,12 +176,14 @@ class TierState(_Tier):
 
     track_cannot_run.unit = "cases"
     track_cannot_run.version = "1"
+    track_cannot_run.direction = "lower"
 
     def track_cases(self, f):
         return _get(f, "state", "cases")
 
     track_cases.unit = "cases"
     track_cases.version = "1"
+    track_cases.direction = "either"
 
 
 class TierStateCases(_Tier):
@@ -182,6 +198,7 @@ class TierStateCases(_Tier):
 
     track_non_exact.unit = "cases"
     track_non_exact.version = "1"
+    track_non_exact.direction = "lower"
 
 
 class TierDivergence(_Tier):
@@ -193,12 +210,14 @@ class TierDivergence(_Tier):
 
     track_first_divergence.unit = "tokens"
     track_first_divergence.version = "1"
+    track_first_divergence.direction = "higher"
 
     def track_diverged(self, f):
         return _get(f, "diverge", "diverged")
 
     track_diverged.unit = "divergences"
     track_diverged.version = "1"
+    track_diverged.direction = "lower"
 
     def track_first_near_tie(self, f):
         """1 when the first divergence alone is a NEAR-TIE (numeric), 0 when outside the envelope (NaN: none)."""
@@ -206,6 +225,7 @@ class TierDivergence(_Tier):
 
     track_first_near_tie.unit = "0/1"
     track_first_near_tie.version = "1"
+    track_first_near_tie.direction = "higher"
 
     def track_outside_envelope(self, f):
         """1 when the triage's verdict on the streams is OUTSIDE ENVELOPE (a stream not what its schedule computes)."""
@@ -213,6 +233,7 @@ class TierDivergence(_Tier):
 
     track_outside_envelope.unit = "0/1"
     track_outside_envelope.version = "1"
+    track_outside_envelope.direction = "lower"
 
     def track_stream_first_outside(self, f):
         """The generated token from which the speculative stream is outside its own schedule's envelope (NaN: never)."""
@@ -220,12 +241,14 @@ class TierDivergence(_Tier):
 
     track_stream_first_outside.unit = "tokens"
     track_stream_first_outside.version = "1"
+    track_stream_first_outside.direction = "higher"
 
     def track_self_draft_acceptance(self, f):
         return _get(f, "diverge", "self_draft_acceptance")
 
     track_self_draft_acceptance.unit = "fraction"
     track_self_draft_acceptance.version = "1"
+    track_self_draft_acceptance.direction = "higher"
 
 
 class TierKernelDrift(_Tier):
@@ -239,6 +262,7 @@ class TierKernelDrift(_Tier):
 
     track_bits_lost.unit = "bits"
     track_bits_lost.version = "1"
+    track_bits_lost.direction = "lower"
 
 
 class TierFingerprint(_Tier):
@@ -252,18 +276,21 @@ class TierFingerprint(_Tier):
 
     track_distinct_trees.unit = "trees"
     track_distinct_trees.version = "1"
+    track_distinct_trees.direction = "either"
 
     def track_tree_id_t1(self, f, path):
         return float(f.get("fingerprint", {}).get(f"{path}.tree_id_t1", float("nan")))
 
     track_tree_id_t1.unit = "tree id"
     track_tree_id_t1.version = "1"
+    track_tree_id_t1.direction = "either"
 
     def track_tree_id_tmax(self, f, path):
         return float(f.get("fingerprint", {}).get(f"{path}.tree_id_tmax", float("nan")))
 
     track_tree_id_tmax.unit = "tree id"
     track_tree_id_tmax.version = "1"
+    track_tree_id_tmax.direction = "either"
 
 
 class TierOps(_Tier):
@@ -277,6 +304,7 @@ class TierOps(_Tier):
 
     track_bits_lost.unit = "bits"
     track_bits_lost.version = "1"
+    track_bits_lost.direction = "lower"
 
 
 class TierGolden(_Tier):
@@ -287,15 +315,18 @@ class TierGolden(_Tier):
 
     track_kld_mean.unit = "nats"
     track_kld_mean.version = "1"
+    track_kld_mean.direction = "lower"
 
     def track_kld_p999(self, f):
         return _get(f, "golden", "kld_p99.9")
 
     track_kld_p999.unit = "nats"
     track_kld_p999.version = "1"
+    track_kld_p999.direction = "lower"
 
     def track_same_top1(self, f):
         return _get(f, "golden", "same_top1_share")
 
     track_same_top1.unit = "share"
     track_same_top1.version = "1"
+    track_same_top1.direction = "higher"

@@ -314,13 +314,34 @@ MANIFEST = ROOT / "benchmarks" / "manifest.json"
 
 
 def current_manifest():
-    """Every benchmark as asv discovers it: name -> type, unit, version, parameter names and values."""
+    """Every benchmark as asv discovers it: name -> type, unit, version, parameter names and values, and a
+    track_ benchmark's direction (higher, lower, either or label: gemmdrift.directions)."""
     discovery = pytest.importorskip("asv_runner.discovery")
     out = {}
     for b in discovery.disc_benchmarks(str(ROOT / "benchmarks")):
         out[b.name] = {"type": b.type, "unit": b.unit, "version": b.version, "param_names": list(b.param_names),
                        "params": [list(p) for p in b.params]}
+        if b.type == "track":
+            out[b.name]["direction"] = getattr(b.func, "direction", None)
     return dict(sorted(out.items()))
+
+
+def test_every_tracked_figure_has_a_direction():
+    """Regression (issue 53, item 2): only two figures had a direction, so the gate failed improvements (a stream
+    leaving its envelope later, top-1 agreement rising to 1). Every track_ benchmark declares one beside its unit
+    and version, the manifest records it, and the gate reads the manifest."""
+    from gemmdrift import directions
+    from gemmdrift.measure import history
+
+    now = current_manifest()
+    tracks = {n: v for n, v in now.items() if v["type"] == "track"}
+    assert len(tracks) >= 90
+    missing = sorted(n for n, v in tracks.items() if v["direction"] not in directions.DIRECTIONS)
+    assert not missing, f"track_ benchmarks without a direction (set track_x.direction): {missing}"
+    assert history.directions_of() == {n: v["direction"] for n, v in tracks.items()}  # what the gate reads
+    assert now["bench_tier.TierDivergence.track_stream_first_outside"]["direction"] == directions.HIGHER
+    assert now["bench_tier.TierGolden.track_same_top1"]["direction"] == directions.HIGHER
+    assert now["bench_tier.TierFingerprint.track_tree_id_t1"]["direction"] == directions.EITHER
 
 
 def test_figure_names_in_benchmarks_are_the_library_names():
@@ -349,6 +370,8 @@ def manifest_problems(saved, now):
     for name in sorted(set(saved) & set(now)):
         was, cur = saved[name], now[name]
         changed = [k for k in ("params", "param_names", "unit", "type") if cur[k] != was[k]]
+        if cur.get("direction") != was.get("direction"):  # metadata: no new version, but the manifest says it
+            out.append(f"{name}: direction {was.get('direction')} -> {cur.get('direction')}: rewrite {MANIFEST.name}")
         if cur["version"] == was["version"] and changed:
             out.append(f"{name}: {', '.join(changed)} changed without a new version")
         elif cur["version"] != was["version"]:

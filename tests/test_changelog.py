@@ -292,7 +292,7 @@ def test_gate_points_at_the_page_of_the_pair_it_judges():
     r = subprocess.run([sys.executable, "-m", "gemmdrift", "gate", "--results", str(ROOT / "benchmarks" / "reference"),
                         "--candidate", "0.30.6"], capture_output=True, text=True, cwd=ROOT)
     # the default baseline is the newest release before the candidate with results (the tier measured 0.30.5)
-    assert "exceeds mlx 0.30.5" in r.stdout and "0.30.5..0.30.6" in r.stdout, r.stdout[-500:]
+    assert "than mlx 0.30.5" in r.stdout and "0.30.5..0.30.6" in r.stdout, r.stdout[-500:]
     r = subprocess.run([sys.executable, "-m", "gemmdrift", "gate", "--results", str(ROOT / "benchmarks" / "reference"),
                         "--candidate", "0.30.6", "--baseline", "0.29.4"], capture_output=True, text=True, cwd=ROOT)
     assert "0.29.4..0.30.6" in r.stdout or "--from 0.29.4 --to 0.30.6" in r.stdout, r.stdout[-500:]
@@ -396,3 +396,34 @@ def test_the_shipped_history_changes_answers_once_for_mlx_and_names_mlx_lm_for_t
             assert cls == f"ANSWER-CHANGING (mlx-lm {lm_of[old]} → {lm_of[new]} too)", (old, new, cls)
             assert f"(and there mlx-lm {lm_of[old]} → {lm_of[new]})" in page, (old, new, page[:300])
     assert mlx_only == 14 and answer >= 6, (mlx_only, answer)  # every mlx-only pair of the 22 releases
+
+
+def test_the_count_past_the_gate_is_the_count_of_marked_rows(planted, tmp_path):
+    """Regression (issue 53, item 27): a page said "25 grew past the gate's threshold" over 23 marked rows: a figure
+    that grew from exactly 0 failed the gate but its row said only "from 0". Count and marks are one flag now, on
+    every shipped page and on a planted from-0 growth and a higher-is-better fall."""
+    shipped = ROOT / "docs" / "changelog"
+    sections = 0
+    for page in sorted(shipped.glob("*.md")):
+        for sec in page.read_text().split("\n### ")[1:]:
+            m = re.search(r"; (\d+|none) worse than the gate's threshold allows", sec)
+            if m:
+                sections += 1
+                said = 0 if m.group(1) == "none" else int(m.group(1))
+                marks = len(re.findall(r"\((grew|fell) past the gate\)", sec))
+                assert said == marks, f"{page.name}, {sec.splitlines()[0]}: says {said}, marks {marks}"
+    assert sections >= 15
+    assert "; 25 worse than the gate's threshold allows" in (shipped / "0.29.4..0.30.6.md").read_text()
+    root = tmp_path / "r"
+    write_release(root, "m1", "0.30.6", 1, dlogit=(0.0, 0.5), tree=1.0, rope=0.0, kld=0.005)
+    write_release(root, "m1", "0.31.2", 2, dlogit=(0.25, 0.5), tree=1.0, rope=0.0, kld=0.005, commit="bbbbbbbb")
+    for d in (root / "m1").glob("*.json"):  # a higher-is-better figure that falls by half
+        doc = json.loads(d.read_text())
+        if "results" in doc:
+            doc["results"]["bench_golden.GoldenLogits.track_same_top1"] = entry([1.0 if "0.30.6" in d.name else 0.5],
+                                                                                [["'decode'"]])
+            d.write_text(json.dumps(doc))
+    text = view.markdown(view.measured_blocks(cl.measured(history.read_results(root), "0.30.6", "0.31.2")))
+    assert "| 0 | 0.25 | from 0 (grew past the gate) |" in text
+    assert "| 1 | 0.5 | ×0.5 (fell past the gate) |" in text
+    assert "; 2 worse than the gate's threshold allows" in text

@@ -30,7 +30,7 @@ def write_result(root, machine, commit, mlx, date, dlogit, layers, accept, pinne
         "bench_env.track_mlx_version": entry(history.encode_version(mlx)),
         "bench_env.track_backend": entry(0.0),
         "bench_stack.DecodeVsVerify.track_max_abs_dlogit": entry([dlogit[0], dlogit[1]], [["'verify2'", "'verify3'"]]),
-        "bench_stack.Layers.track_rel_l2": entry(layers, [["'verify2'"], ["'layer 0'", "'layer 1'"]]),
+        "bench_stack.DecodeVsVerifyLayers.track_rel_l2": entry(layers, [["'verify2'"], ["'layer 0'", "'layer 1'"]]),
         "bench_diverge.Divergence.track_self_draft_acceptance": entry(accept),
         "bench_kernels.KernelDrift.track_bits_lost": entry([0.0, float("nan")], [["'model'"], ["1", "2"]]),
         **(extra or {}),
@@ -66,7 +66,7 @@ def test_reader_flattens_parameters_and_reads_the_tracked_version(results):
         ("0.31.2", "verify2", 0.5), ("0.31.2", "verify3", 0.25), ("0.32.4", "verify2", 0.52),
         ("0.32.4", "verify3", 0.4)]
     assert set(s["unit"]) == {"logits"} and set(df["backend"]) == {"cpu"}
-    layers = df[df["benchmark"] == "bench_stack.Layers.track_rel_l2"]
+    layers = df[df["benchmark"] == "bench_stack.DecodeVsVerifyLayers.track_rel_l2"]
     assert sorted(layers["params"]) == ["verify2, layer 0", "verify2, layer 0", "verify2, layer 1", "verify2, layer 1"]
     nan = df[df["benchmark"] == "bench_kernels.KernelDrift.track_bits_lost"]
     assert nan["value"].isna().sum() == 2  # NaN (skipped) is read as missing, not as a number
@@ -87,8 +87,8 @@ def test_history_table_has_a_column_per_version(results):
 
 def test_layer_profiles_regroup_per_layer_series(results):
     profiles = history.layer_profiles(history.read_results(results))
-    assert list(profiles) == [("m1", "cpu", "bench_stack.Layers.track_rel_l2", "verify2")]
-    p = profiles[("m1", "cpu", "bench_stack.Layers.track_rel_l2", "verify2")]
+    assert list(profiles) == [("m1", "cpu", "bench_stack.DecodeVsVerifyLayers.track_rel_l2", "verify2")]
+    p = profiles[("m1", "cpu", "bench_stack.DecodeVsVerifyLayers.track_rel_l2", "verify2")]
     assert sorted(zip(p["release"], p["tap_index"], p["value"])) == [
         ("0.31.2", 0, 0.0), ("0.31.2", 1, 0.01), ("0.32.4", 0, 0.0), ("0.32.4", 1, 0.01)]
     from gemmdrift.view import plots
@@ -112,7 +112,7 @@ def test_gate_zero_baseline_and_higher_is_better(tmp_path):
     write_result(root, "m1", "bbbbbbbb", "0.32.4", 2, (0.5, 0.5), [1e-3, 0.01], 0.50)
     g = history.gate(history.read_results(root))
     bad = set(zip(g[g["regression"]]["benchmark"], g[g["regression"]]["params"]))
-    assert ("bench_stack.Layers.track_rel_l2", "verify2, layer 0") in bad  # 0 -> 1e-3
+    assert ("bench_stack.DecodeVsVerifyLayers.track_rel_l2", "verify2, layer 0") in bad  # 0 -> 1e-3
     assert ("bench_diverge.Divergence.track_self_draft_acceptance", "") in bad  # acceptance fell
     assert math.isinf(g[g["params"] == "verify2, layer 0"]["ratio"].iloc[0])
 
@@ -152,7 +152,7 @@ def test_cli_gate_exit_status_and_history_figures(results, tmp_path):
     assert r.returncode == 0, r.stderr
     summary = json.loads(r.stdout)
     assert summary["versions"] == ["0.31.2", "0.32.4"] and summary["figures"]
-    assert any("layers_bench_stack.Layers.track_rel_l2" in f for f in summary["figures"])
+    assert any("layers_bench_stack.DecodeVsVerifyLayers.track_rel_l2" in f for f in summary["figures"])
     assert all((tmp_path / "h" / "figures").glob("*.png"))
     from gemmdrift import report, store
 
@@ -348,3 +348,119 @@ def test_history_draws_every_release_in_order_and_marks_a_skipped_figure_as_skip
 
     line = next(x for x in history_text(r).splitlines() if "track_state_bugs" in x)
     assert line.split()[-4:] == ["not", "run", "skipped", "4"]  # 0.26.5, 0.30.0, 0.32.4 in release order
+
+
+# ----------------------------------------------------------------------------- directions (issue 53)
+
+
+def _two_releases(tmp_path, pairs):
+    """0.31.2 -> 0.32.4 on one machine, each extra benchmark (unparameterized) going old -> new."""
+    root = tmp_path / "dir"
+    for commit, mlx, date, i in (("aaaaaaaa", "0.31.2", 1, 0), ("bbbbbbbb", "0.32.4", 2, 1)):
+        write_result(root, "m1", commit, mlx, date, (0.5, 0.5), [0.0, 0.01], 0.6,
+                     extra={name: entry(v[i]) for name, v in pairs.items()})
+    return history.read_results(root)
+
+
+def test_gate_judges_each_figure_by_its_declared_direction(tmp_path):
+    """Regression (issue 53, item 2): only two figures had a direction, so a stream that left its envelope later
+    (18 -> 23) and top-1 agreement rising to 1 failed the gate. Improvements pass, a worsening past the threshold
+    fails either way round, a change of an either-way figure is news (never a failure)."""
+    df = _two_releases(tmp_path, {
+        "bench_tier.TierDivergence.track_stream_first_outside": (18.0, 23.0),  # higher is better: better
+        "bench_tier.TierGolden.track_same_top1": (0.937, 1.0),  # higher: better
+        "bench_tier.TierDecodeVsVerify.track_identical_through": (512.0, 400.0),  # higher, fell 22%: worse
+        "bench_tier.TierGolden.track_kld_mean": (0.5, 0.2),  # lower is better: better
+        "bench_tier.TierState.track_cases": (94.0, 106.0),  # either: news
+        "bench_new.Unknown.track_thing": (1.0, 2.0),  # no direction declared anywhere: news
+    })
+    g = history.gate(df).set_index("benchmark")
+    v = g["verdict"].to_dict()
+    assert v["bench_tier.TierDivergence.track_stream_first_outside"] == "better"
+    assert v["bench_tier.TierGolden.track_same_top1"] == "better"
+    assert v["bench_tier.TierDecodeVsVerify.track_identical_through"] == "worse"
+    assert v["bench_tier.TierGolden.track_kld_mean"] == "better"
+    assert v["bench_tier.TierState.track_cases"] == "news"
+    assert (v["bench_new.Unknown.track_thing"], g.loc["bench_new.Unknown.track_thing", "direction"]) == (
+        "news", "undeclared")
+    assert set(g.index[g["regression"]]) == {"bench_tier.TierDecodeVsVerify.track_identical_through"}
+    # the same judgement, directly: within the threshold the wrong way is 'within', from 0 any growth is worse
+    from gemmdrift import directions as D
+
+    assert D.judge(D.HIGHER, 1.0, 0.95, 0.10) == D.WITHIN and D.judge(D.LOWER, 1.0, 1.05, 0.10) == D.WITHIN
+    assert D.judge(D.LOWER, 0.0, 1e-3, 0.10) == D.WORSE and D.judge(D.HIGHER, 0.5, 0.5, 0.10) == D.SAME
+    assert D.judge(D.EITHER, 5.0, 3.0, 0.10) == D.NEWS and D.judge(None, 5.0, 3.0, 0.10) == D.NEWS
+
+
+def test_gate_passes_the_shipped_release_whose_figures_improved():
+    """The known case of issue 53 on the committed reference results: 0.30.0 against 0.29.4 failed on
+    TierDivergence.track_stream_first_outside 18 -> 23; it is an improvement and the gate passes."""
+    from pathlib import Path
+
+    ref = Path(__file__).resolve().parent.parent / "benchmarks" / "reference"
+    g = history.gate(history.read_results(ref), candidate="0.30.0")
+    assert g["baseline"].iloc[0] == "0.29.4" and not g["regression"].any()
+    row = g[g["benchmark"] == "bench_tier.TierDivergence.track_stream_first_outside"].iloc[0]
+    assert (row["old"], row["new"], row["direction"], row["verdict"]) == (18.0, 23.0, "higher", "better")
+
+
+def test_gate_csv_and_json_say_changed_for_every_figure_that_changed(tmp_path):
+    """Regression (issue 53, item 28): `changed` tracked tree ids only, so gate.csv and --json said changed: false
+    on figures that changed; and gate's --json had no help text."""
+    import pandas as pd
+
+    df = _two_releases(tmp_path, {"bench_tier.TierGolden.track_same_top1": (0.937, 1.0)})
+    out = tmp_path / "gate"
+    r = subprocess.run([sys.executable, "-m", "gemmdrift", "gate", "--results", str(tmp_path / "dir"), "--out",
+                        str(out), "--json"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr  # an improvement passes
+    doc = json.loads(r.stdout)
+    assert doc["pass"] and doc["counts"]["better"] == 1 and doc["regressions"] == []
+    assert [(x["benchmark"], x["changed"]) for x in doc["better"]] == [("bench_tier.TierGolden.track_same_top1", True)]
+    csv = pd.read_csv(out / "gate.csv").set_index("benchmark")
+    assert bool(csv.loc["bench_tier.TierGolden.track_same_top1", "changed"])
+    assert not csv.drop(index="bench_tier.TierGolden.track_same_top1")["changed"].any()  # the others are equal
+    from gemmdrift.cli import build_parser
+
+    sub = next(a for a in build_parser()._actions if hasattr(a, "choices") and a.choices and "gate" in a.choices)
+    empty = [x.dest for x in sub.choices["gate"]._actions if x.dest != "help" and not (x.help or "").strip()]
+    assert not empty, f"gate flags without help: {empty}"
+
+
+def test_a_bare_mlx_version_and_a_label_of_that_mlx_are_ordered_once_resolved(lm_axis):
+    """Regression (issue 53, item 17): `--candidate 0.32.4 --baseline 0.32.4+lm0.31.3` was refused as "newer than"
+    before 0.32.4 was resolved (to mlx-lm 0.32.2), and the suggested reversal was refused the other way. The order is
+    decided once both are resolved, and the suggested command runs."""
+    import re
+
+    from gemmdrift.checks import check_gate_versions
+
+    df = history.read_results(lm_axis)
+    check_gate_versions("0.32.4", "0.32.4+lm0.31.3")  # not ordered before the results say what 0.32.4 is
+    g = history.gate(df, candidate="0.32.4", baseline="0.32.4+lm0.31.3")
+    assert (g["candidate"].iloc[0], g["baseline"].iloc[0]) == ("0.32.4+lm0.32.2", "0.32.4+lm0.31.3")
+    with pytest.raises(GemmdriftError) as e:
+        history.gate(df, candidate="0.32.4+lm0.31.3", baseline="0.32.4")
+    m = re.search(r"write --candidate (\S+) --baseline (\S+?)\)", str(e.value))
+    assert m and "0.32.4 is 0.32.4+lm0.32.2" in str(e.value)
+    g = history.gate(df, candidate=m.group(1), baseline=m.group(2))  # the suggestion is not refused in turn
+    assert (g["candidate"].iloc[0], g["baseline"].iloc[0]) == ("0.32.4+lm0.32.2", "0.32.4+lm0.31.3")
+    # one order everywhere: a label of an mlx sorts after the bare version and before the next mlx
+    assert sorted(["0.33.0", "0.32.4+lm0.31.3", "0.32.4", "0.32.10"], key=history.release_key) == [
+        "0.32.4", "0.32.4+lm0.31.3", "0.32.10", "0.33.0"]
+
+
+def test_the_manifest_gives_every_tracked_figure_a_direction():
+    """What the gate reads (benchmarks/manifest.json, kept equal to the benchmarks' own declarations by
+    tests/test_benchmarks.py): every track_ benchmark with one of the four directions, without asv installed."""
+    from pathlib import Path
+
+    from gemmdrift import directions as D
+
+    doc = json.loads((Path(__file__).resolve().parent.parent / history.MANIFEST).read_text())
+    tracks = {k: v.get("direction") for k, v in doc.items() if v["type"] == "track"}
+    assert len(tracks) >= 90 and all(d in D.DIRECTIONS for d in tracks.values()), \
+        [k for k, d in tracks.items() if d not in D.DIRECTIONS]
+    assert history.directions_of() == tracks
+    assert {k for k, d in tracks.items() if d == D.LABEL} == {history.VERSION_BENCH, history.LM_VERSION_BENCH,
+                                                               history.BACKEND_BENCH, history.SIZES_BENCH}

@@ -106,6 +106,7 @@ def test_a_planted_rope_change_is_answer_changing_and_names_rope_of_layer_0(tiny
     assert s["ops_changed"] == 8  # q and k in each of the four layers, nothing else of the captured block
     assert s["ladder"]["verdict"] == "semantics"  # the same relative change in float32: not rounding
     assert not s["logits"]["bit_identical"] and s["logits"]["max_abs_dlogit"] > 0
+    assert "logits/digest" in [r["figure"] for r in s["by_direction"]["news"]]  # judged by declared directions
 
 
 def test_a_planted_one_ulp_lm_head_change_is_roundoff(tiny_dir, tmp_path, capsys):
@@ -210,3 +211,26 @@ def test_nearest_releases_and_the_speed_ratio():
     assert envs.nearest("0.1.0", ["0.29.4"]) == ["0.29.4"]
     s = judge.speed([({"prefill_tok_s": 10, "decode_tok_s": 4}, {"prefill_tok_s": 20, "decode_tok_s": 2})] * 3)
     assert s["prefill_tok_s"]["ratio"] == 2.0 and s["decode_tok_s"]["ratio"] == 0.5
+
+
+def test_every_class_figure_has_a_direction_and_is_judged_as_the_gate_judges():
+    """Issue 53 (item 2, point 3): every figure the upgrade compares declares which way is better (beside the names
+    in judge.py); a worse decode vs verify:2 envelope is worse, a smaller one better, another token news."""
+    import numpy as np
+
+    from gemmdrift import directions as D
+    from gemmdrift.upgrade import judge
+
+    def figs(envelope, dlogit, flips, tokens):
+        run = {"envelope": {"envelope": envelope, "max_abs_dlogit": dlogit, "flips": flips}}
+        arrays = {"logits": np.eye(3, 5, dtype=np.float32)[:, ::-1] * tokens[0], "positions": np.array([4, 5, 6]),
+                  "greedy": np.array(tokens)}
+        return judge.class_figures(run, arrays, 0)
+
+    old, new = figs(0.25, 0.5, 1, [1, 2]), figs(0.5, 0.25, 1, [1, 3])
+    undeclared = [n for n in old if judge.direction(n) not in D.DIRECTIONS]
+    assert not undeclared, f"class figures without a direction: {undeclared}"
+    j = judge.by_direction(old, new)
+    assert [r["figure"] for r in j["worse"]] == ["decode_verify2/envelope"]
+    assert [r["figure"] for r in j["better"]] == ["decode_verify2/max_abs_dlogit"]
+    assert [r["figure"] for r in j["news"]] == ["greedy/1"] and j["within"] == []

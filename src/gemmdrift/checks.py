@@ -271,22 +271,31 @@ def split_release(label: str) -> tuple[str, str]:
 
 def check_gate_versions(candidate: str | None, baseline: str | None) -> str | None:
     """Refuse to gate a release against itself (that comparison passes whatever the release does) or against a
-    newer one (the pair reversed)."""
-    def key(v: str) -> tuple:
-        return tuple(tuple(int(x) if x.isdigit() else 0 for x in part.split(".")) for part in split_release(v))
-
-    if candidate is not None and baseline is not None and key(candidate) == key(baseline):
+    newer one (the pair reversed). A bare mlx version and a label of the same mlx (``0.32.4`` and
+    ``0.32.4+lm0.31.3``) are not ordered here: the bare one names that mlx with the newest mlx-lm it ran with, known
+    only from the results (the gate checks again once both are resolved)."""
+    if candidate is None or baseline is None:
+        return None
+    if release_order_key(candidate) == release_order_key(baseline):
         raise GemmdriftError(f"--candidate {candidate} and --baseline {baseline} are the same release: "
                              "comparing a release with itself proves nothing")
-    if candidate is not None and baseline is not None and key(baseline) > key(candidate):
+    (c_mlx, c_lm), (b_mlx, b_lm) = split_release(candidate), split_release(baseline)
+    if not (c_lm and b_lm) and release_order_key(c_mlx) == release_order_key(b_mlx):
+        return None
+    if release_order_key(baseline) > release_order_key(candidate):
         raise GemmdriftError(f"--baseline {baseline} is newer than --candidate {candidate}: the gate judges a release "
                              f"against an older one (write --candidate {baseline} --baseline {candidate})")
     return None
 
 
 def release_order_key(label: str) -> tuple:
-    """A release label's sort key (mlx version, then mlx-lm version), as the gate orders releases."""
-    return tuple(tuple(int(x) if x.isdigit() else 0 for x in part.split(".")) for part in split_release(label))
+    """A release label's sort key (mlx version, then mlx-lm version; a bare mlx version has no mlx-lm part), the
+    one order of releases: the gate, the changelog and the history sort by it."""
+    def version(v: str) -> tuple:
+        return tuple(int(x) if x.isdigit() else 0 for x in v.split(".")) if v else ()
+
+    mlx, lm = split_release(label)
+    return version(mlx), version(lm)
 
 
 def check_threshold(value: float) -> None:

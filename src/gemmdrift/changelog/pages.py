@@ -30,10 +30,17 @@ def num(v: float) -> str:
     return f"{v:.4g}"
 
 
+def past_gate(r: dict[str, Any]) -> str:
+    """The mark of a figure the gate fails (its verdict, by the figure's direction: lower-is-better figures grow past
+    it, higher-is-better ones fall past it), else ''. The section's count is of the same flag
+    (:func:`gemmdrift.changelog.measured`)."""
+    if not r.get("regression"):
+        return ""
+    return " (fell past the gate)" if r.get("direction") == "higher" else " (grew past the gate)"
+
+
 def ratio(r: dict[str, Any]) -> str:
-    if math.isinf(r["ratio"]):
-        return "from 0"
-    return f"×{r['ratio']:.3g}" + (" (grew past the gate)" if r.get("regression") else "")
+    return ("from 0" if math.isinf(r["ratio"]) else f"×{r['ratio']:.3g}") + past_gate(r)
 
 
 def figure(r: dict[str, Any]) -> str:
@@ -57,8 +64,8 @@ def measured_blocks(m: Measured) -> list[Block]:
             out.append(("p", f"No drift figure changed: {e['identical']} of {e['compared']} drift figures identical "
                              "(the summation trees and op probe rows among them)."))
         else:
-            gate = (f"; {e['regressions']} grew past the gate's threshold" if e["regressions"] else
-                    "; none grew past the gate's threshold")
+            gate = (f"; {e['regressions']} worse than the gate's threshold allows" if e["regressions"] else
+                    "; none worse than the gate's threshold allows")
             out.append(("p", f"{e['identical']} of {e['compared']} drift figures identical, {n_changed} changed"
                              f"{gate}."))
         if e["changed"]:

@@ -1,5 +1,5 @@
 """`gemmdrift history` and `gemmdrift gate`: the tracked figures of asv's results against the mlx release, and
-the exit status of a release that grew past the one before it.
+the exit status of a release whose figures are worse than the one before it's.
 
 Argparse setup and handlers only; the work is in :mod:`gemmdrift.measure.history`. ``cli`` is the
 :mod:`gemmdrift.cli` module, handed in (it sits above this one, so it is never imported here).
@@ -78,20 +78,25 @@ def cmd_gate(args) -> int:
     bad = g[g["regression"]]
     if args.out:
         files.write_csv(Path(args.out) / "gate.csv", g)
-    verdict = (f"FAIL: {len(bad)} of {len(g)} tracked figures of {_release(g['candidate'].iloc[0])} exceed "
-               f"{_release(g['baseline'].iloc[0])} by more than {args.threshold:.0%}" if len(bad) else
-               f"PASS: no tracked figure of {_release(g['candidate'].iloc[0])} exceeds "
-               f"{_release(g['baseline'].iloc[0])} "
-               f"by more than {args.threshold:.0%} ({len(g)} compared)")
-    shown = bad if len(bad) else g.head(0)
-    changed = g[g["changed"]]
-    trees = ("\nsummation trees changed (not a regression by itself; see `gemmdrift fingerprint`):\n"
-             + text_table(changed[["machine", "backend", "benchmark", "params", "old", "new"]]) if len(changed) else "")
+    cand, base = _release(g["candidate"].iloc[0]), _release(g["baseline"].iloc[0])
+    counts = g["verdict"].value_counts()
+    tally = ", ".join(f"{int(counts.get(v, 0))} {v}" for v in ("better", "within", "news", "same"))
+    verdict = (f"FAIL: {len(bad)} of {len(g)} tracked figures of {cand} are worse than {base} by more than "
+               f"{args.threshold:.0%} ({tally})" if len(bad) else
+               f"PASS: no tracked figure of {cand} is worse than {base} by more than {args.threshold:.0%} "
+               f"({len(g)} compared: {tally})")
+    cols = ["machine", "backend", "benchmark", "params", "old", "new", "ratio", "direction"]
+    news = g[g["verdict"] == "news"]
+    said = ("\nnews (changed, not judged: a change either way, or no direction declared; not a failure):\n"
+            + text_table(news[["machine", "backend", "benchmark", "params", "old", "new", "direction"]])
+            if len(news) else "")
     page = changelog_cli.gate_pointer(g["baseline"].iloc[0], g["candidate"].iloc[0])
-    args.cli.emit(args, {"pass": not len(bad), "compared": int(len(g)), "regressions": bad.to_dict(orient="records"),
-                         "trees_changed": changed.to_dict(orient="records"), "changelog": page},
-                  (text_table(shown[["machine", "backend", "benchmark", "params", "old", "new", "ratio"]]) + "\n"
-                   if len(bad) else "") + verdict + trees + "\n" + page)
+    args.cli.emit(args, {"pass": not len(bad), "compared": int(len(g)), "threshold": args.threshold,
+                         "counts": {v: int(counts.get(v, 0)) for v in ("worse", "better", "within", "news", "same")},
+                         "regressions": bad.to_dict(orient="records"),
+                         "better": g[g["verdict"] == "better"].to_dict(orient="records"),
+                         "news": news.to_dict(orient="records"), "changelog": page},
+                  (text_table(bad[cols]) + "\n" if len(bad) else "") + verdict + said + "\n" + page)
     return 1 if len(bad) else 0
 
 
@@ -103,15 +108,17 @@ def add_parser(sub, cli) -> None:
     cli.add_output(s, "results/history")
     s.set_defaults(func=cmd_history, cli=cli)
 
-    s = sub.add_parser("gate", help="exit 1 if a tracked drift figure of an mlx release grew past the previous one")
+    s = sub.add_parser("gate", help="exit 1 if a tracked figure of an mlx release is worse than the previous "
+                                    "release's (each figure's declared direction: higher or lower is better)")
     s.add_argument("--results", nargs="+", metavar="DIR", help=RESULTS_HELP)
     s.add_argument("--candidate", help="release to judge: an mlx version (with the newest mlx-lm it ran with), or "
                                        "MLX+lmMLXLM, e.g. 0.32.4+lm0.31.3 (default: the newest)")
     s.add_argument("--baseline", help="release to compare with, as --candidate (default: the newest release of the "
                                       "mlx before the candidate's)")
     s.add_argument("--threshold", type=float, default=D.GATE_THRESHOLD,
-                   help=f"allowed relative growth (default {D.GATE_THRESHOLD})")
+                   help=f"allowed relative move the wrong way: growth of a lower-is-better figure, a fall of a "
+                        f"higher-is-better one (default {D.GATE_THRESHOLD})")
     s.add_argument("--include", default="", help="only benchmarks whose name contains this text")
-    s.add_argument("--out", help="also write gate.csv here")
-    s.add_argument("--json", action="store_true")
+    s.add_argument("--out", help="also write gate.csv here (every compared figure, its direction and verdict)")
+    s.add_argument("--json", action="store_true", help="print a JSON summary on stdout (progress goes to stderr)")
     s.set_defaults(func=cmd_gate, cli=cli)

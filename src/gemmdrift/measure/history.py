@@ -35,8 +35,8 @@ from typing import Any, Sequence
 
 import pandas as pd
 
-from .. import defaults
-from ..checks import LM_TAG, check_gate_versions, split_release
+from .. import defaults, directions
+from ..checks import LM_TAG, check_gate_versions, release_order_key, split_release
 from ..errors import GemmdriftError
 
 VERSION_BENCH = "bench_env.track_mlx_version"
@@ -45,12 +45,8 @@ BACKEND_BENCH = "bench_env.track_backend"
 SIZES_BENCH = "bench_env.track_sizes"  # which size set ran (follows the backend): a label, not a figure
 BACKEND_CODES = {0: "cpu", 1: "metal", 2: "cuda"}  # track_backend's numbering
 GATE_THRESHOLD = defaults.GATE_THRESHOLD  # relative growth of a drift figure that fails the gate
-GATE_ABS_TOL = 1e-12  # growth from exactly zero by less than this is not a regression
-# Tracked figures where a larger value is better; every other drift figure is lower-is-better.
-HIGHER_IS_BETTER = ("track_first_divergence", "track_self_draft_acceptance")
-# Tracked figures that name something (a summation tree's id), not an amount: compared for equality.
-# A changed tree is reported (``changed``), not judged by growth: a larger hash is not "more drift".
-IDENTIFIERS = ("track_tree_id",)
+GATE_ABS_TOL = directions.ABS_TOL  # growth from exactly zero by less than this is not a regression
+MANIFEST = Path("benchmarks") / "manifest.json"  # every benchmark's unit, version and direction (the gate reads it)
 
 
 def encode_version(version: str) -> float:
@@ -76,9 +72,8 @@ def release_label(mlx: str, mlx_lm: str | None, several: bool) -> str:
 
 
 def release_key(label: str) -> tuple:
-    """Sort key of a release label: by mlx, then by mlx-lm."""
-    mlx, lm = split_release(label)
-    return (version_key(mlx), version_key(lm) if lm else ())
+    """Sort key of a release label: by mlx, then by mlx-lm (:func:`gemmdrift.checks.release_order_key`)."""
+    return release_order_key(label)
 
 
 def label_releases(df: pd.DataFrame) -> pd.DataFrame:
@@ -140,6 +135,13 @@ def project_root() -> Path | None:
         if (base / "asv.conf.json").is_file():
             return base
     return None
+
+
+def directions_of(root: Path | None = None) -> dict[str, str]:
+    """``{asv benchmark name: direction}``: what each track_ benchmark declares beside its unit and version
+    (:mod:`gemmdrift.directions`), as benchmarks/manifest.json of this checkout records it."""
+    root = project_root() if root is None else root
+    return directions.read_manifest(root / MANIFEST) if root is not None else {}
 
 
 def default_results() -> tuple[Path, str]:
@@ -315,8 +317,9 @@ def history_table(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def gate(df: pd.DataFrame, candidate: str | None = None, baseline: str | None = None,
-         threshold: float = GATE_THRESHOLD, include: str = "") -> pd.DataFrame:
-    """Tracked drift figures of ``candidate`` that exceed ``baseline``'s by more than ``threshold``.
+         threshold: float = GATE_THRESHOLD, include: str = "",
+         declared: dict[str, str] | None = None) -> pd.DataFrame:
+    """Every tracked figure of ``candidate`` against ``baseline``'s, judged by its direction.
 
     Args:
         candidate: release to judge: a release label, or an mlx version that names one (default: the
@@ -324,15 +327,17 @@ def gate(df: pd.DataFrame, candidate: str | None = None, baseline: str | None = 
         baseline: release to compare with (default: the newest release of the mlx before the
             candidate's). To see an mlx-lm change alone, give two labels of one mlx
             (``--candidate 0.32.4+lm0.32.2 --baseline 0.32.4+lm0.31.3``).
-        threshold: allowed relative growth (0.10 = 10%); growth from exactly 0 fails
-            as soon as it exceeds GATE_ABS_TOL. For HIGHER_IS_BETTER figures a
-            drop by more than ``threshold`` fails instead.
+        threshold: allowed relative move the wrong way (0.10 = 10%): a lower-is-better figure that grows,
+            a higher-is-better one that falls, by more fails; growth from exactly 0 fails as soon as it
+            exceeds GATE_ABS_TOL.
         include: only series whose benchmark name contains this text.
+        declared: ``{benchmark: direction}`` (default: :func:`directions_of`, what each benchmark declares).
     Series of the emulated negative control (params with ``emulated:``) are not gated.
 
     Returns:
-        One row per compared series with ``old``, ``new``, ``ratio``, ``regression`` and ``changed``
-        (an identifier figure, such as a summation tree's id, that differs between the releases).
+        One row per compared series with ``old``, ``new``, ``ratio``, ``direction`` (higher, lower, either, or
+        undeclared), ``verdict`` (:func:`gemmdrift.directions.judge`: worse, better, within, news, same),
+        ``regression`` (verdict worse: the gate fails) and ``changed`` (the value differs).
     """
     check_gate_versions(candidate, baseline)
     t = latest_per_version(tracked(df))
@@ -346,6 +351,7 @@ def gate(df: pd.DataFrame, candidate: str | None = None, baseline: str | None = 
     if t.empty:
         raise GemmdriftError("no tracked drift figures in the asv results")
     releases = sorted(set(t["release"]), key=release_key)
+    given = (candidate, baseline)
     candidate = resolve_release(candidate, releases, "--candidate") if candidate else releases[-1]
     if baseline is None:
         # The newest release of the mlx before the candidate's; with one mlx only, the release before.
@@ -356,21 +362,23 @@ def gate(df: pd.DataFrame, candidate: str | None = None, baseline: str | None = 
         baseline = older[-1]
     else:
         baseline = resolve_release(baseline, releases, "--baseline")
-    check_gate_versions(candidate, baseline)
+    try:
+        check_gate_versions(candidate, baseline)
+    except GemmdriftError as e:  # say what a bare mlx version named, so the suggested order is the one to type
+        named = [f"{spec} is {label}" for spec, label in zip(given, (candidate, baseline)) if spec and spec != label]
+        raise GemmdriftError(str(e) + (f"; {' and '.join(named)}, the newest mlx-lm it ran with" if named else "")) \
+            from None
     keys = ["machine", "backend", "benchmark", "params"]
     old = t[t["release"] == baseline].set_index(keys)["value"]
     new = t[t["release"] == candidate].set_index(keys)["value"]
     both = pd.concat({"old": old, "new": new}, axis=1).dropna().reset_index()
-    ident = both["benchmark"].map(lambda b: any(k in b for k in IDENTIFIERS))
-    both["ratio"] = [math.nan if i else n / o if o else (math.inf if n > 0 else 1.0)
-                     for o, n, i in zip(both["old"], both["new"], ident)]
-    better_high = both["benchmark"].str.endswith(HIGHER_IS_BETTER)
-    both["regression"] = [
-        False if i else
-        (n < o * (1 - threshold) and o - n > GATE_ABS_TOL) if hi else (n > o * (1 + threshold) and n - o > GATE_ABS_TOL)
-        for o, n, hi, i in zip(both["old"], both["new"], better_high, ident)
-    ]
-    both["changed"] = [bool(i and o != n) for o, n, i in zip(both["old"], both["new"], ident)]
+    declared = directions_of() if declared is None else declared
+    both["direction"] = [declared.get(b, directions.UNDECLARED) for b in both["benchmark"]]
+    both["ratio"] = [n / o if o else (math.inf if n > 0 else 1.0) for o, n in zip(both["old"], both["new"])]
+    both["verdict"] = [directions.judge(d, o, n, threshold)
+                       for d, o, n in zip(both["direction"], both["old"], both["new"])]
+    both["regression"] = both["verdict"] == directions.WORSE
+    both["changed"] = both["old"] != both["new"]
     both.insert(0, "candidate", candidate)
     both.insert(1, "baseline", baseline)
     return both

@@ -11,6 +11,9 @@ and the verdict there, the speed ratio, and the figures the class is judged from
 * The class: :func:`gemmdrift.changelog.classify.classify` on one mapping of figures per release (every logit
   as a digest, each compared position's top-1, each greedy token, the decode vs verify:2 envelope and flips,
   and the ops that moved); the answer figures are the top-1s and the greedy tokens.
+* The direction: each class figure's, declared in :data:`DIRECTIONS` beside the names :func:`class_figures` gives
+  them, and :func:`by_direction` judges the pair's changes as the gate judges a tracked figure
+  (:func:`gemmdrift.directions.judge`).
 """
 
 from __future__ import annotations
@@ -20,11 +23,39 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from .. import defaults
+from .. import directions as D
 from ..measure.twostats import two_run_stats, view_from_logits
 from ..result import Verdict
 
 IDENTICAL, NEAR_TIE, OUTSIDE = Verdict.IDENTICAL.value, Verdict.NEAR_TIE.value, Verdict.OUTSIDE.value
 ANSWER_PREFIXES = ("top1/", "greedy/")
+
+
+# Which way is better for each class figure, by the part of its name before '/' (gemmdrift.directions): the decode vs
+# verify:2 drift is lower-is-better; the logits' bits, a position's top-1, a greedy token and the count of ops that
+# moved are news either way (another token is neither better nor worse: the class and the parting judge it).
+DIRECTIONS = {"logits": D.EITHER, "ops": D.EITHER, "decode_verify2": D.LOWER, "top1": D.EITHER, "greedy": D.EITHER}
+
+
+def direction(name: str) -> str | None:
+    """The declared direction of a class figure (None: undeclared, news)."""
+    return DIRECTIONS.get(name.partition("/")[0])
+
+
+def by_direction(old: Mapping[str, float], new: Mapping[str, float],
+                 threshold: float = defaults.GATE_THRESHOLD) -> dict[str, list[dict[str, Any]]]:
+    """The class figures measured on both sides that changed, judged by their direction as the gate judges:
+    ``{worse, better, within, news: [{figure, old, new}]}`` (``worse``: past the gate's threshold)."""
+    out: dict[str, list[dict[str, Any]]] = {v: [] for v in (D.WORSE, D.BETTER, D.WITHIN, D.NEWS)}
+    for name in sorted(set(old) & set(new)):
+        a, b = float(old[name]), float(new[name])
+        if np.isnan(a) or np.isnan(b):
+            continue
+        verdict = D.judge(direction(name), a, b, threshold)
+        if verdict in out:
+            out[verdict].append({"figure": name, "old": a, "new": b})
+    return out
 
 
 def is_answer(name: str) -> bool:

@@ -269,7 +269,7 @@ def measure_upgrade(lm, tokens: Sequence[int], sides: tuple[Side, Side], out: st
     f_new = judge.class_figures(runs[new.label], arrays[new.label], len(ops["changed"]))
     pc = classify(f_old, f_new, ladder=ladder["verdict"], answer=judge.is_answer)
     return _result(lm, tokens, split, gen, sides, ops, logits, part, runs, arrays, speed, speed_doc, ladder, pc,
-                   allow, seconds, prompt_label, cap_doc)
+                   allow, seconds, prompt_label, cap_doc, judge.by_direction(f_old, f_new))
 
 
 def _text(lm, ids: Sequence[int]) -> str:
@@ -282,7 +282,7 @@ def _text(lm, ids: Sequence[int]) -> str:
 
 
 def _result(lm, tokens, split, gen, sides, ops, logits, part, runs, arrays, speed, speed_doc, ladder, pc, allow,
-            seconds, prompt_label, cap_doc):
+            seconds, prompt_label, cap_doc, by_direction):
     import pandas as pd
 
     from ..machine.envinfo import environment
@@ -339,7 +339,7 @@ def _result(lm, tokens, split, gen, sides, ops, logits, part, runs, arrays, spee
                                           "ops_changed": list(dict.fromkeys(c["op"] for c in ops["changed"]))},
                "logits": logits, "parting": {**part, "text_old": _text(lm, ga), "text_new": _text(lm, gb),
                                              "prompt_tail": _text(lm, tokens[max(0, split - 15): split + 1])},
-               "speed": speed, "ladder": ladder,
+               "speed": speed, "ladder": ladder, "by_direction": by_direction,
                "envelopes": {s.label: runs[s.label]["envelope"] for s in sides},
                "sides": {"old": old.record(), "new": new.record()}, "seconds": seconds}
     return Result(kind="upgrade", inputs=inputs, env=env, frame=frame, figures=figures,

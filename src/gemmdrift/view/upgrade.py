@@ -35,7 +35,21 @@ def upgrade_summary(result: Result) -> dict[str, Any]:
             "greedy": {k: part.get(k) for k in ("generated", "index", "token_old", "token_new", "verdict", "reason",
                                                 "margin", "envelope", "text_old", "text_new")},
             "speed": d["speed"], "ladder": {k: v for k, v in d["ladder"].items() if k != "rung"},
-            "decode_vs_verify2": d["envelopes"], "seconds": d.get("seconds", {})}
+            "decode_vs_verify2": d["envelopes"], "by_direction": d.get("by_direction"),
+            "seconds": d.get("seconds", {})}
+
+
+def _by_direction(judged: dict[str, list[dict[str, Any]]]) -> str:
+    """'the class figures by direction (as the gate judges them): 1 worse (decode_verify2/envelope 0.25 → 0.5),
+    0 better, 0 within, 70 news (changed either way: top-1s, greedy tokens, the logits' bits, ops)'."""
+    def named(rows):
+        shown = ", ".join(f"{r['figure']} {fmt(r['old'])} → {fmt(r['new'])}" for r in rows[:3])
+        return f" ({shown}{', …' if len(rows) > 3 else ''})" if rows else ""
+
+    return ("the class figures by direction (as the gate judges them): "
+            + ", ".join(f"{len(judged.get(v, []))} {v}" + (named(judged.get(v, [])) if v != "news" else "")
+                        for v in ("worse", "better", "within", "news"))
+            + " (changed either way: top-1s, greedy tokens, the logits' bits, ops)")
 
 
 def reading(result: Result) -> list[str]:
@@ -66,6 +80,8 @@ def reading(result: Result) -> list[str]:
                      f"{part['token_new']} under to): {part['verdict']}: {part['reason']}")
     lad = d["ladder"]
     lines.append(f"precision ladder: {lad.get('why')}")
+    if d.get("by_direction") is not None:  # Results written before directions have none
+        lines.append(_by_direction(d["by_direction"]))
     lines.append(f"speed (to / from, medians of {sp['rounds']} alternating rounds; a shared machine): prefill "
                  f"{fmt(sp['prefill_tok_s']['old'])} -> {fmt(sp['prefill_tok_s']['new'])} tok/s "
                  f"(x{sp['prefill_tok_s']['ratio']:.3f}), decode {fmt(sp['decode_tok_s']['old'])} -> "

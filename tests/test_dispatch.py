@@ -176,19 +176,21 @@ def test_chip_from_recorded_environment(name):
         assert (named.gen, named.size, named.nax) == (chip.gen, chip.size, chip.nax)
 
 
-def test_unknown_architecture_is_said_not_guessed():
+def test_unknown_architecture_is_read_as_mlx_reads_it_not_guessed():
+    # A Metal name that is no chip model is read as mlx's device.cpp reads any name (issue 54: generation 0 here),
+    # labelled as the device reported itself; unreadable CUDA or other backends stay "no prediction".
     rec = RECORDS["unknown Metal architecture"]
-    assert chip_from_env(rec) is None
+    assert (chip_from_env(rec).gen, chip_from_env(rec).name) == (0, "Apple M9 (applegpu_x1)")
     assert chip_from_env({"backend": "cuda", "architecture": ""}) is None
     assert chip_from_env({"backend": "gpu", "architecture": "x"}) is None
     target, _, chip, origin = reference_backend(rec)
-    assert chip is None and "unknown architecture 'applegpu_x1': no prediction" in origin
+    assert chip.gen == 0 and "mlx 0.32.1 reads 'applegpu_x1' as generation 0" in origin
     import pandas as pd
 
     df = pd.DataFrame([{"layer": 0, "projection": "mlp.up_proj", "path": "model", "dtype": "bfloat16", "quant": "",
                         "emulated": False, "synthetic": True, "inputs": "synthetic", "K": 640, "N": 2048,
                         "T": t, "metric": "max_ulp", "value": 0.0} for t in (1, 2, 16)])
-    assert plot_thresholds(df, rec)[0] == {}  # no M3 Max default drawn on an unknown GPU
+    assert plot_thresholds(df, rec)[0] == {"mlp.up_proj": [(2, "steel GEMM", "matmul")]}  # mlx's reading, not M3 Max's
     marks, origin = plot_thresholds(df, RECORDS["M1"])  # M1: steel from T=2, never gemv_wide
     assert origin.startswith("Metal, M1") and marks["mlp.up_proj"] == [(2, "steel GEMM", "matmul")]
     marks, origin = plot_thresholds(df, RECORDS["M4"])
@@ -301,8 +303,9 @@ def test_dispatch_from_a_recorded_environment(tmp_path, capsys):
     assert recs[0]["chip"] == "M5" and recs[0]["mlx"] == "0.32.1"
     recs = _dispatch_json_env(capsys, str(tmp_path / "m1.json"), *Q4_640_2048)
     assert {r["T"]: r["kernel"] for r in recs} == EXPECTED[("M1", "0.31.2", Q4_640_2048)]
-    (tmp_path / "odd.json").write_text(json.dumps(RECORDS["unknown Metal architecture"]))
-    for path, words in ((tmp_path / "odd.json", "not an Apple GPU architecture this release reads"),
+    (tmp_path / "odd.json").write_text(json.dumps({**RECORDS["unknown Metal architecture"], "mlx": "0.30.5",
+                                                   "architecture": "g1"}))  # undefined in mlx before 0.31.0
+    for path, words in ((tmp_path / "odd.json", "recorded as it reports itself"),
                         (tmp_path / "missing", "no such file"), (tmp_path, "no meta.json or env.json")):
         assert cli.main(["dispatch", "--env", str(path), "--K", "640", "--N", "2048"]) == 2
         err = capsys.readouterr().err.strip()

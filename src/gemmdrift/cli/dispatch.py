@@ -80,8 +80,12 @@ def parse_ts(text: str) -> list[int]:
     return out
 
 
-def chip_of_record(path: str):
-    """(Chip, mlx version or None) of the environment recorded at ``path`` (see ``--env``); one-line errors."""
+def chip_of_record(path: str, mlx: str | None = None):
+    """(Chip, mlx version or None) of the environment recorded at ``path`` (see ``--env``); one-line errors.
+
+    ``mlx`` is the release whose reading of the device is wanted (``--mlx``; default the record's): a device
+    that is not an Apple chip model (a hosted runner's "Apple Paravirtual device", a name set with
+    ``MLX_METAL_GPU_ARCH``) is read as that release reads its architecture name, and said so."""
     from pathlib import Path
 
     from ..dispatch import chip_from_env, not_a_chip
@@ -104,11 +108,16 @@ def chip_of_record(path: str):
     env = obj.get("env") if isinstance(obj.get("env"), dict) and "backend" not in obj else obj
     if "backend" not in env:
         raise GemmdriftError(f"--env {p}: no environment record in it (no 'backend')")
-    chip = chip_from_env(env)
+    if mlx:
+        from ..dispatch import parse_version
+
+        parse_version(mlx)
+    chip = chip_from_env(env, mlx)
     if chip is None:
-        why = not_a_chip(env) or f"{env.get('backend')} architecture {env.get('architecture')!r} is not readable"
+        why = not_a_chip(env, mlx) or f"{env.get('backend')} architecture {env.get('architecture')!r} is not readable"
         raise GemmdriftError(f"--env {p}: {why}")
-    check_known_chip(chip, f"--env {p}")
+    if not chip.device:  # a device that is no chip model is read as mlx reads it, whatever the generation
+        check_known_chip(chip, f"--env {p}")
     return chip, env.get("mlx")
 
 
@@ -184,7 +193,7 @@ def records(args) -> tuple[list[dict[str, Any]], str]:
 
     recorded_mlx = None
     if args.env:
-        chip, recorded_mlx = chip_of_record(args.env)
+        chip, recorded_mlx = chip_of_record(args.env, args.mlx)
     else:
         chip = chip_named(args.chip)
         check_known_chip(chip, f"--chip {args.chip}")

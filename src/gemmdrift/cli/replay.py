@@ -120,9 +120,9 @@ def cmd_replay_check(args) -> int:
         from ..dispatch import chip_from_env, not_a_chip
         from ..replay.paths import installed_mlx
 
-        target = chip or chip_from_env(env)
+        target = chip or chip_from_env(env, args.mlx_version)
         if target is None:
-            raise GemmdriftError(not_a_chip(env) or "this device is not a chip: give --chip")
+            raise GemmdriftError(not_a_chip(env, args.mlx_version) or "this device is not a chip: give --chip")
         res = replay_calib.resolve(target, args.mlx_version or installed_mlx(), args.calibration,
                                     registry=False)  # the check measures: the registry never narrows it
         variants, note = res.text or "default", res.note

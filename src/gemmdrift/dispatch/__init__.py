@@ -126,7 +126,9 @@ def _join(*notes: str) -> str:
 
 
 def _with_nax(chip: Chip, nax: bool) -> Chip:
-    return Chip(chip.name, chip.backend, chip.gen, chip.size, nax, chip.arch, chip.minor, chip.note)
+    import dataclasses
+
+    return dataclasses.replace(chip, nax=nax)
 
 
 def _choose(chip: Chip, op: str, T: int, K: int, N: int, dtype: str, version: Version, bits, group_size, mode,

@@ -54,6 +54,10 @@ class Chip:
 
     CUDA: ``gen`` is the compute-capability major, ``minor`` its minor.
 
+    A device that is not an Apple chip model (``device`` set) has mlx's own reading of its architecture
+    name as ``gen`` and ``size`` (:mod:`gemmdrift.dispatch.archname`): ``air64_v26`` is generation 2, size
+    ``6`` from mlx 0.31.0 (702 before), and the rules dispatch on that reading as mlx does.
+
     CPU: ``name`` is ``cpu-linux-x86`` (the platform the CPU rules were read
     for) or ``cpu-other`` (any other platform: not read), ``gen`` 0.
     """
@@ -66,6 +70,10 @@ class Chip:
     arch: str = ""  # the recorded architecture string, when built from a record
     minor: int = 0
     note: str = ""  # what the record left open (e.g. "macOS version not recorded: NAX unknown")
+    # Set when the device is not an Apple chip model (a hosted runner's "Apple Paravirtual device", or any
+    # name under MLX_METAL_GPU_ARCH): the device as it reported itself; gen and size are then mlx's own
+    # reading of the architecture name (dispatch/archname.py) and ``note`` says it.
+    device: str = ""
 
 
 @dataclass(frozen=True)

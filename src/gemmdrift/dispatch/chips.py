@@ -25,10 +25,11 @@ An architecture this module cannot read gives ``None``: said, never guessed.
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from typing import Any, Mapping
 
 from ..errors import GemmdriftError
-from .base import Chip, parse_version
+from .base import MIRROR_VERSION, Chip, parse_version
 
 # mlx's own comments on the size letter (device.cpp). A third-party record shows an M4 Pro as
 # applegpu_g16s, so "s" may cover Pro chips too: the letter, not the marketing name, decides dispatch.
@@ -107,40 +108,50 @@ def _macos(env: Mapping[str, Any]) -> tuple[int, int] | None:
     return (int(m.group(1)), int(m.group(2) or 0)) if m else None
 
 
-def chip_from_env(env: Mapping[str, Any]) -> Chip | None:
+def _record_version(text: Any):
+    try:
+        return parse_version(str(text or ""))
+    except GemmdriftError:
+        return None
+
+
+def chip_from_env(env: Mapping[str, Any], mlx_version: str | None = None) -> Chip | None:
     """The chip of an environment record (:func:`gemmdrift.machine.envinfo.environment`), or None if it cannot be read.
 
     Reads ``backend``, ``architecture`` (Metal ``applegpu_gNNx``, CUDA ``sm_XY``),
     ``compute_capability_major``/``minor`` (CUDA), ``macos`` (the macOS version,
     for NAX), ``mlx`` (NAX code exists from 0.30.0), and ``os``/``machine`` for the
-    CPU. ``MLX_METAL_GPU_ARCH`` in the record's ``env`` overrides the Metal
-    architecture, as it does in mlx (``env::metal_gpu_arch()`` in Device::Device).
+    CPU. ``mlx_version`` is the release whose reading is wanted (default the record's).
+
+    Metal: an Apple chip (``applegpu_gNN<letter>``) is named as one. Any other name (a hosted runner's
+    "Apple Paravirtual device", ``air64_v26``), and any name ``MLX_METAL_GPU_ARCH`` gives in the record's
+    ``env`` where the release reads it (from 0.31.0; before, mlx ignores it), is read as mlx reads it
+    (:mod:`.archname`): a Chip labelled with the device as it reported itself, never a chip model's name,
+    whose note says "mlx X reads 'NAME' as generation G, size 'S'". None only where mlx's own reading is
+    undefined (a name shorter than three characters before 0.31.0).
     """
     backend = env.get("backend")
     arch = str(env.get("architecture") or "").strip()
     if backend == "metal":
-        override = (env.get("env") or {}).get("MLX_METAL_GPU_ARCH")
-        arch = str(override or arch)
+        from .archname import ARCH_OVERRIDE_VAR, nax_available, read_arch
+
+        version = _record_version(mlx_version or env.get("mlx"))
+        override = str((env.get("env") or {}).get(ARCH_OVERRIDE_VAR) or "")
+        reading = read_arch(arch, version or MIRROR_VERSION, override)
         m = _METAL_ARCH.match(arch)
-        if not m:
+        if m and not reading.override_used:
+            chip = _apple_chip(env, int(m.group(1)), m.group(2), arch)
+            if override:  # set, but this release does not read it
+                chip = replace(chip, note="; ".join(n for n in (chip.note, reading.text()) if n))
+            return chip
+        if reading.gen is None:
             return None
-        gen, size = int(m.group(1)), m.group(2)
-        if not nax_capable(gen, size):
-            return _metal(gen, size, nax=False, arch=arch)
-        try:
-            new_enough = parse_version(env.get("mlx") or "") >= NAX_MLX
-        except GemmdriftError:
-            new_enough = None
-        macos = _macos(env)
-        if new_enough is False:
-            return _metal(gen, size, nax=False, arch=arch, note=f"mlx {env.get('mlx')} has no NAX kernels")
-        if macos is None or new_enough is None:
-            missing = "macOS version" if macos is None else "mlx version"
-            return _metal(gen, size, nax=None, arch=arch, note=f"{missing} not recorded: NAX unknown")
-        if macos < NAX_MACOS:
-            return _metal(gen, size, nax=False, arch=arch, note=f"macOS {env.get('macos')} < 26.2: no NAX")
-        return _metal(gen, size, nax=True, arch=arch,
-                      note=f"NAX: macOS {env.get('macos')}, assuming a wheel built with the NAX kernels (SDK 26.2+)")
+        nax, why = nax_available(reading, _macos(env))
+        device = str(env.get("device_name") or "unnamed device")
+        unread = "" if version else "; mlx version not recorded: read as the newest release read here"
+        name = f"{device} as {reading.name}" if reading.override_used else f"{device} ({reading.name})"
+        return Chip(name, "metal", reading.gen, reading.size, nax, reading.name,
+                    note=f"{reading.text()}; {why}{unread}", device=device)
     if backend == "cuda":
         major, minor = env.get("compute_capability_major"), env.get("compute_capability_minor")
         if major is not None and minor is not None:
@@ -157,38 +168,70 @@ def chip_from_env(env: Mapping[str, Any]) -> Chip | None:
     return None
 
 
+def _apple_chip(env: Mapping[str, Any], gen: int, size: str, arch: str) -> Chip:
+    """An Apple chip's Chip, its NAX from the record's macOS and mlx versions."""
+    if not nax_capable(gen, size):
+        return _metal(gen, size, nax=False, arch=arch)
+    try:
+        new_enough = parse_version(env.get("mlx") or "") >= NAX_MLX
+    except GemmdriftError:
+        new_enough = None
+    macos = _macos(env)
+    if new_enough is False:
+        return _metal(gen, size, nax=False, arch=arch, note=f"mlx {env.get('mlx')} has no NAX kernels")
+    if macos is None or new_enough is None:
+        missing = "macOS version" if macos is None else "mlx version"
+        return _metal(gen, size, nax=None, arch=arch, note=f"{missing} not recorded: NAX unknown")
+    if macos < NAX_MACOS:
+        return _metal(gen, size, nax=False, arch=arch, note=f"macOS {env.get('macos')} < 26.2: no NAX")
+    return _metal(gen, size, nax=True, arch=arch,
+                  note=f"NAX: macOS {env.get('macos')}, assuming a wheel built with the NAX kernels (SDK 26.2+)")
+
+
 # A hosted macOS runner's GPU: "Apple Paravirtual device", architecture air64_v26 / air64_v27 (the Metal AIR
-# target, not a chip; VeloxQuant-MLX #395, Mac-MLX #55). Its results are not any chip's.
+# target, not a chip; VeloxQuant-MLX #395, Mac-MLX #55). It is no Apple chip model, but mlx reads its name as
+# it reads any (archname.py), so its dispatch is knowable: mlx's own, for that reading.
 _PARAVIRTUAL = re.compile(r"^air\d+_v\d+$")
 
 
-def not_a_chip(env: Mapping[str, Any]) -> str | None:
-    """One line saying that an environment record's GPU is not a chip the dispatch can read, or None.
+def not_a_chip(env: Mapping[str, Any], mlx_version: str | None = None) -> str | None:
+    """One line saying that an environment record's GPU is not an Apple chip model (or not readable), or None.
 
-    None for a chip (``applegpu_gNN<size>``, ``sm_XY``) and for a CPU (whose platform :func:`chip_from_env`
-    names). Otherwise the device is kept as it reports itself (its name and architecture string, never a
-    chip's label) and the line says that no chip's dispatch, replay, prediction or calibration applies to it.
+    None for an Apple chip (``applegpu_gNN<size>``), a CUDA ``sm_XY`` and a CPU (whose platform
+    :func:`chip_from_env` names). For any other Metal device (a paravirtual GPU, a name given by
+    ``MLX_METAL_GPU_ARCH``) the line keeps the device as it reports itself and says how mlx reads its
+    architecture name: its dispatch, replay and calibration are mlx's for that reading, under the device's
+    own label. Where not even mlx's reading is defined, the line says that nothing applies.
     """
-    if env.get("backend") == "cpu" or chip_from_env(env) is not None:
+    if env.get("backend") == "cpu":
+        return None
+    chip = chip_from_env(env, mlx_version)
+    if chip is not None and not chip.device:
         return None
     backend = str(env.get("backend") or "unknown backend")
     name = str(env.get("device_name") or "unnamed device")
-    arch = str((env.get("env") or {}).get("MLX_METAL_GPU_ARCH") or env.get("architecture") or "")
+    arch = str(env.get("architecture") or "")
     if _PARAVIRTUAL.match(arch) or "paravirtual" in name.lower():
-        kind = "a paravirtual GPU (a virtual machine's, such as a hosted CI runner's), not an Apple GPU chip"
+        kind = "a paravirtual GPU (a virtual machine's, such as a hosted CI runner's), not an Apple GPU chip model"
     elif backend == "metal":
-        kind = "not an Apple GPU architecture this release reads (applegpu_gNN<size>)"
+        kind = "not an Apple GPU chip model (applegpu_gNN<size>)"
     else:
         kind = "not a GPU architecture this release reads"
-    return (f"this device ({backend}, {name!r}, architecture {arch!r}) is {kind}: recorded as it reports "
-            "itself, never as a chip; no chip's dispatch, replay, prediction or calibration applies to it")
+    where = f"this device ({backend}, {name!r}, architecture {arch!r}) is {kind}"
+    if chip is not None:
+        return f"{where}: {chip.note}; its dispatch is mlx's own for that reading, labelled as the device itself"
+    return f"{where}: recorded as it reports itself; no chip's dispatch, replay, prediction or calibration applies to it"
 
 
 def describe_chip(chip: Chip) -> str:
-    """'M5 Max (applegpu_g17s, gen 17, Max, NAX)', 'sm90 (sm_90)', 'cpu-other (Darwin arm64: ...)'."""
+    """'M5 Max (applegpu_g17s, gen 17, Max, NAX)', 'sm90 (sm_90)', 'cpu-other (Darwin arm64: ...)', and for a
+    device that is not a chip model "Apple Paravirtual device (air64_v26): mlx 0.32.4 reads 'air64_v26' as ..."."""
+    if chip.device:
+        return f"{chip.name}: {chip.note}"
     if chip.backend == "metal":
         nax = {True: "NAX", False: "no NAX", None: "NAX unknown"}[chip.nax]
-        return f"{chip.name} ({chip.arch}, gen {chip.gen}, {SIZE_LABEL.get(chip.size, chip.size)}, {nax})"
+        ignored = f"; {chip.note}" if "MLX_METAL_GPU_ARCH" in chip.note else ""  # set, not read by that release
+        return f"{chip.name} ({chip.arch}, gen {chip.gen}, {SIZE_LABEL.get(chip.size, chip.size)}, {nax}){ignored}"
     if chip.backend == "cuda":
         return f"{chip.name} ({chip.arch})"
     return chip.name + (f" ({chip.note})" if chip.note else "")

@@ -52,6 +52,12 @@ class Calibration:
     def mlx(self) -> str:
         return str(self.device.get("mlx") or "")
 
+    def fits(self, chip: Any) -> bool:
+        """Measured on ``chip``: the same architecture name, and the same device when either is not an Apple chip
+        model (a paravirtual GPU run under MLX_METAL_GPU_ARCH=applegpu_g13g never calibrates a real M1)."""
+        return (self.architecture == getattr(chip, "arch", "")
+                and str(self.device.get("device") or "") == str(getattr(chip, "device", "") or ""))
+
 
 def build(result) -> dict[str, Any]:
     """The calibration record of a ``replay_check`` Result run on the device itself (``variants="all"``).
@@ -62,9 +68,9 @@ def build(result) -> dict[str, Any]:
     from ..dispatch import chip_from_env, not_a_chip
 
     env, inp = result.env, result.inputs
-    chip = chip_from_env(env)
+    chip = chip_from_env(env, inp.get("mlx_version"))
     if chip is None:
-        raise GemmdriftError("no calibration written: " + (not_a_chip(env) or "this device is not a chip"))
+        raise GemmdriftError("no calibration written: " + (not_a_chip(env, inp.get("mlx_version")) or "this device is not a chip"))
     if inp.get("prediction"):
         raise GemmdriftError("no calibration written: the check replayed another chip's recipes (a prediction)")
     if inp.get("variants") != "all":
@@ -108,6 +114,8 @@ def build(result) -> dict[str, Any]:
     variant, notes = _merge({k: {a: r["measured"] for a, r in rec["axes"].items()} for k, rec in kernels.items()})
     device = {"chip": chip.name, "architecture": chip.arch, "generation": chip.gen, "size_class": chip.size,
               "macos": env.get("macos"), "mlx": inp.get("mlx_version") or env.get("mlx")}
+    if chip.device:  # not an Apple chip model (a paravirtual GPU, a name set by MLX_METAL_GPU_ARCH): said
+        device.update(device=chip.device, reading=chip.note)
     return {"format": FORMAT, "version": VERSION, "device": device, "kernels": kernels, "variant": variant,
             "notes": notes, "dtypes": sorted({str(d) for d in (table["dtype"] if "dtype" in table else [])}
                                                | {str(r["dtype"]) for r in result.details.get("order_records") or []}),
@@ -236,9 +244,9 @@ def resolve(chip: Any, mlx_version: str, files: Sequence[str | Path] = (), *,
     chosen: list[Calibration] = []
     for f in files:
         cal = load(f)
-        if cal.architecture != c.arch and others == "skip":
+        if not cal.fits(c) and others == "skip":
             continue
-        if cal.architecture != c.arch:
+        if not cal.fits(c):
             raise GemmdriftError(f"calibration {cal.path}: measured on {cal.device.get('chip')} ({cal.architecture}), "
                                  f"not {c.name}" + (f" ({c.arch})" if c.arch else ""))
         if _version(cal, f) != want:
@@ -249,7 +257,7 @@ def resolve(chip: Any, mlx_version: str, files: Sequence[str | Path] = (), *,
         if str(f.resolve()) in given:
             continue
         cal = load(f)
-        if cal.architecture == c.arch and _version(cal, f) == want:
+        if cal.fits(c) and _version(cal, f) == want:
             chosen.append(cal)
     merged: dict[str, tuple[str, str]] = {}
     for cal in chosen:
@@ -277,12 +285,13 @@ def check_run(files: Sequence[str | Path], mlx_version: str) -> None:
     skipped there, as a registry file is."""
     from types import SimpleNamespace
 
-    by_arch: dict[str, list[str]] = {}
+    by_arch: dict[tuple[str, str], list[str]] = {}
     for f in files:
         cal = load(f)
-        by_arch.setdefault(cal.architecture, []).append(str(f))
-    for arch, fs in by_arch.items():
-        resolve(SimpleNamespace(arch=arch, name=load(fs[0]).device.get("chip") or arch), mlx_version, fs)
+        by_arch.setdefault((cal.architecture, str(cal.device.get("device") or "")), []).append(str(f))
+    for (arch, device), fs in by_arch.items():
+        resolve(SimpleNamespace(arch=arch, device=device, name=load(fs[0]).device.get("chip") or arch), mlx_version,
+                fs)
 
 
 def check_files(files: Iterable[str | Path]) -> list[str]:

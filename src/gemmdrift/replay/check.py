@@ -156,8 +156,8 @@ def check_replay(lm, inputs: Mapping[tuple[int, str], np.ndarray], projs: Sequen
     if not ts or ts[0] < 1:
         raise GemmdriftError("block sizes T must be positive")
     env = dict(env or environment())
-    own = chip_from_env(env)
-    device_note = not_a_chip(env) or ""
+    own = chip_from_env(env, mlx_version)  # a device that is no chip model: as the replayed release reads it
+    device_note = not_a_chip(env, mlx_version) or ""
     if chip is None:
         if own is None:
             raise GemmdriftError((device_note or f"this device ({env.get('backend')}, {env.get('architecture')}) "

@@ -504,12 +504,13 @@ def test_the_first_screen_on_a_replayed_chip_and_with_parts_missing(tmp_path):
     answer = first_screen(blocks)
     assert answer[0].startswith("Predicted for M1 (its kernels replayed here, not a measurement on it), speculative "
                                 "decoding reproduces plain decoding bit for bit below the 512-token sliding window")
-    assert answer[2].startswith("The stock `RotatingKVCache` is a **STATE BUG**")
-    assert answer[2].endswith("(partial: 3 of 4 cells) — part 2.")
+    # the partial state part is unfinished: named so, its figures not used on the first screen
+    assert not any("STATE BUG" in x for x in answer)
     assert answer[-1] == ("Not measured yet: greedy generation (`diverge/`), which op (`attribute/`), GEMV vs GEMM "
-                          "(`kernels/`), the GPU prediction (`predict/`); rerun `gemmdrift run` with the same `--out` "
-                          "to finish.")
-    assert contradictions(blocks) == []
+                          "(`kernels/`), the GPU prediction (`predict/`); unfinished, so not used here: cache state "
+                          "(`state/`, partial: 3 of 4 cells); rerun `gemmdrift run` with the same `--out` to finish.")
+    # the only difference from the parts below is the unfinished one the first screen leaves out
+    assert contradictions(blocks) == ["state: STATE BUG in ['RotatingKVCache'] below, [] on the first screen"]
     # nothing at all finished: the answer says so, and no verdict
     from gemmdrift import files
 
@@ -517,6 +518,28 @@ def test_the_first_screen_on_a_replayed_chip_and_with_parts_missing(tmp_path):
     store.write_result(plant_attribute(classes=()), tmp_path / "none" / "attribute", draw=False)
     [line] = first_screen(report.report_blocks(tmp_path / "none"))
     assert line.startswith("Not measured yet: decode vs verification (`stack-decode/`)") and "**" not in line
+
+
+def test_a_part_without_done_json_is_not_used_on_the_first_screen(tmp_path):
+    """Issue 53 item 15: the first screen used `diverge/`'s figures (a whole Result, done.json never written) while
+    the same page said `diverge/` had not finished: an unfinished part is named so, and its figures are not used."""
+    s = SCENARIOS["cpu"]
+    blocks = plant_run(tmp_path, **{"stack-decode": plant_stack(**s["stack"])})
+    store.write_result(plant_diverge(**s["diverge"]), tmp_path / "diverge", draw=False)  # no done.json
+    blocks = report.report_blocks(tmp_path)
+    answer = first_screen(blocks)
+    assert "`diverge/` has not finished: rerun `gemmdrift run` with the same `--out` to resume it." in shows(blocks)[0]
+    assert not any(x.startswith("Greedy generation") for x in answer)
+    assert not any("OUTSIDE ENVELOPE" in x or "NEAR-TIE" in x for x in answer)
+    assert answer[-1].startswith("Not measured yet: cache state (`state/`), which op (`attribute/`), GEMV vs GEMM "
+                                 "(`kernels/`), the GPU prediction (`predict/`); unfinished, so not used here: "
+                                 "greedy generation (`diverge/`); rerun"), answer[-1]
+    # done.json written: the same part is used
+    from gemmdrift import files
+
+    files.write_json(tmp_path / "diverge" / "done.json", {"key": "k", "seconds": 1.0})
+    answer = first_screen(report.report_blocks(tmp_path))
+    assert any(x.startswith("Greedy generation") for x in answer) and "diverge" not in answer[-1]
 
 
 def test_state_findings_are_one_table(tmp_path):

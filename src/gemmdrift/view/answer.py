@@ -366,7 +366,11 @@ def gpu_claim(predict: Part) -> Claim | None:
 
 def answer(parts: Sequence[Part], missing: Sequence[str] = ()) -> list[Claim]:
     """The first screen's lines (at most :data:`MAX_LINES`), from the parts of a results directory; ``missing``:
-    the names of the parts not finished (said in one line)."""
+    the names of the parts not finished (said in one line). A part named in ``missing`` that holds a Result (an
+    interrupted part, partial, or one whose ``done.json`` was never written) is unfinished: the page says so, and
+    none of its figures is used here."""
+    unfinished = [p for p in parts if p.name in missing and p.result is not None]
+    parts = [p for p in parts if p.name not in missing]
     stack = next((p for p in parts if p.kind == "stack" and p.result is not None
                   and any("verify" in pair for pair in p.result.tables["stack"]["pair"])), None)
     kernels, attribute = _first(parts, "kernels", "kernels"), _first(parts, "attribute", "attribute")
@@ -381,11 +385,19 @@ def answer(parts: Sequence[Part], missing: Sequence[str] = ()) -> list[Claim]:
         claims.append(state_claim(state))
     end = []
     # the parts the answer reads, the answer's own first; one with a Result (partial) says so in its own line
+    started = {p.name: p for p in unfinished}
     missing = [m for m in TOPICS if m in missing and m not in {p.name for p in parts if p.result is not None}]
     if missing:
-        end.append(Claim("missing", "not measured",
-                         f"Not measured yet: {', '.join(TOPICS.get(m, m) + f' (`{m}/`)' for m in missing)}; rerun "
-                         "`gemmdrift run` with the same `--out` to finish", ()))
+        said = [f"Not measured yet: {', '.join(TOPICS.get(m, m) + f' (`{m}/`)' for m in missing if m not in started)}"
+                if any(m not in started for m in missing) else ""]
+        if started:
+            notes = {m: _partial(started[m].result).strip(" ()") for m in started}
+            said.append("unfinished, so not used here: " + ", ".join(
+                f"{TOPICS.get(m, m)} (`{m}/`" + (f", {notes[m]}" if notes[m] else "") + ")"
+                for m in missing if m in started))
+        text = "; ".join(w for w in said if w)
+        end.append(Claim("missing", "not measured", text[0].upper() + text[1:] + "; rerun `gemmdrift run` with the "
+                         "same `--out` to finish", ()))
     elif not stack and not diverge:
         end.append(Claim("missing", "not measured",
                          "Not measured here: no part compares decode with verification (a `stack` part with a verify "

@@ -78,8 +78,8 @@ def test_kernel_reading_says_zero_when_zero_and_names_planted_drift(tmp_path):
     # At these tiny sizes even the emulated split-K rounds to the same bf16 rows: the page must say so.
     assert df[df["metric"] == "max_ulp"]["value"].max() == 0
     assert lines == [
-        "cpu backend (synthetic weights): every real path (model) gives bit-identical rows at every T up to 16, "
-        "in all 2 projections probed.",
+        "cpu backend (synthetic weights): every real path (model) gives bit-identical rows at every T measured "
+        "(T = 1, 2, 16), in all 2 projections probed.",
         "The emulated control emulated:splitk3 shows no drift at these sizes: this sweep could not have seen a "
         "T-dependent summation order, so its zeros prove little."]
 
@@ -480,7 +480,7 @@ def test_the_first_screen_says_the_cpu_answer(tmp_path):
                          "500–511: max |Δlogit| 0) — part 2.")  # in the run's order: kernels, stack-decode, diverge, state, attribute
     assert answer[1] == ("Past it (from position 512), the schedules differ in `sdpa` by rounding (max |Δlogit| "
                          "0.4375, max |Δgap| 0.25, no argmax flips; at float32 it shrinks at least 870×; no projection "
-                         "changes with T (GEMV vs GEMM up to T=33: 0 ULP)) — parts 1, 2, 5.")
+                         "changes with T (GEMV vs GEMM at T = 1..4, 8, 16, 33: 0 ULP)) — parts 1, 2, 5.")
     assert answer[2] == ("Greedy generation (mlx-lm, plain vs speculative, 32 tokens after a 500-token prompt, across "
                          "the 512-token window) parts at generated token 22 on a near-tie (0.0625 logits apart, within "
                          "the 0.125 envelope), and is **OUTSIDE ENVELOPE**: the speculative stream is not what its own "
@@ -518,6 +518,33 @@ def test_the_first_screen_on_a_replayed_chip_and_with_parts_missing(tmp_path):
     store.write_result(plant_attribute(classes=()), tmp_path / "none" / "attribute", draw=False)
     [line] = first_screen(report.report_blocks(tmp_path / "none"))
     assert line.startswith("Not measured yet: decode vs verification (`stack-decode/`)") and "**" not in line
+
+
+def test_the_kernels_text_names_exactly_the_ts_measured(tmp_path):
+    """Issue 53 item 16: "GEMV vs GEMM up to T=33" / "every T up to 33" where T = 1, 2, 3, 4, 8, 16, 33 were measured
+    and the LM head only at T = 1..4: every Ts the text names is one measured, and none is left out."""
+    from gemmdrift.text import t_list
+    from gemmdrift.view.answer import Part, _kernels_note
+    from gemmdrift.view.summaries import TEXTS
+
+    rows = [{"layer": layer, "projection": proj, "path": "model", "dtype": "bfloat16", "quant": "", "emulated": False,
+             "synthetic": False, "inputs": "captured", "K": 640, "N": 640, "key_length": math.nan, "T": t,
+             "metric": "max_ulp", "value": 0.0}
+            for layer, proj, ts in ((0, "self_attn.q_proj", (1, 2, 3, 4, 8, 16, 33)), (18, "lm_head", (1, 2, 3, 4)))
+            for t in ts]
+    r = kernels.kernels_result(pd.DataFrame(rows), {"model": MODEL}, ENV)
+    note = _kernels_note(r)
+    said = "T = 1..4, 8, 16, 33; the LM head at T = 1..4"
+    assert note == f"; no projection changes with T (GEMV vs GEMM at {said}: 0 ULP)"
+    store.write_result(r, tmp_path / "k", draw=False)
+    (line,) = [x for x in reading(report.report_blocks(tmp_path / "k")) if "every real path" in x]
+    assert f"at every T measured ({said})" in line and "up to" not in line
+    assert "drift of T = 2..4, 8, 16, 33 blocks against T=1" in TEXTS["kernels"](r)
+    # the words name the measured set exactly: expand each range and compare with the table
+    expand = lambda text: sorted(x for part in text.split(", ") for x in (
+        range(int(part.split("..")[0]), int(part.split("..")[1]) + 1) if ".." in part else [int(part)]))
+    assert expand(t_list([1, 2, 3, 4, 8, 16, 33])) == [1, 2, 3, 4, 8, 16, 33]
+    assert expand(t_list([1, 2, 3, 4])) == [1, 2, 3, 4] and t_list([5, 7]) == "5, 7" and t_list([1, 2]) == "1, 2"
 
 
 def test_a_part_without_done_json_is_not_used_on_the_first_screen(tmp_path):

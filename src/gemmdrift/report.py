@@ -129,7 +129,7 @@ def _headline(figure: str) -> bool:
 
 
 def _kernels_part(d: Path, env: dict[str, Any]) -> tuple[list[Block], list[str]]:
-    from .view.summaries import kernels_summary, print_kernels
+    from .view.summaries import kernels_summary, measured_ts, print_kernels
 
     df = _result(d).tables["kernels"]
     s = kernels_summary(df)
@@ -145,8 +145,8 @@ def _kernels_part(d: Path, env: dict[str, Any]) -> tuple[list[Block], list[str]]
     reading = []
     clean = [p["path"] for p in real if p["max_ulp"] == 0]
     if real and len(clean) == len(real):
-        reading.append(f"{where}: every real path ({', '.join(clean)}) gives bit-identical rows at every T up to "
-                       f"{max(p['max_T'] for p in real)}, in all {max(p['units'] for p in real)} projections probed.")
+        reading.append(f"{where}: every real path ({', '.join(clean)}) gives bit-identical rows at every T measured "
+                       f"({measured_ts(real)}), in all {max(p['units'] for p in real)} projections probed.")
     else:
         for p in real:
             if p["max_ulp"] > 0:

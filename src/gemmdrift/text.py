@@ -25,6 +25,25 @@ def fmt(v: Any) -> str:
     return str(v)
 
 
+def span(a: int, b: int) -> str:
+    """A range of integers as every printed line writes it: both ends included, ``500..559`` (one: ``500``)."""
+    return f"{a}" if a == b else f"{a}..{b}"
+
+
+def t_list(ts) -> str:
+    """The integers measured, exactly: runs of three or more as inclusive ranges, ``[1, 2, 3, 4, 8, 16, 33]`` ->
+    ``1..4, 8, 16, 33`` (never ``1..33`` for a set with gaps)."""
+    xs, out = sorted({int(t) for t in ts}), []
+    i = 0
+    while i < len(xs):
+        j = i
+        while j + 1 < len(xs) and xs[j + 1] == xs[j] + 1:
+            j += 1
+        out += [span(xs[i], xs[j])] if j - i >= 2 else [str(x) for x in xs[i:j + 1]]
+        i = j + 1
+    return ", ".join(out)
+
+
 def records(df: pd.DataFrame, columns) -> list[dict[str, Any]]:
     """The rows of ``df``'s ``columns`` (those it has, in that order) as JSON-ready dicts: NaN as None."""
     cols = [c for c in columns if c in df.columns]

@@ -162,14 +162,14 @@ def _local_classes(result: Result | None) -> list[str] | None:
 def _kernels_note(result: Result | None) -> str:
     if result is None:
         return ""
-    from .summaries import kernels_summary
+    from .summaries import kernels_summary, measured_ts
 
     real = [p for p in kernels_summary(result.tables["kernels"])["paths"] if not p["emulated"]]
     if not real:
         return ""
     worst = max(real, key=lambda p: p["max_ulp"])
     if worst["max_ulp"] == 0:
-        return f"; no projection changes with T (GEMV vs GEMM up to T={max(p['max_T'] for p in real)}: 0 ULP)"
+        return f"; no projection changes with T (GEMV vs GEMM at {measured_ts(real)}: 0 ULP)"
     return f"; projections change with T ({worst['path']}: up to {fmt(worst['max_ulp'])} ULP)"
 
 

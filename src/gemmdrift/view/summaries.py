@@ -14,8 +14,9 @@ from typing import Any, Callable, Mapping
 import pandas as pd
 
 from .. import kernels, metrics
+from ..model.projections import LM_HEAD
 from ..result import Result
-from ..text import fmt, text_table
+from ..text import fmt, t_list, text_table
 from .batch import batch_summary, batch_text, server_summary, server_text
 from .fingerprint import fingerprint_summary, fingerprint_text
 from .history import history_summary, history_text
@@ -176,6 +177,8 @@ def kernels_summary(df: pd.DataFrame) -> dict[str, Any]:
             "quant": s["quant"].iloc[0] or None,
             "units": int(s.groupby(["layer", "projection"]).ngroups),
             "max_T": int(s["T"].max()),
+            "Ts": sorted(int(t) for t in set(s.loc[s["projection"] != LM_HEAD, "T"]) or set(s["T"])),
+            "lm_head_Ts": sorted(int(t) for t in set(s.loc[s["projection"] == LM_HEAD, "T"])),
             "max_ulp": float(drift["value"].max()) if len(drift) else 0.0,
             "bits_lost": metrics.bits_lost(float(drift["value"].max())) if len(drift) else 0.0,
             "units_with_drift": int(drift[drift["value"] > 0].groupby(["layer", "projection"]).ngroups),
@@ -205,6 +208,14 @@ def kernels_summary(df: pd.DataFrame) -> dict[str, Any]:
     return out
 
 
+def measured_ts(paths: list[dict[str, Any]]) -> str:
+    """The block sizes the kernels part measured, exactly (``T = 1..4, 8, 16, 33; the LM head at T = 1..4``), from
+    :func:`kernels_summary`'s paths: never "up to 33" where not every T up to 33 was measured."""
+    ts = sorted({t for p in paths for t in p.get("Ts", [])})
+    head = sorted({t for p in paths for t in p.get("lm_head_Ts", [])})
+    return f"T = {t_list(ts)}" + (f"; the LM head at T = {t_list(head)}" if head and head != ts else "")
+
+
 def print_kernels(df: pd.DataFrame) -> str:
     """Per path: worst drift per projection name over layers and T, then the ops; emulated paths last, flagged."""
     df = kernels.normalize(df)
@@ -229,8 +240,8 @@ def print_kernels(df: pd.DataFrame) -> str:
                          "err_rel_l2_gemm": float(en[en["T"] > 1]["value"].max()) if (en["T"] > 1).any() else math.nan})
         flag = "  [EMULATED negative control, not an mlx kernel]" if emulated else ""
         flag += "  [synthetic]" if proj[proj["path"] == path]["synthetic"].any() else ""
-        max_t = int(proj[proj["path"] == path]["T"].max())
-        lines.append(f"\n== {path}: drift of T<={max_t} blocks against T=1 (worst over layers and T){flag}")
+        ts = sorted(int(t) for t in set(proj[proj["path"] == path]["T"]) if t > 1)
+        lines.append(f"\n== {path}: drift of T = {t_list(ts)} blocks against T=1 (worst over layers and T){flag}")
         lines.append(text_table(pd.DataFrame(rows)))
     ops = df[kernels.is_op(df)]
     if len(ops):

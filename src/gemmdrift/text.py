@@ -44,6 +44,25 @@ def t_list(ts) -> str:
     return ", ".join(out)
 
 
+def logits(v: Any) -> str:
+    """A size in logits as the printed lines write it, singular for exactly 1: '0.0625 logits', '1 logit'."""
+    text = fmt(v)
+    return f"{text} logit" if text == "1" else f"{text} logits"
+
+
+def ordinal(n: int) -> str:
+    """1 -> '1st', 22 -> '22nd', 23 -> '23rd', 11 -> '11th'."""
+    n = int(n)
+    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    return f"{n:,}{suffix}"
+
+
+def nth_generated(i: int) -> str:
+    """A generated token by its 0-based index (as results store it) in the words every printed line uses, counted
+    from 1: index 22 -> 'the 23rd generated token'."""
+    return f"the {ordinal(int(i) + 1)} generated token"
+
+
 def records(df: pd.DataFrame, columns) -> list[dict[str, Any]]:
     """The rows of ``df``'s ``columns`` (those it has, in that order) as JSON-ready dicts: NaN as None."""
     cols = [c for c in columns if c in df.columns]

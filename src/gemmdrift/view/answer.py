@@ -25,7 +25,7 @@ from typing import Any, Sequence
 import pandas as pd
 
 from ..result import Result, Verdict
-from ..text import fmt
+from ..text import fmt, logits, nth_generated
 
 MAX_LINES = 5
 WHERE = {"below": "below the window", "at": "at the window", "past": "past the window", "far": "far past the window"}
@@ -252,33 +252,33 @@ def greedy_claim(diverge: Part) -> Claim:
     if not t:
         return Claim("greedy", "IDENTICAL" if d is None else "not triaged",
                      f"{head} gives the same tokens" if d is None else
-                     f"{head} parts at generated token {d} (not triaged)", (diverge.number,))
+                     f"{head} parts at {nth_generated(d)} (not triaged)", (diverge.number,))
     v = str(t.get("verdict"))
     if v == Verdict.IDENTICAL:
         return Claim("greedy", v, f"{head} gives the same tokens, each what its own schedule computes (**IDENTICAL**)",
                      (diverge.number,))
-    env, margin = fmt(t.get("envelope")), fmt(t.get("margin"))
+    env, margin = fmt(t.get("envelope")), logits(t.get("margin"))
     if v == Verdict.NEAR_TIE:
-        return Claim("greedy", v, f"{head} parts at generated token {t['index']} on a **NEAR-TIE** (the two tokens "
-                                  f"{margin} logits apart, within the {env} envelope): rounding, not a bug",
+        return Claim("greedy", v, f"{head} parts at {nth_generated(t['index'])} on a **NEAR-TIE** (the two tokens "
+                                  f"{margin} apart, within the {env} envelope): rounding, not a bug",
                      (diverge.number,))
     if t.get("index") is None:
         text = f"{head} gives the same tokens, but is **OUTSIDE ENVELOPE**"
     elif t.get("bit_identical"):
-        text = (f"{head} parts at generated token {t['index']} though the schedules are bit-identical: "
+        text = (f"{head} parts at {nth_generated(t['index'])} though the schedules are bit-identical: "
                 "**OUTSIDE ENVELOPE**, not numeric")
     elif str(t.get("divergence_verdict")) == Verdict.NEAR_TIE:
-        text = (f"{head} parts at generated token {t['index']} on a near-tie ({margin} logits apart, within the {env} "
+        text = (f"{head} parts at {nth_generated(t['index'])} on a near-tie ({margin} apart, within the {env} "
                 "envelope), and is **OUTSIDE ENVELOPE**")
     else:
-        text = (f"{head} parts at generated token {t['index']}, the two tokens {margin} logits apart: **OUTSIDE "
+        text = (f"{head} parts at {nth_generated(t['index'])}, the two tokens {margin} apart: **OUTSIDE "
                 f"ENVELOPE** (the envelope is {env})")
     wrong = []
     for key, s in (("a", a), ("b", b)):
         c = t.get(f"stream_{key}_check") or {}
         if c.get("first_outside") is not None:
             wrong.append(f"the {s.get('label') or key.upper()} stream is not what its own schedule computes from "
-                         f"generated token {c['first_outside']} ({fmt(c.get('margin_outside'))} logits below the "
+                         f"{nth_generated(c['first_outside'])} ({logits(c.get('margin_outside'))} below the "
                          "argmax), so it ran from a wrong state")
     return Claim("greedy", v, text + (f": {'; '.join(wrong)}" if wrong else ""), (diverge.number,))
 

@@ -16,7 +16,7 @@ import pandas as pd
 from .. import kernels, metrics
 from ..model.projections import LM_HEAD
 from ..result import Result
-from ..text import fmt, t_list, text_table
+from ..text import fmt, logits, nth_generated, t_list, text_table
 from .batch import batch_summary, batch_text, server_summary, server_text
 from .fingerprint import fingerprint_summary, fingerprint_text
 from .history import history_summary, history_text
@@ -63,6 +63,15 @@ def _replay_record(result: Result) -> Mapping[str, Any] | None:
     return rep if isinstance(rep, Mapping) and "chip" in rep else None
 
 
+def _once(not_replayed: Any) -> Any:
+    """What a replay left on this machine's kernels, said once (records written before issue 53 repeat it)."""
+    if not isinstance(not_replayed, str):
+        return not_replayed
+    for said in (" (this machine's kernels)", ": captured with this machine's kernels"):
+        not_replayed = not_replayed.replace(said, "" if said.startswith(" (") else ", captured here")
+    return not_replayed
+
+
 def replay_note(result: Result) -> str | None:
     """What a replayed run (``--kernels replay:<chip>``) predicted and how, in one paragraph; None otherwise."""
     rep = _replay_record(result)
@@ -71,7 +80,7 @@ def replay_note(result: Result) -> str | None:
     kernels = sorted({c["kernel"] for c in rep.get("calls") or []})
     head = (f"PREDICTION for {rep['chip']} (replayed mlx {rep['mlx_version']} kernel orders, variant "
             f"{rep['variant']}), not a measurement on it. Replayed: {rep['replayed']} ({', '.join(kernels) or 'none'})"
-            f"; on this machine's kernels: {rep['not_replayed']}."
+            f"; on this machine's kernels: {_once(rep['not_replayed'])}."
             + (f" Shared prefix: {rep['prefix']}." if rep.get("prefix") else "")
             + (f" Not replayed, and not computed: {len(rep['skipped'])} (see details.replay.skipped)."
                if rep.get("skipped") else ""))
@@ -275,22 +284,22 @@ def triage_items(t: dict[str, Any], n: int | None = None) -> list[str]:
                          f"the first {min(lengths)} are compared")
     else:
         items += [
-            f"the streams part at generated token {t['index']} (the logits of position {t.get('position')}): "
+            f"the streams part at {nth_generated(t['index'])} (the logits of position {t.get('position')}): "
             f"`{t.get('context', '')}`",
             f"teacher-forced under `{t['schedule_a']}`: top-2 {t.get('top2_a')}, gap {fmt(t.get('gap_a'))}; under "
             f"`{t['schedule_b']}`: top-2 {t.get('top2_b')}, gap {fmt(t.get('gap_b'))}; Δgap {fmt(t.get('dgap'))}",
-            f"the competing tokens {t.get('token_a')} and {t.get('token_b')} are {fmt(t.get('margin'))} logits apart",
+            f"the competing tokens {t.get('token_a')} and {t.get('token_b')} are {logits(t.get('margin'))} apart",
             (f"hidden states first differ at tap {t['first_layer_differ']}" if t.get("first_layer_differ") is not None
              else "hidden states are identical at every tap at that position") + "; the schedules are "
             f"{'' if t.get('bit_identical') else 'not '}bit-identical on the shared prefix; the divergence alone: "
             f"{t.get('divergence_verdict')}",
         ]
-    items.append(f"envelope: {fmt(t.get('envelope'))} logits ({t.get('envelope_source', '')})")
+    items.append(f"envelope: {logits(t.get('envelope'))} ({t.get('envelope_source', '')})")
     for key in ("a", "b"):
         c = t.get(f"stream_{key}_check") or {}
         if c:
             at = ("none" if c.get("first_outside") is None
-                  else f"token {c['first_outside']}, {fmt(c.get('margin_outside'))} logits below the argmax")
+                  else f"{nth_generated(c['first_outside'])}, {logits(c.get('margin_outside'))} below the argmax")
             items.append(f"stream {key.upper()} teacher-forced under `{t.get(f'schedule_{key}')}`: "
                          f"{c.get('mismatches')} of {c.get('tokens')} tokens are not the argmax; first outside the "
                          f"envelope: {at}")
@@ -319,7 +328,7 @@ def diverge_text(result: Result) -> str:
     if r["first_divergence"] is None:
         lines.append(f"no divergence in {n} tokens")
     elif not r.get("triage"):
-        lines.append(f"first divergence at generated token {r['first_divergence']}")
+        lines.append(f"first divergence at {nth_generated(r['first_divergence'])}")
     if r.get("triage"):
         lines += triage_lines(r["triage"])
     return "\n".join(lines)

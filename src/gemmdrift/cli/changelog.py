@@ -180,7 +180,8 @@ def gate_pointer(baseline: str, candidate: str) -> str:
     page = PAGES / f"{page_name(baseline, candidate)}.md"
     if root is not None and (root / page).is_file():
         return f"what changed in the bits, op and prediction per chip: {page.as_posix()}"
-    return (f"what changed in the bits: `gemmdrift changelog --from {baseline} --to {candidate}` writes the page")
+    return (f"what changed in the bits: `gemmdrift changelog --from {baseline} --to {candidate}` writes the page "
+            f"(into {PAIR_OUT}/)")
 
 
 __all__: list[Any] = ["add_parser", "cmd_changelog", "write_changelog", "gate_pointer"]

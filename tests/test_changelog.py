@@ -259,25 +259,29 @@ def test_shipped_reference_pages_state_the_known_answers():
     for pair in ("0.30.6..0.31.2", "0.31.2..0.32.4+lm0.32.2"):
         assert "No drift figure changed: 263 of 263 drift figures identical" in (shipped / f"{pair}.md").read_text()
     assert "in forward order: `self_attn.rope`." in text  # the release comparison of ops (mlx fast.cpp's RoPE)
-    assert text.split("\n\n")[1].startswith("**Class: ANSWER-CHANGING**, mlx 0.29.4 → 0.30.6 (and there mlx-lm "
-                                            "0.30.2 → 0.31.2), measured on reference-linux-cpu (cpu): argmax flips "
-                                            "changed")
+    assert text.split("\n\n")[1].startswith("**Class: ANSWER-CHANGING**, mlx 0.29.4 → 0.30.6, measured on "
+                                            "reference-linux-cpu (cpu) and reference-linux-cpu-tier (cpu), the same "
+                                            "class on each: on reference-linux-cpu (cpu) (and there mlx-lm 0.30.2 → "
+                                            "0.31.2): argmax flips changed")
     assert "The op that moved: `self_attn.rope`" in text.split("\n\n")[1]
     for pair in ("0.30.6..0.31.2", "0.31.2..0.32.4+lm0.32.2"):
         # BIT-FOR-BIT on the reference machine; the tracking tier's state sweep (more cache operations) sees the
-        # mlx-lm release that changes with these pairs too (0.31.2 -> 0.31.3, 0.31.3 -> 0.32.2): the page's class
-        # is the worst of the machines, and it names the state figure that decided it
+        # mlx-lm release that changes with these pairs too (0.31.2 -> 0.31.3, 0.31.3 -> 0.32.2): no one class for
+        # the pair, a class per machine, the line says they disagree and names the state figure that decided it
         paras = (shipped / f"{pair}.md").read_text().split("\n\n")
         assert "reference-linux-cpu (cpu): BIT-FOR-BIT;" in paras[2]
-        assert paras[1].startswith("**Class: ANSWER-CHANGING**, mlx ") and "state verdicts changed" in paras[1]
-        assert "reference-linux-cpu-tier (cpu)" in paras[1] and "TierState.track_state_bugs" in paras[1]
+        assert paras[1].startswith("**Class per machine: ANSWER-CHANGING on reference-linux-cpu-tier (cpu), "
+                                   "BIT-FOR-BIT on reference-linux-cpu (cpu)** (the machines disagree), mlx ")
+        assert "on reference-linux-cpu-tier (cpu) (and there mlx-lm " in paras[1]
+        assert "state verdicts changed: bench_tier.TierState.track_state_bugs" in paras[1]
     # the tier paired 0.30.6 with mlx-lm 0.31.2 and 0.31.2 with 0.31.3: the bare labels hide it, the page says it
     tier = (shipped / "0.30.6..0.31.2.md").read_text()
     assert "(and there mlx-lm 0.31.2 → 0.31.3)" in tier.split("\n\n")[1]
     assert "On this machine the pair changes mlx-lm too (mlx-lm 0.31.2 → 0.31.3)" in tier
     lm = (shipped / "0.32.4+lm0.30.2..0.32.4+lm0.31.3.md").read_text().split("\n\n")[1]
     assert lm.startswith("**Class: ANSWER-CHANGING**, for mlx-lm's change (mlx-lm 0.30.2 → 0.31.3, mlx 0.32.4 on both "
-                         "sides), measured on reference-linux-cpu (cpu): state verdicts changed: ") and "170 → 166" in lm
+                         "sides), measured on reference-linux-cpu (cpu) and reference-linux-cpu-tier (cpu), the same "
+                         "class on each: on reference-linux-cpu (cpu): state verdicts changed: ") and "170 → 166" in lm
     index = (shipped / "index.md").read_text()
     assert ("| 0.30.6 | [0.29.4](0.29.4..0.30.6.md) | ANSWER-CHANGING (mlx-lm 0.30.2 → 0.31.2 too) | "
             "ANSWER-CHANGING (mlx-lm 0.30.2 → 0.31.2 too) |") in index
@@ -315,7 +319,8 @@ def test_the_timeline_takes_any_set_of_releases(tmp_path):
     write_changelog([root], out, predict=False)
     index = (out / "index.md").read_text()
     assert "| release | from | m1 (cpu) | m2 (cpu) |" in index
-    assert "| 0.31.2 | [0.30.6](0.30.6..0.31.2.md) | BIT-FOR-BIT | ANSWER-CHANGING |" in index  # m2's tree moved, no ladder here
+    # m2's tree moved, no ladder here: the machines disagree, and the row says so
+    assert "| 0.31.2 | [0.30.6](0.30.6..0.31.2.md) (machines disagree) | BIT-FOR-BIT | ANSWER-CHANGING |" in index
     assert "| 0.30.6 | [0.30.5](0.30.5..0.30.6.md) | BIT-FOR-BIT | not measured |" in index
     assert "| 0.30.5 | - | first | not measured |" in index
 

@@ -37,6 +37,10 @@ def test_stack_reading_follows_the_numbers(tmp_path):
     store.write_result(below, tmp_path / "below")
     [line] = reading(report.report_blocks(tmp_path / "below"))
     assert line.startswith("`prefill:4,decode vs prefill:4,verify:2`: bit-identical at every layer")
+    # issue 53 item 31: "positions 500..560" left out its end where every other range includes it: 4..7 here
+    pos = below.tables["positions"]["position"]
+    said = [b[1] for b in report.report_blocks(tmp_path / "below") if b[0] == "p" and "compared with" in b[1]]
+    assert f"at positions {int(pos.min())}..{int(pos.max())}." in said[0] and (pos.min(), pos.max()) == (4, 7)
 
     past = measure_stack(lm, TOKENS[:100], ["prefill:4,decode", "prefill:4,verify:2"], split=4, ladder=True,
                          local=False, env=ENV)
@@ -78,8 +82,8 @@ def test_kernel_reading_says_zero_when_zero_and_names_planted_drift(tmp_path):
     # At these tiny sizes even the emulated split-K rounds to the same bf16 rows: the page must say so.
     assert df[df["metric"] == "max_ulp"]["value"].max() == 0
     assert lines == [
-        "cpu backend (synthetic weights): every real path (model) gives bit-identical rows at every T up to 16, "
-        "in all 2 projections probed.",
+        "cpu backend (synthetic weights): every real path (model) gives bit-identical rows at every T measured "
+        "(T = 1, 2, 16), in all 2 projections probed.",
         "The emulated control emulated:splitk3 shows no drift at these sizes: this sweep could not have seen a "
         "T-dependent summation order, so its zeros prove little."]
 
@@ -201,6 +205,63 @@ def test_history_page_shows_profiles_and_whole_model_figures(tmp_path):
     blocks = report.report_blocks(tmp_path)
     assert [b[1] for b in blocks if b[0] == "img"] == [f"figures/{names[1]}.png", f"figures/{names[0]}.png"]
     assert reading(blocks) == ["asv history: 1 tracked series over mlx 0.31.2, 0.32.4."]
+
+
+def test_generated_tokens_are_counted_from_1_in_words():
+    """Issue 53 item 31: "part at generated token 22" was the 0-based index (the 23rd token): every printed line
+    counts generated tokens from 1, as ordinals (the results keep the 0-based index)."""
+    import dataclasses
+
+    from gemmdrift.text import nth_generated, ordinal
+    from gemmdrift.view.answer import Part, greedy_claim
+
+    assert [ordinal(n) for n in (1, 2, 3, 4, 11, 12, 13, 21, 22, 23, 101, 111)] == \
+        ["1st", "2nd", "3rd", "4th", "11th", "12th", "13th", "21st", "22nd", "23rd", "101st", "111th"]
+    assert nth_generated(0) == "the 1st generated token" and nth_generated(22) == "the 23rd generated token"
+    r = plant_diverge(verdict="NEAR-TIE", index=0, divergence_verdict="NEAR-TIE")
+    assert "parts at the 1st generated token on a **NEAR-TIE**" in greedy_claim(Part("diverge", "diverge", 1, r)).line()
+    # "1 logits": a size of exactly 1 is singular, every other plural
+    from gemmdrift.text import logits
+
+    assert (logits(1.0), logits(0.0625), logits(2), logits(0.0)) == ("1 logit", "0.0625 logits", "2 logits", "0 logits")
+    t = dict(r.details["triage"], margin=1.0)
+    r1 = dataclasses.replace(r, details={**r.details, "triage": t})
+    assert "(the two tokens 1 logit apart," in greedy_claim(Part("diverge", "diverge", 1, r1)).line()
+
+
+def test_the_replay_note_says_this_machines_kernels_once():
+    """Issue 53 item 31: "on this machine's kernels: attention, ... the cache (this machine's kernels)": said twice,
+    by the record and by the note; records written before say it twice, and the note still says it once."""
+    import dataclasses
+
+    from gemmdrift.replay.model import ReplayLog
+    from gemmdrift.view.summaries import replay_note
+
+    r = plant_stack(first=512, replay="M1")
+    for not_replayed in (ReplayLog("M1", "0.32.4", "default").record()["not_replayed"],
+                         "attention, norms, RoPE, embeddings lookup and the cache (this machine's kernels)",
+                         "the input rows: captured with this machine's kernels (the same rows for every chip); the "
+                         "float64 reference"):
+        said = dict(r.details["replay"], not_replayed=not_replayed)
+        note = replay_note(dataclasses.replace(r, details={**r.details, "replay": said}))
+        assert note.count("this machine's kernels") == 1, note
+
+
+def test_a_history_page_says_which_environments_it_holds(tmp_path):
+    """Issue 53 item 31: `report` on a history directory printed "(none)" as its environment: it names the machines
+    and releases its figures come from."""
+    from gemmdrift.measure import history
+    from test_changelog import write_release
+
+    for i, mlx in enumerate(("0.30.6", "0.31.2")):
+        write_release(tmp_path / "asv", "m1", mlx, i + 1, dlogit=(0.5, 0.5), tree=1.0, rope=0.0, kld=0.0)
+    df = history.read_results(tmp_path / "asv")
+    store.write_result(history.history_result(df, include="", results=[str(tmp_path / "asv")]), tmp_path / "h",
+                       draw=False)
+    blocks = report.report_blocks(tmp_path / "h")
+    assert blocks[1] == ("ul", [f"environments: one per machine and release, 1 machine (m1 (cpu)) × 2 releases, "
+                                f"from asv's results ({tmp_path / 'asv'})"])
+    assert "(none)" not in report.to_markdown(blocks)
 
 
 def test_a_partial_run_directory_says_what_is_missing(tiny, tmp_path):
@@ -480,11 +541,11 @@ def test_the_first_screen_says_the_cpu_answer(tmp_path):
                          "500–511: max |Δlogit| 0) — part 2.")  # in the run's order: kernels, stack-decode, diverge, state, attribute
     assert answer[1] == ("Past it (from position 512), the schedules differ in `sdpa` by rounding (max |Δlogit| "
                          "0.4375, max |Δgap| 0.25, no argmax flips; at float32 it shrinks at least 870×; no projection "
-                         "changes with T (GEMV vs GEMM up to T=33: 0 ULP)) — parts 1, 2, 5.")
+                         "changes with T (GEMV vs GEMM at T = 1..4, 8, 16, 33: 0 ULP)) — parts 1, 2, 5.")
     assert answer[2] == ("Greedy generation (mlx-lm, plain vs speculative, 32 tokens after a 500-token prompt, across "
-                         "the 512-token window) parts at generated token 22 on a near-tie (0.0625 logits apart, within "
+                         "the 512-token window) parts at the 23rd generated token on a near-tie (0.0625 logits apart, within "
                          "the 0.125 envelope), and is **OUTSIDE ENVELOPE**: the speculative stream is not what its own "
-                         "schedule computes from generated token 25 (2.5 logits below the argmax), so it ran from a "
+                         "schedule computes from the 26th generated token (2.5 logits below the argmax), so it ran from a "
                          "wrong state — part 3.")
     assert answer[3].startswith("The stock `RotatingKVCache` is a **STATE BUG** under `rollback` in 1 of 4 cases (past "
                                 "the window); `KVCache` exact in every case (speculative decoding rewinds rejected "
@@ -504,12 +565,13 @@ def test_the_first_screen_on_a_replayed_chip_and_with_parts_missing(tmp_path):
     answer = first_screen(blocks)
     assert answer[0].startswith("Predicted for M1 (its kernels replayed here, not a measurement on it), speculative "
                                 "decoding reproduces plain decoding bit for bit below the 512-token sliding window")
-    assert answer[2].startswith("The stock `RotatingKVCache` is a **STATE BUG**")
-    assert answer[2].endswith("(partial: 3 of 4 cells) — part 2.")
+    # the partial state part is unfinished: named so, its figures not used on the first screen
+    assert not any("STATE BUG" in x for x in answer)
     assert answer[-1] == ("Not measured yet: greedy generation (`diverge/`), which op (`attribute/`), GEMV vs GEMM "
-                          "(`kernels/`), the GPU prediction (`predict/`); rerun `gemmdrift run` with the same `--out` "
-                          "to finish.")
-    assert contradictions(blocks) == []
+                          "(`kernels/`), the GPU prediction (`predict/`); unfinished, so not used here: cache state "
+                          "(`state/`, partial: 3 of 4 cells); rerun `gemmdrift run` with the same `--out` to finish.")
+    # the only difference from the parts below is the unfinished one the first screen leaves out
+    assert contradictions(blocks) == ["state: STATE BUG in ['RotatingKVCache'] below, [] on the first screen"]
     # nothing at all finished: the answer says so, and no verdict
     from gemmdrift import files
 
@@ -517,6 +579,55 @@ def test_the_first_screen_on_a_replayed_chip_and_with_parts_missing(tmp_path):
     store.write_result(plant_attribute(classes=()), tmp_path / "none" / "attribute", draw=False)
     [line] = first_screen(report.report_blocks(tmp_path / "none"))
     assert line.startswith("Not measured yet: decode vs verification (`stack-decode/`)") and "**" not in line
+
+
+def test_the_kernels_text_names_exactly_the_ts_measured(tmp_path):
+    """Issue 53 item 16: "GEMV vs GEMM up to T=33" / "every T up to 33" where T = 1, 2, 3, 4, 8, 16, 33 were measured
+    and the LM head only at T = 1..4: every Ts the text names is one measured, and none is left out."""
+    from gemmdrift.text import t_list
+    from gemmdrift.view.answer import Part, _kernels_note
+    from gemmdrift.view.summaries import TEXTS
+
+    rows = [{"layer": layer, "projection": proj, "path": "model", "dtype": "bfloat16", "quant": "", "emulated": False,
+             "synthetic": False, "inputs": "captured", "K": 640, "N": 640, "key_length": math.nan, "T": t,
+             "metric": "max_ulp", "value": 0.0}
+            for layer, proj, ts in ((0, "self_attn.q_proj", (1, 2, 3, 4, 8, 16, 33)), (18, "lm_head", (1, 2, 3, 4)))
+            for t in ts]
+    r = kernels.kernels_result(pd.DataFrame(rows), {"model": MODEL}, ENV)
+    note = _kernels_note(r)
+    said = "T = 1..4, 8, 16, 33; the LM head at T = 1..4"
+    assert note == f"; no projection changes with T (GEMV vs GEMM at {said}: 0 ULP)"
+    store.write_result(r, tmp_path / "k", draw=False)
+    (line,) = [x for x in reading(report.report_blocks(tmp_path / "k")) if "every real path" in x]
+    assert f"at every T measured ({said})" in line and "up to" not in line
+    assert "drift of T = 2..4, 8, 16, 33 blocks against T=1" in TEXTS["kernels"](r)
+    # the words name the measured set exactly: expand each range and compare with the table
+    expand = lambda text: sorted(x for part in text.split(", ") for x in (
+        range(int(part.split("..")[0]), int(part.split("..")[1]) + 1) if ".." in part else [int(part)]))
+    assert expand(t_list([1, 2, 3, 4, 8, 16, 33])) == [1, 2, 3, 4, 8, 16, 33]
+    assert expand(t_list([1, 2, 3, 4])) == [1, 2, 3, 4] and t_list([5, 7]) == "5, 7" and t_list([1, 2]) == "1, 2"
+
+
+def test_a_part_without_done_json_is_not_used_on_the_first_screen(tmp_path):
+    """Issue 53 item 15: the first screen used `diverge/`'s figures (a whole Result, done.json never written) while
+    the same page said `diverge/` had not finished: an unfinished part is named so, and its figures are not used."""
+    s = SCENARIOS["cpu"]
+    blocks = plant_run(tmp_path, **{"stack-decode": plant_stack(**s["stack"])})
+    store.write_result(plant_diverge(**s["diverge"]), tmp_path / "diverge", draw=False)  # no done.json
+    blocks = report.report_blocks(tmp_path)
+    answer = first_screen(blocks)
+    assert "`diverge/` has not finished: rerun `gemmdrift run` with the same `--out` to resume it." in shows(blocks)[0]
+    assert not any(x.startswith("Greedy generation") for x in answer)
+    assert not any("OUTSIDE ENVELOPE" in x or "NEAR-TIE" in x for x in answer)
+    assert answer[-1].startswith("Not measured yet: cache state (`state/`), which op (`attribute/`), GEMV vs GEMM "
+                                 "(`kernels/`), the GPU prediction (`predict/`); unfinished, so not used here: "
+                                 "greedy generation (`diverge/`); rerun"), answer[-1]
+    # done.json written: the same part is used
+    from gemmdrift import files
+
+    files.write_json(tmp_path / "diverge" / "done.json", {"key": "k", "seconds": 1.0})
+    answer = first_screen(report.report_blocks(tmp_path))
+    assert any(x.startswith("Greedy generation") for x in answer) and "diverge" not in answer[-1]
 
 
 def test_state_findings_are_one_table(tmp_path):
@@ -579,3 +690,16 @@ def test_the_gpu_line_names_the_verification_pair_its_figure_is_from():
     assert "`M1` max |Δlogit| 0.5 (verify:2), 2 flips" in text, text
     text = gpu_claim(part([("prefill:1,verify:2", 0.375, 0)])).text
     assert "`M1` max |Δlogit| 0.375, 0 flips" in text, text
+
+
+def test_max_dlogit_is_printed_by_one_rule_everywhere():
+    """Issue 53 item 31: the attribution verdict printed max|dlogit| 0.4375 as 0.438 (3 digits) where every other
+    line prints it with text.fmt (0.4375)."""
+    from gemmdrift.attribution.verdict import verdict_line
+    from gemmdrift.text import fmt
+
+    summary = pd.DataFrame([{"layer": 0, "op": "self_attn.sdpa", "class": "sdpa", "kind": "sdpa", "positions_differ": 3,
+                             "first_position": 513}])
+    cf = pd.DataFrame([{"class": "sdpa", "direction": "each", "max_abs_dlogit": 0.0, "flips": 0}])
+    line = verdict_line("a vs b", {"max_abs_dlogit": 0.4375, "flip_positions": []}, cf, summary)
+    assert f"(max|dlogit| {fmt(0.4375)}) is gone when sdpa is made invariant" in line and fmt(0.4375) == "0.4375"

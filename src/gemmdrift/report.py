@@ -21,7 +21,7 @@ from .result import Verdict
 from .page import (  # noqa: F401  (the page's form, kept importable from here)
     CHROMIUM_FLAGS, MAC_BROWSERS, Block, find_chromium, screenshot, to_html, to_markdown,
 )
-from .text import fmt, text_table  # noqa: F401  (text_table: kept importable from here)
+from .text import fmt, logits, span, text_table  # noqa: F401  (text_table: kept importable from here)
 from .view import answer
 from .view.summaries import replay_note, stack_summary, triage_items
 
@@ -129,7 +129,7 @@ def _headline(figure: str) -> bool:
 
 
 def _kernels_part(d: Path, env: dict[str, Any]) -> tuple[list[Block], list[str]]:
-    from .view.summaries import kernels_summary, print_kernels
+    from .view.summaries import kernels_summary, measured_ts, print_kernels
 
     df = _result(d).tables["kernels"]
     s = kernels_summary(df)
@@ -145,8 +145,8 @@ def _kernels_part(d: Path, env: dict[str, Any]) -> tuple[list[Block], list[str]]
     reading = []
     clean = [p["path"] for p in real if p["max_ulp"] == 0]
     if real and len(clean) == len(real):
-        reading.append(f"{where}: every real path ({', '.join(clean)}) gives bit-identical rows at every T up to "
-                       f"{max(p['max_T'] for p in real)}, in all {max(p['units'] for p in real)} projections probed.")
+        reading.append(f"{where}: every real path ({', '.join(clean)}) gives bit-identical rows at every T measured "
+                       f"({measured_ts(real)}), in all {max(p['units'] for p in real)} projections probed.")
     else:
         for p in real:
             if p["max_ulp"] > 0:
@@ -188,7 +188,8 @@ def _stack_part(d: Path, env: dict[str, Any]) -> tuple[list[Block], list[str]]:
     split = summ.get("split")
     blocks: list[Block] = [
         ("p", f"The same {summ.get('tokens')} tokens under each schedule, compared with `{summ.get('reference')}`"
-              + (f" at positions {split}..{summ.get('tokens')}" if split is not None else "")
+              + (f" at positions {span(split, summ.get('tokens') - 1)}" if split is not None and summ.get("tokens")
+                 else "")
               + ". Drift at every layer is in stack.csv; the logit envelope:"),
         ("table", _stack_rows({"pairs": summ.get("pairs", [])})),
     ]
@@ -212,7 +213,7 @@ def _stack_part(d: Path, env: dict[str, Any]) -> tuple[list[Block], list[str]]:
         text += (f"; max|Δlogit| {fmt(p.get('max_abs_dlogit'))}, max|Δgap| {fmt(p.get('max_abs_dgap'))}, "
                  f"{p.get('flips', 0)} argmax flips")
         if p.get("flips"):
-            text += f" (largest gap flipped: {fmt(p.get('max_gap_at_flip'))} logits)"
+            text += f" (largest gap flipped: {logits(p.get('max_gap_at_flip'))})"
         verdict = p.get("ladder_verdict")
         if verdict == Verdict.ROUNDING:
             sh = ladder[(ladder["pair"] == pair) & (ladder["shrink"] > 0)]["shrink"] if len(ladder) else []
@@ -499,6 +500,21 @@ def _environment(d: Path, parts: list[tuple[Path, str]]) -> tuple[dict[str, Any]
     return env, model
 
 
+def _environments(parts: list[tuple[Path, str]]) -> str:
+    """What the page's environment line says where its results record no one environment: the machines and
+    releases they come from (the asv history), else that none was recorded."""
+    for p, _ in parts:
+        r = _result(p)
+        t = r.tables.get("history")
+        if t is not None and len(t) and {"machine", "backend", "release"} <= set(t.columns):
+            machines = sorted({f"{m} ({b})" for m, b in zip(t["machine"], t["backend"])})
+            n = len(set(t["release"]))
+            return (f"environments: one per machine and release, {len(machines)} machine"
+                    f"{'s' if len(machines) > 1 else ''} ({', '.join(machines)}) × {n} release{'s' if n > 1 else ''}"
+                    f", from asv's results ({', '.join(map(str, r.inputs.get('results') or [])) or '?'})")
+    return "environment: not recorded in these results"
+
+
 def report_blocks(d: str | Path) -> list[Block]:
     """The report page of a results directory (one command's output, or a `gemmdrift run` directory)."""
     from .model import describe
@@ -521,6 +537,8 @@ def report_blocks(d: str | Path) -> list[Block]:
         head.append(f"mlx {env.get('mlx')}, mlx-lm {env.get('mlx_lm')}, backend **{env.get('backend')}** "
                     f"({env.get('device_name')}, {env.get('architecture')}), {env.get('os')}, "
                     f"python {env.get('python')}; recorded {env.get('time_utc')}")
+    if not head:  # no one environment (the asv history: one per machine and release)
+        head.append(_environments(parts))
     sections: list[Block] = []
     reading: list[Any] = []  # lines, and a table where findings are one (the cache state)
     read = []  # the parts as the answer reads them

@@ -25,6 +25,44 @@ def fmt(v: Any) -> str:
     return str(v)
 
 
+def span(a: int, b: int) -> str:
+    """A range of integers as every printed line writes it: both ends included, ``500..559`` (one: ``500``)."""
+    return f"{a}" if a == b else f"{a}..{b}"
+
+
+def t_list(ts) -> str:
+    """The integers measured, exactly: runs of three or more as inclusive ranges, ``[1, 2, 3, 4, 8, 16, 33]`` ->
+    ``1..4, 8, 16, 33`` (never ``1..33`` for a set with gaps)."""
+    xs, out = sorted({int(t) for t in ts}), []
+    i = 0
+    while i < len(xs):
+        j = i
+        while j + 1 < len(xs) and xs[j + 1] == xs[j] + 1:
+            j += 1
+        out += [span(xs[i], xs[j])] if j - i >= 2 else [str(x) for x in xs[i:j + 1]]
+        i = j + 1
+    return ", ".join(out)
+
+
+def logits(v: Any) -> str:
+    """A size in logits as the printed lines write it, singular for exactly 1: '0.0625 logits', '1 logit'."""
+    text = fmt(v)
+    return f"{text} logit" if text == "1" else f"{text} logits"
+
+
+def ordinal(n: int) -> str:
+    """1 -> '1st', 22 -> '22nd', 23 -> '23rd', 11 -> '11th'."""
+    n = int(n)
+    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    return f"{n:,}{suffix}"
+
+
+def nth_generated(i: int) -> str:
+    """A generated token by its 0-based index (as results store it) in the words every printed line uses, counted
+    from 1: index 22 -> 'the 23rd generated token'."""
+    return f"the {ordinal(int(i) + 1)} generated token"
+
+
 def records(df: pd.DataFrame, columns) -> list[dict[str, Any]]:
     """The rows of ``df``'s ``columns`` (those it has, in that order) as JSON-ready dicts: NaN as None."""
     cols = [c for c in columns if c in df.columns]

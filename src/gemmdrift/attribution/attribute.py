@@ -33,6 +33,7 @@ from ..checkpoint import Checkpoints
 from ..errors import GemmdriftError
 from ..result import Result, env_labels, figure_name, tidy
 from ..schedules import parse_schedule
+from ..text import fmt
 from .. import metrics
 from ..measure.stack import two_run
 from ..model.taps import common_prefix, run_schedule
@@ -193,7 +194,7 @@ def attribute(lm, tokens: Sequence[int], schedules: Sequence[str], *, split: int
                     ref_taps, _, taps, _ = run_b(replace=replace, record_ops=False)  # its logits are read
                     row = {"class": cls, "direction": direction, **_envelope(ref_taps, taps, toks)}
                     ck.save("cf", row, direction, cls)
-                    _say(f"{direction:11s} {cls:28s} flips {row['flips']:.0f}  max|dlogit| {row['max_abs_dlogit']:.3g}")
+                    _say(f"{direction:11s} {cls:28s} flips {row['flips']:.0f}  max|dlogit| {fmt(row['max_abs_dlogit'])}")
                 cf_rows.append(row)
     summary = ops_summary(local)
     cf = mark_causes(pd.DataFrame(cf_rows, columns=["class", "direction", *ENVELOPE, "flip_positions"]), base,

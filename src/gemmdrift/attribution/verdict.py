@@ -21,6 +21,7 @@ from typing import Any, Mapping, Sequence
 import pandas as pd
 
 from ..model import optaps
+from ..text import fmt
 
 DOWNSTREAM = (optaps.FINAL_NORM, optaps.LM_HEAD)  # after every other op: replacing them replaces the logits
 
@@ -142,12 +143,12 @@ def verdict_line(pair: str, base: Mapping[str, Any], counterfactual: pd.DataFram
         mine = each[each["class"].isin(drifting) & ~each["class"].isin(DOWNSTREAM)]
         zero = [short(r["class"]) for _, r in mine.iterrows() if r["max_abs_dlogit"] == 0]
         if zero:
-            parts.append(f"no flips; the logit drift (max|dlogit| {base['max_abs_dlogit']:.3g}) is gone when "
+            parts.append(f"no flips; the logit drift (max|dlogit| {fmt(base['max_abs_dlogit'])}) is gone when "
                          f"{' or '.join(zero)} {'is' if len(zero) == 1 else 'are each'} made invariant")
         elif len(mine):
             best = mine.sort_values("max_abs_dlogit").iloc[0]
-            parts.append(f"no flips; max|dlogit| {base['max_abs_dlogit']:.3g} shrinks most with "
-                         f"{short(best['class'])} made invariant (to {best['max_abs_dlogit']:.3g})")
+            parts.append(f"no flips; max|dlogit| {fmt(base['max_abs_dlogit'])} shrinks most with "
+                         f"{short(best['class'])} made invariant (to {fmt(best['max_abs_dlogit'])})")
     if skipped:
         parts.append(skipped)
     proj_hit = sorted(set(hit[hit["kind"].isin(["linear", "head"])]["class"])) if len(hit) else []

@@ -56,7 +56,11 @@ def measured_blocks(m: Measured) -> list[Block]:
     for e in m.machines:
         out.append(("h", 3, f"{e['machine']} ({e['backend']})"))
         lm = lm_also(e)
-        if lm:
+        if lm and split_release(m.old)[0] == split_release(m.new)[0]:  # an mlx-lm pair: mlx did not change
+            out.append(("p", f"The pair changes mlx-lm alone ({lm}, mlx {split_release(m.new)[0]} on both sides): "
+                             "a changed figure is mlx-lm's change (its model code, its cache-state verdicts), "
+                             "not mlx's."))
+        elif lm:
             out.append(("p", f"On this machine the pair changes mlx-lm too ({lm}): a changed figure may be "
                              "mlx-lm's (its cache-state verdicts are mlx-lm's code) as well as mlx's."))
         n_changed = e["compared"] - e["identical"]
@@ -174,6 +178,16 @@ def summary(m: Measured, ops: Sequence[dict[str, Any]]) -> str:
     return "; ".join(parts)
 
 
+def machine_name(e: Mapping[str, Any]) -> str:
+    """A measured entry's machine as pages and the index name it: ``reference-linux-cpu (cpu)``."""
+    return f"{e['machine']} ({e['backend']})"
+
+
+def disagree(m: Measured) -> bool:
+    """Do the machines that measured the pair give it different classes?"""
+    return len({e["class"].cls for e in m.machines if "class" in e}) > 1
+
+
 def lm_also(e: Mapping[str, Any]) -> str:
     """``mlx-lm 0.31.2 → 0.31.3`` when a machine's entry ran the pair with two mlx-lm releases, else ''."""
     a, b = (list(e.get("mlx_lm") or []) + ["", ""])[:2]
@@ -190,22 +204,32 @@ def _what_changed(old: str, new: str) -> str:
 
 def opening(m: Measured, pred: Mapping[str, Mapping[str, Any]] | None = None,
             ops: Sequence[dict[str, Any]] = ()) -> list[Block]:
-    """The page's first lines: its class and the one-line reason. The class is the most severe one measured here
-    (per machine and backend); with nothing measured, the most severe predicted one (said to be a prediction);
-    with neither, no class."""
+    """The page's first lines: its class and the one-line reason, always naming the machine a class is from. One
+    machine measured: its class. Several that agree: that class, each machine's reason. Several that disagree: no
+    class for the pair, a class per machine (most severe first), and the line says the machines disagree. With
+    nothing measured, the most severe predicted class (said to be a prediction); with neither, no class."""
     from .classify import CLASSES
 
     pred = pred or {}
-    measured = [(f"{e['machine']} ({e['backend']})", e["class"]) for e in m.machines if "class" in e]
+    entries = sorted((e for e in m.machines if "class" in e), key=lambda e: -CLASSES.index(e["class"].cls))
+    measured = [(machine_name(e), e["class"]) for e in entries]
     predicted = [(chip, p) for chip, p in pred.items() if p.get("cls") in CLASSES]
     what = _what_changed(m.old, m.new)
-    if measured:
-        who, pc = max(measured, key=lambda x: CLASSES.index(x[1].cls))
-        worst = next(e for e in m.machines if f"{e['machine']} ({e['backend']})" == who)
-        lm = lm_also(worst)
-        if lm and "mlx-lm" not in what:  # a bare label hides the machine's mlx-lm
+    lm_pair = "mlx-lm" in what
+    if len(entries) == 1:
+        (who, pc), lm = measured[0], lm_also(entries[0])
+        if lm and not lm_pair:  # a bare label hides the machine's mlx-lm
             what += f" (and there {lm})"
         line = f"**Class: {pc.cls}**, {what}, measured on {who}: {pc.reason}."
+    elif entries:
+        each = "; ".join(f"on {who}" + (f" (and there {lm_also(e)})" if lm_also(e) and not lm_pair else "")
+                         + f": {pc.reason}" for (who, pc), e in zip(measured, entries))
+        if len({pc.cls for _, pc in measured}) == 1:
+            line = (f"**Class: {measured[0][1].cls}**, {what}, measured on "
+                    f"{' and '.join(who for who, _ in measured)}, the same class on each: {each}.")
+        else:
+            per = ", ".join(f"{pc.cls} on {who}" for who, pc in measured)
+            line = f"**Class per machine: {per}** (the machines disagree), {what}: {each}."
     elif predicted:
         chip, p = max(predicted, key=lambda x: CLASSES.index(x[1]["cls"]))
         line = f"**Class: {p['cls']}, predicted**, {what}, not measured here ({chip}): {p['reason']}."
@@ -215,8 +239,8 @@ def opening(m: Measured, pred: Mapping[str, Mapping[str, Any]] | None = None,
     if names:
         line += " The op that moved: " + ", ".join(f"`{n}`" for n in names) + " (the release comparison of ops below)."
     out: list[Block] = [("p", line)]
-    every = [f"{who}: {pc.cls}" for who, pc in measured] + [f"{chip} (predicted): {p.get('cell', '-')}"
-                                                            for chip, p in pred.items() if p.get("cell", "-") != "-"]
+    every = [f"{who}: {pc.cls}" for who, pc in sorted(measured, key=lambda x: x[0])]
+    every += [f"{chip} (predicted): {p.get('cell', '-')}" for chip, p in pred.items() if p.get("cell", "-") != "-"]
     if len(every) > 1:
         out.append(("p", "Per machine and chip: " + "; ".join(every) + "."))
     mixed = [r for r in (m.old, m.new) if len(m.commits.get(r, [])) > 1]
@@ -230,7 +254,9 @@ def opening(m: Measured, pred: Mapping[str, Mapping[str, Any]] | None = None,
 def page(m: Measured, ops: Sequence[dict[str, Any]], predicted: Sequence[Block], inputs: str,
          pred: Mapping[str, Mapping[str, Any]] | None = None) -> list[Block]:
     """All blocks of one pair's page: the class first (see :func:`opening`), then the three sections."""
-    title = f"mlx {m.old} → {m.new}: what changed in the bits"
+    (mo, lo), (mn, ln) = split_release(m.old), split_release(m.new)
+    title = (f"mlx-lm {lo or '?'} → {ln or '?'} with mlx {mn}: what changed in the bits" if mo == mn else
+             f"mlx {m.old} → {m.new}: what changed in the bits")
     cmd = f"gemmdrift changelog --from {m.old} --to {m.new}"
     return ([("h", 1, title)] + opening(m, pred, ops)
             + [("p", f"Written by `{cmd}` from {inputs}. Back to the [index](index.md).")]

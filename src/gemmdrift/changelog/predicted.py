@@ -280,6 +280,10 @@ class Predictor:
                             ("p", "Every line of this section is a prediction from the dispatch rules read from the "
                                   "mlx source (`gemmdrift dispatch --chip M3`) and the replay (`gemmdrift stack --kernels replay:M3`), "
                                   "not a measurement on that chip.")]
+        if _version_of(old) == _version_of(new):  # an mlx-lm pair: the dispatch and the replay are mlx's
+            return out + [("p", f"Nothing to predict: mlx {_version_of(new)} on both sides, so every chip "
+                                "dispatches the same kernels; the pair changes mlx-lm alone, and what mlx-lm's "
+                                "change does on a chip is not predicted (only measured, above).")]
         out += sources_blocks(old, new)
         ops3 = ("matmul", "quantized_matmul", "sdpa")
         blind = [r for r in (old, new) if all(rules(r, b, op).version is None for b in PREDICTED_BACKENDS for op in ops3)]

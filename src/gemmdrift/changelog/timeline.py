@@ -15,7 +15,7 @@ from typing import Any, Mapping, Sequence
 from ..checks import split_release
 from . import Measured, page_name
 from .classify import CLASSES
-from .pages import lm_also
+from .pages import disagree, lm_also
 
 FIRST = "first"  # the oldest release: no pair ends at it
 NOT_MEASURED = "not measured"
@@ -71,7 +71,8 @@ def rows(releases: Sequence[str], pages: Sequence[tuple[Measured, Mapping[str, A
                         cells[c].update(cell=f"{e['class'].cls} ({lm} too)", lm=lm)
             for c in chips:
                 cells[f"{c} (predicted)"] = dict(pred.get(c) or {"cls": None, "cell": "-", "reason": ""})
-            out.append({"release": r, "from": m.old, "page": page_name(m.old, m.new), "cells": cells})
+            out.append({"release": r, "from": m.old, "page": page_name(m.old, m.new), "cells": cells,
+                        "disagree": disagree(m)})
     return columns, out
 
 
@@ -88,6 +89,8 @@ def index_blocks(columns: Sequence[str], table: Sequence[dict[str, Any]], inputs
     body = []
     for row in reversed(table):
         link = f"[{row['from']}]({row['page']}.md)" if row["page"] else "-"
+        if row.get("disagree"):  # no one class for the pair: each machine's cell is its own
+            link += " (machines disagree)"
         body.append([row["release"], link] + [row["cells"][c]["cell"] for c in columns])
     out: list[tuple] = [
         ("h", 1, "The numerics changelog of mlx"),
@@ -102,7 +105,8 @@ def index_blocks(columns: Sequence[str], table: Sequence[dict[str, Any]], inputs
               "\"not measured\", \"not knowable\" and \"not replayed\" are not classes. A measured cell that "
               "names an mlx-lm change (\"mlx-lm 0.27.1 → 0.28.0 too\"; `*` in the figure) is an mlx pair that "
               "machine ran with two mlx-lm releases: the class may be mlx-lm's (its page says which figure decided "
-              "it). Newest first."),
+              "it). A class is a machine's: where the machines that measured a pair give it different classes, its "
+              "\"from\" cell says \"machines disagree\" and its page gives a class per machine. Newest first."),
     ]
     if figure:
         out.append(("img", "the timeline of classes", figure))

@@ -1,7 +1,7 @@
 """`gemmdrift changelog`: the numerics changelog of mlx, one page per release pair (issue 30).
 
     gemmdrift changelog                                  # every consecutive pair with data, and the index
-    gemmdrift changelog --from 0.29.4 --to 0.30.6        # one pair
+    gemmdrift changelog --from 0.29.4 --to 0.30.6        # one pair (its page in results/changelog/)
     gemmdrift changelog --results .asv/results benchmarks/reference --out results/changelog
 
 Releases are named as `gemmdrift history` and `gate` name them (``0.31.2``, ``0.32.4+lm0.31.3``; a bare mlx
@@ -18,6 +18,7 @@ from typing import Any, Sequence
 
 from ..errors import GemmdriftError
 
+PAIR_OUT = "results/changelog"  # one pair's page by default: not among the shipped pages, which the index links
 RESULTS_HELP = ("asv results directories (default: this checkout's .asv/results, else the committed "
                 "benchmarks/reference)")
 
@@ -31,7 +32,9 @@ def add_parser(sub) -> None:
     s.add_argument("--results", nargs="+", metavar="DIR", help=RESULTS_HELP)
     s.add_argument("--ops", nargs="+", metavar="DIR",
                    help="release comparisons of ops (gemmdrift.attribution.release_ops JSON; default benchmarks/release_ops)")
-    s.add_argument("--out", default=None, help="where the pages go (default docs/changelog of this checkout)")
+    s.add_argument("--out", default=None, help=f"where the pages go (default: every pair's pages and the index in "
+                                               f"docs/changelog of this checkout; one pair's page (--from/--to) in "
+                                               f"{PAIR_OUT} of the current directory)")
     s.add_argument("--no-predict", action="store_true", help="leave out the predicted section")
     s.add_argument("--replay", action="store_true",
                    help="replay the decode-vs-verify envelopes missing from the cache (loads the embedded Gemma)")
@@ -56,11 +59,11 @@ def cmd_changelog(args) -> int:
     if (args.old is None) != (args.new is None):
         raise GemmdriftError("give both --from and --to (or neither, for every consecutive pair)")
     root = project_root()
+    why = ""
     if args.results:
         dirs = [Path(d) for d in args.results]
     else:
         d, why = default_results()
-        print(f"gemmdrift changelog: {why}", file=sys.stderr)
         dirs = [Path(d)]
     from ..changelog import OPS_DIR, PAGES
 
@@ -68,12 +71,19 @@ def cmd_changelog(args) -> int:
     for d in ops_dirs:
         if not d.is_dir() and args.ops:
             raise GemmdriftError(f"--ops: no directory {d}")
-    out = Path(args.out) if args.out else ((root / PAGES) if root is not None else PAGES)
+    if args.out:
+        out = Path(args.out)
+    elif args.old is not None:  # one pair: beside the other commands' results, not into the shipped pages
+        out = Path(PAIR_OUT)
+    else:
+        out = (root / PAGES) if root is not None else PAGES
     from ..checks import check_out_dir
 
     check_out_dir(out)  # before any page is computed
     written = write_changelog(dirs, out, pair=(args.old, args.new) if args.old else None, ops_dirs=ops_dirs,
                               root=root, predict=not args.no_predict, replay=args.replay)
+    if why:  # which results were read: said once the pages are written (a refusal is its one line alone)
+        print(f"gemmdrift changelog: {why}", file=sys.stderr)
     for p in written:
         print(p)
     return 0
@@ -170,7 +180,8 @@ def gate_pointer(baseline: str, candidate: str) -> str:
     page = PAGES / f"{page_name(baseline, candidate)}.md"
     if root is not None and (root / page).is_file():
         return f"what changed in the bits, op and prediction per chip: {page.as_posix()}"
-    return (f"what changed in the bits: `gemmdrift changelog --from {baseline} --to {candidate}` writes the page")
+    return (f"what changed in the bits: `gemmdrift changelog --from {baseline} --to {candidate}` writes the page "
+            f"(into {PAIR_OUT}/)")
 
 
 __all__: list[Any] = ["add_parser", "cmd_changelog", "write_changelog", "gate_pointer"]

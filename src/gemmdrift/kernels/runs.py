@@ -304,8 +304,8 @@ def measure_kernels(lm, inputs: Mapping[tuple[int, str], np.ndarray], projs: Seq
     if kernels is None or not kernels.text:
         return result
     kernels.log.extra.update(replayed="every unit's T=1 and block kernels, on paths model, dense and quant",
-                             not_replayed="the input rows: captured with this machine's kernels (the same rows "
-                                          "for every chip); the float64 reference")
+                             not_replayed="the input rows, captured here (the same rows for every chip); the "
+                                          "float64 reference")
     skipped = result.tables.get("skipped")
     said = {(s["layer"], s["projection"], s["path"], s["T"]) for s in kernels.log.skipped if s["T"] != "all"}
     if skipped is not None and said:  # those block sizes were not replayable, not over the budget: said there

@@ -64,6 +64,7 @@ import numpy as np
 
 from .. import metrics
 from ..errors import GemmdriftError
+from ..text import nth_generated
 from ..prompts import BATCH_SCHEDULE  # a batch row's schedule in its stream file (`gemmdrift triage` reads it)
 from ..result import Verdict
 from .batchgen import Run, generate_alone, generate_batch, shift_row_mask  # noqa: F401  (callers use them from here)
@@ -159,10 +160,10 @@ def compare_row(alone: Run, row: Run, j: int, reference_envelope: float | None) 
                   f"{ref:.4g} any single-sequence schedule change does: suspect padding, mask or cache state")
     elif d is not None and margin > ref:
         verdict = OUTSIDE
-        reason = f"the row parts at generated token {d} where the competing tokens are {margin:.4g} apart, outside the {ref:.4g} envelope"
+        reason = f"the row parts at {nth_generated(d)} where the competing tokens are {margin:.4g} apart, outside the {ref:.4g} envelope"
     elif d is not None:
         verdict = NEAR_TIE
-        reason = f"the row parts at generated token {d}, a near-tie ({margin:.4g} within the {ref:.4g} envelope)"
+        reason = f"the row parts at {nth_generated(d)}, a near-tie ({margin:.4g} within the {ref:.4g} envelope)"
     else:
         verdict = NEAR_TIE
         reason = f"same tokens; the log-probs drift by at most {env_b:.4g} in top-2 gap, within the {ref:.4g} envelope"

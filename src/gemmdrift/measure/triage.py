@@ -15,6 +15,7 @@ import numpy as np
 
 from .. import metrics
 from ..errors import GemmdriftError
+from ..text import logits, nth_generated
 from ..model import native as native_kernels
 from ..model.taps import Prefix, common_prefix, run_schedule
 from ..result import Verdict
@@ -230,8 +231,8 @@ def triage(lm, prompt: Sequence[int], stream_a: Sequence[int], stream_b: Sequenc
     wrong = [(key, sched, checks[key]) for key, sched in (("a", sa), ("b", sb))
              if checks[key]["first_outside"] is not None]
     if wrong:
-        notes = [f"stream {key.upper()} is not what {sched.text} computes from its own prefix: at generated token "
-                 f"{c['first_outside']} its token is {c['margin_outside']:.4g} logits below the argmax, outside the "
+        notes = [f"stream {key.upper()} is not what {sched.text} computes from its own prefix: at "
+                 f"{nth_generated(c['first_outside'])} its token is {logits(c['margin_outside'])} below the argmax, outside the "
                  f"{envelope:.4g} envelope, so its generator ran from a wrong state (e.g. a cache that was not "
                  "rolled back)" for key, sched, c in wrong]
         first = f"the first divergence alone: {out.divergence_verdict}, {out.reason}" if out.divergence_verdict else ""

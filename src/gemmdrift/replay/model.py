@@ -49,7 +49,7 @@ class ReplayLog:
         return {"prediction": True, "chip": self.chip, "mlx_version": self.mlx_version,
                 "variant": self.variant or "default",
                 "replayed": "every projection of every decoder layer and the LM head",
-                "not_replayed": "attention, norms, RoPE, embeddings lookup and the cache (this machine's kernels)",
+                "not_replayed": "attention, norms, RoPE, embeddings lookup and the cache",  # on this machine's kernels
                 **({"prefix": self.prefix} if self.prefix else {}),
                 **({"skipped": list(self.skipped)} if self.skipped else {}), **self.extra,
                 "calls": [{"projection": p, "kernel": k, "variant": v, "T": t, "count": n}

@@ -10,6 +10,7 @@ import numpy as np
 
 from ..errors import GemmdriftError
 from ..result import Verdict
+from ..text import fmt
 
 
 LADDER_ROUNDING_SHRINK = 100.0  # as gemmdrift.measure.stack: rounding shrinks by >= 100x at float32
@@ -261,7 +262,7 @@ def judge(bf: Diff, f32: Diff | None = None, *, refused: bool = False, envelope:
             pieces.append((name, s))
             shrink = min(shrink, s)
     if envelope is not None and bf.max_abs_dlogit > envelope:
-        return Verdict.STATE_BUG, f"max|Δlogit| {bf.max_abs_dlogit:.3g} is outside the {envelope:.3g} envelope", shrink
+        return Verdict.STATE_BUG, f"max|Δlogit| {fmt(bf.max_abs_dlogit)} is outside the {fmt(envelope)} envelope", shrink
     detail = ", ".join(f"{n} shrinks {s:.3g}x" for n, s in pieces)
     if shrink >= LADDER_ROUNDING_SHRINK:
         return Verdict.ROUNDING, f"{bf.why}; at float32 {detail}: rounding", shrink

@@ -25,7 +25,7 @@ from typing import Any, Sequence
 import pandas as pd
 
 from ..result import Result, Verdict
-from ..text import fmt
+from ..text import fmt, logits, nth_generated
 
 MAX_LINES = 5
 WHERE = {"below": "below the window", "at": "at the window", "past": "past the window", "far": "far past the window"}
@@ -162,14 +162,14 @@ def _local_classes(result: Result | None) -> list[str] | None:
 def _kernels_note(result: Result | None) -> str:
     if result is None:
         return ""
-    from .summaries import kernels_summary
+    from .summaries import kernels_summary, measured_ts
 
     real = [p for p in kernels_summary(result.tables["kernels"])["paths"] if not p["emulated"]]
     if not real:
         return ""
     worst = max(real, key=lambda p: p["max_ulp"])
     if worst["max_ulp"] == 0:
-        return f"; no projection changes with T (GEMV vs GEMM up to T={max(p['max_T'] for p in real)}: 0 ULP)"
+        return f"; no projection changes with T (GEMV vs GEMM at {measured_ts(real)}: 0 ULP)"
     return f"; projections change with T ({worst['path']}: up to {fmt(worst['max_ulp'])} ULP)"
 
 
@@ -252,33 +252,33 @@ def greedy_claim(diverge: Part) -> Claim:
     if not t:
         return Claim("greedy", "IDENTICAL" if d is None else "not triaged",
                      f"{head} gives the same tokens" if d is None else
-                     f"{head} parts at generated token {d} (not triaged)", (diverge.number,))
+                     f"{head} parts at {nth_generated(d)} (not triaged)", (diverge.number,))
     v = str(t.get("verdict"))
     if v == Verdict.IDENTICAL:
         return Claim("greedy", v, f"{head} gives the same tokens, each what its own schedule computes (**IDENTICAL**)",
                      (diverge.number,))
-    env, margin = fmt(t.get("envelope")), fmt(t.get("margin"))
+    env, margin = fmt(t.get("envelope")), logits(t.get("margin"))
     if v == Verdict.NEAR_TIE:
-        return Claim("greedy", v, f"{head} parts at generated token {t['index']} on a **NEAR-TIE** (the two tokens "
-                                  f"{margin} logits apart, within the {env} envelope): rounding, not a bug",
+        return Claim("greedy", v, f"{head} parts at {nth_generated(t['index'])} on a **NEAR-TIE** (the two tokens "
+                                  f"{margin} apart, within the {env} envelope): rounding, not a bug",
                      (diverge.number,))
     if t.get("index") is None:
         text = f"{head} gives the same tokens, but is **OUTSIDE ENVELOPE**"
     elif t.get("bit_identical"):
-        text = (f"{head} parts at generated token {t['index']} though the schedules are bit-identical: "
+        text = (f"{head} parts at {nth_generated(t['index'])} though the schedules are bit-identical: "
                 "**OUTSIDE ENVELOPE**, not numeric")
     elif str(t.get("divergence_verdict")) == Verdict.NEAR_TIE:
-        text = (f"{head} parts at generated token {t['index']} on a near-tie ({margin} logits apart, within the {env} "
+        text = (f"{head} parts at {nth_generated(t['index'])} on a near-tie ({margin} apart, within the {env} "
                 "envelope), and is **OUTSIDE ENVELOPE**")
     else:
-        text = (f"{head} parts at generated token {t['index']}, the two tokens {margin} logits apart: **OUTSIDE "
+        text = (f"{head} parts at {nth_generated(t['index'])}, the two tokens {margin} apart: **OUTSIDE "
                 f"ENVELOPE** (the envelope is {env})")
     wrong = []
     for key, s in (("a", a), ("b", b)):
         c = t.get(f"stream_{key}_check") or {}
         if c.get("first_outside") is not None:
             wrong.append(f"the {s.get('label') or key.upper()} stream is not what its own schedule computes from "
-                         f"generated token {c['first_outside']} ({fmt(c.get('margin_outside'))} logits below the "
+                         f"{nth_generated(c['first_outside'])} ({logits(c.get('margin_outside'))} below the "
                          "argmax), so it ran from a wrong state")
     return Claim("greedy", v, text + (f": {'; '.join(wrong)}" if wrong else ""), (diverge.number,))
 
@@ -366,7 +366,11 @@ def gpu_claim(predict: Part) -> Claim | None:
 
 def answer(parts: Sequence[Part], missing: Sequence[str] = ()) -> list[Claim]:
     """The first screen's lines (at most :data:`MAX_LINES`), from the parts of a results directory; ``missing``:
-    the names of the parts not finished (said in one line)."""
+    the names of the parts not finished (said in one line). A part named in ``missing`` that holds a Result (an
+    interrupted part, partial, or one whose ``done.json`` was never written) is unfinished: the page says so, and
+    none of its figures is used here."""
+    unfinished = [p for p in parts if p.name in missing and p.result is not None]
+    parts = [p for p in parts if p.name not in missing]
     stack = next((p for p in parts if p.kind == "stack" and p.result is not None
                   and any("verify" in pair for pair in p.result.tables["stack"]["pair"])), None)
     kernels, attribute = _first(parts, "kernels", "kernels"), _first(parts, "attribute", "attribute")
@@ -381,11 +385,19 @@ def answer(parts: Sequence[Part], missing: Sequence[str] = ()) -> list[Claim]:
         claims.append(state_claim(state))
     end = []
     # the parts the answer reads, the answer's own first; one with a Result (partial) says so in its own line
+    started = {p.name: p for p in unfinished}
     missing = [m for m in TOPICS if m in missing and m not in {p.name for p in parts if p.result is not None}]
     if missing:
-        end.append(Claim("missing", "not measured",
-                         f"Not measured yet: {', '.join(TOPICS.get(m, m) + f' (`{m}/`)' for m in missing)}; rerun "
-                         "`gemmdrift run` with the same `--out` to finish", ()))
+        said = [f"Not measured yet: {', '.join(TOPICS.get(m, m) + f' (`{m}/`)' for m in missing if m not in started)}"
+                if any(m not in started for m in missing) else ""]
+        if started:
+            notes = {m: _partial(started[m].result).strip(" ()") for m in started}
+            said.append("unfinished, so not used here: " + ", ".join(
+                f"{TOPICS.get(m, m)} (`{m}/`" + (f", {notes[m]}" if notes[m] else "") + ")"
+                for m in missing if m in started))
+        text = "; ".join(w for w in said if w)
+        end.append(Claim("missing", "not measured", text[0].upper() + text[1:] + "; rerun `gemmdrift run` with the "
+                         "same `--out` to finish", ()))
     elif not stack and not diverge:
         end.append(Claim("missing", "not measured",
                          "Not measured here: no part compares decode with verification (a `stack` part with a verify "

@@ -14,8 +14,9 @@ from typing import Any, Callable, Mapping
 import pandas as pd
 
 from .. import kernels, metrics
+from ..model.projections import LM_HEAD
 from ..result import Result
-from ..text import fmt, text_table
+from ..text import fmt, logits, nth_generated, t_list, text_table
 from .batch import batch_summary, batch_text, server_summary, server_text
 from .fingerprint import fingerprint_summary, fingerprint_text
 from .history import history_summary, history_text
@@ -62,6 +63,15 @@ def _replay_record(result: Result) -> Mapping[str, Any] | None:
     return rep if isinstance(rep, Mapping) and "chip" in rep else None
 
 
+def _once(not_replayed: Any) -> Any:
+    """What a replay left on this machine's kernels, said once (records written before issue 53 repeat it)."""
+    if not isinstance(not_replayed, str):
+        return not_replayed
+    for said in (" (this machine's kernels)", ": captured with this machine's kernels"):
+        not_replayed = not_replayed.replace(said, "" if said.startswith(" (") else ", captured here")
+    return not_replayed
+
+
 def replay_note(result: Result) -> str | None:
     """What a replayed run (``--kernels replay:<chip>``) predicted and how, in one paragraph; None otherwise."""
     rep = _replay_record(result)
@@ -70,7 +80,7 @@ def replay_note(result: Result) -> str | None:
     kernels = sorted({c["kernel"] for c in rep.get("calls") or []})
     head = (f"PREDICTION for {rep['chip']} (replayed mlx {rep['mlx_version']} kernel orders, variant "
             f"{rep['variant']}), not a measurement on it. Replayed: {rep['replayed']} ({', '.join(kernels) or 'none'})"
-            f"; on this machine's kernels: {rep['not_replayed']}."
+            f"; on this machine's kernels: {_once(rep['not_replayed'])}."
             + (f" Shared prefix: {rep['prefix']}." if rep.get("prefix") else "")
             + (f" Not replayed, and not computed: {len(rep['skipped'])} (see details.replay.skipped)."
                if rep.get("skipped") else ""))
@@ -176,6 +186,8 @@ def kernels_summary(df: pd.DataFrame) -> dict[str, Any]:
             "quant": s["quant"].iloc[0] or None,
             "units": int(s.groupby(["layer", "projection"]).ngroups),
             "max_T": int(s["T"].max()),
+            "Ts": sorted(int(t) for t in set(s.loc[s["projection"] != LM_HEAD, "T"]) or set(s["T"])),
+            "lm_head_Ts": sorted(int(t) for t in set(s.loc[s["projection"] == LM_HEAD, "T"])),
             "max_ulp": float(drift["value"].max()) if len(drift) else 0.0,
             "bits_lost": metrics.bits_lost(float(drift["value"].max())) if len(drift) else 0.0,
             "units_with_drift": int(drift[drift["value"] > 0].groupby(["layer", "projection"]).ngroups),
@@ -205,6 +217,14 @@ def kernels_summary(df: pd.DataFrame) -> dict[str, Any]:
     return out
 
 
+def measured_ts(paths: list[dict[str, Any]]) -> str:
+    """The block sizes the kernels part measured, exactly (``T = 1..4, 8, 16, 33; the LM head at T = 1..4``), from
+    :func:`kernels_summary`'s paths: never "up to 33" where not every T up to 33 was measured."""
+    ts = sorted({t for p in paths for t in p.get("Ts", [])})
+    head = sorted({t for p in paths for t in p.get("lm_head_Ts", [])})
+    return f"T = {t_list(ts)}" + (f"; the LM head at T = {t_list(head)}" if head and head != ts else "")
+
+
 def print_kernels(df: pd.DataFrame) -> str:
     """Per path: worst drift per projection name over layers and T, then the ops; emulated paths last, flagged."""
     df = kernels.normalize(df)
@@ -229,8 +249,8 @@ def print_kernels(df: pd.DataFrame) -> str:
                          "err_rel_l2_gemm": float(en[en["T"] > 1]["value"].max()) if (en["T"] > 1).any() else math.nan})
         flag = "  [EMULATED negative control, not an mlx kernel]" if emulated else ""
         flag += "  [synthetic]" if proj[proj["path"] == path]["synthetic"].any() else ""
-        max_t = int(proj[proj["path"] == path]["T"].max())
-        lines.append(f"\n== {path}: drift of T<={max_t} blocks against T=1 (worst over layers and T){flag}")
+        ts = sorted(int(t) for t in set(proj[proj["path"] == path]["T"]) if t > 1)
+        lines.append(f"\n== {path}: drift of T = {t_list(ts)} blocks against T=1 (worst over layers and T){flag}")
         lines.append(text_table(pd.DataFrame(rows)))
     ops = df[kernels.is_op(df)]
     if len(ops):
@@ -264,22 +284,22 @@ def triage_items(t: dict[str, Any], n: int | None = None) -> list[str]:
                          f"the first {min(lengths)} are compared")
     else:
         items += [
-            f"the streams part at generated token {t['index']} (the logits of position {t.get('position')}): "
+            f"the streams part at {nth_generated(t['index'])} (the logits of position {t.get('position')}): "
             f"`{t.get('context', '')}`",
             f"teacher-forced under `{t['schedule_a']}`: top-2 {t.get('top2_a')}, gap {fmt(t.get('gap_a'))}; under "
             f"`{t['schedule_b']}`: top-2 {t.get('top2_b')}, gap {fmt(t.get('gap_b'))}; Δgap {fmt(t.get('dgap'))}",
-            f"the competing tokens {t.get('token_a')} and {t.get('token_b')} are {fmt(t.get('margin'))} logits apart",
+            f"the competing tokens {t.get('token_a')} and {t.get('token_b')} are {logits(t.get('margin'))} apart",
             (f"hidden states first differ at tap {t['first_layer_differ']}" if t.get("first_layer_differ") is not None
              else "hidden states are identical at every tap at that position") + "; the schedules are "
             f"{'' if t.get('bit_identical') else 'not '}bit-identical on the shared prefix; the divergence alone: "
             f"{t.get('divergence_verdict')}",
         ]
-    items.append(f"envelope: {fmt(t.get('envelope'))} logits ({t.get('envelope_source', '')})")
+    items.append(f"envelope: {logits(t.get('envelope'))} ({t.get('envelope_source', '')})")
     for key in ("a", "b"):
         c = t.get(f"stream_{key}_check") or {}
         if c:
             at = ("none" if c.get("first_outside") is None
-                  else f"token {c['first_outside']}, {fmt(c.get('margin_outside'))} logits below the argmax")
+                  else f"{nth_generated(c['first_outside'])}, {logits(c.get('margin_outside'))} below the argmax")
             items.append(f"stream {key.upper()} teacher-forced under `{t.get(f'schedule_{key}')}`: "
                          f"{c.get('mismatches')} of {c.get('tokens')} tokens are not the argmax; first outside the "
                          f"envelope: {at}")
@@ -308,7 +328,7 @@ def diverge_text(result: Result) -> str:
     if r["first_divergence"] is None:
         lines.append(f"no divergence in {n} tokens")
     elif not r.get("triage"):
-        lines.append(f"first divergence at generated token {r['first_divergence']}")
+        lines.append(f"first divergence at {nth_generated(r['first_divergence'])}")
     if r.get("triage"):
         lines += triage_lines(r["triage"])
     return "\n".join(lines)

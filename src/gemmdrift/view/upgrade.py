@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..result import Result
-from ..text import fmt
+from ..text import fmt, nth_generated
 
 
 def _side(s: dict[str, Any]) -> str:
@@ -76,7 +76,7 @@ def reading(result: Result) -> list[str]:
     if part["index"] is None:
         lines.append(f"greedy: the {part['generated']} tokens agree")
     else:
-        lines.append(f"greedy: the streams part at generated token {part['index']} ({part['token_old']} under from, "
+        lines.append(f"greedy: the streams part at {nth_generated(part['index'])} ({part['token_old']} under from, "
                      f"{part['token_new']} under to): {part['verdict']}: {part['reason']}")
     lad = d["ladder"]
     lines.append(f"precision ladder: {lad.get('why')}")

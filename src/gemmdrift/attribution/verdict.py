@@ -145,9 +145,14 @@ def verdict_line(pair: str, base: Mapping[str, Any], counterfactual: pd.DataFram
             parts.append(f"no flips; the logit drift (max|dlogit| {base['max_abs_dlogit']:.3g}) is gone when "
                          f"{' or '.join(zero)} {'is' if len(zero) == 1 else 'are each'} made invariant")
         elif len(mine):
-            best = mine.sort_values("max_abs_dlogit").iloc[0]
-            parts.append(f"no flips; max|dlogit| {base['max_abs_dlogit']:.3g} shrinks most with "
-                         f"{short(best['class'])} made invariant (to {best['max_abs_dlogit']:.3g})")
+            best = mine.sort_values("max_abs_dlogit", kind="stable").iloc[0]
+            if best["max_abs_dlogit"] < base["max_abs_dlogit"]:
+                parts.append(f"no flips; max|dlogit| {base['max_abs_dlogit']:.3g} shrinks most with "
+                             f"{short(best['class'])} made invariant (to {best['max_abs_dlogit']:.3g})")
+            else:  # every class with local drift made invariant leaves as much or more (issue 53)
+                parts.append(f"no flips; no class with local drift made invariant shrinks max|dlogit| "
+                             f"{base['max_abs_dlogit']:.3g} (the least left is {best['max_abs_dlogit']:.3g}, with "
+                             f"{short(best['class'])})")
     if skipped:
         parts.append(skipped)
     proj_hit = sorted(set(hit[hit["kind"].isin(["linear", "head"])]["class"])) if len(hit) else []

@@ -1,7 +1,7 @@
-"""Attribution under a replay (issue 46): the head never made invariant by all-but-one, local drift that is the
-op's own (the attention core reads the reference's keys and values), causes only where the drift starts at or
-before the flip, drift at every position computed, the block that diverged explained, and nothing run for
-nothing. A planted kernel difference that fires in T > 1 blocks only (:func:`in_blocks`) stands in for a replayed
+"""Attribution under a replay (issue 46): the head never replaced by all-but-one (held, issue 53), local drift
+that is the op's own (the attention core reads the reference's keys and values), causes only where the drift
+starts at or before the flip, drift at every position computed, the block that diverged explained, and nothing
+run for nothing. A planted kernel difference that fires in T > 1 blocks only (:func:`in_blocks`) stands in for a replayed
 chip's projection: T = 1 (gemv) and T > 1 (GEMM) differ, as on every Mac."""
 
 import numpy as np
@@ -59,7 +59,7 @@ def test_a_planted_replay_of_one_projection_class_names_that_class_alone(tiny, o
     assert f"when {short} is made invariant" in v and "sdpa" not in v.split("flip")[1]
 
 
-def test_all_but_one_never_makes_the_head_invariant(tiny, monkeypatch):
+def test_all_but_one_never_replaces_the_head(tiny, monkeypatch):
     plant = {**every_layer(tiny, "self_attn.q_proj", gross), (tiny.n_layers, "lm_head"): in_blocks(one_ulp_up)}
     calls = counting_runs(monkeypatch)
     r = attribute(tiny, TOKENS[:14], [DECODE, VERIFY], split=2, counterfactual=["each", "all-but-one"],
@@ -289,3 +289,26 @@ def test_under_a_replayed_m1_with_every_class_all_but_one_rows_differ_and_every_
     assert pairs and all(abo.loc[x, "max_abs_dlogit"] != abo.loc[y, "max_abs_dlogit"] for x, y in pairs)
     quiet = [c for c in abo.index if c not in drifting]
     assert quiet and (abo.loc[quiet, "max_abs_dlogit"] == 0).all() and (abo.loc[quiet, "kld_mean"] == 0).all()
+
+
+def test_holding_is_exact_for_rope_the_residual_adds_and_the_norms():
+    """Issue 53: a held op is recomputed in the reference's blocks on this run's input; RoPE at the reference
+    block's offset, the residual add with both its inputs, the norms: with each planted (T>1 only, verify:3),
+    "all but X" is X planted alone, bit for bit."""
+    lm = make_tiny("bfloat16")
+    toks, pair = TOKENS[:8], [DECODE, "prefill:2,verify:3"]
+    plants = {"self_attn.q_proj": every_layer(lm, "self_attn.q_proj", gross),
+              "self_attn.rope": every_layer(lm, "self_attn.rope", one_ulp_up),
+              "residual": every_layer(lm, "residual", one_ulp_up),
+              "self_attn.k_norm": every_layer(lm, "self_attn.k_norm", one_ulp_up),
+              "norm": {(lm.n_layers, "norm"): in_blocks(one_ulp_up)}}
+    r = attribute(lm, toks, pair, split=2, counterfactual=["all-but-one"],
+                  perturb={k: v for p in plants.values() for k, v in p.items()})
+    abo = r.tables["counterfactual"].set_index("class")
+    assert set(r.tables["ops"]["class"][r.tables["ops"]["positions_differ"] > 0]) == set(plants)
+    for cls, plant in plants.items():
+        alone = attribute(lm, toks, pair, split=2, counterfactual=[], perturb=plant).tables["envelope"].iloc[0]
+        assert alone["max_abs_dlogit"] > 0, cls
+        for k in ("max_abs_dlogit", "max_abs_dgap", "flips", "kld_mean", "same_top1_share"):
+            assert abo.loc[cls, k] == alone[k], (cls, k)
+    assert (abo.drop(index=list(plants))["max_abs_dlogit"] == 0).all()

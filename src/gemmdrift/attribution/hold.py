@@ -26,7 +26,8 @@ HOLDABLE = ("linear", "head", "norm", "residual", "rope")  # row-wise kinds (att
 
 
 def holdable(kinds: Mapping[str, str], cls: str) -> bool:
-    """Whether an op class can be held (its kind is row-wise); ``kinds``: op name -> kind (:func:`optaps.exposed_ops`)."""
+    """Whether an op class can be held (its kind is row-wise); ``kinds``: op name -> kind
+    (:func:`gemmdrift.model.optaps.exposed_ops`)."""
     return any(k in HOLDABLE for n, k in kinds.items() if optaps.op_class(n) == cls)
 
 

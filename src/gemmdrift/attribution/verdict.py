@@ -8,7 +8,8 @@ The rules, each a test (``tests/test_attribute_replay.py``):
   invariant) removes the flip at ``p``. A class that only carries the drift (a norm, the residual adds) has no
   local drift of its own: that replacing it removes a flip proves nothing, it replaced everything upstream;
 * the final norm and the LM head (:data:`DOWNSTREAM`) sit after every other op: replacing them replaces the
-  logits. They are never a cause, and ``all-but-one`` never makes them invariant;
+  logits. They are never a cause, and ``all-but-one`` never replaces them (it holds them like every other
+  class, :mod:`gemmdrift.attribution.hold`: the head's own drift is its own row);
 * what differs at the logits must show in some op's local drift, or is said ``unattributed``, naming what: a
   difference made between two tapped ops (the MLP activation, an inline residual add, the embedding) shows as a
   differing *input* of the next op (:func:`unattributed`).

@@ -1,7 +1,7 @@
-"""Attribution under a replay (issue 46): the head never made invariant by all-but-one, local drift that is the
-op's own (the attention core reads the reference's keys and values), causes only where the drift starts at or
-before the flip, drift at every position computed, the block that diverged explained, and nothing run for
-nothing. A planted kernel difference that fires in T > 1 blocks only (:func:`in_blocks`) stands in for a replayed
+"""Attribution under a replay (issue 46): the head never replaced by all-but-one (held, issue 53), local drift
+that is the op's own (the attention core reads the reference's keys and values), causes only where the drift
+starts at or before the flip, drift at every position computed, the block that diverged explained, and nothing
+run for nothing. A planted kernel difference that fires in T > 1 blocks only (:func:`in_blocks`) stands in for a replayed
 chip's projection: T = 1 (gemv) and T > 1 (GEMM) differ, as on every Mac."""
 
 import numpy as np
@@ -59,7 +59,7 @@ def test_a_planted_replay_of_one_projection_class_names_that_class_alone(tiny, o
     assert f"when {short} is made invariant" in v and "sdpa" not in v.split("flip")[1]
 
 
-def test_all_but_one_never_makes_the_head_invariant(tiny, monkeypatch):
+def test_all_but_one_never_replaces_the_head(tiny, monkeypatch):
     plant = {**every_layer(tiny, "self_attn.q_proj", gross), (tiny.n_layers, "lm_head"): in_blocks(one_ulp_up)}
     calls = counting_runs(monkeypatch)
     r = attribute(tiny, TOKENS[:14], [DECODE, VERIFY], split=2, counterfactual=["each", "all-but-one"],
@@ -223,3 +223,92 @@ def test_under_a_replay_the_tapped_runs_compute_what_the_untapped_run_does():
         decode = run_schedule(lm.model, toks, DECODE, split=2, positions=pos, logit_positions=pos)
     assert np.array_equal(plain.logits, tapped.logits) and np.array_equal(plain.hidden, tapped.hidden)
     assert not np.array_equal(plain.logits, decode.logits)  # the replay does make the schedules differ
+
+
+def _alone(lm, toks, plant):
+    """The pair's envelope with ``plant`` the only difference (no counterfactual)."""
+    return attribute(lm, toks, [DECODE, VERIFY], split=2, counterfactual=[], perturb=plant).tables["envelope"].iloc[0]
+
+
+def test_all_but_one_keeps_the_class_and_what_it_carries_and_holds_every_other():
+    """PROBE-DEFECTS-4 item 1: keeping one class replaced every other drifting class by the reference's outputs, so
+    an op downstream of the kept one (o_proj after q_proj, down_proj after up_proj) wiped its drift, and every
+    "all but" row read the head's own drift. Known answer: with every projection planted (a T>1-only change, as
+    a replayed chip's GEMM differs from its gemv), "all but X" is X planted alone, bit for bit."""
+    lm = make_tiny("bfloat16")
+    toks = TOKENS[:8]
+    plants = {"self_attn.q_proj": every_layer(lm, "self_attn.q_proj", gross),
+              "mlp.up_proj": every_layer(lm, "mlp.up_proj", gross),
+              "self_attn.o_proj": every_layer(lm, "self_attn.o_proj", one_ulp_up),
+              "mlp.down_proj": every_layer(lm, "mlp.down_proj", one_ulp_up),
+              "lm_head": {(lm.n_layers, "lm_head"): in_blocks(one_ulp_up)}}
+    r = attribute(lm, toks, [DECODE, VERIFY], split=2, counterfactual=["each", "all-but-one"],
+                  perturb={k: v for p in plants.values() for k, v in p.items()})
+    cf = r.tables["counterfactual"]
+    abo = cf[cf["direction"] == "all-but-one"].set_index("class")
+    assert set(abo.index) == set(cf[cf["direction"] == "each"]["class"])  # a row for every class
+    for cls in ("self_attn.q_proj", "mlp.up_proj", "lm_head"):
+        alone = _alone(lm, toks, plants[cls])
+        assert alone["max_abs_dlogit"] > 0
+        for k in ("max_abs_dlogit", "max_abs_dgap", "flips", "kld_mean", "same_top1_share"):
+            assert abo.loc[cls, k] == alone[k], (cls, k)
+    assert abo.loc["self_attn.q_proj", "max_abs_dlogit"] != abo.loc["mlp.up_proj", "max_abs_dlogit"]
+    quiet = [c for c in abo.index if c not in plants]  # no drift of its own: every drifting class held
+    assert quiet and (abo.loc[quiet, "max_abs_dlogit"] == 0).all() and (abo.loc[quiet, "flips"] == 0).all()
+    assert r.details["all_but_one_unheld"] == []
+
+
+def test_all_but_one_with_one_drifting_class_is_its_envelope_and_0_elsewhere(tiny):
+    """PROBE-DEFECTS-4 item 1, the planted known answer: exactly one drifting class gives the pair's envelope in its
+    all-but-one row and exactly 0 in every other class's."""
+    r = attribute(tiny, TOKENS[:8], [DECODE, VERIFY], split=2, counterfactual=["all-but-one"],
+                  perturb=every_layer(tiny, "mlp.up_proj", gross))
+    base = r.tables["envelope"].iloc[0]
+    abo = r.tables["counterfactual"].set_index("class")
+    assert base["max_abs_dlogit"] > 0 and abo.loc["mlp.up_proj", "max_abs_dlogit"] == base["max_abs_dlogit"]
+    assert abo.loc["mlp.up_proj", "flips"] == base["flips"]
+    others = abo.drop(index="mlp.up_proj")
+    assert len(others) and (others["max_abs_dlogit"] == 0).all() and (others["flips"] == 0).all()
+    assert (others["kld_mean"] == 0).all() and (others["same_top1_share"] == 1).all()
+
+
+def test_under_a_replayed_m1_with_every_class_all_but_one_rows_differ_and_every_class_held_leaves_nothing():
+    """PROBE-DEFECTS-4 item 1 on the default op set (not a narrow --ops, where the carriers were not in the set):
+    under replay:M1 the rows of the drifting classes differ where their each-rows do, and holding every drifting
+    class (the row of a class with no drift of its own) leaves exactly nothing: holding is exact under the replay."""
+    lm = make_tiny("bfloat16", sliding_window=64)
+    r = attribute(lm, TOKENS[:24], [DECODE, VERIFY], split=2, counterfactual=["each", "all-but-one"],
+                  kernels="replay:M1")
+    cf = r.tables["counterfactual"]
+    each = cf[cf["direction"] == "each"].set_index("class")
+    abo = cf[cf["direction"] == "all-but-one"].set_index("class")
+    drifting = sorted(set(r.tables["ops"]["class"][r.tables["ops"]["positions_differ"] > 0]))
+    assert len(drifting) >= 2 and r.tables["envelope"]["max_abs_dlogit"].iloc[0] > 0
+    pairs = [(x, y) for x in drifting for y in drifting if x < y
+             and each.loc[x, "max_abs_dlogit"] != each.loc[y, "max_abs_dlogit"]]
+    assert pairs and all(abo.loc[x, "max_abs_dlogit"] != abo.loc[y, "max_abs_dlogit"] for x, y in pairs)
+    quiet = [c for c in abo.index if c not in drifting]
+    assert quiet and (abo.loc[quiet, "max_abs_dlogit"] == 0).all() and (abo.loc[quiet, "kld_mean"] == 0).all()
+
+
+def test_holding_is_exact_for_rope_the_residual_adds_and_the_norms():
+    """Issue 53: a held op is recomputed in the reference's blocks on this run's input; RoPE at the reference
+    block's offset, the residual add with both its inputs, the norms: with each planted (T>1 only, verify:3),
+    "all but X" is X planted alone, bit for bit."""
+    lm = make_tiny("bfloat16")
+    toks, pair = TOKENS[:8], [DECODE, "prefill:2,verify:3"]
+    plants = {"self_attn.q_proj": every_layer(lm, "self_attn.q_proj", gross),
+              "self_attn.rope": every_layer(lm, "self_attn.rope", one_ulp_up),
+              "residual": every_layer(lm, "residual", one_ulp_up),
+              "self_attn.k_norm": every_layer(lm, "self_attn.k_norm", one_ulp_up),
+              "norm": {(lm.n_layers, "norm"): in_blocks(one_ulp_up)}}
+    r = attribute(lm, toks, pair, split=2, counterfactual=["all-but-one"],
+                  perturb={k: v for p in plants.values() for k, v in p.items()})
+    abo = r.tables["counterfactual"].set_index("class")
+    assert set(r.tables["ops"]["class"][r.tables["ops"]["positions_differ"] > 0]) == set(plants)
+    for cls, plant in plants.items():
+        alone = attribute(lm, toks, pair, split=2, counterfactual=[], perturb=plant).tables["envelope"].iloc[0]
+        assert alone["max_abs_dlogit"] > 0, cls
+        for k in ("max_abs_dlogit", "max_abs_dgap", "flips", "kld_mean", "same_top1_share"):
+            assert abo.loc[cls, k] == alone[k], (cls, k)
+    assert (abo.drop(index=list(plants))["max_abs_dlogit"] == 0).all()

@@ -67,7 +67,7 @@ RANKS = {
     "replay.orderrows": 9, "replay.check": 10, "replay.predict": 11,
     "fingerprint.probes": 10.1, "fingerprint.recovery": 10.2, "fingerprint.describe": 10.3, "fingerprint": 11,
     "attribution": 0, "attribution.primitives_operands": 4.5, "attribution.release_ops": 5,
-    "attribution.primitives_ops": 7.5, "attribution.verdict": 7.8, "attribution.attribute": 8,
+    "attribution.primitives_ops": 7.5, "attribution.verdict": 7.8, "attribution.hold": 7.8, "attribution.attribute": 8,
     "attribution.primitives": 8.6,
     "changelog.classify": 5, "changelog": 6, "changelog.pages": 7, "changelog.timeline": 8, "changelog.predicted": 12,
     "upgrade.envs": 0, "upgrade.worker": 0, "upgrade.judge": 1, "upgrade.measure": 2, "upgrade": 3,

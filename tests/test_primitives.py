@@ -547,3 +547,32 @@ def test_an_op_the_gate_calls_equal_carries_no_local_drift_in_the_whole_model_at
     assert {n for n, _ in unequal} == {"input_layernorm", "self_attn.q_norm", "self_attn.k_norm",
                                        "post_attention_layernorm", "pre_feedforward_layernorm",
                                        "post_feedforward_layernorm", "norm"}
+
+
+@pytest.mark.linux_cpu_reference
+def test_the_gate_names_speculative_decoding_only_for_every_op_and_says_the_cache_is_outside_it():
+    """PROBE-DEFECTS-4 item 7: the gate ended "speculative decoding with up to 3 drafted tokens is exact on this
+    device" though the cache, which makes decode and verification differ past the window, is outside what it
+    sees; and with --ops it still gave a verdict on speculative decoding (exact up to k drafted tokens)."""
+    from gemmdrift.attribution.primitives import gate
+    from gemmdrift.view.primitives import CACHE_SCOPE, text
+
+    last = lambda **kw: text(gate(SMALL, [1, 2], **kw)).splitlines()[-1]  # noqa: E731
+    every = last()
+    assert every.startswith("verdict: every op of the model's layer and head (17 ops) bit-equal for T=1..2 at the "
+                            "shapes in the table: speculative decoding with up to 1 drafted token is exact on this "
+                            "device as far as these ops go; ") and every.endswith(CACHE_SCOPE)
+    assert "the KV cache is outside this gate's scope" in CACHE_SCOPE
+    names = list(dict.fromkeys(gate(SMALL, [1]).table["op"]))
+    for kw in (dict(ops=names), dict(ops=["sdpa"]), dict(ops=["q_proj"], kernels="replay:M1")):
+        line = last(**kw)  # --ops, even naming every op: the ops checked, never speculative decoding
+        assert "speculative" not in line and "drafted" not in line, (kw, line)
+        assert line.startswith(f"verdict: the {len(kw['ops']) if kw['ops'] is names else 1} op"), line
+    assert "first difference: self_attn.q_proj (layers 0-17) at T=2" in last(ops=["q_proj"], kernels="replay:M1")
+    replayed = last(kernels="replay:M1")  # every op, but one differs: the ops, not a speculative width
+    assert "first difference" in replayed and "speculative" not in replayed and "drafted" not in replayed
+    from gemmdrift.attribution import primitives
+
+    assert primitives.speculative_exact(SMALL, 1) is True  # every op at its shapes, bit-equal on this CPU
+    assert primitives.speculative_exact(SMALL, 1, ops=["sdpa"]) is False  # some ops only: no yes
+    assert primitives.speculative_exact(SMALL, 1, max_rows=8) is False

@@ -9,9 +9,11 @@ replayed chip (``kernels="replay:<chip>"``), a planted change (``perturb``), and
    compared one; per (layer, op, position) the share of differing bits, max ULP and rel L2, the first op in
    forward order whose output bits differ at each position, and what differs between two tapped ops
    (``unattributed``);
-2. **the counterfactual** per op class: B rerun with that class's outputs replaced by A's (the class made
-   invariant, everything else as it is), and "all but one" (every other drifting class made invariant, never
-   the final norm nor the head), measured at the logits: max|Δlogit|, max|Δgap|, flips, KLD, same top-1. A cause
+2. **the counterfactual** per op class: ``each``, B rerun with that class's outputs replaced by A's (the class
+   made invariant, everything else as it is), and ``all-but-one``, B rerun keeping one drifting class as it is
+   and every other drifting class *held* (:mod:`gemmdrift.attribution.hold`: its own drift removed, what it
+   carries from upstream kept; the final norm and the LM head too, so the head's own drift is its own row and no
+   floor under the others), measured at the logits: max|Δlogit|, max|Δgap|, flips, KLD, same top-1. A cause
    of a flip drifts locally at or before it and its replacement removes it, said in one line
    (:mod:`gemmdrift.attribution.verdict`). Nothing drifting: the counterfactual is skipped.
 
@@ -37,13 +39,15 @@ from ..text import fmt
 from .. import metrics
 from ..measure.stack import two_run
 from ..model.taps import common_prefix, run_schedule
-from .verdict import DOWNSTREAM, causes_of, mark_causes, ops_summary, unattributed, verdict_line
+from .hold import holdable, holder
+from .verdict import causes_of, mark_causes, ops_summary, unattributed, verdict_line
 
 DIRECTIONS = ("each", "all-but-one")
 ENVELOPE = ("max_abs_dlogit", "max_abs_dgap", "flips", "kld_mean", "same_top1_share")
-# What a checkpoint's local part means (in its key: a part saved by other code is not resumed): 2 since issue 46,
-# every computed position, the reference's outputs handed on, the inputs checked.
-LOCAL_MODE = 2
+# What a checkpoint's parts mean (in its key: a part saved by other code is not resumed): 2 since issue 46,
+# every computed position, the reference's outputs handed on, the inputs checked; 3 since issue 53, all-but-one
+# holds the other classes (their own drift removed, what they carry kept) instead of replacing them.
+LOCAL_MODE = 3
 
 
 def _envelope(ref_taps, taps, tokens) -> dict[str, Any]:
@@ -166,10 +170,12 @@ def attribute(lm, tokens: Sequence[int], schedules: Sequence[str], *, split: int
             _say(f"local drift: {int((local['frac_differ'] > 0).sum())} of {len(local)} (layer, op, position) differ")
         base, local, first = part["base"], pd.DataFrame(part["local"]), pd.DataFrame(part["first"])
         loose = unattributed(local)
-        # Classes that carry local drift: "all but one" makes every other one of them invariant (replacing an
-        # op that drifts nowhere on its own only masks what flows through it), never the final norm nor the LM
-        # head: replacing them replaces the logits, and every "all but" would leave 0 by construction.
+        # Classes that carry local drift: "all but one" holds every other one of them (:mod:`.hold`: its own drift
+        # removed, what it carries kept; an op that drifts nowhere on its own is left as it is: it only carries),
+        # the final norm and the LM head included. The attention core cannot be held (it reads the cache): its
+        # own drift stays in every all-but-one row, and the result says so.
         drifting = [c for c in exposed.classes if c in set(local["class"][local["frac_differ"] > 0])]
+        unheld = [c for c in drifting if not holdable(exposed.kinds, c)]
         skipped = None
         if counterfactual and base["max_abs_dlogit"] == 0 and not drifting and not loose:
             skipped = ("the counterfactual runs were skipped: nothing drifts, so each would leave 0 by "
@@ -183,18 +189,29 @@ def attribute(lm, tokens: Sequence[int], schedules: Sequence[str], *, split: int
             # Nothing drifts: making a class invariant replaces B's outputs by equal ones, so each row is the base
             # envelope (all 0) without a run; the tracked figures keep their meaning (0 left, never "not measured").
             cf_rows = [{"class": cls, "direction": "each", **base} for cls in classes]
+        all_held: dict[str, Any] = {}  # all-but-one of a class with no drift of its own: every drifting one held
         for direction in counterfactual if skipped is None else ():
-            for cls in classes if direction == "each" else [c for c in drifting if c in classes]:
-                replace = ([cls] if direction == "each" else
-                           [c for c in drifting if c != cls and c not in DOWNSTREAM])
+            for cls in classes:
+                replace = [cls] if direction == "each" else []
+                held = ([] if direction == "each" else
+                        [c for c in drifting if c != cls and c not in unheld])
                 row = ck.load("cf", direction, cls)
-                if row is None and not replace:  # the only drifting class: nothing else to make invariant
+                if row is None and not replace and not held:  # nothing else to hold: the pair as it is
                     row = {"class": cls, "direction": direction, **base}
+                if row is None and direction != "each" and cls not in drifting and all_held:
+                    row = {**all_held, "class": cls}
+                    ck.save("cf", row, direction, cls)
                 if row is None:
-                    ref_taps, _, taps, _ = run_b(replace=replace, record_ops=False)  # its logits are read
+                    hold = None
+                    if held:
+                        hold = dict.fromkeys(held, holder(reference()[1], parse_schedule(a).blocks(n, split),
+                                                          positions))
+                    ref_taps, _, taps, _ = run_b(replace=replace, hold=hold, record_ops=False)  # its logits are read
                     row = {"class": cls, "direction": direction, **_envelope(ref_taps, taps, toks)}
                     ck.save("cf", row, direction, cls)
                     _say(f"{direction:11s} {cls:28s} flips {row['flips']:.0f}  max|dlogit| {fmt(row['max_abs_dlogit'])}")
+                if direction != "each" and cls not in drifting:
+                    all_held = row
                 cf_rows.append(row)
     summary = ops_summary(local)
     cf = mark_causes(pd.DataFrame(cf_rows, columns=["class", "direction", *ENVELOPE, "flip_positions"]), base,
@@ -210,6 +227,7 @@ def attribute(lm, tokens: Sequence[int], schedules: Sequence[str], *, split: int
                                          "flip_positions": list(base["flip_positions"])}])}
     result = attribute_result(tables, inputs, env_record, {
         "verdict": verdict, "unattributed": loose, "counterfactual_skipped": skipped,
+        "all_but_one_unheld": unheld if "all-but-one" in counterfactual and skipped is None else [],
         "exposed": {"layer_ops": exposed.names, "head": exposed.head, "part_of": exposed.part_of}})
     ck.clear()
     return kopt.label(result)

@@ -15,7 +15,7 @@ Example::
     from gemmdrift import primitives
     g = primitives.gate("path/to/mlx-model", ts=range(1, 9))
     g.table          # op, shape, dtype, quant, T, equal, differing bytes per position
-    g.exact(3)       # speculative decoding with 3 drafted tokens (blocks of 4) is exact here
+    g.exact(3)       # every op bit-equal in blocks of 1..4 (3 drafted tokens); the cache is outside the gate
 """
 
 from __future__ import annotations
@@ -94,8 +94,9 @@ class Gate:
     settings: dict[str, Any] = field(default_factory=dict)
 
     def exact(self, k: int) -> bool:
-        """Speculative decoding with ``k`` drafted tokens per step is exact here: every op was measured at every
-        T in 1..k+1 (the verify block and every shorter one) and was bit-equal, and nothing failed."""
+        """Every op in the table was measured at every T in 1..k+1 (the verify block of ``k`` drafted tokens and
+        every shorter one) and was bit-equal, and nothing failed: speculative decoding with ``k`` drafted tokens is
+        exact here as far as these ops go (the cache is outside the gate)."""
         if self.error is not None or self.table.empty or k < 0:
             return False
         need = set(range(1, k + 2))
@@ -242,10 +243,12 @@ def gate(source: Any = "embedded", ts: Iterable[int] = range(1, 9), *, ops: Sequ
 
 
 def speculative_exact(source: Any, k: int, **kw: Any) -> bool:
-    """True only if speculative decoding with ``k`` drafted tokens is exact on this device for every op of the
-    model (the gate at T = 1..k+1); False on any difference or any error (fail closed)."""
+    """True only if speculative decoding with ``k`` drafted tokens is exact on this device as far as the ops go:
+    every op of the model at its shapes (the gate at T = 1..k+1); False on any difference, any error, or some ops
+    only (``ops``, ``max_rows``: not every op at its shapes), fail closed. The KV cache is outside the gate's
+    scope (past the sliding window the cache's layout makes decode and verification differ: ``stack``)."""
     try:
-        if isinstance(k, bool) or not isinstance(k, int) or k < 0:
+        if isinstance(k, bool) or not isinstance(k, int) or k < 0 or kw.get("ops") or kw.get("max_rows"):
             return False
         return gate(source, range(1, k + 2), **kw).exact(k)
     except Exception:  # fail closed, whatever went wrong

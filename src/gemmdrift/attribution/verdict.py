@@ -8,7 +8,8 @@ The rules, each a test (``tests/test_attribute_replay.py``):
   invariant) removes the flip at ``p``. A class that only carries the drift (a norm, the residual adds) has no
   local drift of its own: that replacing it removes a flip proves nothing, it replaced everything upstream;
 * the final norm and the LM head (:data:`DOWNSTREAM`) sit after every other op: replacing them replaces the
-  logits. They are never a cause, and ``all-but-one`` never makes them invariant;
+  logits. They are never a cause, and ``all-but-one`` never replaces them (it holds them like every other
+  class, :mod:`gemmdrift.attribution.hold`: the head's own drift is its own row);
 * what differs at the logits must show in some op's local drift, or is said ``unattributed``, naming what: a
   difference made between two tapped ops (the MLP activation, an inline residual add, the embedding) shows as a
   differing *input* of the next op (:func:`unattributed`).
@@ -146,9 +147,14 @@ def verdict_line(pair: str, base: Mapping[str, Any], counterfactual: pd.DataFram
             parts.append(f"no flips; the logit drift (max|dlogit| {fmt(base['max_abs_dlogit'])}) is gone when "
                          f"{' or '.join(zero)} {'is' if len(zero) == 1 else 'are each'} made invariant")
         elif len(mine):
-            best = mine.sort_values("max_abs_dlogit").iloc[0]
-            parts.append(f"no flips; max|dlogit| {fmt(base['max_abs_dlogit'])} shrinks most with "
-                         f"{short(best['class'])} made invariant (to {fmt(best['max_abs_dlogit'])})")
+            best = mine.sort_values("max_abs_dlogit", kind="stable").iloc[0]
+            if best["max_abs_dlogit"] < base["max_abs_dlogit"]:
+                parts.append(f"no flips; max|dlogit| {fmt(base['max_abs_dlogit'])} shrinks most with "
+                             f"{short(best['class'])} made invariant (to {fmt(best['max_abs_dlogit'])})")
+            else:  # every class with local drift made invariant leaves as much or more (issue 53)
+                parts.append(f"no flips; no class with local drift made invariant shrinks max|dlogit| "
+                             f"{fmt(base['max_abs_dlogit'])} (the least left is {fmt(best['max_abs_dlogit'])}, with "
+                             f"{short(best['class'])})")
     if skipped:
         parts.append(skipped)
     proj_hit = sorted(set(hit[hit["kind"].isin(["linear", "head"])]["class"])) if len(hit) else []

@@ -63,8 +63,8 @@ def add_parser(sub, cli) -> None:
     s.add_argument("--ops", help="op classes of the counterfactual, e.g. q_proj,sdpa,k_norm (default: every class "
                                  "the model exposes; an unknown name lists them)")
     s.add_argument("--counterfactual", default="each,all-but-one",
-                   help="each (one class made invariant), all-but-one (every other drifting class made invariant, "
-                        "never the final norm or the head), "
+                   help="each (one class made invariant), all-but-one (one class kept, every other drifting class "
+                        "held: its own drift removed, what it carries kept), "
                         "both (default each,all-but-one) or none")
     s.add_argument("--kernels", help=D.KERNELS_HELP)
     cli.add_output(s, "results/attribute")

@@ -276,8 +276,8 @@ class OpRecorder:
     def __init__(self, n_layers: int, positions: Sequence[int], logit_positions: Sequence[int], *, start: int = 0,
                  reference: OpRecord | None = None, local: bool = False, replace: Sequence[str] = (),
                  perturb: Mapping[tuple[int, str], Callable] | None = None, keep_inputs: bool = False,
-                 schedule: str = "", record_ops: bool = True):
-        if (local or replace) and reference is None:
+                 schedule: str = "", record_ops: bool = True, hold: Mapping[str, Callable] | None = None):
+        if (local or replace or hold) and reference is None:
             raise GemmdriftError("local and replace modes need a reference run")
         self.n_layers = n_layers
         self.positions = np.unique(np.asarray(positions, dtype=np.int64))
@@ -285,7 +285,7 @@ class OpRecorder:
         self.next, self.block = start, (start, 0)
         self.layer = n_layers
         self.counts: dict[tuple[int, str], int] = {}
-        self.reference, self.local, self.replace = reference, local, set(replace)
+        self.reference, self.local, self.replace, self.hold = reference, local, set(replace), dict(hold or {})
         self.perturb = dict(perturb or {})
         self.keep_inputs = keep_inputs
         self.record_ops = record_ops
@@ -345,6 +345,9 @@ class OpRecorder:
         passed = out
         if cls in self.replace:
             passed = out = _inject(ref.out[key][ref.rows(key, pos)], out)
+            rec.replaced.add(cls)
+        elif cls in self.hold:  # its own drift removed, what it carries kept (all-but-one)
+            passed = out = self.hold[cls](key, fn, args, kwargs, row_args, pos)
             rec.replaced.add(cls)
         elif self.local:  # the op's own output is kept; what flows on (into the next op, the cache) is the reference's
             passed = _inject(ref.out[key][ri], out)
@@ -489,7 +492,7 @@ def run_ops(model, tokens: Sequence[int], schedule: str, *, split: int | None = 
             prefix: Prefix | None = None, reference: OpRecord | None = None, local: bool = False,
             replace: Sequence[str] = (), perturb: Mapping[tuple[int, str], Callable] | None = None,
             keep_inputs: bool = False, site_list: Sequence[Site] | None = None,
-            record_ops: bool = True) -> tuple[Taps, OpRecord]:
+            record_ops: bool = True, hold: Mapping[str, Callable] | None = None) -> tuple[Taps, OpRecord]:
     """One run of ``schedule`` with op taps (and the layer taps of :func:`gemmdrift.model.taps.run_schedule`).
 
     Args:
@@ -499,6 +502,9 @@ def run_ops(model, tokens: Sequence[int], schedule: str, *, split: int | None = 
         reference: a record run (``keep_inputs=True``) tapped at every position this run computes.
         local: feed every op the reference's per-row inputs (local drift per op).
         replace: op classes whose outputs are the reference's (the counterfactual).
+        hold: op class -> ``f(key, fn, args, kwargs, row_args, positions) -> output``: what the class's ops hand on
+            instead of their own output (the all-but-one counterfactual: the op as the reference computes it, on
+            this run's input; :mod:`gemmdrift.attribution.hold`).
         perturb: ``(layer, op name) -> f(output, args) -> output``, applied to this run's op output (a planted
             change, or an emulated kernel from the call's arguments: known-answer tests and controls).
         keep_inputs: keep each op's per-row inputs too (a reference for local mode).
@@ -512,12 +518,12 @@ def run_ops(model, tokens: Sequence[int], schedule: str, *, split: int | None = 
     logit_positions = np.zeros(0, np.int64) if logit_positions is None else np.asarray(logit_positions, np.int64)
     rec = OpRecorder(len(model.layers), positions, logit_positions, start=start, reference=reference, local=local,
                      replace=replace, perturb=perturb, keep_inputs=keep_inputs, schedule=str(schedule),
-                     record_ops=record_ops)
+                     record_ops=record_ops, hold=hold)
     with installed(model, rec, site_list):
         taps = run_schedule(model, tokens, schedule, split=split, positions=positions,
                             logit_positions=logit_positions, prefix=prefix, progress=lambda _: rec.flush())
     rec.flush()
-    missing = set(rec.replace) - rec.record.replaced
+    missing = (set(rec.replace) | set(rec.hold)) - rec.record.replaced
     if missing:
         raise GemmdriftError(f"counterfactual class {sorted(missing)[0]!r} has no member that ran")
     rec.record.schedule = taps.schedule

@@ -82,6 +82,15 @@ def counterfactual_rows(result: Result) -> list[dict[str, Any]]:
     return rows
 
 
+def _unheld(result: Result) -> str:
+    """The classes all-but-one could not hold (the attention core reads the cache): their drift is in every row."""
+    from ..model.optaps import short_class
+
+    unheld = result.details.get("all_but_one_unheld") or []
+    return (f"all but: {', '.join(short_class(c) for c in unheld)} cannot be held (it reads the cache): its own "
+            "drift stays in every all-but-one row" if unheld else "")
+
+
 def ops_rows(result: Result) -> list[dict[str, Any]]:
     """The (layer, op) cells with local drift, each with the command that recomputes it."""
     ops = result.tables.get("ops", pd.DataFrame())
@@ -109,6 +118,9 @@ def attribute_text(result: Result) -> str:
     if cf:
         lines.append("envelope left per counterfactual (max|dlogit|, flips):")
         lines += [f"  {r['made invariant']:34s} {r['max abs dlogit left']:>10s}  {r['flips left']}" for r in cf]
+        unheld = _unheld(result)
+        if unheld:
+            lines.append(unheld)
     lines.append(f"recompute: {command(result)}")
     return "\n".join(lines)
 
@@ -120,7 +132,9 @@ def report_part(result: Result) -> tuple[list[tuple], list[str]]:
               "(local drift: what differs is that op's own), then each op class made invariant (its outputs "
               "replaced by the reference's) to see what is left of the logit envelope. A cause drifts on its own "
               "and its counterfactual removes the flips; an op downstream of it removes them too, and is not "
-              "called one. Each row's command recomputes just that cell."),
+              "called one. \"All but X\" keeps X as it is and holds every other drifting class (its own drift "
+              "removed, what it carries kept): what X does on its own; \"all but lm_head\" is the head's own "
+              "drift. Each row's command recomputes just that cell."),
         ("p", f"**{result.details.get('verdict', '')}**"),
     ]
     rows = ops_rows(result)
@@ -129,6 +143,8 @@ def report_part(result: Result) -> tuple[list[tuple], list[str]]:
     cf = [] if skipped else counterfactual_rows(result)  # skipped: its rows are the base envelope, no run's
     if cf:
         blocks.append(("table", cf))
+        if _unheld(result):
+            blocks.append(("p", _unheld(result)))
     if not rows and not cf:  # nothing drifted (the counterfactual skipped): the run's own command
         blocks.append(("p", f"Recompute: `{command(result)}`"))
     return blocks, [str(result.details.get("verdict", ""))]

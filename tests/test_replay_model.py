@@ -308,3 +308,29 @@ def test_a_resumed_replayed_stack_records_the_calls_of_the_runs_it_resumed(tiny,
     made.clear()
     monkeypatch.setattr(stack, "run_schedule", lambda *a, **k: made.append(1) or real(*a, **k))
     assert run(tmp_path).details["replay"]["calls"] == calls and len(made) == 3
+
+
+def test_a_resumed_replayed_diverge_over_prompts_records_the_calls_of_the_prompts_it_resumed(tiny, tmp_path,
+                                                                                             monkeypatch):
+    """Issue 53, item 11 (diverge --prompts, the same defect as stack's): the prompts read back from the checkpoint
+    lost their replayed calls; they are kept in each prompt's file."""
+    from gemmdrift.measure import diverge as dv
+    from gemmdrift.replay.model import replayed
+
+    prompts = [TOKS[:10], TOKS[4:12]]
+
+    def run(out):
+        with replayed(tiny, "M5") as log:
+            df = dv.divergence_stats(tiny, prompts, 6, checkpoint=out, k=2)
+        return df, dict(log.calls)
+
+    whole, calls = run(None)
+    assert calls
+    real = dv.diverge
+    monkeypatch.setattr(dv, "diverge", lambda lm, prompt, *a, **k: (
+        real(lm, prompt, *a, **k) if prompt == prompts[0] else (_ for _ in ()).throw(KeyboardInterrupt)))
+    with pytest.raises(KeyboardInterrupt):
+        run(tmp_path)
+    monkeypatch.setattr(dv, "diverge", real)
+    df, resumed = run(tmp_path)
+    assert resumed == calls and df.equals(whole) and "replay_calls" not in df.columns

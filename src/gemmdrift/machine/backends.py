@@ -115,4 +115,3 @@ def require_mlx() -> None:
         if not is_mlx_import(e):
             raise
         raise GemmdriftError(import_problem(e, installed())) from None
-

@@ -58,6 +58,8 @@ def _run(model, tokens, schedule, *, checkpoint: Path | None = None, key: str = 
     if taps is not None and calls_path is not None:
         saved = _saved_calls(calls_path)
         if saved is None:  # taps without their calls (or from before they were kept): made again
+            print(f"  {mode:5s} {schedule:28s} saved without its replayed calls: computed again", file=sys.stderr,
+                  flush=True)
             taps = None
         else:
             native_kernels.add_calls(model, saved)

@@ -34,6 +34,9 @@ PYTHONS := python3.13 python3.12 python3.11 python3.10 python3
 PYTHON ?= $(eval PYTHON := $(shell for p in $(PYTHONS); do $$p -c '$(PY_OK)' >/dev/null 2>&1 && { echo $$p; break; }; done))$(PYTHON)
 # mlx-metal has wheels for macOS 14 and later only (0.29.3 is the last for macOS 13).
 MAC_OK := import platform, sys; sys.exit(sys.platform == "darwin" and int(platform.mac_ver()[0].split(".")[0] or 0) < 14)
+# mlx-cuda loads the NVIDIA driver's libcuda.so.1 when mlx is imported: without it, a CUDA backend's environment (about
+# 2.8 GB of wheels) could never run, so BACKEND=cuda12/cuda13 is refused before anything is built or downloaded.
+CUDA_OK := import ctypes; ctypes.CDLL("libcuda.so.1")
 
 # uv installs the same packages as pip in about a third of the time (19 s against 55 s from a fresh clone here).
 # uv reads no pip.conf: behind a private index set UV_INDEX_URL (or UV_EXTRA_INDEX_URL), or install with pip
@@ -49,6 +52,7 @@ PIP_INSTALL = $(BIN)/python -m pip install --quiet --upgrade pip && $(BIN)/pytho
 $(BIN)/.installed-$(EXTRAS): pyproject.toml
 	@test -n "$(PYTHON)" && $(PYTHON) -c '$(PY_OK)' 2>/dev/null || { echo "make: no Python 3.10+$(if $(filter metal,$(BACKEND)), for arm64,) found (tried $(or $(PYTHON),$(PYTHONS))); install one, or give it as PYTHON=..." >&2; exit 2; }
 	@$(PYTHON) -c '$(MAC_OK)' || { echo "make: mlx needs macOS 14 or later on Apple silicon" >&2; exit 2; }
+	@$(if $(filter cuda12 cuda13,$(BACKEND)),$(PYTHON) -c '$(CUDA_OK)' 2>/dev/null || { echo "make: BACKEND=$(BACKEND) needs an NVIDIA driver and this machine has none (libcuda.so.1 does not load): use BACKEND=cpu here" >&2; exit 2; },:)
 	$(PYTHON) -m venv $(VENV)
 	@if [ "$(INSTALLER)" = uv ]; then \
 	    echo "$(BIN)/uv pip install -e \".[$(EXTRAS)]\""; \

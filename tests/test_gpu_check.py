@@ -80,6 +80,130 @@ def test_prepare_check_refuses_a_64_mib_piece_in_one_line(tmp_path):
     assert r.stderr.count("\n") == 1 and "huge.p00: 65.0 MiB, over the 64 MiB" in r.stderr
 
 
+def _prepare(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(SCRIPTS / "prepare.py"), *args], capture_output=True, text=True,
+                          timeout=120)
+
+
+def _saved_pack(tmp_path: Path, sizes: dict[str, int], limit: int = plan.LIMIT) -> Path:
+    pack, manifest, _ = _pack(tmp_path, sizes, tree=0, limit=limit)
+    manifest["limit_bytes"] = limit
+    (pack / plan.MANIFEST).write_text(json.dumps(manifest))
+    return pack
+
+
+def test_prepare_check_honours_the_64_mib_limit_and_limit_mib(tmp_path):
+    """Issue 53, item 12: a pack built with --limit-mib 100 (99.8 MiB calls) passed --check, and --check ignored
+    --limit-mib. The device tool sends at most 64 MiB a call, whatever the pack says."""
+    pack = _saved_pack(tmp_path, {"w.whl": 1000}, limit=100 * MIB)  # a pack made for 100 MiB calls
+    with open(pack / "call1" / "w.whl.p00", "r+b") as f:  # its one call: 99.8 MiB (sparse)
+        f.truncate(int(99.8 * MIB))
+    manifest = json.loads((pack / plan.MANIFEST).read_text())
+    manifest["calls"][0]["pieces"][0]["bytes"] = int(99.8 * MIB)
+    (pack / plan.MANIFEST).write_text(json.dumps(manifest))
+    r = _prepare("--check", "--pack", str(pack))
+    assert r.returncode == 2 and r.stdout == "" and r.stderr.count("\n") == 1
+    assert "w.whl.p00: 99.8 MiB, over the 64 MiB a call may send" in r.stderr
+    (tmp_path / "small").mkdir()
+    small = _saved_pack(tmp_path / "small", {"w.whl": 1000})
+    assert _prepare("--check", "--pack", str(small)).returncode == 0
+    tree = plan.tree_bytes(ROOT) / MIB  # a limit under this checkout's tree refuses every call
+    r = _prepare("--check", "--pack", str(small), "--limit-mib", f"{tree * 0.9:.2f}")
+    assert r.returncode == 2 and f"over the {tree * 0.9:.2f} MiB a call may send" in r.stderr
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--limit-mib", "100"], "--limit-mib 100: give more than 0 and at most 64 (what one call of the device tool"),
+    (["--limit-mib", "0"], "--limit-mib 0: give more than 0 and at most 64"),
+    (["--limit-mib", "nan"], "--limit-mib nan: give more than 0"),
+    (["--margin-mib", "-100"], "--margin-mib -100: give 0 or more, and less than the 64 MiB a call may send"),
+    (["--margin-mib", "62", "--limit-mib", "60"], "--margin-mib 62: give 0 or more, and less than the 60 MiB"),
+    (["--pack", "{tmp}/elsewhere"], "a pack is built only in this repository's .gpu-pack"),
+])
+def test_prepare_refuses_a_bad_flag_before_touching_anything(tmp_path, monkeypatch, capsys, flags, message):
+    """Issue 53, items 12 and 23: `--margin-mib -100` deleted a good pack before it refused; `--limit-mib 100` made
+    calls the device tool refuses; a pack outside the repository was printed with a carry that does not exist."""
+    import prepare
+
+    touched = []
+    monkeypatch.setattr(prepare, "build", lambda *a, **k: touched.append("build"))
+    monkeypatch.setattr(prepare, "ignore_pack", lambda: touched.append("exclude"))
+    assert prepare.main([f.format(tmp=tmp_path) for f in flags]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("prepare: ") and message in err, err
+    assert touched == []
+    if flags[0] == "--pack":  # --pack elsewhere is for --check; with no pack there, that is said in one line
+        r = _prepare("--check", "--pack", str(tmp_path / "nothing"))
+        assert r.returncode == 2 and r.stderr == (f"prepare: {tmp_path / 'nothing' / plan.MANIFEST}: missing (no pack "
+                                                  "there: run prepare.py first)\n")
+        return
+    pack = _saved_pack(tmp_path, {"w.whl": 1000})  # --check validates its flags too, and leaves the pack as it is
+    before = sorted((p.name, p.stat().st_size) for p in pack.rglob("*"))
+    assert prepare.main(["--check", "--pack", str(pack), *flags]) == 2
+    assert sorted((p.name, p.stat().st_size) for p in pack.rglob("*")) == before
+
+
+def test_the_plan_says_the_margin_it_was_given():
+    """Issue 53, item 31: a margin of 0.25 MiB was printed as "margin 0 MiB"."""
+    with pytest.raises(plan.PackError, match=r"leaves no room under 64 MiB per call \(margin 0\.25 MiB\)"):
+        plan.plan_calls([{"name": "a", "bytes": 10}], tree_bytes=plan.LIMIT - 100, margin=plan.MARGIN)
+
+
+def test_prepare_prints_each_call_with_a_carry_that_exists_and_the_figures(tmp_path, monkeypatch, capsys):
+    """Issue 53, item 23: the printed carry is the call's folder in this repository (a pack elsewhere is said to be
+    uncarriable), the last call waits W = T - 40 as RUNBOOK.md says, and the figures of the pack are printed."""
+    import prepare
+
+    pieces = int(prepare.PIECES_MIB * MIB)
+    arts = [{"name": "all.bin", "bytes": pieces}]
+    tree = plan.tree_bytes(ROOT)
+    calls = plan.plan_calls(arts, tree)
+    for c in calls:
+        c["command"], c["carry"] = prepare.command(c["call"], len(calls)), [c["folder"]]
+    manifest = {"version": 1, "limit_bytes": plan.LIMIT, "margin_bytes": plan.MARGIN, "tree_bytes": tree,
+                "artifacts": arts, "calls": calls}
+    monkeypatch.setattr(prepare, "ignore_pack", lambda: None)
+    monkeypatch.setattr(prepare, "build", lambda *a: manifest)
+    monkeypatch.setattr(plan, "check_pack", lambda *a, **k: [])
+    assert prepare.main([]) == 0
+    out = capsys.readouterr().out
+    n = len(calls)
+    assert n == prepare.calls_needed(pieces, tree)
+    assert out.splitlines()[0].startswith(f"{n} calls: {prepare.PIECES_MIB} MiB of pieces, the working tree "
+                                          f"{tree / MIB:.2f} MiB, 64 MiB a call less a margin of 0.25 MiB; a tree over ")
+    last = prepare.LAST_TIMEOUT_S - prepare.WAIT_SLACK_S
+    assert f"--call {n} --wait {last}\n      carry: [\".gpu-pack/call{n}\"]\n      timeout_s: 600 " in out
+    assert out.count("--wait 0") == n - 1 and out.count("timeout_s: 120") == n - 1
+    assert all((ROOT / c["folder"]).parent == ROOT / plan.PACK for c in calls)  # the carry: a repository path
+    small = _saved_pack(tmp_path, {"w.whl": 1000})
+    monkeypatch.undo()
+    assert prepare.main(["--check", "--pack", str(small)]) == 0
+    out = capsys.readouterr().out
+    assert "carry:" not in out and f"{small.resolve()} is not this repository's .gpu-pack: no call can carry it" in out
+
+
+WORDS = {5: "five", 6: "six", 7: "seven", 8: "eight"}
+
+
+def test_the_docs_count_the_calls_prepare_makes():
+    """Issue 53, item 23: docs/cuda.md and RUNBOOK.md promised five calls and a 3.55 MiB tree where prepare.py made
+    six with 4.4 MiB. The docs' count follows from the pack's size (PIECES_MIB) and this checkout's tree."""
+    import prepare
+
+    pieces = prepare.PIECES_MIB * MIB
+    n = prepare.calls_needed(pieces, plan.tree_bytes(ROOT))
+    low, high = prepare.tree_for(n - 1, pieces) / MIB, prepare.tree_for(n, pieces) / MIB
+    cuda = (ROOT / "docs" / "cuda.md").read_text(encoding="utf-8")
+    runbook = (SCRIPTS / "RUNBOOK.md").read_text(encoding="utf-8")
+    assert f"**{WORDS[n]} calls**" in cuda and f"{prepare.PIECES_MIB} MiB of pieces" in cuda
+    assert f"a tree between {low:.2f} and {high:.2f} MiB" in cuda, (low, high)
+    assert f"{WORDS[n]} calls with this tree" in runbook
+    wait = prepare.LAST_TIMEOUT_S - prepare.WAIT_SLACK_S
+    for text in (cuda, runbook):
+        assert f"W = T - {prepare.WAIT_SLACK_S}" in text and f"--wait {wait}" in text
+        assert "--wait 540" not in text and "five calls" not in text and "3.55 MiB" not in text
+
+
 def _fake_wheel(path: Path, name: str) -> None:
     """A wheel with a module and a RECORD (sha256 of each file, as pip writes them)."""
     files = {f"{name}/__init__.py": b"VALUE = 42\n", f"{name}-1.0.dist-info/METADATA":

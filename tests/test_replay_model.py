@@ -265,3 +265,72 @@ def test_a_replayed_run_resumes_only_from_its_own_checkpoints(tiny):
             keys[rp] = key()
     assert keys[False] != native and keys[True] == native  # the replayed-prefix key is the one used before
     assert KernelsOption("replay:M3", replay_prefix=True).checkpoint != KernelsOption("replay:M3").checkpoint
+
+
+def test_a_resumed_replayed_stack_records_the_calls_of_the_runs_it_resumed(tiny, tmp_path, monkeypatch):
+    """Issue 53, item 11: a stack under --kernels replay resumed from its checkpoint said "Replayed: ... (none)"
+    with no call records: the calls of the runs it read back were lost. They are saved beside the runs' taps."""
+    from gemmdrift.measure import stack
+    from gemmdrift.measure.stack import measure_stack
+    from gemmdrift.replay.model import KernelsOption
+    from gemmdrift.view.summaries import replay_note
+
+    def run(out):
+        opt = KernelsOption("replay:M5")
+        with opt.installed(tiny):
+            return opt.label(measure_stack(tiny, TOKS, SCHEDS, split=8, local=True, workers=opt.workers,
+                                           checkpoint=out))
+
+    whole = run(None)
+    calls = whole.details["replay"]["calls"]
+    assert calls and {c["T"] for c in calls} == {1, 4}  # decode and verify:3 blocks (4 rows) were replayed
+    real, made = stack.run_schedule, []
+
+    def interrupted(*a, **k):  # Ctrl-C in the second run: the first is saved
+        if made:
+            raise KeyboardInterrupt
+        made.append(1)
+        return real(*a, **k)
+
+    monkeypatch.setattr(stack, "run_schedule", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        run(tmp_path)
+    monkeypatch.setattr(stack, "run_schedule", real)
+    resumed = run(tmp_path)  # the first run read back, the other two computed
+    assert resumed.details["replay"]["calls"] == calls
+    assert resumed.tables["stack"].equals(whole.tables["stack"])
+    again = run(tmp_path)  # every run read back: nothing computed, the same record
+    assert again.details["replay"]["calls"] == calls
+    assert "kernel" in calls[0] and f"({calls[0]['kernel']}" in replay_note(again)
+    # Taps saved without their calls (before they were kept) are not resumed: the run is made again.
+    for p in tmp_path.glob("*.calls.json"):
+        p.unlink()
+    made.clear()
+    monkeypatch.setattr(stack, "run_schedule", lambda *a, **k: made.append(1) or real(*a, **k))
+    assert run(tmp_path).details["replay"]["calls"] == calls and len(made) == 3
+
+
+def test_a_resumed_replayed_diverge_over_prompts_records_the_calls_of_the_prompts_it_resumed(tiny, tmp_path,
+                                                                                             monkeypatch):
+    """Issue 53, item 11 (diverge --prompts, the same defect as stack's): the prompts read back from the checkpoint
+    lost their replayed calls; they are kept in each prompt's file."""
+    from gemmdrift.measure import diverge as dv
+    from gemmdrift.replay.model import replayed
+
+    prompts = [TOKS[:10], TOKS[4:12]]
+
+    def run(out):
+        with replayed(tiny, "M5") as log:
+            df = dv.divergence_stats(tiny, prompts, 6, checkpoint=out, k=2)
+        return df, dict(log.calls)
+
+    whole, calls = run(None)
+    assert calls
+    real = dv.diverge
+    monkeypatch.setattr(dv, "diverge", lambda lm, prompt, *a, **k: (
+        real(lm, prompt, *a, **k) if prompt == prompts[0] else (_ for _ in ()).throw(KeyboardInterrupt)))
+    with pytest.raises(KeyboardInterrupt):
+        run(tmp_path)
+    monkeypatch.setattr(dv, "diverge", real)
+    df, resumed = run(tmp_path)
+    assert resumed == calls and df.equals(whole) and "replay_calls" not in df.columns

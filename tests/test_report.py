@@ -295,6 +295,17 @@ def test_report_refuses_a_corrupt_json_file_by_name(tmp_path, name, content):
     assert not (tmp_path / "report.md").exists()
 
 
+def test_report_says_a_missing_table_is_missing_not_corrupt(tmp_path):
+    """Issue 53, item 31: a table that result.json names but that was deleted was called "corrupt"."""
+    lm = make_tiny("bfloat16")
+    r = measure_stack(lm, TOKENS[:8], ["prefill:4,decode", "prefill:4,verify:2"], split=4, local=False, env=ENV)
+    store.write_result(r, tmp_path)
+    (tmp_path / "stack.csv").unlink()
+    with pytest.raises(GemmdriftError) as e:
+        report.build_report(tmp_path)
+    assert str(e.value) == f"{tmp_path / 'stack.csv'} is missing (result.json names it): rerun the command that wrote it"
+
+
 def test_the_state_legend_explains_every_verdict_a_state_cell_can_show():
     from gemmdrift.report import STATE_LEGEND
     from gemmdrift.result import Verdict

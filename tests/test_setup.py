@@ -67,6 +67,35 @@ def test_the_makefile_says_so_in_one_line_when_no_python_fits(tmp_path):
     assert not (tmp_path / "venv").exists()
 
 
+def _driver_loads() -> bool:
+    import ctypes
+
+    try:
+        ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return False
+    return True
+
+
+@needs_make
+@pytest.mark.parametrize("backend", ["cuda13", "cuda", "cuda12"])
+def test_a_cuda_backend_without_a_driver_is_refused_before_anything_is_built(tmp_path, backend):
+    """Issue 53, item 8: `make BACKEND=cuda13 run` without an NVIDIA driver downloaded about 2.8 GB of wheels, then
+    `gemmdrift run` ended in `ImportError: libcuda.so.1`. The driver is checked first: one line, exit 2."""
+    if sys.platform != "linux" or _driver_loads():
+        pytest.skip("needs a Linux machine without an NVIDIA driver (where one is, the snippet's test checks this)")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    _plant(bin_dir, "python3", real=True)
+    r = _make(["run", f"BACKEND={backend}"], bin_dir, tmp_path)  # for real: the check runs before anything
+    assert r.returncode == 2
+    ours = [ln for ln in r.stderr.splitlines() if not ln.startswith("make: ***")]  # make's own trailer aside
+    name = "cuda13" if backend == "cuda" else backend
+    assert ours == [f"make: BACKEND={name} needs an NVIDIA driver and this machine has none (libcuda.so.1 does not "
+                    "load): use BACKEND=cpu here"], r.stderr
+    assert not (tmp_path / "venv").exists() and "venv" not in r.stdout
+
+
 def _makefile_snippet(name: str) -> str:
     m = re.search(rf"^{name} := (.*)$", (ROOT / "Makefile").read_text(), re.M)
     assert m, name
@@ -99,6 +128,23 @@ def test_the_macos_check_wants_14(monkeypatch, platform_, mac, ok):
     with pytest.raises(SystemExit) as e:
         exec(_makefile_snippet("MAC_OK"), {})
     assert (not e.value.code) == ok
+
+
+@pytest.mark.parametrize("loads", [True, False])
+def test_the_driver_check_loads_libcuda(monkeypatch, loads):
+    import ctypes
+
+    def cdll(name):
+        assert name == "libcuda.so.1"  # what mlx-cuda's libmlx.so needs
+        if not loads:
+            raise OSError(f"{name}: cannot open shared object file: No such file or directory")
+
+    monkeypatch.setattr(ctypes, "CDLL", cdll)
+    if loads:
+        exec(_makefile_snippet("CUDA_OK"), {})
+    else:
+        with pytest.raises(OSError):
+            exec(_makefile_snippet("CUDA_OK"), {})
 
 
 @needs_make
@@ -261,3 +307,49 @@ def test_a_mixed_environment_is_said_in_the_record(monkeypatch, capsys):
     assert capsys.readouterr().err.count("gemmdrift: warning:") == len(found)
     backends.check()
     assert capsys.readouterr().err == ""  # said once per process
+
+
+# ------------------------------------------------------------------ an mlx that cannot load
+
+LIBCUDA = "libcuda.so.1: cannot open shared object file: No such file or directory"  # what mlx-cuda raises
+
+
+def test_an_mlx_cuda_without_a_driver_is_said_in_one_line():
+    from gemmdrift.machine.backends import import_problem, is_mlx_import
+
+    e = ImportError(LIBCUDA, name="mlx.core")
+    assert is_mlx_import(e) and not is_mlx_import(ImportError("no module named foo", name="foo"))
+    line = import_problem(e, {"mlx-cuda-13": "0.32.4"})
+    assert line == ("mlx cannot load its CUDA backend (mlx-cuda-13 0.32.4): this machine has no NVIDIA driver "
+                    "(libcuda.so.1 does not load); use the cpu backend here (make BACKEND=cpu: .venv)")
+    assert import_problem(ImportError("boom\nmore", name="mlx.core"), {}) == "mlx cannot be imported: boom"
+
+
+@pytest.mark.parametrize("argv", [["env"], ["run", "--out", "{out}"], ["stack", "--out", "{out}"]])
+def test_commands_refuse_an_mlx_that_cannot_load_in_one_line(tmp_path, argv):
+    """Issue 53, item 8: with mlx-cuda and no NVIDIA driver, `gemmdrift run`, `env` and `stack` ended in a
+    traceback (`ImportError: libcuda.so.1`). Simulated: an mlx whose core raises what mlx-cuda raises there."""
+    fake = tmp_path / "fake"
+    (fake / "mlx").mkdir(parents=True)
+    (fake / "mlx" / "__init__.py").write_text("")
+    (fake / "mlx" / "core.py").write_text(f"raise ImportError({LIBCUDA!r}, name='mlx.core')\n")
+    out = tmp_path / "out"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(fake), str(ROOT / "src")])}
+    r = subprocess.run([sys.executable, "-m", "gemmdrift", *[a.format(out=out) for a in argv]], env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.splitlines() == [
+        "gemmdrift: error: mlx cannot load its CUDA backend (mlx-cuda): this machine has no NVIDIA driver "
+        "(libcuda.so.1 does not load); use the cpu backend here (make BACKEND=cpu: .venv)"], r.stderr
+    assert not out.exists()  # before any work
+
+
+def test_an_mlx_import_error_met_late_is_one_line_too(monkeypatch, capsys):
+    from gemmdrift import cli
+
+    def handler(args):
+        raise ImportError(LIBCUDA, name="mlx.core")
+
+    monkeypatch.setattr(cli, "cmd_report", handler)
+    assert cli.main(["report", "nowhere"]) == 2
+    assert capsys.readouterr().err.startswith("gemmdrift: error: mlx cannot load its CUDA backend")

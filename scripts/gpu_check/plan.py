@@ -64,7 +64,7 @@ def plan_calls(artifacts: list[dict], tree_bytes: int, limit: int = LIMIT, margi
     room = limit - margin - tree_bytes
     if room <= 0:
         raise PackError(f"the working tree ({tree_bytes / MIB:.1f} MiB) leaves no room under "
-                        f"{limit / MIB:.0f} MiB per call (margin {margin / MIB:.0f} MiB)")
+                        f"{limit / MIB:g} MiB per call (margin {margin / MIB:g} MiB)")
     calls: list[dict] = []
     current: dict | None = None
     for art in artifacts:
@@ -121,11 +121,11 @@ def check_pack(pack: Path, manifest: dict, tree_bytes: int | None = None, limit:
         for f in sorted(p for p in folder.rglob("*") if p.is_file()):
             size = f.stat().st_size
             if size > limit:
-                raise PackError(f"{f}: {size / MIB:.1f} MiB, over the {limit / MIB:.0f} MiB a call may send")
+                raise PackError(f"{f}: {size / MIB:.1f} MiB, over the {limit / MIB:g} MiB a call may send")
             total += size
         if total + tree > limit:
             raise PackError(f"call {c['call']} ({folder}): {total / MIB:.1f} MiB of pieces plus the working tree's "
-                            f"{tree / MIB:.1f} MiB is over the {limit / MIB:.0f} MiB a call may send")
+                            f"{tree / MIB:.1f} MiB is over the {limit / MIB:g} MiB a call may send")
         for p in c["pieces"]:
             f = folder / p["file"]
             if not f.is_file() or f.stat().st_size != p["bytes"]:
@@ -152,6 +152,8 @@ def tree_bytes(repo: Path) -> int:
 
 
 def read_manifest(path: Path) -> dict:
+    if not Path(path).is_file():
+        raise PackError(f"{path}: missing (no pack there: run prepare.py first)")
     try:
         data = json.loads(Path(path).read_text())
     except (OSError, ValueError) as e:

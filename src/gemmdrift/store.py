@@ -150,6 +150,8 @@ def _read_csv(path: Path) -> pd.DataFrame:
         return pd.read_csv(path)
     except pd.errors.EmptyDataError:
         return pd.DataFrame()  # an empty table is written as an empty file
+    except FileNotFoundError:  # named by result.json but not there: missing, not corrupt
+        raise GemmdriftError(f"{path} is missing (result.json names it): rerun the command that wrote it") from None
     except (OSError, ValueError, pd.errors.ParserError) as e:
         raise GemmdriftError(f"{path} is corrupt (unreadable table, {e.__class__.__name__}): rerun the command "
                              "that wrote it") from None

@@ -546,6 +546,13 @@ def main(argv: list[str] | None = None) -> int:
     except GemmdriftError as e:
         print(f"gemmdrift: error: {e}", file=sys.stderr)
         return 2
+    except ImportError as e:  # mlx that cannot load, met by a command that imports it late
+        from ..machine import backends
+
+        if not backends.is_mlx_import(e):
+            raise
+        print(f"gemmdrift: error: {backends.import_problem(e, backends.installed())}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt as e:
         from ..interrupts import on_interrupt
 

@@ -13,6 +13,8 @@ import importlib.metadata as md
 import sys
 from typing import Callable, Mapping
 
+from ..errors import GemmdriftError
+
 # The distributions that carry mlx's compiled library, in the order a record names them.
 BACKEND_PACKAGES = ("mlx-cpu", "mlx-metal", "mlx-cuda-13", "mlx-cuda-12", "mlx-cuda")
 CUDA_PACKAGES = ("mlx-cuda-13", "mlx-cuda-12", "mlx-cuda")
@@ -86,3 +88,30 @@ def check() -> list[str]:
             _WARNED.add(p)
             print(f"gemmdrift: warning: {p}", file=sys.stderr, flush=True)
     return found
+
+
+def import_problem(error: ImportError, packages: Mapping[str, str]) -> str:
+    """The one line for an mlx that cannot be imported (pure: ``packages`` from :func:`installed`). An mlx-cuda wheel
+    on a machine without the NVIDIA driver fails on ``libcuda.so.1`` (issue 53, item 8): said as such."""
+    text = (str(error).strip().splitlines() or [type(error).__name__])[0]
+    cuda = [f"{p} {v}" for p, v in packages.items() if p in CUDA_PACKAGES]
+    if "libcuda" in text:
+        return (f"mlx cannot load its CUDA backend ({', '.join(cuda) or 'mlx-cuda'}): this machine has no NVIDIA "
+                "driver (libcuda.so.1 does not load); use the cpu backend here (make BACKEND=cpu: .venv)")
+    return f"mlx cannot be imported: {text}"
+
+
+def is_mlx_import(error: ImportError) -> bool:
+    """Whether ``error`` is mlx itself failing to import (its module or its compiled library)."""
+    return (error.name or "").split(".")[0] == "mlx" or "libcuda" in str(error)
+
+
+def require_mlx() -> None:
+    """Import mlx now: an mlx that cannot load is one line (:func:`import_problem`) before any work, not a
+    traceback from the first command that computes."""
+    try:
+        import mlx.core  # noqa: F401
+    except ImportError as e:
+        if not is_mlx_import(e):
+            raise
+        raise GemmdriftError(import_problem(e, installed())) from None

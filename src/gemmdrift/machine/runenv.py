@@ -80,6 +80,10 @@ def prepare(args) -> None:
         if args.tf32 != "keep":
             envinfo.force_true_float32()  # before mlx's first matmul: mlx reads MLX_ENABLE_TF32 once
         envinfo.TF32_POLICY = args.tf32
+    if getattr(args, "measuring", False) or getattr(args, "command", None) == "env":
+        from .backends import require_mlx
+
+        require_mlx()  # mlx-cuda without a driver: one line, before any work (issue 53, item 8)
     if getattr(args, "device", None) is not None:
         envinfo.select_device(args.device)  # a GPU this mlx cannot see fails here, before any model loads
 

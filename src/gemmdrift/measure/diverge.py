@@ -249,6 +249,7 @@ def divergence_stats(lm, prompts: Sequence[Sequence[int]], n: int, *, checkpoint
     from ..model import resume_key
 
     rows = []
+    replayed = native_kernels.calls(lm.model) is not None  # a resumed prompt's replayed calls are counted again
     for i, prompt in enumerate(prompts):
         label = labels[i] if labels else str(i)
         # The draft is a model object: key it by whether there is one, not by its repr.
@@ -263,13 +264,18 @@ def divergence_stats(lm, prompts: Sequence[Sequence[int]], n: int, *, checkpoint
                 row = json.loads(path.read_text())
                 if not isinstance(row, dict) or not {"prompt", "first_divergence", "verdict"} <= row.keys():
                     raise ValueError("not a prompt row")
+                if replayed and not isinstance(row.get("replay_calls"), list):
+                    raise ValueError("its replayed calls were not kept")
             except (OSError, UnicodeDecodeError, ValueError) as e:
                 discard_checkpoint(path, str(e)[:80])
             else:
+                if replayed:
+                    native_kernels.add_calls(lm.model, row.pop("replay_calls"))
                 rows.append(row)
                 print(f"  prompt {i}: done before (resumed)", file=sys.stderr)
                 continue
         print(f"gemmdrift diverge: prompt {i + 1}/{len(prompts)} ({len(prompt)} tokens)", file=sys.stderr, flush=True)
+        before = native_kernels.calls(lm.model)
         r = diverge(lm, prompt, n, **kwargs)
         t = r.get("triage") or {}
         d = r["first_divergence"]
@@ -283,7 +289,8 @@ def divergence_stats(lm, prompts: Sequence[Sequence[int]], n: int, *, checkpoint
             "schedule_a": r["stream_a"]["schedule"], "schedule_b": r["stream_b"]["schedule"],
         }
         if path is not None:
-            write_json(path, row)
+            write_json(path, {**row, **({"replay_calls": native_kernels.calls_since(lm.model, before)} if replayed
+                                        else {})})
         rows.append(row)
     return pd.DataFrame(rows)
 

@@ -23,7 +23,7 @@ from typing import Any, Sequence
 import numpy as np
 import pandas as pd
 
-from .. import metrics
+from .. import files, metrics
 from ..model import native as native_kernels
 from ..checks import check_positions
 from ..errors import GemmdriftError
@@ -51,7 +51,18 @@ def _run(model, tokens, schedule, *, checkpoint: Path | None = None, key: str = 
     """One tapped run, with a progress bar and a log line; loaded from ``checkpoint`` if it was saved there."""
     mode = "local" if kw.get("reference") is not None else "run"
     path = checkpoint / f"{key}.npz" if checkpoint is not None else None
+    before = native_kernels.calls(model)  # None: this machine's kernels
+    # A replayed run's calls are saved beside its taps and counted again when it is resumed.
+    calls_path = path.with_name(f"{key}.calls.json") if path is not None and before is not None else None
     taps = load_checkpoint(path)
+    if taps is not None and calls_path is not None:
+        saved = _saved_calls(calls_path)
+        if saved is None:  # taps without their calls (or from before they were kept): made again
+            print(f"  {mode:5s} {schedule:28s} saved without its replayed calls: computed again", file=sys.stderr,
+                  flush=True)
+            taps = None
+        else:
+            native_kernels.add_calls(model, saved)
     if taps is not None:
         print(f"  {mode:5s} {schedule:28s} done before (resumed)", file=sys.stderr, flush=True)
         return taps
@@ -62,8 +73,24 @@ def _run(model, tokens, schedule, *, checkpoint: Path | None = None, key: str = 
         bar.close()
     print(f"  {mode:5s} {schedule:28s} {taps.blocks:5d} passes  {taps.seconds:7.1f} s", file=sys.stderr, flush=True)
     if path is not None:
+        if calls_path is not None:  # first: the taps are the mark that the run finished
+            files.write_text(calls_path, json.dumps(native_kernels.calls_since(model, before)) + "\n")
         save_taps(path, taps)
     return taps
+
+
+def _saved_calls(path: Path) -> list | None:
+    """The replayed calls saved beside a run's taps; None when there are none (or they are unreadable)."""
+    if not path.is_file():
+        return None
+    try:
+        rows = json.loads(path.read_text(encoding="utf-8"))
+        if not isinstance(rows, list) or not all(isinstance(r, list) and len(r) == 5 for r in rows):
+            raise ValueError("not a list of replayed calls")
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        files.discard_checkpoint(path, str(e)[:80])
+        return None
+    return rows
 
 
 def run_key(lm, tokens, schedule: str, mode: str, dtype: str, split, positions, logit_positions) -> str:

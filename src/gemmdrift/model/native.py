@@ -77,6 +77,28 @@ def key_tag(model) -> str:
     return "native-prefix-" if log is not None and log.prefix_native else ""
 
 
+def calls(model) -> dict | None:
+    """A copy of the replayed calls ``model`` has made so far ((projection, kernel, variant, T) -> count); None when
+    it is not replayed. With :func:`calls_since` and :func:`add_calls`, a resumable run keeps the calls of a part
+    it saved, so a resumed run records what the uninterrupted one would have (issue 53, item 11)."""
+    log = active(model)
+    return None if log is None else dict(log.calls)
+
+
+def calls_since(model, before: dict) -> list[list]:
+    """The calls ``model`` made since :func:`calls` gave ``before``, as JSON-able [projection, kernel, variant, T,
+    count] rows."""
+    log = active(model)
+    return [[*k, n - before.get(k, 0)] for k, n in sorted(log.calls.items()) if n > before.get(k, 0)]
+
+
+def add_calls(model, rows: list[list]) -> None:
+    """Count again in ``model``'s log the calls a saved part made (rows of :func:`calls_since`)."""
+    log = active(model)
+    for *k, n in rows:
+        log.calls[tuple(k)] += int(n)
+
+
 def check_in_process(model, workers: int | None, what: str) -> int | None:
     """``workers`` for a measurement of ``model``: 1 when it is replayed (the proxies live in this process; a
     worker would load the model afresh and compute natively), refused when more were asked for."""
@@ -90,4 +112,5 @@ def check_in_process(model, workers: int | None, what: str) -> int | None:
     return 1
 
 
-__all__ = ["register", "unregister", "active", "native", "shared_prefix", "say_prefix", "key_tag", "check_in_process"]
+__all__ = ["register", "unregister", "active", "native", "shared_prefix", "say_prefix", "key_tag", "calls", "calls_since",
+           "add_calls", "check_in_process"]

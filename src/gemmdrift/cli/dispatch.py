@@ -189,7 +189,11 @@ def records(args) -> tuple[list[dict[str, Any]], str]:
         chip = chip_named(args.chip)
         check_known_chip(chip, f"--chip {args.chip}")
     if args.no_nax:
-        chip = replace(chip, nax=False, note="NAX off (--no-nax)")
+        chip = replace(chip, nax=False, note="NAX off (--no-nax)", settings=tuple(
+            (w, replace(c, nax=False)) for w, c in chip.settings if not w.startswith("macOS")))
+    if args.no_tf32 and chip.tf32:
+        chip = replace(chip, tf32=False, settings=tuple((w, replace(c, tf32=False)) for w, c in chip.settings)
+                       + (("MLX_ENABLE_TF32=0 (--no-tf32)", replace(chip, settings=())),))
     ts = parse_ts(args.ts)
     check_op_flags(args)
     version = args.mlx or recorded_mlx or installed_mlx()
@@ -222,7 +226,7 @@ def records(args) -> tuple[list[dict[str, Any]], str]:
 
     out = []
     for t in ts:
-        c = choose(chip, args.op, T=t, dtype=args.dtype, mlx_version=version, tf32=not args.no_tf32, **shape)
+        c = choose(chip, args.op, T=t, dtype=args.dtype, mlx_version=version, **shape)
         kernel = c.kernel
         if shape.get("mode", "affine") != "affine" and kernel in FP_KERNELS:  # fp_quantized.h's names, as replay's
             kernel = FP_KERNELS[kernel]
@@ -230,7 +234,10 @@ def records(args) -> tuple[list[dict[str, Any]], str]:
         said = kernel + said[len(c.kernel):] if said.startswith(c.kernel) else said
         out.append({"T": t, "kernel": kernel, "label": said, "params": dict(c.params), "source": c.source,
                     "note": c.note, "chip": chip.name, "mlx": version})
-    return out, f"{describe_chip(chip)}; {what}; mlx {version}"
+    settings = ", ".join(w for w, _ in chip.settings)
+    ignored = f" ({chip.note})" if "ignored" in chip.note else ""  # a record's setting its mlx does not read
+    return out, (f"{describe_chip(chip)}{ignored}; {what}; mlx {version}"
+                 + (f"; settings: {settings}" if settings else ""))
 
 
 def cmd_dispatch(args) -> int:

@@ -25,6 +25,7 @@ An architecture this module cannot read gives ``None``: said, never guessed.
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from typing import Any, Mapping
 
 from ..errors import GemmdriftError
@@ -37,6 +38,8 @@ _METAL_ARCH = re.compile(r"^applegpu_g(\d\d)([a-z])$")
 _SM_ARCH = re.compile(r"^sm_?(\d+?)(\d)$")
 NAX_MACOS = (26, 2)
 NAX_MLX = (0, 30, 0)  # is_nax_available and the NAX kernels first appear in v0.30.0 (absent at v0.29.4)
+ARCH_VAR_MLX = (0, 31, 0)  # MLX_METAL_GPU_ARCH is read from v0.31.0 (d7a553c, #3176; absent at v0.30.6)
+TF32_VAR = "MLX_ENABLE_TF32"
 
 CPU_LINUX_X86 = "cpu-linux-x86"
 CPU_OTHER = "cpu-other"
@@ -107,46 +110,60 @@ def _macos(env: Mapping[str, Any]) -> tuple[int, int] | None:
     return (int(m.group(1)), int(m.group(2) or 0)) if m else None
 
 
+def record_tf32(env: Mapping[str, Any]) -> bool:
+    """``MLX_ENABLE_TF32`` of an environment record, read as mlx reads it (``env::get_var``, C's atoi: unset is
+    1, ``0``, ``false`` or an empty string is 0)."""
+    text = (env.get("env") or {}).get(TF32_VAR)
+    if text is None:
+        return True
+    m = re.match(r"\s*([+-]?\d+)", str(text))
+    return (int(m.group(1)) if m else 0) != 0
+
+
 def chip_from_env(env: Mapping[str, Any]) -> Chip | None:
     """The chip of an environment record (:func:`gemmdrift.machine.envinfo.environment`), or None if it cannot be read.
 
     Reads ``backend``, ``architecture`` (Metal ``applegpu_gNNx``, CUDA ``sm_XY``),
     ``compute_capability_major``/``minor`` (CUDA), ``macos`` (the macOS version,
     for NAX), ``mlx`` (NAX code exists from 0.30.0), and ``os``/``machine`` for the
-    CPU. ``MLX_METAL_GPU_ARCH`` in the record's ``env`` overrides the Metal
-    architecture, as it does in mlx (``env::metal_gpu_arch()`` in Device::Device).
+    CPU. From the record's ``env``: ``MLX_ENABLE_TF32`` (``Chip.tf32``: float32 on NAX or TF32 unless 0) and
+    ``MLX_METAL_GPU_ARCH``, which overrides the Metal architecture as it does in mlx from v0.31.0
+    (``env::metal_gpu_arch()`` in Device::Device, #3176; an older release reads the device's own, and the
+    override is then ignored, with a note). Each setting that can decide a kernel goes into ``Chip.settings``
+    with the chip as it would be without it, so :func:`~gemmdrift.dispatch.choose` names the one that did.
     """
     backend = env.get("backend")
     arch = str(env.get("architecture") or "").strip()
+    tf32 = record_tf32(env)
     if backend == "metal":
-        override = (env.get("env") or {}).get("MLX_METAL_GPU_ARCH")
-        arch = str(override or arch)
-        m = _METAL_ARCH.match(arch)
-        if not m:
-            return None
-        gen, size = int(m.group(1)), m.group(2)
-        if not nax_capable(gen, size):
-            return _metal(gen, size, nax=False, arch=arch)
-        try:
-            new_enough = parse_version(env.get("mlx") or "") >= NAX_MLX
-        except GemmdriftError:
-            new_enough = None
-        macos = _macos(env)
-        if new_enough is False:
-            return _metal(gen, size, nax=False, arch=arch, note=f"mlx {env.get('mlx')} has no NAX kernels")
-        if macos is None or new_enough is None:
-            missing = "macOS version" if macos is None else "mlx version"
-            return _metal(gen, size, nax=None, arch=arch, note=f"{missing} not recorded: NAX unknown")
-        if macos < NAX_MACOS:
-            return _metal(gen, size, nax=False, arch=arch, note=f"macOS {env.get('macos')} < 26.2: no NAX")
-        return _metal(gen, size, nax=True, arch=arch,
-                      note=f"NAX: macOS {env.get('macos')}, assuming a wheel built with the NAX kernels (SDK 26.2+)")
+        override = str((env.get("env") or {}).get("MLX_METAL_GPU_ARCH") or "").strip()
+        if override and override != arch:
+            try:
+                reads_it = parse_version(env.get("mlx") or "") >= ARCH_VAR_MLX
+            except GemmdriftError:
+                reads_it = True  # an unrecorded release: the override is taken, as every release read takes it
+            own = chip_from_env({**env, "env": {k: v for k, v in (env.get("env") or {}).items()
+                                                if k != "MLX_METAL_GPU_ARCH"}})
+            if not reads_it:
+                return own if own is None else replace(
+                    own, note="; ".join(filter(None, (own.note, f"MLX_METAL_GPU_ARCH={override} ignored: mlx "
+                                                                f"{env.get('mlx')} reads it from 0.31.0 on"))))
+            chip = _metal_record(override, env, tf32)
+            if chip is None:
+                return None
+            return replace(chip, settings=chip.settings + ((f"MLX_METAL_GPU_ARCH={override}", own if own is None
+                                                            else replace(own, settings=())),))
+        return _metal_record(arch, env, tf32)
     if backend == "cuda":
         major, minor = env.get("compute_capability_major"), env.get("compute_capability_minor")
         if major is not None and minor is not None:
-            return _cuda(int(major), int(minor), arch)
-        m = _SM_ARCH.match(arch.lower())
-        return _cuda(int(m.group(1)), int(m.group(2)), arch) if m else None
+            chip = _cuda(int(major), int(minor), arch)
+        else:
+            m = _SM_ARCH.match(arch.lower())
+            if not m:
+                return None
+            chip = _cuda(int(m.group(1)), int(m.group(2)), arch)
+        return chip if tf32 else replace(chip, tf32=False, settings=((f"{TF32_VAR}=0", chip),))
     if backend == "cpu":
         system = str(env.get("os") or "").split(" ")[0]
         machine = str(env.get("machine") or "")
@@ -155,6 +172,43 @@ def chip_from_env(env: Mapping[str, Any]) -> Chip | None:
         where = f"{system or 'unknown system'} {machine or 'unknown machine'}"
         return Chip(CPU_OTHER, "cpu", arch=machine, note=f"{where}: CPU dispatch not read for this platform")
     return None
+
+
+def _metal_record(arch: str, env: Mapping[str, Any], tf32: bool) -> Chip | None:
+    """The Metal chip ``arch`` with the record's macOS, mlx and MLX_ENABLE_TF32 (None: not an applegpu_gNNx)."""
+    m = _METAL_ARCH.match(arch)
+    if not m:
+        return None
+    gen, size = int(m.group(1)), m.group(2)
+    macos_decides = False
+    if not nax_capable(gen, size):
+        chip = _metal(gen, size, nax=False, arch=arch)
+    else:
+        try:
+            new_enough = parse_version(env.get("mlx") or "") >= NAX_MLX
+        except GemmdriftError:
+            new_enough = None
+        macos = _macos(env)
+        if new_enough is False:
+            chip = _metal(gen, size, nax=False, arch=arch, note=f"mlx {env.get('mlx')} has no NAX kernels")
+        elif macos is None or new_enough is None:
+            missing = "macOS version" if macos is None else "mlx version"
+            chip = _metal(gen, size, nax=None, arch=arch, note=f"{missing} not recorded: NAX unknown")
+        elif macos < NAX_MACOS:
+            chip, macos_decides = _metal(gen, size, nax=False, arch=arch,
+                                         note=f"macOS {env.get('macos')} < 26.2: no NAX"), True
+        else:
+            chip = _metal(gen, size, nax=True, arch=arch,
+                          note=f"NAX: macOS {env.get('macos')}, assuming a wheel built with the NAX kernels "
+                               "(SDK 26.2+)")
+            macos_decides = True
+    chip = replace(chip, tf32=tf32)
+    settings = []
+    if macos_decides:
+        settings.append((f"macOS {env.get('macos')} (NAX from 26.2)", replace(chip, nax=not chip.nax)))
+    if not tf32:
+        settings.append((f"{TF32_VAR}=0", replace(chip, tf32=True)))
+    return replace(chip, settings=tuple(settings))
 
 
 # A hosted macOS runner's GPU: "Apple Paravirtual device", architecture air64_v26 / air64_v27 (the Metal AIR
@@ -195,4 +249,5 @@ def describe_chip(chip: Chip) -> str:
 
 
 __all__ = ["CHIPS", "DEFAULT_CHIP", "SIZE_LABEL", "CPU_LINUX_X86", "CPU_OTHER", "chip_named", "chip_from_env",
+           "record_tf32",
            "describe_chip", "nax_capable", "not_a_chip"]

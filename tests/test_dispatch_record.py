@@ -116,3 +116,18 @@ def test_no_tf32_flag_is_named_too(capsys):
     assert "steel_gemm " in out and "MLX_ENABLE_TF32=0 (--no-tf32) decided: steel_gemm, not steel_gemm_nax" in out
     assert cli.main(["dispatch", "--chip", "M5", *SHAPE, "--dtype", "float32", "--ts", "2", "--mlx", "0.32.1"]) == 0
     assert "float32 computed as TF32 on NAX" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("record, mode", [
+    ({"backend": "metal", "architecture": "applegpu_g17g", "macos": "26.1", "mlx": "0.32.4", "env": {}}, "float32"),
+    ({"backend": "metal", "architecture": "applegpu_g17g", "macos": "26.2", "mlx": "0.32.4", "env": {}}, "tf32"),
+    ({**M3_AS_M5, "env": {"MLX_METAL_GPU_ARCH": "applegpu_g17g"}}, "tf32"),  # mlx 0.31.2 reads the override
+    ({**M3_AS_M5, "mlx": "0.30.6"}, "float32"),  # mlx 0.30.6 does not: the device's M3
+    (M5_TF32_OFF, "float32"),
+])
+def test_the_float32_rung_reads_the_same_settings(record, mode):
+    """The ladder's float32 rung (fp32_matmul_mode) reads the record's macOS and MLX_METAL_GPU_ARCH, as dispatch
+    does: it claimed TF32 on an M5 with macOS 26.1 and true float32 on an M3 dispatching as an M5."""
+    from gemmdrift.machine.envinfo import fp32_matmul_mode
+
+    assert fp32_matmul_mode(record) == mode

@@ -105,3 +105,16 @@ def test_metal_has_no_float32_recipe():
     assert all("float32" not in r.dtypes for r in RECIPES.values() if r.apple)
     with pytest.raises(GemmdriftError, match="gemv has no float32 recipe"):
         plan_for("M3", "matmul", T=1, K=640, N=1024, dtype="float32", mlx_version="0.32.4")
+
+
+def test_replay_check_says_a_variant_axis_it_did_not_use():
+    """`replay check --chip M1 --variant dot4=pairwise` checks no kernel with dot4: said beside the variants."""
+    from gemmdrift.replay.check import variants_lines
+
+    class R:
+        details = {"records": [{"path": "dense:bfloat16", "T": 2, "kernel": "steel_gemm"}]}
+        inputs = {"variants": "dot4=pairwise"}
+
+    lines = variants_lines(R)
+    assert lines[-1] == ("  (the variants each kernel has; this check ran dot4=pairwise only; dot4 unused: no kernel "
+                         "checked has it)")

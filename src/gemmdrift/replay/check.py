@@ -533,7 +533,11 @@ def variants_lines(result) -> list[str]:
         out.append(f"variants on {path}: " + "; ".join(parts))
     checked = (result.inputs or {}).get("variants")
     if out and checked not in (None, "all"):  # the list is of what exists; say what this check ran
-        out.append(f"  (the variants each kernel has; this check ran {checked or 'the default'} only)")
+        from . import unused_axes
+
+        unused = unused_axes(checked, {k for ks in kernels.values() for k in ks})
+        out.append(f"  (the variants each kernel has; this check ran {checked or 'the default'} only"
+                   + (f"; {', '.join(unused)} unused: no kernel checked has it" if unused else "") + ")")
     return out
 
 

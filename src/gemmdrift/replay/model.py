@@ -26,7 +26,7 @@ from ..errors import GemmdriftError
 from ..kernels.paths import PathSpec, Operator, quant_of
 from ..model.projections import LM_HEAD, Projection, projections
 from ..model.taps import swapped, to_numpy
-from . import variant_name
+from . import unused_axes, variant_name
 from .core import min_nonzero
 from .paths import installed_mlx, parse_chip, plan_for, run_plan
 
@@ -56,18 +56,6 @@ class ReplayLog:
                 **({"skipped": list(self.skipped)} if self.skipped else {}), **self.extra,
                 "calls": [{"projection": p, "kernel": k, "variant": v, "T": t, "count": n}
                           for (p, k, v, t), n in sorted(self.calls.items())]}
-
-
-def unused_axes(variant: str | None, kernels) -> list[str]:
-    """The axes a variant text names (``dot4=pairwise,mma=H2``) that none of ``kernels``' recipes has: a setting
-    nothing used (M1 never runs gemv_wide, so ``dot4`` changes nothing there)."""
-    from . import RECIPES
-
-    if not variant or variant in ("default", "exact"):
-        return []
-    have = {a for k in kernels if k in RECIPES for a in RECIPES[k].axes}
-    given = [p.partition("=")[0].strip() for p in str(variant).split(",") if p.strip()]
-    return [a for a in given if a not in have]
 
 
 class _Replay:

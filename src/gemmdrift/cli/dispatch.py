@@ -4,7 +4,7 @@ Pure lookup (:func:`gemmdrift.dispatch.choose`): no mlx import, no model, so
 it answers for any chip from any machine. Example::
 
     gemmdrift dispatch --chip M3 --op matmul --dtype bfloat16 --K 640 --N 2048 --ts 1-33 --mlx 0.31.2
-    gemmdrift dispatch --env results/kernels --K 640 --N 2048     # the chip and mlx of that run's record
+    gemmdrift dispatch --env results/kernels --K 640 --N 2048     # the chip, mlx and settings of that record
 
 Shapes: ``matmul`` is ``x (T, K) @ W.T`` with W (N, K) (nn.Linear, no bias);
 ``quantized_matmul`` the same with W quantized (``--bits``, ``--group-size``,
@@ -32,8 +32,9 @@ def add_parser(sub) -> None:
     who = s.add_mutually_exclusive_group(required=True)
     who.add_argument("--chip", help=f"{', '.join(CHIPS)}, or an architecture such as applegpu_g15s or sm_86")
     who.add_argument("--env", metavar="PATH",
-                     help="the chip (and mlx release) of a recorded environment: a results directory, its "
-                          "meta.json, or the output of `gemmdrift env --json`")
+                     help="the chip, mlx release and settings (MLX_ENABLE_TF32, MLX_METAL_GPU_ARCH, the macOS "
+                          "version) of a recorded environment: a results directory, its meta.json, or the output "
+                          "of `gemmdrift env --json`")
     s.add_argument("--op", default="matmul", choices=OPS, help="default matmul")
     s.add_argument("--dtype", default="bfloat16", choices=DTYPES, help="default bfloat16")
     s.add_argument("--K", type=int, help="inner dimension (matmul, quantized_matmul)")

@@ -560,7 +560,7 @@ def cells_line(result) -> str:
     by: dict[tuple[str, int], bool] = {}
     skipped: dict[str, list[int]] = {}
     for r in result.details["records"]:
-        if r["kernel"] or not _nan(r["max_ulp"]):
+        if r["kernel"] or not (r["max_ulp"] is None or _nan(r["max_ulp"])):  # NaN in memory, null once written
             by[(r["path"], r["T"])] = by.get((r["path"], r["T"]), False) or bool(r["identical"])
     for r in result.details["records"]:
         if (r["path"], r["T"]) not in by and r["T"] not in skipped.get(r["path"], []):

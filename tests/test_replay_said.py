@@ -49,10 +49,12 @@ def test_a_variant_no_call_uses_is_refused_before_the_load():
     k.check_run(shapes, ["prefill:8,decode", "prefill:8,verify:3"], 12, 8, "bfloat16")
 
 
-def test_the_cli_refuses_an_unused_variant_in_one_line(capsys):
+def test_the_cli_refuses_an_unused_variant_in_one_line(capsys, tmp_path):
     from gemmdrift import cli
 
-    assert cli.main(["stack", "--kernels", "replay:M1@dot4=pairwise", "--tokens", "12"]) == 2
+    out = tmp_path / "stack"
+    assert cli.main(["stack", "--kernels", "replay:M1@dot4=pairwise", "--tokens", "12", "--out", str(out)]) == 2
+    assert not out.exists()  # refused before any work
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "no call of this run can use dot4" in err
 

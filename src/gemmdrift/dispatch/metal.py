@@ -255,9 +255,10 @@ def sdpa(chip: Chip, q_len: int, k_len: int, head_dim: int, n_heads: int, n_kv_h
     gqa = max(1, n_heads // max(1, n_kv_heads))
     p = {"head_dim": head_dim, "v_head_dim": dv, "gqa": gqa, "k_len": k_len}
     src = f"{METAL_SDPA} use_fallback"
-    unfused = Choice("sdpa_unfused", p, "mlx/fast.cpp scaled_dot_product_attention (fallback)",
-                     "matmul, softmax(precise), matmul: each is dispatched as a matmul")
     nax = bool(chip.nax) and (tf32 or dtype != "float32")
+    unfused = Choice("sdpa_unfused", p, "mlx/fast.cpp scaled_dot_product_attention (fallback)",
+                     "matmul, softmax(precise), matmul: each is dispatched as a matmul"
+                     + (" (float32: those that take NAX are computed as TF32)" if nax and dtype == "float32" else ""))
     if q_len <= 8:
         # Vector head dims: {64, 96, 128, 256} with q == v; (192, 128) from v0.32.0; 192/192 is fused-capable
         # after v0.32.1 but use_fallback still sends it to the unfused path.

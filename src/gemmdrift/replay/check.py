@@ -558,19 +558,15 @@ def cells_line(result) -> str:
     """How many replayed (path, T) cells have a bit-identical variant; cells with no recipe (a Metal float32 call,
     a NAX kernel, ...) are not counted among them but said apart, the lines above giving each one's reason."""
     by: dict[tuple[str, int], bool] = {}
-    skipped: dict[str, list[int]] = {}
-    for r in result.details["records"]:
-        if r["kernel"] or not (r["max_ulp"] is None or _nan(r["max_ulp"])):  # NaN in memory, null once written
+    recs = result.details["records"]
+    for r in recs:  # max_ulp: NaN in memory, null once written
+        if r["kernel"] or not (r["max_ulp"] is None or _nan(r["max_ulp"])):
             by[(r["path"], r["T"])] = by.get((r["path"], r["T"]), False) or bool(r["identical"])
-    for r in result.details["records"]:
-        if (r["path"], r["T"]) not in by and r["T"] not in skipped.get(r["path"], []):
-            skipped.setdefault(r["path"], []).append(r["T"])
-    line = f"{sum(by.values())} of {len(by)} replayed (path, T) cells have a bit-identical variant"
-    if skipped:
-        n = sum(len(ts) for ts in skipped.values())
-        where = "; ".join(f"{p} T={', '.join(map(str, sorted(ts)))}" for p, ts in sorted(skipped.items()))
-        line += f"; {n} not replayed, no recipe ({where}: each line above says why)"
-    return line
+    skipped = sorted({(r["path"], r["T"]) for r in recs if (r["path"], r["T"]) not in by})
+    paths = dict.fromkeys(p for p, _ in skipped)
+    where = "; ".join(f"{p} T={', '.join(str(t) for q, t in skipped if q == p)}" for p in paths)
+    return (f"{sum(by.values())} of {len(by)} replayed (path, T) cells have a bit-identical variant"
+            + (f"; {len(skipped)} not replayed, no recipe ({where}: each line above says why)" if skipped else ""))
 
 
 def report_part(result) -> tuple[list, list[str]]:

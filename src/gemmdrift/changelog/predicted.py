@@ -418,11 +418,17 @@ def chip_class(pred: "Predictor", chip: str, old: str, new: str) -> dict[str, An
     if not rows:
         return {"cls": BIT_FOR_BIT, "cell": BIT_FOR_BIT, "reason": "the same kernels dispatch for every shape listed"
                                                                    f" (no replay needed){tail}"}
-    refused = [e for e in (eo, en) if e is not None and not envelope_figures(e)]
+    # A side whose verification the replay refused (NAX, cuBLASLt) has no figure to set against the other side's,
+    # whatever else it replayed (its T=1 decode): not knowable, as the page's envelope table says, and --replay
+    # cannot change that.
+    refused = [e for e in (eo, en) if e is not None and (not envelope_figures(e) or e.get("refused"))]
     if refused:
         reasons = [str(r) for e in refused for r in (e.get("refused") or {}).values()]
+        why = _short(reasons[0]) if reasons else "refused"
+        if why.startswith("NAX"):
+            why += ": the order inside NAX's matmul2d is in the hardware, not in the source"
         return {"cls": None, "cell": "not knowable", "reason": f"{moved}; the replay cannot represent the kernels' "
-                                                               f"order ({_short(reasons[0]) if reasons else 'refused'})"}
+                                                               f"order ({why})"}
     return {"cls": None, "cell": "not replayed", "reason": f"{moved}; the envelope is not in the replay cache "
                                                            "(`gemmdrift changelog --replay` computes it)"}
 

@@ -4,7 +4,7 @@ Pure lookup (:func:`gemmdrift.dispatch.choose`): no mlx import, no model, so
 it answers for any chip from any machine. Example::
 
     gemmdrift dispatch --chip M3 --op matmul --dtype bfloat16 --K 640 --N 2048 --ts 1-33 --mlx 0.31.2
-    gemmdrift dispatch --env results/kernels --K 640 --N 2048     # the chip and mlx of that run's record
+    gemmdrift dispatch --env results/kernels --K 640 --N 2048     # the chip, mlx and settings of that record
 
 Shapes: ``matmul`` is ``x (T, K) @ W.T`` with W (N, K) (nn.Linear, no bias);
 ``quantized_matmul`` the same with W quantized (``--bits``, ``--group-size``,
@@ -32,8 +32,9 @@ def add_parser(sub) -> None:
     who = s.add_mutually_exclusive_group(required=True)
     who.add_argument("--chip", help=f"{', '.join(CHIPS)}, or an architecture such as applegpu_g15s or sm_86")
     who.add_argument("--env", metavar="PATH",
-                     help="the chip (and mlx release) of a recorded environment: a results directory, its "
-                          "meta.json, or the output of `gemmdrift env --json`")
+                     help="the chip, mlx release and settings (MLX_ENABLE_TF32, MLX_METAL_GPU_ARCH, the macOS "
+                          "version) of a recorded environment: a results directory, its meta.json, or the output "
+                          "of `gemmdrift env --json`")
     s.add_argument("--op", default="matmul", choices=OPS, help="default matmul")
     s.add_argument("--dtype", default="bfloat16", choices=DTYPES, help="default bfloat16")
     s.add_argument("--K", type=int, help="inner dimension (matmul, quantized_matmul)")
@@ -198,7 +199,11 @@ def records(args) -> tuple[list[dict[str, Any]], str]:
         chip = chip_named(args.chip)
         check_known_chip(chip, f"--chip {args.chip}")
     if args.no_nax:
-        chip = replace(chip, nax=False, note="NAX off (--no-nax)")
+        chip = replace(chip, nax=False, note="NAX off (--no-nax)", settings=tuple(
+            (w, replace(c, nax=False)) for w, c in chip.settings if not w.startswith("macOS")))
+    if args.no_tf32 and chip.tf32:
+        chip = replace(chip, tf32=False, settings=tuple((w, replace(c, tf32=False)) for w, c in chip.settings)
+                       + (("MLX_ENABLE_TF32=0 (--no-tf32)", replace(chip, settings=())),))
     ts = parse_ts(args.ts)
     check_op_flags(args)
     version = args.mlx or recorded_mlx or installed_mlx()
@@ -231,7 +236,7 @@ def records(args) -> tuple[list[dict[str, Any]], str]:
 
     out = []
     for t in ts:
-        c = choose(chip, args.op, T=t, dtype=args.dtype, mlx_version=version, tf32=not args.no_tf32, **shape)
+        c = choose(chip, args.op, T=t, dtype=args.dtype, mlx_version=version, **shape)
         kernel = c.kernel
         if shape.get("mode", "affine") != "affine" and kernel in FP_KERNELS:  # fp_quantized.h's names, as replay's
             kernel = FP_KERNELS[kernel]
@@ -239,7 +244,10 @@ def records(args) -> tuple[list[dict[str, Any]], str]:
         said = kernel + said[len(c.kernel):] if said.startswith(c.kernel) else said
         out.append({"T": t, "kernel": kernel, "label": said, "params": dict(c.params), "source": c.source,
                     "note": c.note, "chip": chip.name, "mlx": version})
-    return out, f"{describe_chip(chip)}; {what}; mlx {version}"
+    settings = ", ".join(w for w, _ in chip.settings)
+    ignored = f" ({chip.note})" if "ignored" in chip.note else ""  # a record's setting its mlx does not read
+    return out, (f"{describe_chip(chip)}{ignored}; {what}; mlx {version}"
+                 + (f"; settings: {settings}" if settings else ""))
 
 
 def cmd_dispatch(args) -> int:

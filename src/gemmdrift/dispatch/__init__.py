@@ -34,6 +34,7 @@ construction, no thresholds); any other platform is ``cpu-other``, not read
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, NamedTuple
 
 from ..errors import GemmdriftError
@@ -86,14 +87,16 @@ def choose(chip: Chip, op: str, *, T: int, K: int, N: int, dtype: str, mlx_versi
         mlx_version: e.g. ``"0.31.2"``; before 0.30.5 raises, newer than the mirror uses its rules.
         bits, group_size: quantization (default: mlx's per ``mode``, e.g. affine 4 bits, group 64).
         mode: ``affine``, ``mxfp4``, ``mxfp8`` or ``nvfp4``.
-        **extra: ``tf32`` (MLX_ENABLE_TF32, default True as in mlx); for matmul ``b_transposed`` (default
+        **extra: ``tf32`` (MLX_ENABLE_TF32; default the chip's, which is a record's or mlx's 1); for matmul ``b_transposed`` (default
             True: ``x @ W.T`` with W (N, K); False: ``x @ W`` with W (K, N) row-major, gemv_t at T=1 on
             Metal, no gemv on CUDA; the CPU's rule, read for ``x @ W.T``, does not look at it); for sdpa ``n_heads``,
             ``n_kv_heads`` (default 1), ``v_head_dim`` (default the head dim), ``causal`` (default True).
 
     Returns:
         A :class:`Choice`. When the chip's NAX is unknown (``nax=None``) and NAX would change the
-        kernel, the non-NAX choice is returned with a note naming the NAX one.
+        kernel, the non-NAX choice is returned with a note naming the NAX one. A setting of the chip's
+        record (``chip.settings``) that changed the kernel or its order is named in the note
+        ("MLX_ENABLE_TF32=0 decided: steel_gemm, not steel_gemm_nax").
     """
     if op not in OPS:
         raise GemmdriftError(f"unknown op {op!r} (known: {', '.join(OPS)})")
@@ -104,11 +107,31 @@ def choose(chip: Chip, op: str, *, T: int, K: int, N: int, dtype: str, mlx_versi
     if T < 1 or K < 1 or N < 1:
         raise GemmdriftError(f"T, K and N must be positive, got T={T}, K={K}, N={N}")
     version = _version(mlx_version)
+    choice = _choose_on(chip, op, T, K, N, dtype, version, bits, group_size, mode, extra)
+    # The record's settings (MLX_ENABLE_TF32=0, MLX_METAL_GPU_ARCH, the macOS version): the one that changed
+    # the kernel, or the parameters that decide its order, is named.
+    for what, without in chip.settings:
+        other = _choose_on(without, op, T, K, N, dtype, version, bits, group_size, mode, extra)
+        if (other.kernel, dict(other.params)) != (choice.kernel, dict(choice.params)):
+            choice = Choice(choice.kernel, choice.params, choice.source,
+                            _join(choice.note, f"{what} decided: {_differs(choice, other)}"))
+    return choice
+
+
+def _differs(choice: Choice, other: Choice) -> str:
+    """'steel_gemm, not steel_gemm_nax' or, for one kernel, the parameters that differ ('compute=32F, not ...')."""
+    if choice.kernel != other.kernel:
+        return f"{choice.kernel}, not {other.kernel}"
+    keys = [k for k in {**choice.params, **other.params} if choice.params.get(k) != other.params.get(k)]
+    return (" ".join(f"{k}={choice.params.get(k)}" for k in keys) + ", not "
+            + " ".join(f"{k}={other.params.get(k)}" for k in keys))
+
+
+def _choose_on(chip: Chip, op: str, T: int, K: int, N: int, dtype: str, version: Version, bits, group_size, mode,
+               extra: dict[str, Any]) -> Choice:
     if chip.nax is None and chip.backend == "metal":
-        off = choose(_with_nax(chip, False), op, T=T, K=K, N=N, dtype=dtype, mlx_version=version, bits=bits,
-                     group_size=group_size, mode=mode, **extra)
-        on = choose(_with_nax(chip, True), op, T=T, K=K, N=N, dtype=dtype, mlx_version=version, bits=bits,
-                    group_size=group_size, mode=mode, **extra)
+        args = (op, T, K, N, dtype, version, bits, group_size, mode, extra)
+        off, on = _choose_on(_with_nax(chip, False), *args), _choose_on(_with_nax(chip, True), *args)
         if on.kernel == off.kernel and on.params == off.params:
             return off
         return Choice(off.kernel, off.params, off.source,
@@ -126,14 +149,12 @@ def _join(*notes: str) -> str:
 
 
 def _with_nax(chip: Chip, nax: bool) -> Chip:
-    import dataclasses
-
-    return dataclasses.replace(chip, nax=nax)
+    return replace(chip, nax=nax, settings=())
 
 
 def _choose(chip: Chip, op: str, T: int, K: int, N: int, dtype: str, version: Version, bits, group_size, mode,
             extra: dict[str, Any]) -> Choice:
-    tf32 = bool(extra.get("tf32", True))
+    tf32 = bool(extra.get("tf32", chip.tf32))
     if chip.backend == "cpu":
         return _cpu.choose(chip, op, T, K, N, dtype, version)
     backend = _metal if chip.backend == "metal" else _cuda

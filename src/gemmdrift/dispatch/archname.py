@@ -74,7 +74,7 @@ class ArchReading:
         if self.override and self.override_used:
             out = f"{ARCH_OVERRIDE_VAR}={self.override} is used: " + out
         elif self.override:
-            out += (f"; {ARCH_OVERRIDE_VAR}={self.override} is set but mlx {v} does not read it "
+            out += (f"; {ARCH_OVERRIDE_VAR}={self.override} ignored: it is set but mlx {v} does not read it "
                     f"(from 0.31.0, {ARCH_OVERRIDE_COMMIT})")
         return out
 

@@ -60,6 +60,12 @@ class Chip:
 
     CPU: ``name`` is ``cpu-linux-x86`` (the platform the CPU rules were read
     for) or ``cpu-other`` (any other platform: not read), ``gen`` 0.
+
+    ``tf32`` is ``MLX_ENABLE_TF32`` (mlx's default 1: float32 may take NAX on Metal and TF32 on CUDA);
+    :func:`~gemmdrift.dispatch.chips.chip_from_env` sets it from the record. ``settings`` are the record's
+    settings that can decide a kernel, each with the chip as it would be without it (``MLX_ENABLE_TF32=0``,
+    ``MLX_METAL_GPU_ARCH=...``, the macOS version): :func:`~gemmdrift.dispatch.choose` names the one that
+    changed a kernel ("MLX_ENABLE_TF32=0 decided: steel_gemm, not steel_gemm_nax").
     """
 
     name: str
@@ -74,6 +80,8 @@ class Chip:
     # name under MLX_METAL_GPU_ARCH): the device as it reported itself; gen and size are then mlx's own
     # reading of the architecture name (dispatch/archname.py) and ``note`` says it.
     device: str = ""
+    tf32: bool = True  # MLX_ENABLE_TF32 (mlx's default 1)
+    settings: tuple = ()  # ((what, the chip without it), ...): the settings that may decide a kernel
 
 
 @dataclass(frozen=True)

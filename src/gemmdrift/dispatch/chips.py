@@ -38,6 +38,8 @@ _METAL_ARCH = re.compile(r"^applegpu_g(\d\d)([a-z])$")
 _SM_ARCH = re.compile(r"^sm_?(\d+?)(\d)$")
 NAX_MACOS = (26, 2)
 NAX_MLX = (0, 30, 0)  # is_nax_available and the NAX kernels first appear in v0.30.0 (absent at v0.29.4)
+ARCH_VAR_MLX = (0, 31, 0)  # MLX_METAL_GPU_ARCH is read from v0.31.0 (d7a553c, #3176; absent at v0.30.6)
+TF32_VAR = "MLX_ENABLE_TF32"
 
 CPU_LINUX_X86 = "cpu-linux-x86"
 CPU_OTHER = "cpu-other"
@@ -115,6 +117,16 @@ def _record_version(text: Any):
         return None
 
 
+def record_tf32(env: Mapping[str, Any]) -> bool:
+    """``MLX_ENABLE_TF32`` of an environment record, read as mlx reads it (``env::get_var``, C's atoi: unset is
+    1, ``0``, ``false`` or an empty string is 0)."""
+    text = (env.get("env") or {}).get(TF32_VAR)
+    if text is None:
+        return True
+    m = re.match(r"\s*([+-]?\d+)", str(text))
+    return (int(m.group(1)) if m else 0) != 0
+
+
 def chip_from_env(env: Mapping[str, Any], mlx_version: str | None = None) -> Chip | None:
     """The chip of an environment record (:func:`gemmdrift.machine.envinfo.environment`), or None if it cannot be read.
 
@@ -129,35 +141,46 @@ def chip_from_env(env: Mapping[str, Any], mlx_version: str | None = None) -> Chi
     (:mod:`.archname`): a Chip labelled with the device as it reported itself, never a chip model's name,
     whose note says "mlx X reads 'NAME' as generation G, size 'S'". None only where mlx's own reading is
     undefined (a name shorter than three characters before 0.31.0).
+    CPU. From the record's ``env``: ``MLX_ENABLE_TF32`` (``Chip.tf32``: float32 on NAX or TF32 unless 0) and
+    ``MLX_METAL_GPU_ARCH``, which overrides the Metal architecture as it does in mlx from v0.31.0
+    (``env::metal_gpu_arch()`` in Device::Device, #3176; an older release reads the device's own, and the
+    override is then ignored, with a note). Each setting that can decide a kernel goes into ``Chip.settings``
+    with the chip as it would be without it, so :func:`~gemmdrift.dispatch.choose` names the one that did.
     """
     backend = env.get("backend")
     arch = str(env.get("architecture") or "").strip()
+    tf32 = record_tf32(env)
     if backend == "metal":
-        from .archname import ARCH_OVERRIDE_VAR, nax_available, read_arch
+        from .archname import ARCH_OVERRIDE_VAR, read_arch
 
         version = _record_version(mlx_version or env.get("mlx"))
-        override = str((env.get("env") or {}).get(ARCH_OVERRIDE_VAR) or "")
+        override = str((env.get("env") or {}).get(ARCH_OVERRIDE_VAR) or "").strip()
         reading = read_arch(arch, version or MIRROR_VERSION, override)
-        m = _METAL_ARCH.match(arch)
-        if m and not reading.override_used:
-            chip = _apple_chip(env, int(m.group(1)), m.group(2), arch)
-            if override:  # set, but this release does not read it
-                chip = replace(chip, note="; ".join(n for n in (chip.note, reading.text()) if n))
-            return chip
-        if reading.gen is None:
-            return None
-        nax, why = nax_available(reading, _macos(env))
-        device = str(env.get("device_name") or "unnamed device")
-        unread = "" if version else "; mlx version not recorded: read as the newest release read here"
-        name = f"{device} as {reading.name}" if reading.override_used else f"{device} ({reading.name})"
-        return Chip(name, "metal", reading.gen, reading.size, nax, reading.name,
-                    note=f"{reading.text()}; {why}{unread}", device=device)
+        if reading.override_used and override != arch:
+            # The chip mlx dispatched for, and the setting that decided it, with the device's own chip.
+            own = chip_from_env({**env, "env": {k: v for k, v in (env.get("env") or {}).items()
+                                                if k != ARCH_OVERRIDE_VAR}}, mlx_version)
+            chip = _metal_reading(reading, env, tf32, version, apple_device=bool(_METAL_ARCH.match(arch)))
+            if chip is None:
+                return None
+            return replace(chip, settings=chip.settings + ((f"{ARCH_OVERRIDE_VAR}={override}", own if own is None
+                                                            else replace(own, settings=())),))
+        # An override equal to the recorded architecture: mlx from 0.31.0 reports the override as the architecture,
+        # so the device's own is not in the record; it is labelled as the device it reported itself to be.
+        chip = _metal_reading(reading, env, tf32, version, apple_device=not reading.override_used)
+        if chip is not None and override and not reading.override_used:  # set, but this release does not read it
+            chip = replace(chip, note="; ".join(n for n in (chip.note, reading.text()) if n))
+        return chip
     if backend == "cuda":
         major, minor = env.get("compute_capability_major"), env.get("compute_capability_minor")
         if major is not None and minor is not None:
-            return _cuda(int(major), int(minor), arch)
-        m = _SM_ARCH.match(arch.lower())
-        return _cuda(int(m.group(1)), int(m.group(2)), arch) if m else None
+            chip = _cuda(int(major), int(minor), arch)
+        else:
+            m = _SM_ARCH.match(arch.lower())
+            if not m:
+                return None
+            chip = _cuda(int(m.group(1)), int(m.group(2)), arch)
+        return chip if tf32 else replace(chip, tf32=False, settings=((f"{TF32_VAR}=0", chip),))
     if backend == "cpu":
         system = str(env.get("os") or "").split(" ")[0]
         machine = str(env.get("machine") or "")
@@ -168,24 +191,60 @@ def chip_from_env(env: Mapping[str, Any], mlx_version: str | None = None) -> Chi
     return None
 
 
-def _apple_chip(env: Mapping[str, Any], gen: int, size: str, arch: str) -> Chip:
-    """An Apple chip's Chip, its NAX from the record's macOS and mlx versions."""
+def _metal_reading(reading, env: Mapping[str, Any], tf32: bool, version, apple_device: bool = True) -> Chip | None:
+    """The Metal chip of mlx's reading of a name: an Apple chip (``applegpu_gNN<letter>``, read on an Apple chip)
+    by :func:`_metal_record`; any other device (a hosted runner's paravirtual one, or a name given through
+    MLX_METAL_GPU_ARCH on such a device) labelled as it reported itself, with mlx's reading in its note."""
+    from .archname import nax_available
+
+    if _METAL_ARCH.match(reading.name) and (apple_device or not reading.override_used):
+        return _metal_record(reading.name, env, tf32)
+    if reading.gen is None:
+        return None
+    nax, why = nax_available(reading, _macos(env))
+    device = str(env.get("device_name") or "unnamed device")
+    unread = "" if version else "; mlx version not recorded: read as the newest release read here"
+    name = f"{device} as {reading.name}" if reading.override_used else f"{device} ({reading.name})"
+    chip = Chip(name, "metal", reading.gen, reading.size, nax, reading.name,
+                note=f"{reading.text()}; {why}{unread}", device=device, tf32=tf32)
+    return replace(chip, settings=((f"{TF32_VAR}=0", replace(chip, tf32=True)),) if not tf32 else ())
+
+
+def _metal_record(arch: str, env: Mapping[str, Any], tf32: bool) -> Chip | None:
+    """The Metal chip ``arch`` with the record's macOS, mlx and MLX_ENABLE_TF32 (None: not an applegpu_gNNx)."""
+    m = _METAL_ARCH.match(arch)
+    if not m:
+        return None
+    gen, size = int(m.group(1)), m.group(2)
+    macos_decides = False
     if not nax_capable(gen, size):
-        return _metal(gen, size, nax=False, arch=arch)
-    try:
-        new_enough = parse_version(env.get("mlx") or "") >= NAX_MLX
-    except GemmdriftError:
-        new_enough = None
-    macos = _macos(env)
-    if new_enough is False:
-        return _metal(gen, size, nax=False, arch=arch, note=f"mlx {env.get('mlx')} has no NAX kernels")
-    if macos is None or new_enough is None:
-        missing = "macOS version" if macos is None else "mlx version"
-        return _metal(gen, size, nax=None, arch=arch, note=f"{missing} not recorded: NAX unknown")
-    if macos < NAX_MACOS:
-        return _metal(gen, size, nax=False, arch=arch, note=f"macOS {env.get('macos')} < 26.2: no NAX")
-    return _metal(gen, size, nax=True, arch=arch,
-                  note=f"NAX: macOS {env.get('macos')}, assuming a wheel built with the NAX kernels (SDK 26.2+)")
+        chip = _metal(gen, size, nax=False, arch=arch)
+    else:
+        try:
+            new_enough = parse_version(env.get("mlx") or "") >= NAX_MLX
+        except GemmdriftError:
+            new_enough = None
+        macos = _macos(env)
+        if new_enough is False:
+            chip = _metal(gen, size, nax=False, arch=arch, note=f"mlx {env.get('mlx')} has no NAX kernels")
+        elif macos is None or new_enough is None:
+            missing = "macOS version" if macos is None else "mlx version"
+            chip = _metal(gen, size, nax=None, arch=arch, note=f"{missing} not recorded: NAX unknown")
+        elif macos < NAX_MACOS:
+            chip, macos_decides = _metal(gen, size, nax=False, arch=arch,
+                                         note=f"macOS {env.get('macos')} < 26.2: no NAX"), True
+        else:
+            chip = _metal(gen, size, nax=True, arch=arch,
+                          note=f"NAX: macOS {env.get('macos')}, assuming a wheel built with the NAX kernels "
+                               "(SDK 26.2+)")
+            macos_decides = True
+    chip = replace(chip, tf32=tf32)
+    settings = []
+    if macos_decides:
+        settings.append((f"macOS {env.get('macos')} (NAX from 26.2)", replace(chip, nax=not chip.nax)))
+    if not tf32:
+        settings.append((f"{TF32_VAR}=0", replace(chip, tf32=True)))
+    return replace(chip, settings=tuple(settings))
 
 
 # A hosted macOS runner's GPU: "Apple Paravirtual device", architecture air64_v26 / air64_v27 (the Metal AIR
@@ -238,4 +297,5 @@ def describe_chip(chip: Chip) -> str:
 
 
 __all__ = ["CHIPS", "DEFAULT_CHIP", "SIZE_LABEL", "CPU_LINUX_X86", "CPU_OTHER", "chip_named", "chip_from_env",
+           "record_tf32",
            "describe_chip", "nax_capable", "not_a_chip"]

@@ -20,6 +20,17 @@ def _nax(chip: Chip, dtype: str, tf32: bool) -> bool:
     return bool(chip.nax) and (tf32 or dtype != "float32")
 
 
+# float32 on NAX: the NAX kernels build their matmul2d_descriptor with relaxed precision on (the sixth
+# argument, ``true``, in steel/gemm/nax.h at v0.30.0 and every tag read since), which is why mlx lets float32 in
+# only under MLX_ENABLE_TF32 (default 1). So float32 on NAX is computed from truncated operands, as CUDA's TF32.
+NAX_F32_NOTE = ("float32 computed as TF32 on NAX (operands truncated: matmul2d relaxed precision, which "
+                "MLX_ENABLE_TF32=1, mlx's default, allows)")
+
+
+def _nax_note(dtype: str, what: str = "NAX: order inside matmul2d unknown") -> str:
+    return what + ("; " + NAX_F32_NOTE if dtype == "float32" else "")
+
+
 def gemm_tparams(chip: Chip, M: int, N: int, K: int, dtype: str, b_transposed: bool = True) -> dict[str, int]:
     """GEMM_TPARAM_MACRO(devc) (matmul.cpp L90-171 at 846d176; unchanged from v0.30.5) for a not transposed:
     the nt case (``x @ W.T``) or, with ``b_transposed=False``, the nn case (``x @ W``). Only bk decides the
@@ -134,7 +145,7 @@ def matmul(chip: Chip, M: int, K: int, N: int, dtype: str, version: Version, *, 
         return Choice("gemv", gemv_params(M, N, K), f"{METAL_MATMUL} gemv_axbpy")
     tm, tn, tk = cdiv(M, 16), cdiv(N, 16), K // 16
     use_nax = _nax(chip, dtype, tf32)
-    nax_note = "NAX: order inside matmul2d unknown" if use_nax else ""
+    nax_note = _nax_note(dtype) if use_nax else ""
     min_tmn = 2048 if chip.size in ("s", "d") else 1024
     # Case 1, SIMD split-K; `!use_nax &&` joined the condition in v0.31.2.
     if (not use_nax or version < (0, 31, 2)) and tm * tn <= min_tmn and tk >= 8 and K >= max(M, N):
@@ -213,7 +224,7 @@ def quantized_matmul(chip: Chip, M: int, K: int, N: int, dtype: str, version: Ve
                           "partials in the input dtype, reduced by strided_reduce_general_dispatch")
     if nax:
         return Choice("qmm_t_nax", {**q, "batch_limit": limit, "split_k": 1}, f"{METAL_QUANTIZED} qmm (qmm_nax)",
-                      "NAX: order inside matmul2d unknown")
+                      _nax_note(dtype))
     return Choice("qmm_t", {**q, "batch_limit": limit, "split_k": 1, "bm": 32, "bn": 32, "bk": 32},
                   f"{METAL_QUANTIZED} qmm")
 
@@ -244,9 +255,10 @@ def sdpa(chip: Chip, q_len: int, k_len: int, head_dim: int, n_heads: int, n_kv_h
     gqa = max(1, n_heads // max(1, n_kv_heads))
     p = {"head_dim": head_dim, "v_head_dim": dv, "gqa": gqa, "k_len": k_len}
     src = f"{METAL_SDPA} use_fallback"
-    unfused = Choice("sdpa_unfused", p, "mlx/fast.cpp scaled_dot_product_attention (fallback)",
-                     "matmul, softmax(precise), matmul: each is dispatched as a matmul")
     nax = bool(chip.nax) and (tf32 or dtype != "float32")
+    unfused = Choice("sdpa_unfused", p, "mlx/fast.cpp scaled_dot_product_attention (fallback)",
+                     "matmul, softmax(precise), matmul: each is dispatched as a matmul"
+                     + (" (float32: those that take NAX are computed as TF32)" if nax and dtype == "float32" else ""))
     if q_len <= 8:
         # Vector head dims: {64, 96, 128, 256} with q == v; (192, 128) from v0.32.0; 192/192 is fused-capable
         # after v0.32.1 but use_fallback still sends it to the unfused path.
@@ -265,12 +277,14 @@ def sdpa(chip: Chip, q_len: int, k_len: int, head_dim: int, n_heads: int, n_kv_h
         return Choice("sdpa_vector", p, f"{METAL_SDPA} eval_gpu (sdpa_vector)")
     # q_len > 8. After v0.32.1 (846d176): head dim 256, causal, q_len >= 1024 on NAX takes the fused kernel.
     if version >= (0, 32, 2) and nax and head_dim == 256 and q_len >= 1024 and causal:
-        return Choice("sdpa_full_nax", {**p, "head_dim_split": True}, src, "NAX head-dim split kernel: order unknown")
+        return Choice("sdpa_full_nax", {**p, "head_dim_split": True}, src,
+                      _nax_note(dtype, "NAX head-dim split kernel: order unknown"))
     full_dims = (64, 72, 80, 96, 128) if version >= (0, 32, 1) else (64, 80, 128)
     if head_dim != dv or head_dim not in full_dims or (causal and q_len > k_len):
         return unfused
     # sdpa_full_self_attention_metal: NAX unless head dim 80 (and 72 from v0.32.1); at 846d176 only 64/96/128/256.
     nax_dims = (64, 96, 128, 256) if version >= (0, 32, 2) else tuple(d for d in full_dims if d not in (72, 80))
     if nax and head_dim in nax_dims:
-        return Choice("sdpa_full_nax", p, f"{METAL_SDPA} sdpa_full_self_attention_nax", "NAX: order unknown")
+        return Choice("sdpa_full_nax", p, f"{METAL_SDPA} sdpa_full_self_attention_nax",
+                      _nax_note(dtype, "NAX: order unknown"))
     return Choice("sdpa_full", p, f"{METAL_SDPA} sdpa_full_self_attention_metal")

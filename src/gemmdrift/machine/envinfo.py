@@ -271,12 +271,19 @@ def fp32_matmul_mode(env: dict[str, Any]) -> str:
     if backend == "cuda":
         return "tf32" if tf32 else "float32"
     if backend == "metal":
-        m = _METAL_GEN.search(str(env.get("architecture") or ""))
+        arch = str(env.get("architecture") or "")
+        override = (env.get("env") or {}).get("MLX_METAL_GPU_ARCH")
+        if override and _version_tuple(env.get("mlx")) >= (0, 31, 0):  # env::metal_gpu_arch(), from v0.31.0
+            arch = str(override)
+        m = _METAL_GEN.search(arch)
         if not m:
             return "unknown" if tf32 else "float32"
         gen, size = int(m.group(1)), m.group(2)
         nax = gen >= (18 if size == "p" else 17) and _version_tuple(env.get("mlx")) >= (0, 30, 0)
-        # NAX also needs macOS >= 26.2, which the record does not carry: count it as possible.
+        # NAX also needs macOS >= 26.2: a recorded older macOS rules it out; an unrecorded one counts as possible.
+        macos = _version_tuple(env.get("macos"))
+        if macos and macos < (26, 2):
+            nax = False
         return "tf32" if nax and tf32 else "float32"
     return "unknown" if tf32 else "float32"
 

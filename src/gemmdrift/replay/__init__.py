@@ -204,6 +204,16 @@ def check_variant_text(text: str | None) -> None:
             raise GemmdriftError(f"unknown {axis} variant {value!r} (known: {', '.join(sorted(values))})")
 
 
+def unused_axes(variant: str | None, kernels) -> list[str]:
+    """The axes a variant text names (``dot4=pairwise,mma=H2``) that none of ``kernels``' recipes has: a setting
+    nothing used (M1 never runs gemv_wide, so ``dot4`` changes nothing there)."""
+    if not variant or variant in ("default", "exact", "all"):
+        return []
+    have = {a for k in kernels if k in RECIPES for a in RECIPES[k].axes}
+    given = [p.partition("=")[0].strip() for p in str(variant).split(",") if p.strip()]
+    return [a for a in given if a not in have]
+
+
 def variant_name(var: Mapping[str, str]) -> str:
     return ",".join(f"{k}={v}" for k, v in var.items()) or "exact"
 
@@ -466,5 +476,5 @@ def recipe_for(choice: Any, variant: Any = None, *, mlx_version: str | None = No
 
 
 __all__ = ["METAL_REV", "CPU_REV", "ENGINES", "replay_engine", "Recipe", "RECIPES", "FP_KERNELS", "UNKNOWN", "parse_variant",
-           "check_variant_text", "variant_name", "version_axes", "version_params", "Replayed", "replay_matmul",
+           "check_variant_text", "unused_axes", "variant_name", "version_axes", "version_params", "Replayed", "replay_matmul",
            "replay_quantized", "get_recipe", "cpu_recipe", "Plan", "recipe_for"]

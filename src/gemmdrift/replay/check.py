@@ -533,7 +533,11 @@ def variants_lines(result) -> list[str]:
         out.append(f"variants on {path}: " + "; ".join(parts))
     checked = (result.inputs or {}).get("variants")
     if out and checked not in (None, "all"):  # the list is of what exists; say what this check ran
-        out.append(f"  (the variants each kernel has; this check ran {checked or 'the default'} only)")
+        from . import unused_axes
+
+        unused = unused_axes(checked, {k for ks in kernels.values() for k in ks})
+        out.append(f"  (the variants each kernel has; this check ran {checked or 'the default'} only"
+                   + (f"; {', '.join(unused)} unused: no kernel checked has it" if unused else "") + ")")
     return out
 
 
@@ -551,10 +555,18 @@ def headline(result) -> str:
 
 
 def cells_line(result) -> str:
+    """How many replayed (path, T) cells have a bit-identical variant; cells with no recipe (a Metal float32 call,
+    a NAX kernel, ...) are not counted among them but said apart, the lines above giving each one's reason."""
     by: dict[tuple[str, int], bool] = {}
-    for r in result.details["records"]:
-        by[(r["path"], r["T"])] = by.get((r["path"], r["T"]), False) or bool(r["identical"])
-    return f"{sum(by.values())} of {len(by)} (path, T) cells have a bit-identical variant"
+    recs = result.details["records"]
+    for r in recs:  # max_ulp: NaN in memory, null once written
+        if r["kernel"] or not (r["max_ulp"] is None or _nan(r["max_ulp"])):
+            by[(r["path"], r["T"])] = by.get((r["path"], r["T"]), False) or bool(r["identical"])
+    skipped = sorted({(r["path"], r["T"]) for r in recs if (r["path"], r["T"]) not in by})
+    paths = dict.fromkeys(p for p, _ in skipped)
+    where = "; ".join(f"{p} T={', '.join(str(t) for q, t in skipped if q == p)}" for p in paths)
+    return (f"{sum(by.values())} of {len(by)} replayed (path, T) cells have a bit-identical variant"
+            + (f"; {len(skipped)} not replayed, no recipe ({where}: each line above says why)" if skipped else ""))
 
 
 def report_part(result) -> tuple[list, list[str]]:

@@ -26,7 +26,7 @@ from ..errors import GemmdriftError
 from ..kernels.paths import PathSpec, Operator, quant_of
 from ..model.projections import LM_HEAD, Projection, projections
 from ..model.taps import swapped, to_numpy
-from . import variant_name
+from . import unused_axes, variant_name
 from .core import min_nonzero
 from .paths import installed_mlx, parse_chip, plan_for, run_plan
 
@@ -46,8 +46,10 @@ class ReplayLog:
     extra: dict = field(default_factory=dict)  # more to say in the record (e.g. where the input rows came from)
 
     def record(self) -> dict[str, Any]:
+        unused = unused_axes(self.variant, {k for (_, k, _, _) in self.calls}) if self.calls else []
         return {"prediction": True, "chip": self.chip, "mlx_version": self.mlx_version,
                 "variant": self.variant or "default",
+                **({"variant_unused": unused} if unused else {}),
                 "replayed": "every projection of every decoder layer and the LM head",
                 "not_replayed": "attention, norms, RoPE, embeddings lookup and the cache",  # on this machine's kernels
                 **({"prefix": self.prefix} if self.prefix else {}),
@@ -263,7 +265,35 @@ class KernelsOption:
         from ..ranges import default_split
 
         split = split if split is not None else default_split(n)
-        self.check_calls(shapes, replayed_ts(schedules, n, split, replay_prefix=self.replay_prefix), dtype)
+        ts = replayed_ts(schedules, n, split, replay_prefix=self.replay_prefix)
+        self.check_calls(shapes, ts, dtype)
+        if self.variant and not self.calibrated_by:  # a calibrated variant names every measured axis: kept
+            self.check_variant_used(shapes, ts, n, dtype)
+
+    def check_variant_used(self, shapes, ts, upto: int, dtype: str) -> None:
+        """Refuse a variant axis that no call of the run could use: no recipe the chip plans for these shapes at
+        any row count the run can replay (``ts``, every T up to 64, the powers of two and ``upto``, the longest
+        block) has it (``replay:M1@dot4=pairwise``: M1 never runs gemv_wide). A superset of the run's calls, so
+        the refusal is never a false one."""
+        from . import RECIPES
+
+        chip, version = parse_chip(self.chip), installed_mlx()
+        probe = set(ts) | set(range(1, min(upto, 64) + 1)) | {1 << i for i in range(upto.bit_length())} | {upto}
+        kernels = set()
+        for T in sorted(t for t in probe if 1 <= t <= max([upto, *ts])):
+            for _, K, N, quant in shapes:
+                op = "matmul" if quant is None else "quantized_matmul"
+                q = {} if quant is None else {"bits": quant[0], "group_size": quant[1]}
+                try:
+                    kernels.add(plan_for(chip, op, T=T, K=K, N=N, dtype=dtype, mlx_version=version, **q).recipe.kernel)
+                except GemmdriftError:
+                    continue
+        unused = unused_axes(self.variant, kernels)
+        if unused:
+            owners = sorted({r.kernel for r in RECIPES.values() for a in unused if a in r.axes})
+            raise GemmdriftError(f"--kernels {self.text}: no call of this run can use {', '.join(unused)} "
+                                 f"({', '.join(owners)} only); {chip.name} at mlx {version} runs "
+                                 f"{', '.join(sorted(kernels)) or 'no replayed kernel'} here: drop it")
 
     def units_log(self) -> ReplayLog:
         """A new log for a replayed ``kernels`` sweep (its operators are replayed, not the model)."""
@@ -441,5 +471,5 @@ def replay_operator(lm, op: Operator, proj: Projection, text: str) -> Operator:
     return op
 
 
-__all__ = ["ReplayLog", "replayed", "KernelsOption", "replayed_ts", "triage_ts", "config_shapes", "model_shapes", "lm_shapes",
+__all__ = ["ReplayLog", "unused_axes", "replayed", "KernelsOption", "replayed_ts", "triage_ts", "config_shapes", "model_shapes", "lm_shapes",
            "plan_unit", "replay_operator"]

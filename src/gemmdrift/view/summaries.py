@@ -78,8 +78,10 @@ def replay_note(result: Result) -> str | None:
     if not rep:
         return None
     kernels = sorted({c["kernel"] for c in rep.get("calls") or []})
+    unused = rep.get("variant_unused") or []
+    variant = rep["variant"] + (f" (unused: no replayed call ran a kernel with {', '.join(unused)})" if unused else "")
     head = (f"PREDICTION for {rep['chip']} (replayed mlx {rep['mlx_version']} kernel orders, variant "
-            f"{rep['variant']}), not a measurement on it. Replayed: {rep['replayed']} ({', '.join(kernels) or 'none'})"
+            f"{variant}), not a measurement on it. Replayed: {rep['replayed']} ({', '.join(kernels) or 'none'})"
             f"; on this machine's kernels: {_once(rep['not_replayed'])}."
             + (f" Shared prefix: {rep['prefix']}." if rep.get("prefix") else "")
             + (f" Not replayed, and not computed: {len(rep['skipped'])} (see details.replay.skipped)."

@@ -94,3 +94,17 @@ def test_an_mlx_lm_page_speaks_of_mlx_lm(tmp_path):
     assert "as well as mlx's" not in page and "mlx 0.32.4, 0.32.4" not in page and "between mlx 0.32.4 and 0.32.4" \
         not in page
     assert "Nothing to predict: mlx 0.32.4 on both sides" in page
+
+
+def test_history_and_gate_refusals_are_one_line_with_the_default_results(tmp_path, monkeypatch, capsys):
+    """Item 24, its twin in `gate` and `history`: with the default results, "gemmdrift gate: no asv results in
+    .asv/results: the committed reference results ..." came first, then the error."""
+    monkeypatch.chdir(tmp_path)
+    for args in (("gate", "--candidate", "0.77.1"), ("history", "--include", "no such figure", "--out",
+                                                      str(tmp_path / "h"))):
+        r = gd_here(monkeypatch, capsys, *args, load=False)
+        assert r.returncode == 2, (args, r.stderr)
+        lines = r.stderr.strip().splitlines()
+        assert len(lines) == 1 and "committed reference results" not in lines[0], (args, r.stderr)
+    r = gd_here(monkeypatch, capsys, "gate", "--candidate", "0.30.0", "--baseline", "0.29.4", load=False)
+    assert r.returncode == 0 and "committed reference results" in r.stderr  # said, once the work is done

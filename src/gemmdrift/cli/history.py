@@ -25,15 +25,20 @@ def _release(label: str) -> str:
     return f"mlx {mlx}" + (f" with mlx-lm {lm}" if lm else "")
 
 
-def _results_dirs(args) -> list[str]:
-    """--results, or this checkout's .asv/results, or the committed reference results (said on stderr)."""
+def _results_dirs(args) -> tuple[list[str], str]:
+    """--results, or this checkout's .asv/results, or the committed reference results, and which it was: the
+    caller says that on stderr once its work is done, so a refusal stays its one line alone (issue 53 item 24)."""
     if args.results:
-        return args.results
+        return args.results, ""
     from ..measure.history import default_results
 
     d, why = default_results()
-    print(f"gemmdrift {args.command}: {why}", file=sys.stderr)
-    return [str(d)]
+    return [str(d)], f"gemmdrift {args.command}: {why}"
+
+
+def _say(note: str) -> None:
+    if note:
+        print(note, file=sys.stderr)
 
 
 def cmd_history(args) -> int:
@@ -44,7 +49,7 @@ def cmd_history(args) -> int:
     from ..view import summaries
     from ..measure.history import history_result, mixed_commits, read_results
 
-    dirs = _results_dirs(args)
+    dirs, note = _results_dirs(args)
     out = Path(args.out)
     df = read_results(dirs)
     for machine, release, commits in mixed_commits(df):
@@ -53,6 +58,7 @@ def cmd_history(args) -> int:
     result = history_result(df, include=args.include,
                             results=[str(d) for d in (dirs if isinstance(dirs, (list, tuple)) else [dirs])])
     store.write_result(result, out)
+    _say(note)
     summary = summaries.summary(result)
     summary["figures"] = [str(out / f) for f in summary["figures"]]
     summary["changelog"] = changelog_cli.index_pointer()
@@ -72,9 +78,11 @@ def cmd_gate(args) -> int:
     from ..measure.history import check_one_commit, gate, read_results
     from ..text import text_table
 
-    df = read_results(_results_dirs(args))
+    dirs, note = _results_dirs(args)
+    df = read_results(dirs)
     check_one_commit(df)
     g = gate(df, candidate=args.candidate, baseline=args.baseline, threshold=args.threshold, include=args.include)
+    _say(note)
     bad = g[g["regression"]]
     if args.out:
         files.write_csv(Path(args.out) / "gate.csv", g)

@@ -8,7 +8,6 @@ list (or by pip's own offline output).
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest

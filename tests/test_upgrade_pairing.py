@@ -192,3 +192,12 @@ def test_the_interrupt_message_names_only_the_units_that_finished(tmp_path):
     (ck / "runs-from-abc.npz").write_text("")  # its .json not written: not finished
     msg = interrupts.on_interrupt(Args, KeyboardInterrupt())
     assert "the op capture, to's runs" in msg and "from's runs" not in msg and "speed" not in msg, msg
+
+
+def test_an_interpreter_whose_mlx_lm_cannot_run_its_mlx_is_refused(monkeypatch):
+    """--python with mlx 0.26.5 and mlx-lm 0.32.2 would fail at the load, after the capture: refused at the probe."""
+    monkeypatch.setattr(envs, "probe", lambda py, mt=None, flag="": {"mlx": "0.26.5", "mlx_lm": "0.32.2"})
+    with pytest.raises(GemmdriftError, match=r"--python /x/python: mlx-lm 0\.32\.2 cannot run mlx 0\.26\.5"):
+        envs.plan_side("to", None, None, "/x/python", None)
+    monkeypatch.setattr(envs, "probe", lambda py, mt=None, flag="": {"mlx": "0.32.4", "mlx_lm": "0.26.4"})
+    assert envs.plan_side("to", None, None, "/x/python", None).mlx_lm == "0.26.4"  # the mlx-lm axis runs

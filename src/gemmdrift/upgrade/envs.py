@@ -143,8 +143,11 @@ def index_versions(package: str) -> list[str]:
         return [v.strip() for v in m.group(1).split(",") if v.strip()]
     err = (r.stderr or r.stdout).strip()
     if unreachable(err):  # pip says "No matching distribution" offline too, after its connection warnings
-        said = [line for line in err.splitlines() if unreachable(line)]
-        raise Offline(f"cannot ask the package index ({said[0].strip()[:160]})")
+        said = [line.strip() for line in err.splitlines() if unreachable(line)]
+        why = re.search(r"Failed to establish a new connection: [^')\"]*|Name or service not known|Temporary failure "
+                        r"in name resolution|Network is unreachable|Connection refused|timed out|not a trusted or "
+                        r"secure host", said[0])
+        raise Offline(f"cannot ask the package index ({why.group(0) if why else said[0][:160]})")
     if "No matching distribution" in err:
         return []
     raise Offline(f"cannot ask the package index ({(err.splitlines() or ['no answer'])[-1][:160]})")
@@ -311,6 +314,8 @@ def plan_side(side: str, version: str | None, mlx_lm: str | None, python: str | 
         if version and info["mlx"] != version:
             raise GemmdriftError(f"{flag} {python} holds mlx {info['mlx']}, not {version} "
                                  f"(--{side} {version}); leave --{side} out or give the interpreter of {version}")
+        if info.get("mlx_lm"):  # an interpreter whose mlx-lm cannot run its mlx fails at the load: refused now
+            matrix.check_pair(info["mlx"], info["mlx_lm"], known_pairs()[0], flag=f"{flag} {python}: mlx-lm")
         return Plan(side, info["mlx"], info["mlx_lm"], python, flag, info)
     if version is None:
         return this_interpreter(model_type)

@@ -51,8 +51,12 @@ def project_root() -> Path | None:
 
 
 def read_conf(root: Path | None = None) -> dict[str, Any]:
-    """``root``'s asv.conf.json (default: :func:`project_root`'s); one line when it is missing or unreadable."""
-    root = root if root is not None else project_root()
+    """``root``'s asv.conf.json; one line when it is missing or unreadable. Default: the checkout this package sits
+    in (src layout), else :func:`project_root` (a directory of the user's own with an asv.conf.json of its own is
+    never read for gemmdrift's pairing while the package's checkout has one)."""
+    if root is None:
+        here = Path(__file__).resolve().parents[2]
+        root = here if (here / CONF).is_file() else project_root()
     if root is None:
         raise GemmdriftError(f"no {CONF} here or above: the mlx <-> mlx-lm pairing is read from its matrix")
     try:

@@ -21,6 +21,7 @@ WINGS = {
     # the shared ground, standing alone at the top: no gemmdrift imports but errors
     "errors": 0, "defaults": 0, "text": 0, "metrics": 0, "files": 1, "schedules": 1, "checks": 1,
     "directions": 1,  # which way is better for every tracked figure (the gate, the changelog, upgrade)
+    "matrix": 2,  # the mlx <-> mlx-lm pairing, read from asv.conf.json (upgrade, history_run, the tests)
     "ranges": 2,  # list and range arguments ('1-17,24', 'A:B') and the default split of a stream
     "prompts": 2, "result": 2,
     "machine": 3,  # machine/: backend wheels, platform facts, memory, the environment record, runenv

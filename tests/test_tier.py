@@ -164,19 +164,17 @@ def test_the_history_run_resumes_records_failures_and_keeps_one_commit(tmp_path,
     monkeypatch.setattr(history_run, "build_env", build)
     monkeypatch.setattr(history_run.shutil, "which", lambda *a, **k: "/bin/uv")
 
-    class Done:
-        returncode = 0
-
-    def asv_run(cmd, cwd, env, stdout, stderr):
+    def asv_run(cmd, cwd, env, log):
         out = Path(cwd) / ".asv" / "results" / "m"
         out.mkdir(parents=True, exist_ok=True)
-        python = cmd[cmd.index("--environment") + 1].split(":", 1)[1]
+        python = str(cmd[cmd.index("--environment") + 1]).split(":", 1)[1]
         (out / f"cccccccc-existing-py{python.replace('/', '_')}.json").write_text("{}")
         (out / "machine.json").write_text("{}")
         (Path(cwd) / ".asv" / "results" / "benchmarks.json").write_text(json.dumps({"bench_tier.X.track_y": {}}))
-        return Done()
+        Path(log).write_text("")
+        return 0
 
-    monkeypatch.setattr(history_run.subprocess, "run", asv_run)
+    monkeypatch.setattr(history_run, "run_asv", asv_run)
     monkeypatch.setenv("GEMMDRIFT_CACHE", str(tmp_path / "cache"))
     (results).mkdir()
     (results / "benchmarks.json").write_text(json.dumps({"bench_stack.Old.track_z": {"unit": "x"}}))

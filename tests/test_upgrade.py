@@ -93,6 +93,9 @@ def test_the_same_interpreter_on_both_sides_is_bit_for_bit_and_resumes_after_ctr
     assert s["speed"]["decode_tok_s"]["ratio"] > 0
     assert (tmp_path / "o" / "result.json").is_file() and (tmp_path / "o" / "report.html").is_file()
     assert "BIT-FOR-BIT" in (tmp_path / "o" / "report.md").read_text()
+    # issue 53: one speed round (FAST) is not "medians of 1 alternating rounds"
+    assert "one round, the two releases in turn" in (tmp_path / "o" / "report.md").read_text()
+    assert "medians of 1 " not in (tmp_path / "o" / "report.md").read_text()
     assert not (tmp_path / "o" / ".checkpoints").exists()  # the whole Result holds what the units did
 
 

@@ -52,6 +52,27 @@ def check_out_dir(out: str | Path, flag: str = "--out", shown: str | Path | None
     return out
 
 
+def check_out_kind(out: str | Path, kind: str, flag: str = "--out") -> None:
+    """Refuse an output directory that holds another command's results: its ``result.json`` (or ``meta.json``,
+    written first) names another kind, or it is the main job's run directory (``run.json``). Writing there would
+    replace that record with this one's. A directory of the same kind is left to the command (it resumes)."""
+    import json
+
+    out = Path(out)
+    if (out / "run.json").is_file() and kind != "run":
+        raise GemmdriftError(f"{flag} {out} holds the main job's results (run.json): writing {kind}'s there would "
+                             "mix them; give another --out")
+    for name in ("result.json", "meta.json"):
+        try:
+            got = json.loads((out / name).read_text()).get("kind")
+        except (OSError, ValueError, AttributeError):
+            continue
+        if isinstance(got, str) and got != kind:
+            raise GemmdriftError(f"{flag} {out} holds a {got} result ({name}): writing {kind}'s there would replace "
+                                 "it; give another --out")
+        return
+
+
 def check_out_file(path: str | Path, flag: str = "--out", keep: str | Path | None = None) -> Path:
     """Fail early when ``path`` cannot become a file (a base file of logits): not a directory, its directory
     writable, and not the file ``keep`` (the input it was computed against: writing would replace it)."""

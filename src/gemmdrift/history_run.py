@@ -30,6 +30,7 @@ from typing import Any, Sequence
 
 from .errors import GemmdriftError
 from .files import atomic_path, cache_dir
+from .matrix import entries, env_label, releases  # noqa: F401  (the matrix: one source, gemmdrift.matrix)
 
 MACHINE = "reference-linux-cpu-tier"
 WORK = Path(".asv") / "history"
@@ -39,27 +40,6 @@ RUNNER = "asv_runner"
 # What the history runs: the tier and the environment record. asv would start a process for each of the ~500 cases of
 # the opt-in main-job benchmarks only to record it as skipped (minutes on a loaded 2-core machine).
 BENCH = r"^bench_(tier|env)\."
-
-
-def entries(conf: dict[str, Any], platform: str = "linux") -> list[tuple[str, dict[str, str]]]:
-    """(label, pins) of every include entry of ``platform``, in the configuration's order."""
-    out = []
-    for inc in conf.get("include", []):
-        if inc.get("sys_platform") != platform:
-            continue
-        req = {k: str(v) for k, v in inc.get("req", {}).items()}
-        out.append((env_label(req), req))
-    return out
-
-
-def releases(conf: dict[str, Any], platform: str) -> list[tuple[str, str]]:
-    """(mlx, mlx-lm) of every entry of ``platform``: the releases it measures."""
-    return [(r.get("mlx", ""), r.get("mlx-lm", "")) for _, r in entries(conf, platform)]
-
-
-def env_label(req: dict[str, str]) -> str:
-    """``mlx0.29.4-lm0.30.2``: the directory and status key of one entry."""
-    return f"mlx{req.get('mlx', '')}-lm{req.get('mlx-lm', '')}"
 
 
 def requirement_specs(req: dict[str, str]) -> list[str]:
@@ -168,6 +148,22 @@ def _git(root: Path, *args: str) -> str:
     return p.stdout.strip()
 
 
+def resolve_commit(root: Path, rev: str) -> str:
+    """The full hash of commit ``rev`` in ``root``; one line when there is no such commit (git's own message for an
+    unknown revision ends in its usage line)."""
+    try:
+        found = _git(root, "rev-parse", "--verify", "--quiet", "--end-of-options", f"{rev}^{{commit}}")
+    except GemmdriftError:
+        found = ""
+    if not found:
+        raise GemmdriftError(f"--commit {rev}: no such commit in {root}")
+    return found
+
+
+def plural(n: int, word: str) -> str:
+    return f"{n} {word}{'' if n == 1 else 's'}"
+
+
 def prepare(root: Path, work: Path, commit: str, uv: str) -> tuple[Path, Path]:
     """The clone at ``commit`` and gemmdrift's wheel built from it (both reused while the commit is the same)."""
     src = work / "src"
@@ -187,6 +183,97 @@ def prepare(root: Path, work: Path, commit: str, uv: str) -> tuple[Path, Path]:
     return src, found[-1]
 
 
+def process_tree(pid: int) -> list[int]:
+    """``pid``'s descendants (children first, then theirs), read from ``ps`` (Linux and macOS); [] without it."""
+    try:
+        p = subprocess.run(["ps", "-A", "-o", "pid=", "-o", "ppid="], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return []
+    children: dict[int, list[int]] = {}
+    for line in p.stdout.splitlines():
+        parts = line.split()
+        if len(parts) == 2 and parts[0].isdigit() and parts[1].isdigit():
+            children.setdefault(int(parts[1]), []).append(int(parts[0]))
+    out, todo = [], [pid]
+    while todo:
+        kids = children.get(todo.pop(0), [])
+        out += kids
+        todo += kids
+    return out
+
+
+def stop_tree(pid: int, grace: float = 5.0) -> None:
+    """Stop ``pid`` and every process below it, in whatever process group each one put itself (asv starts
+    ``benchmark.py run_server`` in its own: the terminal's Ctrl-C never reaches it): SIGTERM, then SIGKILL for what
+    is left after ``grace`` seconds."""
+    import signal
+
+    pids = [pid, *process_tree(pid)]
+    groups = set()
+    for q in pids:
+        try:
+            groups.add(os.getpgid(q))
+        except OSError:
+            pass
+    groups.discard(os.getpgrp())  # never this process's own group
+
+    def send(sig) -> None:
+        for g in groups:
+            try:
+                os.killpg(g, sig)
+            except OSError:
+                pass
+        for q in pids:
+            try:
+                os.kill(q, sig)
+            except OSError:
+                pass
+
+    send(signal.SIGTERM)
+    end = time.monotonic() + grace
+    while time.monotonic() < end and any(_alive(q) for q in pids):
+        time.sleep(0.1)
+    send(signal.SIGKILL)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        done, _ = os.waitpid(pid, os.WNOHANG)  # our own child: reaped once it stops
+        if done:
+            return False
+    except ChildProcessError:
+        pass
+    except OSError:
+        return False
+    try:
+        os.kill(pid, 0)
+    except OSError:
+        return False
+    try:  # a zombie whose parent has not reaped it yet is stopped
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True
+
+
+def run_asv(cmd: Sequence[Any], cwd: Path, env: dict[str, str], log: Path) -> int:
+    """``asv run`` with its output in ``log``; its exit status. asv runs in a session of its own, and Ctrl-C here
+    stops it and everything it started (the benchmark server included) before the interrupt goes on."""
+    with open(log, "w") as fh:
+        p = subprocess.Popen([str(c) for c in cmd], cwd=cwd, env=env, stdout=fh, stderr=subprocess.STDOUT,
+                             start_new_session=True)
+        try:
+            while True:
+                try:
+                    return p.wait(timeout=0.5)
+                except subprocess.TimeoutExpired:
+                    continue
+        except BaseException:
+            stop_tree(p.pid)
+            p.wait()
+            raise
+
+
 def run_history(root: Path, *, machine: str = MACHINE, results: Path | None = None, commit: str | None = None,
                 only: Sequence[str] = (), bench: str | None = BENCH, dry_run: bool = False,
                 retry: bool = False) -> dict[str, Any]:
@@ -204,15 +291,15 @@ def run_history(root: Path, *, machine: str = MACHINE, results: Path | None = No
         todo = [(lab, r) for lab, r in todo if lab in only]
     status_path = results / f"{machine}.status.json"
     status = read_status(status_path)
-    commit = _git(root, "rev-parse", commit or status.get("commit") or "HEAD")
+    commit = resolve_commit(root, commit or status.get("commit") or "HEAD")
     check_commit(status, commit, status_path)
     status.setdefault("envs", {})
     status.update(commit=commit, machine=machine)
     final = (DONE, NOT_INSTALLABLE) + (() if retry else (FAILED,))
     finished = {k for k, v in status["envs"].items() if v.get("state") in final}
     pending = [(lab, r) for lab, r in todo if lab not in finished]
-    _say(f"{len(todo)} environments at gemmdrift {commit[:8]} on machine {machine}: {len(todo) - len(pending)} "
-         f"finished before, {len(pending)} to run")
+    _say(f"{plural(len(todo), 'environment')} at gemmdrift {commit[:8]} on machine {machine}: "
+         f"{len(todo) - len(pending)} finished before, {len(pending)} to run")
     if dry_run:
         for lab, r in pending:
             _say(f"would run {lab}: {' '.join(requirement_specs(r))}")
@@ -251,18 +338,17 @@ def run_history(root: Path, *, machine: str = MACHINE, results: Path | None = No
                *(["--bench", bench] if bench else [])]
         log = work / "logs" / f"{lab}.log"
         log.parent.mkdir(parents=True, exist_ok=True)
-        with open(log, "w") as fh:
-            p = subprocess.run([str(c) for c in cmd], cwd=src, env=env, stdout=fh, stderr=subprocess.STDOUT)
+        returncode = run_asv(cmd, src, env, log)
         rec["run_s"] = round(time.perf_counter() - t1, 1)
         missing = parts_not_run(log.read_text(errors="replace"))
         if missing:  # recorded as not measurable, with the reason: their figures are NaN (skipped), never 0
             rec["parts_not_run"] = missing
         files = asv_result_files(src / ".asv" / "results", machine, python)
         if not files:
-            rec.update(state=FAILED, reason=f"asv run exited {p.returncode} and wrote no results (log {log})")
+            rec.update(state=FAILED, reason=f"asv run exited {returncode} and wrote no results (log {log})")
         else:
-            if p.returncode != 0:  # asv exits 2 when a benchmark failed: it is recorded as failed (null), never 0
-                rec["note"] = f"asv run exited {p.returncode}: some benchmarks failed (log {log})"
+            if returncode != 0:  # asv exits 2 when a benchmark failed: it is recorded as failed (null), never 0
+                rec["note"] = f"asv run exited {returncode}: some benchmarks failed (log {log})"
             out = results / machine
             out.mkdir(parents=True, exist_ok=True)
             for f in files:
@@ -286,7 +372,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--machine", default=MACHINE, help=f"asv machine name of the results (default {MACHINE})")
     p.add_argument("--results", default=None, help="results directory (default benchmarks/reference)")
     p.add_argument("--commit", default=None, help="gemmdrift commit (default: the status file's, else HEAD)")
-    p.add_argument("--only", default="", help="comma-separated entry labels (e.g. mlx0.29.4-lm0.30.2)")
+    p.add_argument("--only", default=None, help="comma-separated entry labels (e.g. mlx0.29.4-lm0.30.2; default: "
+                   "every entry)")
     p.add_argument("--bench", default=BENCH, help=f"asv's --bench regex (default {BENCH!r}: the tier and the "
                    "environment record; '': everything, the opt-in benchmarks recorded as skipped)")
     p.add_argument("--retry", action="store_true", help="run the environments whose asv run failed again")
@@ -302,17 +389,25 @@ def main(argv: Sequence[str] | None = None) -> int:
             print("history: no asv.conf.json here or above", file=sys.stderr)
             return 2
         root = root.parent
+    only = [x.strip() for x in (args.only or "").split(",") if x.strip()]
+    if args.only is not None and not only:
+        print(f"history: --only {args.only!r}: give at least one entry label (e.g. mlx0.29.4-lm0.30.2); leave "
+              "--only out for every entry", file=sys.stderr)
+        return 2
     try:
         status = run_history(root, machine=args.machine, results=Path(args.results) if args.results else None,
-                             commit=args.commit, only=[x.strip() for x in args.only.split(",") if x.strip()],
-                             bench=args.bench, dry_run=args.dry_run, retry=args.retry)
+                             commit=args.commit, only=only, bench=args.bench, dry_run=args.dry_run,
+                             retry=args.retry)
     except GemmdriftError as e:
         print(f"history: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("history: interrupted; run the same command again to resume", file=sys.stderr)
+        print("history: interrupted (asv and its benchmark processes stopped); run the same command again to resume",
+              file=sys.stderr)
         return 130
-    envs = list(status.get("envs", {}).values())
+    if args.dry_run:
+        return 0
+    envs = [v for k, v in status.get("envs", {}).items() if not only or k in only]  # the entries asked for
     states = [v.get("state") for v in envs]
     build, run = (sum(float(v.get(k) or 0) for v in envs) for k in ("build_s", "run_s"))
     _say(f"{states.count(DONE)} measured, {states.count(NOT_INSTALLABLE)} not installable, "

@@ -48,6 +48,8 @@ def on_interrupt(args: Any, exc: KeyboardInterrupt) -> str:
         kept = _attribute_kept(args, out)
         if kept is not None:
             return f"gemmdrift attribute: interrupted: {kept}"
+    if command == "upgrade":
+        return f"gemmdrift upgrade: interrupted: {_upgrade_kept(out)}"
     if command == "state" and not _state_kept(exc, out):  # say "kept in OUT/.checkpoints" only when true
         return "gemmdrift state: interrupted: nothing had finished, so nothing is kept; rerun the same command"
     if isinstance(exc, Interrupted) and exc.result is not None and out is not None:
@@ -75,6 +77,24 @@ def _state_kept(exc: KeyboardInterrupt, out: Any) -> bool:
 
     d = Path(out) / DIR / "state" if out is not None else None
     return d is not None and d.is_dir() and any(d.iterdir())
+
+
+# upgrade's units (gemmdrift.upgrade.measure), by the name each file begins with: what a rerun reads back.
+UPGRADE_UNITS = (("capture-", "the op capture"), ("runs-from-", "from's runs"), ("runs-to-", "to's runs"),
+                 ("ops-from-", "from's recomputed ops"), ("ops-to-", "to's recomputed ops"),
+                 ("ladder-from-", "from's float32 rung"), ("ladder-to-", "to's float32 rung"),
+                 ("speed-", "the speed rounds"))
+
+
+def _upgrade_kept(out: Any) -> str:
+    """What an interrupted ``upgrade`` left in OUT/.checkpoints/upgrade: the units finished (their .json is written
+    last), never a list of every unit whether it was reached or not."""
+    d = Path(out) / ".checkpoints" / "upgrade" if out is not None else None
+    names = [p.name for p in d.glob("*.json")] if d is not None and d.is_dir() else []
+    kept = [what for head, what in UPGRADE_UNITS if any(n.startswith(head) for n in names)]
+    if not kept:
+        return "nothing had finished, so nothing is kept; rerun the same command"
+    return f"finished units ({', '.join(kept)}) are kept in {d}; rerun the same command to resume"
 
 
 def _attribute_kept(args: Any, out: Any) -> str | None:

@@ -18,21 +18,45 @@ from ..errors import GemmdriftError
 OUT = "results/upgrade"
 
 
-def model_type(source: str) -> str:
-    """The architecture of ``--model`` read without loading it (what the other mlx-lm must know)."""
-    from ..model import resolve_source
+def model_facts(source: str) -> dict:
+    """What ``--model`` is, read without loading it: its architecture (what the other mlx-lm must know), and where
+    its config says them, its positions and sliding window (a GGUF's are checked once it is loaded)."""
+    from ..model import SHAPES, resolve_source
 
     kind, path = resolve_source(source)
     if kind == "shape":
         raise GemmdriftError(f"--model {source}: upgrade needs a model on disk (an mlx-lm directory, a Gemma 3 GGUF "
                              "or 'embedded'): the other release loads it from there")
-    if kind in ("embedded", "gguf"):
-        return "gemma3_text"  # gemmdrift converts Gemma 3 GGUFs to an mlx-lm gemma3_text checkpoint
+    if kind == "embedded":
+        c = SHAPES["gemma3-270m"]
+        return {"model_type": "gemma3_text", "max_positions": D.EMBEDDED_MAX_POSITIONS,
+                "sliding_window": c["sliding_window"]}
+    if kind == "gguf":
+        return {"model_type": "gemma3_text"}  # gemmdrift converts Gemma 3 GGUFs to an mlx-lm gemma3_text checkpoint
     try:
         cfg = json.loads((path / "config.json").read_text())
     except (OSError, ValueError) as e:
         raise GemmdriftError(f"--model {source}: cannot read its config.json ({e})") from None
-    return str(cfg.get("model_type") or "?")
+    text = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else cfg
+    return {"model_type": str(cfg.get("model_type") or "?"), "max_positions": text.get("max_position_embeddings"),
+            "sliding_window": text.get("sliding_window")}
+
+
+def model_type(source: str) -> str:
+    return model_facts(source)["model_type"]
+
+
+def check_generate(gen: int, n: int | None, limit: int | None) -> None:
+    """The greedy run holds the prompt before the compared positions and ``gen`` generated tokens: refuse it past
+    the model's positions (``n``: the stream's length where known, else the shortest a stream can be)."""
+    from ..upgrade.measure import split_of
+
+    if not limit:
+        return
+    split = split_of(n) if n else 1
+    if split + gen > limit:
+        raise GemmdriftError(f"--generate {gen}: the greedy run would hold {split + gen:,} positions ({split:,} of "
+                             f"the prompt), more than the model's {limit:,}; at most {max(limit - split, 0):,} here")
 
 
 def plan(args, mtype: str):
@@ -68,10 +92,26 @@ def cmd_upgrade(args) -> int:
     if args.allow not in CLASSES:
         raise GemmdriftError(f"--allow {args.allow!r}: one of {', '.join(CLASSES)}")
     args.cli.precheck(args)
+    checks.check_out_kind(args.out, "upgrade")
     if args.tokens is not None and args.tokens < 16:
         raise GemmdriftError(f"--tokens {args.tokens}: upgrade needs at least 16 tokens")
-    checks.check_positive(**{"--speed-rounds": args.speed_rounds, "--generate": args.generate})
-    mtype = model_type(args.model)
+    checks.check_positive(speed_rounds=args.speed_rounds, generate=args.generate)
+    from ..model.description import parse_dtype
+
+    try:
+        parse_dtype(args.dtype)
+    except GemmdriftError as e:
+        raise GemmdriftError(f"--dtype: {e}") from None
+    facts = model_facts(args.model)
+    mtype = facts["model_type"]
+    n = args.tokens
+    if n is None and args.prompt is None and args.prompt_file is None and args.prompt_ids is None:
+        from ..upgrade.measure import default_length
+
+        n = default_length(facts)  # the built-in essay's length
+    if n is not None:
+        checks.check_length(facts, n, "the stream")
+    check_generate(args.generate, n, facts.get("max_positions"))
     old_plan, new_plan = plan(args, mtype)
 
     from ..upgrade import envs
@@ -120,6 +160,7 @@ def _stream(args, lm):
     else:
         ids, label = args.cli.tokens(args, lm)
     check_length(lm.description, len(ids), "the stream")
+    check_generate(args.generate, len(ids), lm.description.max_positions)
     return ids, label
 
 
@@ -137,8 +178,8 @@ def add_parser(sub, cli) -> None:
     g.add_argument("--python", metavar="PATH", help="the interpreter of --to (offline: nothing is built)")
     g.add_argument("--from-python", metavar="PATH", help="the interpreter of --from (offline: nothing is built)")
     g.add_argument("--mlx-lm", metavar="VERSION",
-                   help="mlx-lm for --to's environment (default: the one asv pairs with it, else the newest the "
-                        "resolver allows)")
+                   help="mlx-lm for --to's environment (default: the one asv.conf.json's matrix pairs with it; a "
+                        "release it does not pair needs this flag; one that cannot run --to's mlx is refused)")
     g.add_argument("--allow", default="ROUNDOFF", metavar="CLASS",
                    help=f"exit 0 when the class is at most this, 1 when worse ({', '.join(CLASSES)}; default ROUNDOFF)")
     m = s.add_argument_group("model")

@@ -38,6 +38,7 @@ import pandas as pd
 from .. import defaults, directions
 from ..checks import LM_TAG, check_gate_versions, release_order_key, split_release
 from ..errors import GemmdriftError
+from ..matrix import project_root  # noqa: F401  (the checkout: gemmdrift.matrix, beside the pairing it reads)
 
 VERSION_BENCH = "bench_env.track_mlx_version"
 LM_VERSION_BENCH = "bench_env.track_mlx_lm_version"
@@ -126,15 +127,6 @@ def _param_value(text: str) -> Any:
 
 REFERENCE_RESULTS = Path("benchmarks") / "reference"  # committed asv results (see its README.md)
 LOCAL_RESULTS = Path(".asv") / "results"  # asv.conf.json's results_dir
-
-
-def project_root() -> Path | None:
-    """The checkout this runs in: the nearest directory up from here holding asv.conf.json
-    (the notebooks run from notebooks/), else the one this package sits in (src layout)."""
-    for base in (Path.cwd(), *Path.cwd().parents, Path(__file__).resolve().parents[3]):
-        if (base / "asv.conf.json").is_file():
-            return base
-    return None
 
 
 def directions_of(root: Path | None = None) -> dict[str, str]:

@@ -8,6 +8,9 @@ this platform's backend wheel), mlx-lm and their dependencies, nothing of gemmdr
 place when its install succeeded, so a cached directory is always a whole one; ``env.json`` in it records the
 exact versions installed.
 
+Which mlx-lm a release gets is asv.conf.json's pairing (:mod:`gemmdrift.matrix`), or ``--mlx-lm`` where it can run
+that mlx; a cached environment is reused only for exactly the pair asked for.
+
 Every check here runs before any model loads: the release exists and has a wheel for this platform (the nearest
 that exist are named otherwise), an interpreter given with ``--python`` imports mlx and mlx-lm and knows the
 model's architecture, and without a network an environment that is not cached is one line naming an interpreter
@@ -27,10 +30,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from .. import matrix
 from ..errors import GemmdriftError
 
-# mlx-lm paired with each mlx release in asv.conf.json's matrix: the default when --mlx-lm is not given.
-KNOWN_LM = {"0.29.4": "0.30.2", "0.30.6": "0.31.2", "0.31.2": "0.31.3", "0.32.4": "0.32.2"}
 _VERSION = re.compile(r"^\d+(\.\d+){1,3}$")
 _PROBE = r"""
 import ast, json, sys, importlib.util, importlib.metadata, os
@@ -92,8 +94,7 @@ class Side:
         return f"{self.mlx}+lm{self.mlx_lm}@{self.python}"
 
 
-def vtuple(v: str) -> tuple[int, ...]:
-    return tuple(int(x) for x in re.findall(r"\d+", v)[:4])
+vtuple = matrix.vkey
 
 
 def check_version(text: str, flag: str) -> str:
@@ -141,9 +142,26 @@ def index_versions(package: str) -> list[str]:
     if m:
         return [v.strip() for v in m.group(1).split(",") if v.strip()]
     err = (r.stderr or r.stdout).strip()
+    if unreachable(err):  # pip says "No matching distribution" offline too, after its connection warnings
+        said = [line.strip() for line in err.splitlines() if unreachable(line)]
+        why = re.search(r"Failed to establish a new connection: [^')\"]*|Name or service not known|Temporary failure "
+                        r"in name resolution|Network is unreachable|Connection refused|timed out|not a trusted or "
+                        r"secure host", said[0])
+        raise Offline(f"cannot ask the package index ({why.group(0) if why else said[0][:160]})")
     if "No matching distribution" in err:
         return []
     raise Offline(f"cannot ask the package index ({(err.splitlines() or ['no answer'])[-1][:160]})")
+
+
+_UNREACHABLE = re.compile(r"connection broken|NewConnectionError|Failed to establish a new connection|Max retries|"
+                          r"Could not fetch URL|resolve host|Name or service not known|Temporary failure in name "
+                          r"resolution|Network is unreachable|Connection refused|timed out|offline|"
+                          r"not a trusted or secure host", re.I)
+
+
+def unreachable(text: str) -> bool:
+    """Whether an installer's output says the package index could not be reached (not that a release is missing)."""
+    return bool(_UNREACHABLE.search(text or ""))
 
 
 def env_root() -> Path:
@@ -161,23 +179,18 @@ def _python_of(d: Path) -> Path:
     return d / ("Scripts/python.exe" if sys.platform == "win32" else "bin/python")
 
 
-def cached(mlx: str, mlx_lm: str | None) -> Path | None:
-    """The interpreter of a whole cached environment of this release (the newest mlx-lm when none is asked)."""
-    root = env_root()
-    if not root.is_dir():
+def cached(mlx: str, mlx_lm: str) -> Path | None:
+    """The interpreter of the whole cached environment of exactly this pair (mlx ``mlx`` with mlx-lm ``mlx_lm``),
+    or None: an environment of the same mlx with another mlx-lm is never taken for it."""
+    d = env_dir(mlx, mlx_lm)
+    rec = d / "env.json"
+    if not rec.is_file() or not _python_of(d).exists():
         return None
-    found = []
-    for d in root.glob(f"mlx-{mlx}+lm-*"):
-        rec = d / "env.json"
-        if not rec.is_file() or not _python_of(d).exists():
-            continue
-        try:
-            got = json.loads(rec.read_text())
-        except (OSError, ValueError):
-            continue
-        if got.get("mlx") == mlx and (mlx_lm is None or got.get("mlx_lm") == mlx_lm):
-            found.append((vtuple(got.get("mlx_lm") or "0"), _python_of(d)))
-    return max(found)[1] if found else None
+    try:
+        got = json.loads(rec.read_text())
+    except (OSError, ValueError):
+        return None
+    return _python_of(d) if got.get("mlx") == mlx and got.get("mlx_lm") == mlx_lm else None
 
 
 def interpreters_with(mlx: str) -> list[str]:
@@ -211,9 +224,9 @@ def _installer() -> list[str] | None:
     return [uv] if uv else None
 
 
-def build(mlx: str, mlx_lm: str | None, log: Callable[[str], None] = print) -> tuple[Path, float]:
-    """Make the environment of mlx ``mlx`` (and mlx-lm ``mlx_lm``, or the newest the resolver pairs with it); returns
-    its interpreter and the seconds it took. Built in a temporary sibling, renamed into place when whole."""
+def build(mlx: str, mlx_lm: str, log: Callable[[str], None] = print) -> tuple[Path, float]:
+    """Make the environment of mlx ``mlx`` and mlx-lm ``mlx_lm`` (both pinned: :func:`plan_side` chose the pair);
+    returns its interpreter and the seconds it took. Built in a temporary sibling, renamed into place when whole."""
     import time
 
     _, extra = backend_package()
@@ -222,7 +235,7 @@ def build(mlx: str, mlx_lm: str | None, log: Callable[[str], None] = print) -> t
     root.mkdir(parents=True, exist_ok=True)
     tmp = root / f".building-{mlx}-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
-    reqs = [f"mlx[{extra}]=={mlx}" if extra else f"mlx=={mlx}", f"mlx-lm=={mlx_lm}" if mlx_lm else "mlx-lm"]
+    reqs = [f"mlx[{extra}]=={mlx}" if extra else f"mlx=={mlx}", f"mlx-lm=={mlx_lm}"]
     if extra == "cpu":
         reqs.append(f"mlx-cpu=={mlx}")
     uv = _installer()
@@ -240,12 +253,13 @@ def build(mlx: str, mlx_lm: str | None, log: Callable[[str], None] = print) -> t
             if r.returncode != 0:
                 last = [line for line in (r.stderr or r.stdout).strip().splitlines() if line.strip()]
                 text = " ".join(last[-3:])[:300] or "no message"
-                if re.search(r"connect|network|resolve host|timed out|offline|unreachable", text, re.I):
+                if unreachable(text) or re.search(r"connect|network|unreachable", text, re.I):
                     raise Offline(f"installing mlx {mlx} failed: the package index cannot be reached ({text})")
                 raise GemmdriftError(f"installing mlx {mlx} failed: {text}")
         info = probe(str(_python_of(tmp)), flag=f"the new environment for mlx {mlx}")
-        if info["mlx"] != mlx:
-            raise GemmdriftError(f"the new environment for mlx {mlx} holds mlx {info['mlx']}")
+        if info["mlx"] != mlx or info["mlx_lm"] != mlx_lm:
+            raise GemmdriftError(f"the new environment for mlx {mlx} with mlx-lm {mlx_lm} holds mlx {info['mlx']} "
+                                 f"with mlx-lm {info['mlx_lm']}")
         dest = env_dir(mlx, info["mlx_lm"])
         record = {"mlx": info["mlx"], "mlx_lm": info["mlx_lm"], "python": info["python"], "requirements": reqs,
                   "installer": "uv" if uv else "pip", "seconds": round(time.perf_counter() - t0, 1)}
@@ -277,10 +291,22 @@ def this_interpreter(model_type: str | None) -> Plan:
     return Plan("from", info["mlx"], info["mlx_lm"], sys.executable, "this interpreter", info)
 
 
+def known_pairs() -> tuple[dict[str, str], str]:
+    """({mlx: the mlx-lm asv.conf.json's matrix pairs with it} on this platform, why it is empty when it is)."""
+    try:
+        return matrix.main_line(matrix.read_conf()), ""
+    except GemmdriftError as e:
+        return {}, str(e)
+
+
 def plan_side(side: str, version: str | None, mlx_lm: str | None, python: str | None, model_type: str | None,
               versions: Callable[[str], list[str]] | None = None) -> Plan:
     """The interpreter of one side, or the release to build for it; every check that needs no model.
-    ``versions``: the releases of a package with a wheel here (default :func:`index_versions`)."""
+    ``versions``: the releases of a package with a wheel here (default :func:`index_versions`).
+
+    The pair is ``mlx_lm`` when given (refused when it cannot run ``version``: :func:`gemmdrift.matrix.check_pair`),
+    else the one asv.conf.json's matrix pairs with ``version``; a cached environment is taken only for exactly
+    that pair. A release the matrix does not pair is refused, naming the nearest known pairings."""
     versions = versions or index_versions
     flag = "--python" if side == "to" else "--from-python"
     if python:
@@ -288,11 +314,16 @@ def plan_side(side: str, version: str | None, mlx_lm: str | None, python: str | 
         if version and info["mlx"] != version:
             raise GemmdriftError(f"{flag} {python} holds mlx {info['mlx']}, not {version} "
                                  f"(--{side} {version}); leave --{side} out or give the interpreter of {version}")
+        if info.get("mlx_lm"):  # an interpreter whose mlx-lm cannot run its mlx fails at the load: refused now
+            matrix.check_pair(info["mlx"], info["mlx_lm"], known_pairs()[0], flag=f"{flag} {python}: mlx-lm")
         return Plan(side, info["mlx"], info["mlx_lm"], python, flag, info)
     if version is None:
         return this_interpreter(model_type)
-    lm = mlx_lm or KNOWN_LM.get(version)
-    hit = cached(version, mlx_lm) or (cached(version, lm) if lm else None)
+    pairs, why = known_pairs()
+    if mlx_lm:
+        matrix.check_pair(version, mlx_lm, pairs)
+    lm = mlx_lm or pairs.get(version)
+    hit = cached(version, lm) if lm else None
     if hit is not None:
         info = probe(str(hit), model_type, flag=f"the cached environment of mlx {version}")
         return Plan(side, version, info["mlx_lm"], str(hit), "cached", info)
@@ -309,15 +340,21 @@ def plan_side(side: str, version: str | None, mlx_lm: str | None, python: str | 
         near = nearest(version, known)
         raise GemmdriftError(f"mlx {version}: no such release with a wheel for this platform ({pkg}); "
                              + (f"the nearest that exist: {', '.join(near)}" if near else "none exist"))
-    if lm:
-        try:
-            lms = versions("mlx-lm")
-        except Offline:
-            lms = [lm]
-        if lm not in lms:
-            near = nearest(lm, lms)
-            raise GemmdriftError(f"mlx-lm {lm}: no such release"
-                                 + (f"; the nearest that exist: {', '.join(near)}" if near else ""))
+    if lm is None:
+        how = ("give the mlx-lm to pair it with: --mlx-lm VERSION" if side == "to" else
+               "give an interpreter of it with the mlx-lm you want: --from-python PATH")
+        near = matrix.nearest_pairs(version, pairs)
+        raise GemmdriftError(f"mlx {version}: " + (f"asv.conf.json's matrix does not pair it with an mlx-lm (the "
+                                                    f"nearest known pairings: {matrix.describe_pairs(near)})"
+                                                    if pairs else f"its mlx-lm is unknown ({why})") + f"; {how}")
+    try:
+        lms = versions("mlx-lm")
+    except Offline:
+        lms = [lm]
+    if lm not in lms:
+        near = nearest(lm, lms)
+        raise GemmdriftError(f"mlx-lm {lm}: no such release"
+                             + (f"; the nearest that exist: {', '.join(near)}" if near else ""))
     return Plan(side, version, lm, None, "to build")
 
 

@@ -252,7 +252,8 @@ def measure_upgrade(lm, tokens: Sequence[int], sides: tuple[Side, Side], out: st
         sp = ck / f"speed-{_key(base, old.key(), new.key(), speed_rounds)}.json"
         if _read_json(sp) is None:
             prompt = tokens[:min(SPEED_PREFILL, n)]
-            log(f"upgrade: speed, {speed_rounds} rounds alternating the two releases")
+            log("upgrade: speed, " + ("one round, the two releases in turn" if speed_rounds == 1 else
+                                      f"{speed_rounds} rounds alternating the two releases"))
             for side in sides:  # warm up: the weights read, the kernels built
                 proc(side).call("speed", tokens=prompt[:8], decode=2)
             rounds = []

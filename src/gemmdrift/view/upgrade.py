@@ -82,7 +82,9 @@ def reading(result: Result) -> list[str]:
     lines.append(f"precision ladder: {lad.get('why')}")
     if d.get("by_direction") is not None:  # Results written before directions have none
         lines.append(_by_direction(d["by_direction"]))
-    lines.append(f"speed (to / from, medians of {sp['rounds']} alternating rounds; a shared machine): prefill "
+    rounds = ("one round, the two releases in turn" if sp["rounds"] == 1 else
+              f"medians of {sp['rounds']} alternating rounds")
+    lines.append(f"speed (to / from, {rounds}; a shared machine): prefill "
                  f"{fmt(sp['prefill_tok_s']['old'])} -> {fmt(sp['prefill_tok_s']['new'])} tok/s "
                  f"(x{sp['prefill_tok_s']['ratio']:.3f}), decode {fmt(sp['decode_tok_s']['old'])} -> "
                  f"{fmt(sp['decode_tok_s']['new'])} tok/s (x{sp['decode_tok_s']['ratio']:.3f})")

@@ -1,4 +1,6 @@
-"""CUDA dispatch, read from the mlx source (ml-explore/mlx v0.30.5, v0.31.2, v0.32.0, v0.32.1, HEAD 846d176).
+"""CUDA dispatch, read from the mlx source (ml-explore/mlx v0.30.5, v0.31.2, v0.32.0, v0.32.1, HEAD 846d176; matmul
+and quantized matmul back to v0.26.5 through every commit that touched their files, issue 54). A condition that
+changed is a named rule of :mod:`.commits` (its first tag, commit and pull request).
 
 Where the library picks the algorithm (cuBLASLt's heuristic, cuDNN), the
 order is not knowable from mlx's source: the Choice says so in its note.
@@ -7,6 +9,7 @@ order is not knowable from mlx's source: the Choice says so in its note.
 from __future__ import annotations
 
 from .base import CUDA_GEMV, CUDA_MATMUL, CUDA_QMM, CUDA_QUANTIZED, CUDA_SDPA, CUDA_SDPA_VECTOR, Chip, Choice, Version
+from .commits import has
 
 CUBLAS_NOTE = "cuBLASLt: algorithm (tile, split-K, tensor-core order) chosen by its heuristic, not knowable from source"
 
@@ -17,11 +20,18 @@ def matmul(chip: Chip, M: int, K: int, N: int, dtype: str, version: Version, *, 
     row-major, which at M == 1 is not a gemv (can_use_gemv needs b transposed there) but cuBLASLt.
 
     cu::can_use_gemv (cuda/gemms/gemv.cu): ``M == 1 && b_transposed``; before
-    v0.31.2 also ``K % 32 == 0``. Lanes take 4 consecutive k when K % 128 == 0
+    v0.31.2 also ``K % 32 == 0`` (v0.28.0 on) or ``K % 128 == 0`` (v0.27.1, lanes
+    always 4 wide); no gemv before v0.27.1. Lanes take 4 consecutive k when K % 128 == 0
     (aligned), else 2 (K % 64 == 0) or 1; a warp reduces with cg::reduce.
     Everything else goes to cuBLASLt (float32 as TF32 unless MLX_ENABLE_TF32=0).
     """
-    gemv_ok = M == 1 and b_transposed and (version >= (0, 31, 2) or K % 32 == 0)
+    if not has(version, "cuda_gemv"):
+        k_ok = False
+    elif not has(version, "cuda_gemv_sizes"):
+        k_ok = K % 128 == 0
+    else:
+        k_ok = has(version, "cuda_gemv_any_k") or K % 32 == 0
+    gemv_ok = M == 1 and b_transposed and k_ok
     if gemv_ok:
         n = 4 if K % 128 == 0 else (2 if K % 64 == 0 else 1)
         return Choice("cuda_gemv", {"n_per_thread": n, "warp": 32}, f"{CUDA_GEMV} gemv",
@@ -36,8 +46,10 @@ def quantized_matmul(chip: Chip, M: int, K: int, N: int, dtype: str, version: Ve
                      group_size: int, mode: str = "affine", tf32: bool = True) -> Choice:
     """QuantizedMatmul::eval_gpu (cuda/quantized/quantized.cpp) with the supports_* tests of qmm/qmm.cu.
 
-    Before v0.31.1 an affine quantized matmul raised "QMM NYI" on CUDA (only
-    fp modes with M <= 8 ran, through fp_qmv). v0.31.1: qmm_sm90 where it
+    No GPU implementation before v0.30.4 (``NO_GPU(QuantizedMatmul)``). From
+    v0.30.4 an affine quantized matmul raised "QMM NYI" on CUDA (only fp modes
+    with M <= 8 ran, through fp_qmv); v0.31.0: affine on compute capability 9.x
+    goes to qmm_sm90 for every M. v0.31.1: qmm_sm90 where it
     applies (qmv for M == 1), otherwise qmv for every M (there is no sm80 or
     naive qmm yet). From v0.31.2: sm90 uses qmv only for M == 1 (N, K <= 16384)
     when qmm_sm90 applies; sm80+ and the naive qmm use qmv for M < 8; qmm_sm90
@@ -45,14 +57,20 @@ def quantized_matmul(chip: Chip, M: int, K: int, N: int, dtype: str, version: Ve
     weights, scales and biases are assumed.
     """
     q = {"bits": bits, "group_size": group_size, "mode": mode}
-    if version < (0, 31, 1):
+    if not has(version, "cuda_fp_qmv"):
+        return Choice("unsupported", q, "mlx/backend/cuda/primitives.cpp NO_GPU(QuantizedMatmul)",
+                      "mlx has no CUDA quantized matmul before v0.30.4")
+    if not has(version, "cuda_qmv"):
+        if has(version, "cuda_qmm_sm90") and mode == "affine" and chip.gen == 9:
+            return Choice("cuda_qmm", {**q, "variant": "sm90"}, f"{CUDA_QUANTIZED} QuantizedMatmul::eval_gpu",
+                          "CUTLASS tile order; v0.31.0 sends every affine M to qmm_sm90 (2, 4 or 8 bits)")
         if mode == "affine" or M > 8:
             return Choice("unsupported", q, f"{CUDA_QUANTIZED} QuantizedMatmul::eval_gpu",
-                          'mlx raises "QMM NYI" for this case before v0.31.1')
+                          'mlx raises "QMM NYI" for this case before v0.31.1 (v0.31.0: but affine on 9.x)')
         return Choice("cuda_fp_qmv", q, f"{CUDA_QUANTIZED} QuantizedMatmul::eval_gpu")
     affine = mode == "affine"
-    sm90_bits = bits in (4, 8) if version >= (0, 32, 0) else bits % 2 == 0
-    tma = version < (0, 32, 0) or (N * 4) % 16 == 0  # TMA alignment of the uint32 weights (n * itemsize % 16)
+    sm90_bits = bits in (4, 8) if has(version, "cuda_qmm_sm90_bits") else bits % 2 == 0
+    tma = not has(version, "cuda_qmm_sm90_bits") or (N * 4) % 16 == 0  # TMA alignment of the uint32 weights (n * itemsize % 16)
     can_sm90 = (chip.gen == 9 and tma and K % 64 == 0 and affine and sm90_bits
                 and group_size >= K)  # supports_qmm_sm90 needs biases (affine) and one group over all of K
     can_sm80 = (chip.gen >= 8 and N % 128 == 0 and K % max(64, group_size) == 0 and dtype in ("float16", "bfloat16")
@@ -67,7 +85,7 @@ def quantized_matmul(chip: Chip, M: int, K: int, N: int, dtype: str, version: Ve
         if can_qmv and M == 1 and N <= 16384 and K <= 16384:
             return qmv
         return Choice("cuda_qmm", {**q, "variant": "sm90"}, f"{CUDA_QMM} supports_qmm_sm90", "CUTLASS tile order")
-    if version < (0, 31, 2):  # v0.31.1: no sm80 or naive qmm, qmv for every M
+    if not has(version, "cuda_qmm_sm80_naive"):  # v0.31.1: no sm80 or naive qmm, qmv for every M
         return qmv if can_qmv else Choice("unsupported", q, f"{CUDA_QUANTIZED} QuantizedMatmul::eval_gpu",
                                           "mlx raises: no implementation")
     for ok, variant in ((can_sm80, "sm80"), (can_naive, "naive")):

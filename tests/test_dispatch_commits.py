@@ -37,6 +37,11 @@ PROBES = {
     "sdpa_full_72": ("M1", "sdpa", dict(T=64, K=1024, N=72, dtype="bfloat16")),
     "sdpa_nax_256": ("M5", "sdpa", dict(T=1024, K=2048, N=256, dtype="bfloat16")),
     "sdpa_gqa8": ("M1", "sdpa", dict(T=1, K=8192, N=128, dtype="bfloat16", n_heads=8, n_kv_heads=1)),
+    "cuda_sdpa_vector": ("sm90", "sdpa", dict(T=1, K=1024, N=128, dtype="bfloat16")),
+    "cuda_sdpa_cudnn": ("sm90", "sdpa", dict(T=64, K=64, N=128, dtype="bfloat16")),
+    "cuda_sdpa_cudnn_cross": ("sm90", "sdpa", dict(T=64, K=1024, N=128, dtype="bfloat16")),
+    "cuda_sdpa_causal_align": ("sm90", "sdpa", dict(T=64, K=32, N=128, dtype="bfloat16")),
+    "cuda_sdpa_decode": ("sm90", "sdpa", dict(T=1, K=1024, N=128, dtype="bfloat16")),
     "cuda_gemv": ("sm90", "matmul", dict(T=1, K=4096, N=4096, dtype="bfloat16")),
     "cuda_gemv_sizes": ("sm90", "matmul", dict(T=1, K=96, N=4096, dtype="bfloat16")),
     "cuda_gemv_any_k": ("sm90", "matmul", dict(T=1, K=100, N=4096, dtype="bfloat16")),
@@ -67,7 +72,7 @@ def test_the_registry_names_a_commit_a_pull_request_and_a_read_tag_for_every_rul
             assert re.fullmatch(r"[0-9a-f]{9}", c.hash) and c.pr > 0 and c.subject
             assert c.commit_url == f"https://github.com/ml-explore/mlx/commit/{c.hash}"
             assert c.pr_url == f"https://github.com/ml-explore/mlx/pull/{c.pr}"
-            assert c.markdown() == f"[`{c.hash}`]({c.commit_url}) {c.subject} ([#{c.pr}]({c.pr_url}))"
+            assert c.markdown() == f"[{c.hash}]({c.commit_url}) {c.subject} ([#{c.pr}]({c.pr_url}))"
 
 
 @pytest.mark.parametrize("rule", sorted(commits.RULES))

@@ -23,12 +23,11 @@ def test_known_answers_of_the_recorded_tags():
     # Regression (issue 54): every tag older than 0.30.5 whose files were not byte-identical was "not knowable".
     for v in MATRIX:
         for b, op in (("metal", "matmul"), ("metal", "quantized_matmul"), ("metal", "sdpa"), ("cuda", "matmul"),
-                      ("cuda", "quantized_matmul")):
+                      ("cuda", "quantized_matmul"), ("cuda", "sdpa")):
             assert tags.rules_for(v, b, op) == (v, ""), (v, b, op)
-    nope = tags.rules_for("0.30.4", "cuda", "sdpa")  # CUDA sdpa read from 0.30.5 on
-    assert nope.version is None and nope.why == ("not read: the cuda sdpa rules were read from 0.30.5 on, and "
-                                                 "cuda/scaled_dot_product_attention.cpp at v0.30.4 differs from every "
-                                                 "release read")
+    nope = tags.rules_for("0.29.4", "cpu", "sdpa")  # the CPU read from 0.30.5 on
+    assert nope.version is None and nope.why == ("not read: the cpu sdpa rules were read from 0.30.5 on, and "
+                                                 "mlx/fast.cpp at v0.29.4 differs from every release read")
     assert tags.rules_for("0.29.4", "cpu", "matmul").why.startswith("as 0.30.5 (files compared: cpu/matmul.cpp")
     older = tags.rules_for("0.26.3", "metal", "matmul")
     assert older.version is None and older.why == "not read: mlx 0.26.3 is older than the first tag read (0.26.5)"
@@ -65,7 +64,7 @@ def test_the_predicted_section_uses_the_tags(planted, monkeypatch):
     monkeypatch.setitem(tags.READ_FROM, ("metal", "sdpa"), (0, 30, 5))
     monkeypatch.setitem(tags.READ_FROM, ("metal", "matmul"), (0, 30, 5))
     assert "metal matmul" in predicted.knowable("0.28.0", "metal")
-    assert predicted.knowable("0.28.0", "cuda") is None  # cuda sdpa's files as 0.30.5's, the rest read from 0.26.5
+    assert predicted.knowable("0.28.0", "cuda") is None  # every cuda part read from 0.26.5
     blocks = predicted.sources_blocks("0.28.0", "0.30.5")
     rows = {(r[0], r[1]): r[2:] for r in blocks[1][2]}
     assert rows[("metal", "sdpa")][0].startswith("as 0.30.5 (files compared: metal/scaled_dot_product_attention.cpp")

@@ -36,8 +36,8 @@ class Commit:
         return f"{REPO}/pull/{self.pr}"
 
     def markdown(self) -> str:
-        """``[`hash`](commit link) subject ([#pr](pull link))``."""
-        return f"[`{self.hash}`]({self.commit_url}) {self.subject} ([#{self.pr}]({self.pr_url}))"
+        """``[hash](commit link) subject ([#pr](pull link))`` (no code span: the pages' HTML keeps links whole)."""
+        return f"[{self.hash}]({self.commit_url}) {self.subject} ([#{self.pr}]({self.pr_url}))"
 
     def text(self) -> str:
         """``hash subject (#pr)``, for a terminal."""
@@ -117,6 +117,17 @@ _RULES = (
     _r("cuda_gemv_sizes", (0, 28, 0), "cuda", M, "gemv for K % 32 == 0, 4, 2 or 1 per thread by K % 128 / 64",
        ("ab0e60886", "[CUDA] More sizes for gemv", 2429), ("d32519c8e", "fix gemv regression", 2445)),
     _r("cuda_gemv_any_k", (0, 31, 2), "cuda", M, "gemv for any K", ("d142de6a2", "[CUDA] gather_mm", 3414)),
+    # ---- CUDA sdpa (mlx/backend/cuda/scaled_dot_product_attention.cpp, .cu)
+    _r("cuda_sdpa_vector", (0, 28, 0), "cuda", S, "sdpa_vector for head dims 64/96/128 and q_len < 4 (always the "
+       "unfused graph before)", ("a9bdd67ba", "Add CUDA sdpa vector", 2468)),
+    _r("cuda_sdpa_cudnn", (0, 30, 0), "cuda", S, "cuDNN attention from sm80 (fp16/bf16, head dims <= 128, % 8), "
+       "q_len == k_len", ("3b2ffcefc", "[CUDA] cuDNN forward attention", 2743)),
+    _r("cuda_sdpa_cudnn_cross", (0, 30, 1), "cuda", S, "cuDNN also when q_len != k_len (not for a single query)",
+       ("2b95d0c27", "[CUDA] Use cuDNN attention when T_q != T_kv", 2843)),
+    _r("cuda_sdpa_causal_align", (0, 30, 5), "cuda", S, "no cuDNN for causal attention with q_len > k_len",
+       ("0c6a895ed", "Use lower-right causal mask alignment consistently", 2967)),
+    _r("cuda_sdpa_decode", (0, 31, 0), "cuda", S, "cuDNN before sdpa_vector, and for a single query from a "
+       "fixed-size KV cache", ("54bb3eea4", "[CUDA] Use cuDNN SDPA for decoding when using fixed-size KV cache", 3113)),
     # ---- CUDA quantized matmul (mlx/backend/cuda/quantized/)
     _r("cuda_fp_qmv", (0, 30, 4), "cuda", Q, "QuantizedMatmul on CUDA: fp_qmv for fp modes, M <= 8 (no GPU "
        "implementation before)", ("4912cc47c", "Fp qmv", 2984)),

@@ -100,27 +100,33 @@ def quantized_matmul(chip: Chip, M: int, K: int, N: int, dtype: str, version: Ve
 
 def sdpa(chip: Chip, q_len: int, k_len: int, head_dim: int, n_heads: int, n_kv_heads: int, dtype: str,
          version: Version, *, v_head_dim: int | None = None, causal: bool = True, tf32: bool = True) -> Choice:
-    """Read at 846d176 only (cuda/scaled_dot_product_attention.cpp supports_sdpa_cudnn, .cu supports_sdpa_vector).
+    """ScaledDotProductAttention::use_fallback / eval_gpu (cuda/scaled_dot_product_attention.cpp, .cu), read from
+    v0.26.5 to 846d176.
 
-    cuDNN from sm80 for head dims <= 128 and % 8 == 0; a single query only from a
-    fixed-size cache (assumed when k_len >= 256, as mlx-lm's KVCache grows in
-    steps of 256); else sdpa_vector for head dims 64/96/128 and q_len < 4.
+    No fused kernel before v0.28.0 (use_fallback returns true). sdpa_vector (v0.28.0 on) for head dims 64/96/128,
+    q == v, q_len < 4. cuDNN (v0.30.0 on) from sm80 for fp16/bf16 with head dims <= 128 and % 8 == 0: at v0.30.0
+    only q_len == k_len; from v0.30.1 anything but a single query against more keys; from v0.30.5 not causal with
+    q_len > k_len. Up to v0.30.6 the vector kernel is tried first; from v0.31.0 cuDNN first, and a single query
+    takes cuDNN from a fixed-size cache (assumed when k_len >= 256, as mlx-lm's KVCache grows in steps of 256).
     """
-    c = _sdpa(chip, q_len, k_len, head_dim, n_heads, n_kv_heads, v_head_dim, causal)
-    if version < (0, 32, 2):
-        note = "; ".join(filter(None, (c.note, "CUDA sdpa rule read at 846d176 only")))
-        return Choice(c.kernel, c.params, c.source, note)
-    return c
-
-
-def _sdpa(chip: Chip, q_len: int, k_len: int, head_dim: int, n_heads: int, n_kv_heads: int, v_head_dim: int | None,
-          causal: bool) -> Choice:
     dv = head_dim if v_head_dim is None else v_head_dim
     p = {"head_dim": head_dim, "v_head_dim": dv, "gqa": max(1, n_heads // max(1, n_kv_heads)), "k_len": k_len}
+    unfused = Choice("sdpa_unfused", p, "mlx/fast.cpp scaled_dot_product_attention (fallback)",
+                     "matmul, softmax(precise), matmul")
+    vector = (Choice("cuda_sdpa_vector", p, f"{CUDA_SDPA_VECTOR} supports_sdpa_vector")
+              if has(version, "cuda_sdpa_vector") and head_dim == dv and head_dim in (64, 96, 128) and q_len < 4
+              else None)
     dims_ok = head_dim % 8 == 0 and head_dim <= 128 and dv % 8 == 0 and dv <= 128
-    if (chip.gen >= 8 and dims_ok and (q_len > 1 or k_len >= 256) and not (causal and q_len > k_len)):
-        return Choice("cudnn_sdpa", p, f"{CUDA_SDPA} supports_sdpa_cudnn", "cuDNN: order not knowable from source")
-    if head_dim == dv and head_dim in (64, 96, 128) and q_len < 4:
-        return Choice("cuda_sdpa_vector", p, f"{CUDA_SDPA_VECTOR} supports_sdpa_vector")
-    return Choice("sdpa_unfused", p, "mlx/fast.cpp scaled_dot_product_attention (fallback)",
-                  "matmul, softmax(precise), matmul")
+    cudnn_ok = has(version, "cuda_sdpa_cudnn") and chip.gen >= 8 and dims_ok and dtype in ("float16", "bfloat16")
+    if not has(version, "cuda_sdpa_cudnn_cross"):
+        cudnn_ok = cudnn_ok and q_len == k_len
+    elif not has(version, "cuda_sdpa_decode"):
+        cudnn_ok = cudnn_ok and not (q_len == 1 and k_len != 1)
+    else:
+        cudnn_ok = cudnn_ok and (q_len > 1 or k_len >= 256)
+    if has(version, "cuda_sdpa_causal_align"):
+        cudnn_ok = cudnn_ok and not (causal and q_len > k_len)
+    cudnn = (Choice("cudnn_sdpa", p, f"{CUDA_SDPA} supports_sdpa_cudnn",
+                    "cuDNN: order chosen by the library at run time, not knowable from source") if cudnn_ok else None)
+    first = (cudnn, vector) if has(version, "cuda_sdpa_decode") else (vector, cudnn)
+    return next((c for c in first if c is not None), unfused)

@@ -1,9 +1,8 @@
 """Every mlx release tag against the sources the dispatch rules were read from (issues 47 and 54).
 
 The rules of :mod:`gemmdrift.dispatch` were read for every tag from :data:`READ_FROM` of each backend and op to the
-mirror's HEAD (Metal matmul, quantized matmul and sdpa and CUDA matmul and quantized matmul from v0.26.5, through
-every commit that touched their files: :mod:`.commits`; CUDA sdpa and the CPU from v0.30.5). A release in that
-window follows its own rules. A part older than its first tag read is "not read" (never "not knowable": that
+mirror's HEAD (Metal and CUDA matmul, quantized matmul and sdpa from v0.26.5, through every commit that touched
+their files: :mod:`.commits`; the CPU from v0.30.5). A release in that window follows its own rules. A part older than its first tag read is "not read" (never "not knowable": that
 label is kept for orders chosen at run time or hidden in hardware), unless ``data/dispatch_tags.json`` (written
 by ``scripts/read_dispatch_tags.py`` from a clone of ml-explore/mlx: the git blob of every file in
 :data:`SOURCES` at every tag from v0.26.5) shows its files byte-identical to a release read: then that release's
@@ -41,8 +40,8 @@ SOURCES: dict[tuple[str, str], tuple[str, ...]] = {
 # The first tag whose rules were read, per (backend, op).
 READ_FROM: dict[tuple[str, str], Version] = {
     **{("metal", op): VERIFIED_FROM for op in ("matmul", "quantized_matmul", "sdpa")},
-    ("cuda", "matmul"): VERIFIED_FROM, ("cuda", "quantized_matmul"): VERIFIED_FROM,
-    ("cuda", "sdpa"): (0, 30, 5), **{("cpu", op): (0, 30, 5) for op in ("matmul", "quantized_matmul", "sdpa")},
+    **{("cuda", op): VERIFIED_FROM for op in ("matmul", "quantized_matmul", "sdpa")},
+    **{("cpu", op): (0, 30, 5) for op in ("matmul", "quantized_matmul", "sdpa")},
 }
 NOT_READ = "not read"
 

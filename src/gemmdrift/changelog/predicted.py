@@ -415,7 +415,8 @@ def chip_class(pred: "Predictor", chip: str, old: str, new: str) -> dict[str, An
     if not rows:
         return {"cls": BIT_FOR_BIT, "cell": BIT_FOR_BIT, "reason": "the same kernels dispatch for every shape listed"
                                                                    f" (no replay needed){tail}"}
-    refused = [e for e in (eo, en) if e is not None and not envelope_figures(e)]
+    # A side whose verify schedules were refused (NAX, cuBLASLt) leaves no figure to compare: not knowable.
+    refused = [e for e in (eo, en) if e is not None and (not envelope_figures(e) or e.get("refused"))]
     if refused:
         reasons = [str(r) for e in refused for r in (e.get("refused") or {}).values()]
         return {"cls": None, "cell": "not knowable", "reason": f"{moved}; the replay cannot represent the kernels' "

@@ -175,3 +175,34 @@ def test_dispatch_newer_than_the_mirror_says_so_in_one_line(capsys):
     notes = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("note:")]
     assert notes == ["note: mlx 0.33.0 is newer than the source read (846d176 (mlx 0.32.2)): the rules read there "
                      "are used"]
+
+
+def test_a_planted_rule_is_named_in_the_changelog_rows(monkeypatch):
+    """The changelog's predicted rows name the planted commit, and only the pair that has it."""
+    rule = commits.Rule("planted_kernel", (0, 31, 0), "metal", ("matmul",), "a planted kernel",
+                        (commits.Commit("0123456ab", "Planted kernel", 77777),))
+    monkeypatch.setitem(commits.RULES, rule.name, rule)
+    monkeypatch.setattr(commits, "_RULES", commits._RULES + (rule,))
+    from gemmdrift.changelog import predicted
+    from gemmdrift.changelog.pages import markdown
+    from gemmdrift.dispatch import Choice, metal
+
+    real = metal.matmul
+
+    def matmul(chip, M, K, N, dtype, version, **kw):
+        if M == 1 and chip.name == "M1" and commits.has(version, "planted_kernel"):
+            return Choice("planted", {}, "planted")
+        return real(chip, M, K, N, dtype, version, **kw)
+
+    monkeypatch.setattr(metal, "matmul", matmul)
+    p = predicted.Predictor()
+    rows = [r for r in p.differences("0.30.6", "0.31.0") if r["new"] == "planted"]
+    assert rows and all(r["chips"] == ["M1"] and r["T"] == [1] and r["rules"] == ["planted_kernel"] for r in rows)
+    text = markdown(p.blocks("0.30.6", "0.31.0"))
+    assert ("[0123456ab](https://github.com/ml-explore/mlx/commit/0123456ab) Planted kernel "
+            "([#77777](https://github.com/ml-explore/mlx/pull/77777))") in text
+    assert not [r for r in p.differences("0.30.5", "0.30.6") if r["new"] == "planted"]
+    m1 = chip_named("M1")
+    kw = dict(T=1, K=640, N=1024, dtype="bfloat16")
+    assert _key(choose(m1, "matmul", mlx_version="0.31.0", reverted={"planted_kernel"}, **kw)) == _key(
+        choose(m1, "matmul", mlx_version="0.30.6", **kw))

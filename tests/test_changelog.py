@@ -171,6 +171,8 @@ def test_predicted_section_names_gemv_wide_on_m3_m4_and_says_prediction(tmp_path
 
     assert chip_class(p, "M3", "0.32.0", "0.32.1")["cls"] == "ROUNDOFF"
     assert "[#3888](https://github.com/ml-explore/mlx/pull/3888)" in chip_class(p, "M3", "0.32.0", "0.32.1")["reason"]
+    assert chip_class(p, "M3", "0.32.0", "0.32.1")["cell"].startswith(  # the timeline's cell names the PRs too
+        "ROUNDOFF ([#3888](https://github.com/ml-explore/mlx/pull/3888)")
     assert "rounding by construction" in chip_class(p, "M3", "0.32.0", "0.32.1")["reason"]
     p._cache[f"M3|{p.signature('M3', '0.32.1')}"]["verify:2"]["flips"] = 2.0
     flip = chip_class(p, "M3", "0.32.0", "0.32.1")

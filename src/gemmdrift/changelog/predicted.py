@@ -403,15 +403,16 @@ def chip_class(pred: "Predictor", chip: str, old: str, new: str) -> dict[str, An
     if eo is not None and en is not None and set(fo) & set(fn):
         pc = classify(fo, fn, ladder="rounding")
         if pc.cls == BIT_FOR_BIT and rows:
-            return {"cls": ROUNDOFF, "cell": ROUNDOFF, "reason": f"{moved}; the replayed decode-vs-verify envelope "
-                                                                 f"(bf16 dense) does not move{tail}"}
+            return _named({"cls": ROUNDOFF, "cell": ROUNDOFF, "reason": f"{moved}; the replayed decode-vs-verify "
+                                                                        f"envelope (bf16 dense) does not move{tail}"},
+                          named)
         if pc.cls == BIT_FOR_BIT:
             return {"cls": BIT_FOR_BIT, "cell": BIT_FOR_BIT, "reason": "the same kernels dispatch for every shape "
                                                                        f"listed; the replayed envelope is identical{tail}"}
         reason = pc.reason.replace("the precision ladder says rounding",
                                    "rounding by construction (the replay reorders the same adds)")
-        return {"cls": pc.cls, "cell": pc.cls, "reason": f"replayed: {reason}" + (f"; {moved}" if rows else "")
-                + tail}
+        return _named({"cls": pc.cls, "cell": pc.cls, "reason": f"replayed: {reason}" + (f"; {moved}" if rows else "")
+                       + tail}, named if pc.cls != BIT_FOR_BIT else [])
     if not rows:
         return {"cls": BIT_FOR_BIT, "cell": BIT_FOR_BIT, "reason": "the same kernels dispatch for every shape listed"
                                                                    f" (no replay needed){tail}"}
@@ -423,6 +424,17 @@ def chip_class(pred: "Predictor", chip: str, old: str, new: str) -> dict[str, An
                                                                f"order ({_short(reasons[0]) if reasons else 'refused'})"}
     return {"cls": None, "cell": "not replayed", "reason": f"{moved}; the envelope is not in the replay cache "
                                                            "(`gemmdrift changelog --replay` computes it)"}
+
+
+def _named(cell: dict[str, Any], names: Sequence[str]) -> dict[str, Any]:
+    """A predicted class's cell naming the pull requests of the rules that moved it ("ROUNDOFF (#3888)", linked)."""
+    from ..dispatch.commits import RULES
+
+    prs = list(dict.fromkeys((c.pr, c.pr_url) for n in names for c in RULES[n].commits))
+    if prs:
+        cell = {**cell, "cell": f"{cell['cell']} ({', '.join(f'[#{n}]({u})' for n, u in prs)})",
+                "prs": [n for n, _ in prs]}
+    return cell
 
 
 def calls(chip: Any):

@@ -99,7 +99,9 @@ def index_blocks(columns: Sequence[str], table: Sequence[dict[str, Any]], inputs
               "the replay reorders the same adds) and no answer figure changed; **ANSWER-CHANGING**, argmax flips, "
               "the divergence point or a state verdict changed, or the ladder says semantics (or no ladder verdict "
               "shows the move is rounding). A cell per measured machine and backend, and per predicted chip; "
-              "\"not measured\", \"not knowable\" and \"not replayed\" are not classes. A measured cell that "
+              "\"not measured\", \"not read\" (a release's dispatch source not read), \"not knowable\" (an order "
+              "chosen at run time, cuBLASLt, or hidden in hardware, NAX) and \"not replayed\" are not classes; a "
+              "predicted class other than BIT-FOR-BIT names the mlx commits on its page. A measured cell that "
               "names an mlx-lm change (\"mlx-lm 0.27.1 → 0.28.0 too\"; `*` in the figure) is an mlx pair that "
               "machine ran with two mlx-lm releases: the class may be mlx-lm's (its page says which figure decided "
               "it). Newest first."),

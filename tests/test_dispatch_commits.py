@@ -206,3 +206,15 @@ def test_a_planted_rule_is_named_in_the_changelog_rows(monkeypatch):
     kw = dict(T=1, K=640, N=1024, dtype="bfloat16")
     assert _key(choose(m1, "matmul", mlx_version="0.31.0", reverted={"planted_kernel"}, **kw)) == _key(
         choose(m1, "matmul", mlx_version="0.30.6", **kw))
+
+
+def test_a_pair_whose_files_changed_in_nothing_modelled_says_so():
+    """0.29.2 -> 0.29.3 changes Metal files but no modelled rule; 0.29.1 -> 0.29.2's rule (#2620) moves no shape."""
+    from gemmdrift.changelog import predicted
+    from gemmdrift.changelog.pages import markdown
+
+    p = predicted.Predictor()
+    quiet = markdown(p.blocks("0.29.2", "0.29.3"))
+    assert "The source files of metal matmul" in quiet and "no modelled rule changed between the two" in quiet
+    gemv = markdown(p.blocks("0.29.1", "0.29.2"))
+    assert "[#2620](https://github.com/ml-explore/mlx/pull/2620))) move none of the shapes listed." in gemv

@@ -298,10 +298,15 @@ class Predictor:
             out.append(("p", f"Prediction: no dispatch difference between mlx {_version_of(old)} and "
                              f"{_version_of(new)} in the parts read for both (the table above), T=1..{T_MAX}."))
         elif not rows:
+            from ..dispatch.tags import same_sources
+
+            moved = [f"{b} {op}" for b in PREDICTED_BACKENDS for op in ops3 if same_sources(old, new, b, op) is False]
             out.append(("p", f"Prediction: no dispatch difference between mlx {_version_of(old)} and "
                              f"{_version_of(new)} on any chip listed (M1..M5 in every size, sm80, sm90) for the "
                              "embedded Gemma's or `shape:gemma4-31b`'s projections (dense bf16, q4, q8) and "
-                             f"attention, T=1..{T_MAX}."))
+                             f"attention, T=1..{T_MAX}."
+                             + (f" The source files of {', '.join(moved)} changed: {_unmodelled(old, new)}"
+                                if moved else "")))
         else:
             out.append(("p", f"Prediction: the kernel mlx {_version_of(new)} dispatches where mlx "
                              f"{_version_of(old)}'s differs (T=1..{T_MAX}; weights bf16 dense, q4/q8 affine "
@@ -424,6 +429,19 @@ def chip_class(pred: "Predictor", chip: str, old: str, new: str) -> dict[str, An
                                                                f"order ({_short(reasons[0]) if reasons else 'refused'})"}
     return {"cls": None, "cell": "not replayed", "reason": f"{moved}; the envelope is not in the replay cache "
                                                            "(`gemmdrift changelog --replay` computes it)"}
+
+
+def _unmodelled(old: str, new: str) -> str:
+    """Why changed source files move no prediction: no modelled rule changed, or the ones that did (linked)
+    move none of the shapes listed."""
+    from ..dispatch import parse_version
+    from ..dispatch.commits import between
+
+    rs = between(parse_version(_version_of(old)), parse_version(_version_of(new)))
+    if not rs:
+        return "in nothing the dispatch rules or the replay model (no modelled rule changed between the two)."
+    return (f"the modelled rules that changed ({commit_links([r.name for r in rs])}) move none of the shapes "
+            "listed.")
 
 
 def _named(cell: dict[str, Any], names: Sequence[str]) -> dict[str, Any]:

@@ -218,3 +218,13 @@ def test_a_pair_whose_files_changed_in_nothing_modelled_says_so():
     assert "The source files of metal matmul" in quiet and "no modelled rule changed between the two" in quiet
     gemv = markdown(p.blocks("0.29.1", "0.29.2"))
     assert "[#2620](https://github.com/ml-explore/mlx/pull/2620))) move none of the shapes listed." in gemv
+
+
+def test_a_recorded_mlx_older_than_the_first_tag_read_is_one_line(tmp_path, capsys):
+    """An --env record from mlx 0.25.0: one line naming the record's mlx, never a silent answer."""
+    from test_dispatch import RECORDS
+
+    (tmp_path / "old.json").write_text(json.dumps(dict(RECORDS["M1"], mlx="0.25.0")))
+    assert cli.main(["dispatch", "--env", str(tmp_path / "old.json"), "--K", "640", "--N", "2048"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "(its mlx) 0.25.0: older than the first tag read (v0.26.5)" in err

@@ -201,7 +201,8 @@ def records(args) -> tuple[list[dict[str, Any]], str]:
     ts = parse_ts(args.ts)
     check_op_flags(args)
     version = args.mlx or recorded_mlx or installed_mlx()
-    for flag, v in (("--mlx", version), ("--vs", args.vs)):
+    mlx_flag = "--mlx" if args.mlx else (f"--env {args.env} (its mlx)" if recorded_mlx else "the installed mlx")
+    for flag, v in ((mlx_flag, version), ("--vs", args.vs)):
         if v is not None:
             check_release(flag, v)
     shape: dict[str, Any]

@@ -23,6 +23,10 @@ PROBES = {
     "nax_splitk_tuning": ("M5", "matmul", dict(T=64, K=4096, N=64, dtype="bfloat16")),
     "dot_product": ("M1", "matmul", dict(T=1, K=4096, N=1, dtype="bfloat16")),
     "gemv_wide": ("M3", "matmul", dict(T=2, K=640, N=1024, dtype="bfloat16")),
+    "fp_mxfp4": ("M1", "quantized_matmul", dict(T=1, K=640, N=1024, dtype="bfloat16", mode="mxfp4", bits=4,
+                                                 group_size=32)),
+    "fp_nvfp4_mxfp8": ("M1", "quantized_matmul", dict(T=1, K=640, N=1024, dtype="bfloat16", mode="nvfp4", bits=4,
+                                                       group_size=16)),
     "qmm_splitk": ("M1", "quantized_matmul", dict(T=16, K=4096, N=256, dtype="bfloat16", bits=4, group_size=64)),
     "qmv_wide": ("M3", "quantized_matmul", dict(T=2, K=640, N=1024, dtype="bfloat16", bits=4, group_size=64)),
     "qmv_batch_limit_m5": ("M5", "quantized_matmul", dict(T=20, K=640, N=1024, dtype="bfloat16", bits=4,
@@ -228,3 +232,19 @@ def test_a_recorded_mlx_older_than_the_first_tag_read_is_one_line(tmp_path, caps
     assert cli.main(["dispatch", "--env", str(tmp_path / "old.json"), "--K", "640", "--N", "2048"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "(its mlx) 0.25.0: older than the first tag read (v0.26.5)" in err
+
+
+def test_fp_modes_before_their_kernels_are_unsupported_and_their_recipes_not_guessed():
+    """mxfp4 from 0.29.0 (#2499), nvfp4/mxfp8 from 0.30.3 (#2946); fp_quantized.h's recipes hold from 0.30.4."""
+    from gemmdrift.errors import GemmdriftError
+    from gemmdrift.replay.paths import plan_for
+
+    m1, q = chip_named("M1"), dict(T=1, K=640, N=1024, dtype="bfloat16")
+    assert choose(m1, "quantized_matmul", mlx_version="0.28.0", mode="mxfp4", **q).kernel == "unsupported"
+    assert choose(m1, "quantized_matmul", mlx_version="0.29.0", mode="mxfp4", **q).kernel == "qmv"
+    assert choose(m1, "quantized_matmul", mlx_version="0.30.1", mode="mxfp8", **q).kernel == "unsupported"
+    assert choose(m1, "quantized_matmul", mlx_version="0.30.3", mode="mxfp8", **q).kernel == "qmv"
+    with pytest.raises(GemmdriftError, match="fp-mode Metal kernels .* were read from 0.30.4 on"):
+        plan_for(m1, "quantized_matmul", mlx_version="0.29.4", bits=4, group_size=32, mode="mxfp4", **q)
+    assert plan_for(m1, "quantized_matmul", mlx_version="0.30.4", bits=4, group_size=32, mode="mxfp4",
+                    **q).recipe.kernel == "fp_qmv"

@@ -87,6 +87,10 @@ _RULES = (
     _r("gemv_wide", (0, 32, 1), "metal", M, "gemv_wide for fp16/bf16 with 2..15 rows on gen >= 15 (M3 and newer)",
        ("0ebcee8db", "metal: add gemv_wide for fp16/bf16 matmuls of a few rows", 3888)),
     # ---- Metal quantized matmul (mlx/backend/metal/quantized.cpp)
+    _r("fp_mxfp4", (0, 29, 0), "metal", Q, "the mode parameter: mxfp4 kernels (group 32, 4 bits); affine only before",
+       ("70560b6bd", "Add mode parameter for quantization", 2499)),
+    _r("fp_nvfp4_mxfp8", (0, 30, 3), "metal", Q, "Metal kernels for nvfp4 (group 16) and mxfp8 (8 bits)",
+       ("1eef1d155", "Metal/CPU nvfp4 and mxfp8", 2946)),
     _r("qmm_splitk", (0, 31, 2), "metal", Q, "qmm_t_splitk for small M (about 512 threadgroups)",
        ("38ad25708", "[Metal][Performance]: Add split-K for quantized matmul (small M)", 3120)),
     _r("qmv_wide", (0, 32, 0), "metal", Q, "qmv_wide for 2+ rows (affine on gen >= 15: M3 and newer)",

@@ -210,6 +210,12 @@ def quantized_matmul(chip: Chip, M: int, K: int, N: int, dtype: str, version: Ve
                      group_size: int, mode: str = "affine", tf32: bool = True) -> Choice:
     """``quantized_matmul(x, w, transpose=True)``, w non-batched (QuantizedMatmul::eval_gpu, quantized.cpp)."""
     q = {"bits": bits, "group_size": group_size, "mode": mode}
+    if mode != "affine" and not has(version, "fp_mxfp4"):  # no mode parameter before v0.29.0 (#2499)
+        return Choice("unsupported", q, f"{METAL_QUANTIZED} QuantizedMatmul::eval_gpu",
+                      "mlx has no quantization modes but affine before v0.29.0")
+    if mode in ("nvfp4", "mxfp8") and not has(version, "fp_nvfp4_mxfp8"):  # kernels from v0.30.3 (#2946)
+        return Choice("unsupported", q, "mlx/backend/metal/kernels/fp_quantized.metal",
+                      "no Metal kernel for this mode before v0.30.3 (mxfp4 only: group 32, 4 bits)")
     chip = _no_nax_before(chip, version)
     limit = qmv_batch_limit(K, N, chip, version)
     if M < limit:

@@ -69,7 +69,7 @@ def _splitk(M: int, N: int, K: int, version: Version = (0, 32, 2)) -> dict[str, 
 
 
 def _splitk_nax(M: int, N: int, K: int, version: Version) -> dict[str, int]:
-    # steel_gemm_splitk_axpby_nax: fixed 128/128/512 tiles and a 3072 partition at v0.30.5 (to v0.31.1);
+    # steel_gemm_splitk_axpby_nax: fixed 128/128/512 tiles and a 3072 partition from v0.30.4 (#3018) to v0.31.1;
     # from v0.31.2 smaller tiles for small problems and a partition size that grows with K.
     if not has(version, "nax_splitk_tuning"):
         ps = 3072
@@ -167,7 +167,7 @@ def matmul(chip: Chip, M: int, K: int, N: int, dtype: str, version: Version, *, 
             split = False
         elif has(version, "nax_splitk_tuning"):
             split = K >= 3 * max(M, N) or (max(M, N) <= 1024 and K > 2 * max(M, N))
-        else:  # v0.30.5 .. v0.31.1: M*N >= 2048^2, K >= 10240 and K >= 3 max(M, N)
+        else:  # v0.30.4 .. v0.31.1 (#3018): M*N >= 2048^2, K >= 10240 and K >= 3 max(M, N)
             split = M * N >= 2048 * 2048 and K >= 10240 and K >= 3 * max(M, N)
         if split:
             return Choice("steel_gemm_splitk_nax", _splitk_nax(M, N, K, version),

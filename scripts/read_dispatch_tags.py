@@ -3,8 +3,9 @@ gemmdrift.dispatch were read from: src/gemmdrift/data/dispatch_tags.json (read b
 
     python scripts/read_dispatch_tags.py /path/to/ml-explore/mlx   # a clone (bare or not) with its tags
 
-A tag whose files of one backend and op are byte-identical to a release whose rules were read takes that
-release's rules ("as X.Y.Z"); any other is not knowable. Standard library and git only.
+A part read from its first tag (gemmdrift.dispatch.tags.READ_FROM) follows its own rules; an older part whose files
+are byte-identical to a release whose rules were read takes that release's rules ("as X.Y.Z"); any other is "not
+read". Standard library and git only.
 """
 
 from __future__ import annotations

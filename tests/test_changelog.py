@@ -157,19 +157,31 @@ def test_predicted_section_names_gemv_wide_on_m3_m4_and_says_prediction(tmp_path
     for para in text.split("\n\n")[1:]:
         if not para.startswith("|"):
             assert "prediction" in para.lower(), para
-    assert "not knowable" in view.markdown(p.blocks("0.29.4", "0.30.6"))
+    # Each row names the mlx commit whose rule moved it, with links (issue 54).
+    assert all(r["rules"] == ["gemv_wide"] for r in dense)
+    assert ("| [0ebcee8db](https://github.com/ml-explore/mlx/commit/0ebcee8db) metal: add gemv_wide for fp16/bf16 "
+            "matmuls of a few rows ([#3888](https://github.com/ml-explore/mlx/pull/3888)) |") in text
+    qmv = [r for r in p.differences("0.31.2", "0.32.0") if r["new"] == "qmv_wide"]
+    assert qmv and all(r["rules"] == ["qmv_wide"] and not {"M1", "M2"} & set(r["chips"]) for r in qmv)
+    assert any("M3" in r["chips"] for r in qmv)
+    assert "[#3764](https://github.com/ml-explore/mlx/pull/3764)" in view.markdown(p.blocks("0.31.2", "0.32.0"))
     # The predicted class per chip: the replay reorders the same adds, so a move is ROUNDOFF; a replayed argmax
     # flip that changes is ANSWER-CHANGING; a chip whose kernels do not change is BIT-FOR-BIT.
     from gemmdrift.changelog.predicted import chip_class
 
     assert chip_class(p, "M3", "0.32.0", "0.32.1")["cls"] == "ROUNDOFF"
+    assert "[#3888](https://github.com/ml-explore/mlx/pull/3888)" in chip_class(p, "M3", "0.32.0", "0.32.1")["reason"]
+    assert chip_class(p, "M3", "0.32.0", "0.32.1")["cell"].startswith(  # the timeline's cell names the PRs too
+        "ROUNDOFF ([#3888](https://github.com/ml-explore/mlx/pull/3888)")
     assert "rounding by construction" in chip_class(p, "M3", "0.32.0", "0.32.1")["reason"]
     p._cache[f"M3|{p.signature('M3', '0.32.1')}"]["verify:2"]["flips"] = 2.0
     flip = chip_class(p, "M3", "0.32.0", "0.32.1")
     assert flip["cls"] == "ANSWER-CHANGING" and flip["reason"].startswith("replayed: argmax flips changed: verify:2/flips 0 → 2")
     assert chip_class(p, "sm90", "0.32.0", "0.32.1")["cls"] == "BIT-FOR-BIT"  # no dispatch row, no replay needed
     assert chip_class(p, "M5", "0.32.0", "0.32.1")["cell"] == "not replayed"  # kernels change, nothing cached
-    assert chip_class(p, "M3", "0.29.4", "0.30.6")["cell"] == "not knowable"
+    # A release older than the first tag read is "not read", never "not knowable" (issue 54).
+    old = chip_class(p, "M3", "0.26.3", "0.26.5")
+    assert old["cell"] == "not read" and "older than the first tag read (0.26.5)" in old["reason"]
     assert chip_class(p, "M3", "0.32.4+lm0.30.2", "0.32.4+lm0.31.3")["cell"] == "-"  # mlx-lm's change
 
 

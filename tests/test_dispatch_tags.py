@@ -1,6 +1,7 @@
-"""Every mlx release tag against the sources the dispatch rules were read from (issue 47, item 3): a tag whose
-files of one backend and op are byte-identical to a release read takes its rules ("as 0.30.5"), any other is not
-knowable, naming the files that differ."""
+"""Every mlx release tag against the sources the dispatch rules were read from (issues 47 and 54): a part read from
+its first tag (Metal and CUDA matmul and quantized matmul, Metal sdpa: v0.26.5) follows its own rules; an older
+part whose files are byte-identical to a release read takes its rules ("as 0.30.5"); any other is "not read",
+never "not knowable" (kept for orders chosen at run time or hidden in hardware)."""
 
 import pytest
 
@@ -19,13 +20,18 @@ def test_every_release_tag_of_the_matrix_is_recorded_with_every_file():
 
 
 def test_known_answers_of_the_recorded_tags():
-    as_read = tags.rules_for("0.30.4", "metal", "quantized_matmul")
-    assert as_read.version == "0.30.5" and as_read.why.startswith("as 0.30.5 (files compared: metal/quantized.cpp")
-    assert tags.rules_for("0.30.4", "cuda", "matmul").version == "0.30.5"
-    nope = tags.rules_for("0.30.4", "metal", "matmul")  # matmul.cpp changed between v0.30.4 and v0.30.5
-    assert nope.version is None and nope.why == ("not knowable: metal/matmul.cpp at v0.30.4 differs from every "
-                                                 "release read (0.30.5 on)")
-    assert all(tags.rules_for("0.29.4", b, op).version is None for b, op in tags.SOURCES if b != "cpu")
+    # Regression (issue 54): every tag older than 0.30.5 whose files were not byte-identical was "not knowable".
+    for v in MATRIX:
+        for b, op in (("metal", "matmul"), ("metal", "quantized_matmul"), ("metal", "sdpa"), ("cuda", "matmul"),
+                      ("cuda", "quantized_matmul"), ("cuda", "sdpa")):
+            assert tags.rules_for(v, b, op) == (v, ""), (v, b, op)
+    nope = tags.rules_for("0.29.4", "cpu", "sdpa")  # the CPU read from 0.30.5 on
+    assert nope.version is None and nope.why == ("not read: the cpu sdpa rules were read from 0.30.5 on, and "
+                                                 "mlx/fast.cpp at v0.29.4 differs from every release read")
+    assert tags.rules_for("0.29.4", "cpu", "matmul").why.startswith("as 0.30.5 (files compared: cpu/matmul.cpp")
+    older = tags.rules_for("0.26.3", "metal", "matmul")
+    assert older.version is None and older.why == "not read: mlx 0.26.3 is older than the first tag read (0.26.5)"
+    assert not any("knowable" in tags.rules_for(v, b, op).why for v in ("0.26.3", *MATRIX) for b, op in tags.SOURCES)
     assert tags.rules_for("0.30.6", "metal", "matmul") == ("0.30.6", "")
     assumed = tags.rules_for("0.32.4", "metal", "sdpa")
     assert assumed.version == "0.32.2" and "not compared" in assumed.why
@@ -44,19 +50,24 @@ def planted(monkeypatch):
     return rec
 
 
-def test_planted_tags_as_a_read_release_or_not_knowable(planted):
+def test_planted_tags_as_a_read_release_or_not_read(planted, monkeypatch):
+    monkeypatch.setitem(tags.READ_FROM, ("metal", "sdpa"), (0, 30, 5))
+    monkeypatch.setitem(tags.READ_FROM, ("metal", "matmul"), (0, 30, 5))
     assert tags.rules_for("0.28.0", "metal", "sdpa").version == "0.30.5"
     r = tags.rules_for("0.28.0", "metal", "matmul")
-    assert r.version is None and "metal/matmul.cpp at v0.28.0 differs" in r.why
+    assert r.version is None and r.why.startswith("not read: ") and "metal/matmul.cpp at v0.28.0 differs" in r.why
     assert "not a recorded release tag" in tags.rules_for("0.27.0", "metal", "sdpa").why
     assert tags.rules_for("0.31.4", "cuda", "sdpa").version == "0.31.0"  # newer than the mirror: assumed
 
 
-def test_the_predicted_section_uses_the_tags(planted):
+def test_the_predicted_section_uses_the_tags(planted, monkeypatch):
+    monkeypatch.setitem(tags.READ_FROM, ("metal", "sdpa"), (0, 30, 5))
+    monkeypatch.setitem(tags.READ_FROM, ("metal", "matmul"), (0, 30, 5))
     assert "metal matmul" in predicted.knowable("0.28.0", "metal")
-    assert predicted.knowable("0.28.0", "cuda") is None  # every cuda file as 0.30.5's
+    assert predicted.knowable("0.28.0", "cuda") is None  # every cuda part read from 0.26.5
     blocks = predicted.sources_blocks("0.28.0", "0.30.5")
     rows = {(r[0], r[1]): r[2:] for r in blocks[1][2]}
     assert rows[("metal", "sdpa")][0].startswith("as 0.30.5 (files compared: metal/scaled_dot_product_attention.cpp")
-    assert rows[("metal", "matmul")][0].startswith("not knowable") and rows[("metal", "matmul")][2] == "no"
+    assert rows[("metal", "matmul")][0].startswith("not read") and rows[("metal", "matmul")][2] == "no"
+    assert rows[("metal", "quantized_matmul")][0] == "read"
     assert rows[("cuda", "sdpa")] == [rows[("cuda", "sdpa")][0], "read", "yes"]

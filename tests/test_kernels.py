@@ -441,7 +441,8 @@ def test_dispatch_thresholds_from_source():
     assert sdpa == [(1, "sdpa_vector_2pass"), (9, "unfused (matmul, softmax, matmul)")]
     assert all(t.source.startswith("mlx/backend/") for t in dispatch.thresholds(
         "cuda", "0.32.4", "quantized_matmul", K=640, N=1024, mode="affine", bits=4, group_size=64, max_t=16))
-    assert dispatch.thresholds("metal", "0.29.0", "matmul", K=640, N=1024) == []
+    assert dispatch.thresholds("metal", "0.26.3", "matmul", K=640, N=1024) == []  # older than the first tag read
+    assert [t.T for t in dispatch.thresholds("metal", "0.29.0", "matmul", K=640, N=1024)] == [1, 2, 16]
 
 
 @pytest.mark.linux_cpu_reference
@@ -475,7 +476,9 @@ def test_ops_thresholds_follow_the_metal_sdpa_rule():
     assert marks == {"sdpa": [(9, "unfused (matmul, softmax, matmul)", "sdpa")]}
     assert origin.startswith("Metal (reference)")
     assert kernels.ops_thresholds(rows(8, 1), env)[0]["sdpa"][0][0] == 5  # 5 * 8 > 32
-    assert kernels.ops_thresholds(rows(8, 1), {"backend": "cpu", "mlx": "0.29.4"})[0] == {}  # rules not read
+    # Before v0.30.4 (#3023) no q_len * gqa <= 32 gate: the vector kernel up to 8 queries whatever the GQA.
+    assert kernels.ops_thresholds(rows(8, 1), {"backend": "cpu", "mlx": "0.29.4"})[0]["sdpa"][0][0] == 9
+    assert kernels.ops_thresholds(rows(8, 1), {"backend": "cpu", "mlx": "0.26.3"})[0] == {}  # rules not read
 
 
 @pytest.mark.parametrize("damage", ["garbage", "empty", "record"])

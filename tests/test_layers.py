@@ -51,7 +51,7 @@ WINGS = {
 RANKS = {
     "machine": 0, "machine.compat": 0, "machine.platforminfo": 0, "machine.backends": 0, "machine.memory": 1, "machine.interpreter": 1, "machine.envinfo": 1,
     "machine.runenv": 2,
-    "dispatch.base": 1, "dispatch.tags": 1.5, "dispatch.archname": 1.5, "dispatch.chips": 2, "dispatch.metal": 2, "dispatch.cuda": 2, "dispatch.cpu": 3, "dispatch": 4,
+    "dispatch.base": 1, "dispatch.commits": 1.2, "dispatch.tags": 1.5, "dispatch.archname": 1.5, "dispatch.chips": 2, "dispatch.metal": 2, "dispatch.cuda": 2, "dispatch.cpu": 3, "dispatch": 4,
     "model.gguf_read": 0, "model.draft_self": 0, "model.native": 0, "model.gguf_gemma": 1, "model.description": 1,
     "model": 2,
     "model.taps": 3, "model.projections": 4, "model.optaps": 4,

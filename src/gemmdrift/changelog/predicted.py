@@ -5,15 +5,18 @@ Dispatch: :func:`gemmdrift.dispatch.choose` (read from the mlx source, no mlx im
 the LM head of the embedded Gemma (Gemma 3 270M's shapes, ``models.SHAPES["gemma3-270m"]``) and of
 ``shape:gemma4-31b``, dense bfloat16 and quantized affine 4 and 8 bits (group 64), and attention (T queries
 against the sliding window's keys), T = 1..33, on every named Apple chip class and size (M1..M5, base, Max,
-Ultra) and on sm80 and sm90. A release older than the rules read (0.30.5) follows the rules of a release read where its
-sources are byte-identical ("as 0.30.5", :mod:`gemmdrift.dispatch.tags`), else that part is "not knowable"; one newer than
-the source read is given that source's rules, and the page says so.
+Ultra) and on sm80 and sm90. The rules were read for every tag from 0.26.5 (CUDA sdpa from 0.30.5,
+:data:`gemmdrift.dispatch.tags.READ_FROM`); an older part follows the rules of a release read where its sources are
+byte-identical ("as 0.30.5"), else it is "not read"; one newer than the source read is given that source's rules, and
+the page says so. Each row that differs names the mlx commit(s) and pull request(s) whose rule moved it
+(:func:`gemmdrift.dispatch.changed_by`, the rules of :mod:`gemmdrift.dispatch.commits`).
 
 Envelope: :func:`gemmdrift.replay.predict.predict_drift` (the main job's replay part, one chip at a time, default
 variant) under each release's recipes, decode vs verify:2 and verify:3 on the embedded Gemma. A replay is
 computed once per (chip, release's plan signature) and kept in a JSON cache (the shipped one beside the pages,
 ``docs/changelog/replayed.json``); pages are written from the cache, and ``--replay`` computes what is
-missing (it loads the model). Where the kernels' order is not knowable (NAX, cuBLASLt) it says so.
+missing (it loads the model). Where the kernels' order is not knowable it says which: chosen at run time
+(cuBLASLt's heuristic) or hidden in hardware (NAX's matmul2d).
 Every line of this section says it is a prediction.
 """
 
@@ -34,7 +37,8 @@ MODELS = (("the embedded Gemma", "gemma3-270m"), ("`shape:gemma4-31b`", "gemma4-
 ENVELOPE_CHIPS = ("M1", "M2", "M3", "M4", "M5", "sm90")  # replayed envelopes: one per GPU class (base size)
 ENVELOPE_KEYS = ("max_abs_dlogit", "max_abs_dgap", "flips")
 PREDICTION = "prediction"
-NOT_KNOWABLE = "not knowable"
+NOT_KNOWABLE = "not knowable"  # only for orders chosen at run time (cuBLASLt) or hidden in hardware (NAX)
+NOT_READ = "not read"  # a part of a release whose dispatch source was not read
 
 
 def chips() -> list[Any]:
@@ -86,8 +90,8 @@ def rules(release: str, backend: str, op: str):
 
 
 def knowable(release: str, backend: str | None = None) -> str | None:
-    """Why a release's dispatch (on ``backend``, else on every predicted backend) cannot be predicted, or None:
-    the first op whose files differ from every release read."""
+    """Why a release's dispatch (on ``backend``, else on every predicted backend) is not predicted, or None: the
+    first op whose rules were not read ("not read: ...")."""
     from ..dispatch import OPS
 
     for b in ((backend,) if backend else PREDICTED_BACKENDS):
@@ -100,7 +104,7 @@ def knowable(release: str, backend: str | None = None) -> str | None:
 
 def sources_blocks(old: str, new: str) -> list[tuple]:
     """Where each release's rules come from, per backend and op: read, "as X.Y.Z" (files compared), assumed (newer
-    than the source read), or not knowable (the files that differ); and whether the two releases' files of that
+    than the source read), or not read (the files that differ); and whether the two releases' files of that
     part are byte-identical (a part whose files are unchanged dispatches and computes alike)."""
     from ..dispatch import OPS
     from ..dispatch.tags import same_sources
@@ -145,59 +149,54 @@ class Predictor:
         out: dict[tuple, str] = {}
         for chip in chips():
             rv = {op: rules(release, chip.backend, op).version for op in ("matmul", "quantized_matmul", "sdpa")}
-            for _, model in MODELS:
-                for wname, bits in WEIGHTS:
-                    op = "matmul" if bits is None else "quantized_matmul"
-                    for proj, K, N in projection_shapes(model):
-                        for T in range(1, T_MAX + 1):
-                            if rv[op] is None:
-                                out[(chip.name, model, wname, proj, T)] = NOT_KNOWABLE
-                            elif bits is None:
-                                ch = choose(chip, "matmul", T=T, K=K, N=N, dtype="bfloat16", mlx_version=rv[op])
-                                out[(chip.name, model, wname, proj, T)] = label(ch)
-                            else:
-                                ch = choose(chip, "quantized_matmul", T=T, K=K, N=N, dtype="bfloat16",
-                                            mlx_version=rv[op], bits=bits, group_size=GROUP)
-                                out[(chip.name, model, wname, proj, T)] = label(ch)
-                s = sdpa_shape(model)
-                for T in range(1, T_MAX + 1):
-                    if rv["sdpa"] is None:
-                        out[(chip.name, model, "any", "sdpa", T)] = NOT_KNOWABLE
-                        continue
-                    ch = choose(chip, "sdpa", T=T, K=s["k_len"], N=s["head_dim"], dtype="bfloat16",
-                                mlx_version=rv["sdpa"], n_heads=s["n_heads"], n_kv_heads=s["n_kv_heads"])
-                    out[(chip.name, model, "any", "sdpa", T)] = label(ch)
+            for key, op, kw in calls(chip):
+                out[key] = NOT_READ if rv[op] is None else label(choose(chip, op, mlx_version=rv[op], **kw))
         self._tables[version] = out
         return out
 
     def differences(self, old: str, new: str) -> list[dict[str, Any]]:
         """One row per (chip, model, weights, old kernel -> new kernel): the ops and T it holds for."""
         a, b = self.table(old), self.table(new)
+        cause = self._causes(old, new, a, b)
         groups: dict[tuple, dict[str, set]] = {}
         for key, ka in a.items():
             kb = b[key]
-            if ka == kb or NOT_KNOWABLE in (ka, kb):  # a part not knowable is said by sources_blocks
+            if ka == kb or NOT_READ in (ka, kb):  # a part not read is said by sources_blocks
                 continue
             chip, model, weights, op, T = key
-            g = groups.setdefault((chip, model, weights, ka, kb), {})
+            g = groups.setdefault((chip, model, weights, ka, kb, cause.get(key, ())), {})
             g.setdefault(op, set()).add(T)
         rows = []
-        for (chip, model, weights, ka, kb), ops in groups.items():
+        for (chip, model, weights, ka, kb, rs), ops in groups.items():
             by_ts: dict[tuple, list[str]] = {}
             for op, ts in ops.items():
                 by_ts.setdefault(tuple(sorted(ts)), []).append(op)
             for ts, names in by_ts.items():
                 rows.append({"chip": chip, "model": model, "weights": weights, "ops": names, "T": list(ts),
-                             "old": ka, "new": kb})
+                             "old": ka, "new": kb, "rules": rs})
         order = {c.name: i for i, c in enumerate(chips())}
         merged: dict[tuple, list[str]] = {}  # chips whose rows are the same share one row
         for r in rows:
-            merged.setdefault((r["model"], r["weights"], tuple(r["ops"]), tuple(r["T"]), r["old"], r["new"]),
-                              []).append(r["chip"])
+            merged.setdefault((r["model"], r["weights"], tuple(r["ops"]), tuple(r["T"]), r["old"], r["new"],
+                               r["rules"]), []).append(r["chip"])
         out = [{"chips": sorted(cs, key=order.get), "model": m, "weights": w, "ops": list(o), "T": list(t),
-                "old": ka, "new": kb} for (m, w, o, t, ka, kb), cs in merged.items()]
+                "old": ka, "new": kb, "rules": list(rs)} for (m, w, o, t, ka, kb, rs), cs in merged.items()]
         return sorted(out, key=lambda r: (r["model"] != "gemma3-270m", r["weights"], order[r["chips"][0]], r["T"][0],
                                           r["ops"]))
+
+    def _causes(self, old: str, new: str, a: dict, b: dict) -> dict[tuple, tuple[str, ...]]:
+        """{key: names of the rules (dispatch.commits) that move it} for every key whose label differs, where both
+        releases' rules of that op were read."""
+        from ..dispatch import changed_by
+
+        out: dict[tuple, tuple[str, ...]] = {}
+        for chip in chips():
+            rv = {op: (rules(old, chip.backend, op).version, rules(new, chip.backend, op).version)
+                  for op in ("matmul", "quantized_matmul", "sdpa")}
+            for key, op, kw in calls(chip):
+                if a[key] != b[key] and None not in rv[op]:
+                    out[key] = tuple(r.name for r in changed_by(chip, op, rv[op][0], rv[op][1], **kw))
+        return out
 
     # ---------------------------------------------------------------- replayed envelopes
 
@@ -288,7 +287,7 @@ class Predictor:
         ops3 = ("matmul", "quantized_matmul", "sdpa")
         blind = [r for r in (old, new) if all(rules(r, b, op).version is None for b in PREDICTED_BACKENDS for op in ops3)]
         if blind:
-            return out + [("p", f"Prediction: not knowable: no part of mlx {_version_of(blind[0])}'s dispatch on "
+            return out + [("p", f"Prediction: not read: no part of mlx {_version_of(blind[0])}'s dispatch on "
                                 "the chips predicted follows rules read from the mlx source (the table above).")]
         partial = any(knowable(r, b) for r in (old, new) for b in PREDICTED_BACKENDS)
         from ..dispatch import MIRROR_REVISION, MIRROR_VERSION, parse_version
@@ -301,20 +300,25 @@ class Predictor:
         names = {m: label for label, m in MODELS}
         if not rows and partial:
             out.append(("p", f"Prediction: no dispatch difference between mlx {_version_of(old)} and "
-                             f"{_version_of(new)} in the parts knowable for both (the table above), T=1..{T_MAX}."))
+                             f"{_version_of(new)} in the parts read for both (the table above), T=1..{T_MAX}."))
         elif not rows:
+            from ..dispatch.tags import same_sources
+
+            moved = [f"{b} {op}" for b in PREDICTED_BACKENDS for op in ops3 if same_sources(old, new, b, op) is False]
             out.append(("p", f"Prediction: no dispatch difference between mlx {_version_of(old)} and "
                              f"{_version_of(new)} on any chip listed (M1..M5 in every size, sm80, sm90) for the "
                              "embedded Gemma's or `shape:gemma4-31b`'s projections (dense bf16, q4, q8) and "
-                             f"attention, T=1..{T_MAX}."))
+                             f"attention, T=1..{T_MAX}."
+                             + (f" The source files of {', '.join(moved)} changed: {_unmodelled(old, new)}"
+                                if moved else "")))
         else:
             out.append(("p", f"Prediction: the kernel mlx {_version_of(new)} dispatches where mlx "
                              f"{_version_of(old)}'s differs (T=1..{T_MAX}; weights bf16 dense, q4/q8 affine "
                              f"group {GROUP}; chips without a row dispatch alike):"))
             out.append(("table", ["chips", "model", "weights", "ops", "T", f"mlx {_version_of(old)}",
-                                  f"mlx {_version_of(new)}"],
+                                  f"mlx {_version_of(new)}", "changed by (mlx commit, pull request)"],
                         [[", ".join(r["chips"]), names[r["model"]], r["weights"], ", ".join(f"`{o}`" for o in r["ops"]),
-                          compact_ranges(r["T"]), r["old"], r["new"]] for r in rows]))
+                          compact_ranges(r["T"]), r["old"], r["new"], commit_links(r["rules"])] for r in rows]))
         from ..dispatch import CHIPS
 
         env_rows, missing, unknown = [], [], []
@@ -351,8 +355,8 @@ class Predictor:
             out.append(("table", ["chip", "pair", f"mlx {_version_of(old)} (prediction)",
                                   f"mlx {_version_of(new)} (prediction)"], env_rows))
         if unknown:
-            out.append(("p", "Prediction: the replayed envelope of " + ", ".join(unknown) + " is not knowable (its "
-                             "matmul dispatch is not, the table above)."))
+            out.append(("p", "Prediction: the replayed envelope of " + ", ".join(unknown) + " is not predicted (its "
+                             "matmul dispatch was not read, the table above)."))
         if missing:
             out.append(("p", "Prediction: the replayed envelope of " + ", ".join(missing) + " is not in the cache "
                              "(`gemmdrift changelog --replay` computes it)."))
@@ -373,8 +377,9 @@ def chip_class(pred: "Predictor", chip: str, old: str, new: str) -> dict[str, An
     """The predicted class of the pair on one chip class (its base size): ``{"cls": class or None, "cell": the
     timeline's cell text, "reason": one line}``. The replay reorders the same adds, so what it predicts moves by
     rounding by construction: ``ladder="rounding"``; a replayed argmax flip that changes is ANSWER-CHANGING. The
-    same mlx on both sides (an mlx-lm pair): nothing to predict. A side whose dispatch was not read: not
-    knowable. A dispatch change the replay did not run (or cannot: NAX, cuBLASLt): the cell says so."""
+    same mlx on both sides (an mlx-lm pair): nothing to predict. A side whose dispatch was not read: "not read".
+    A dispatch change the replay did not run (or cannot: NAX, cuBLASLt): the cell says so. A class that is not
+    BIT-FOR-BIT names the mlx commit(s) and pull request(s) whose rule moved the dispatch."""
     from ..dispatch import MIRROR_VERSION, parse_version
     from .classify import BIT_FOR_BIT, ROUNDOFF, classify
 
@@ -386,7 +391,7 @@ def chip_class(pred: "Predictor", chip: str, old: str, new: str) -> dict[str, An
     backend = CHIPS[chip].backend
     why = [w for w in (knowable(old, backend), knowable(new, backend)) if w]
     if why:
-        return {"cls": None, "cell": "not knowable", "reason": why[0]}
+        return {"cls": None, "cell": NOT_READ, "reason": why[0]}
     assumed = [v for v in (vo, vn) if parse_version(v) > MIRROR_VERSION]
     tail = (f" (mlx {', '.join(assumed)} newer than the source read: its rules taken as "
             f"{'.'.join(map(str, MIRROR_VERSION))}'s)" if assumed else "")
@@ -398,23 +403,25 @@ def chip_class(pred: "Predictor", chip: str, old: str, new: str) -> dict[str, An
         tail += (f"; the source files of {backend} {', '.join(touched)} changed between the two (the rules read "
                  "decide the kernels and their order)")
     rows = [r for r in pred.differences(old, new) if chip in r["chips"]]
+    named = list(dict.fromkeys(n for r in rows for n in r["rules"]))
     moved = (f"the dispatch changes in {len(rows)} row{'s' if len(rows) > 1 else ''} (first: {rows[0]['weights']} "
              f"{', '.join(rows[0]['ops'])} T={compact(rows[0]['T'])} {rows[0]['old']} → {rows[0]['new']})"
-             if rows else "")
+             + (f", by {commit_links(named)}" if named else "") if rows else "")
     eo, en = pred.envelope(chip, old), pred.envelope(chip, new)
     fo, fn = envelope_figures(eo), envelope_figures(en)
     if eo is not None and en is not None and set(fo) & set(fn):
         pc = classify(fo, fn, ladder="rounding")
         if pc.cls == BIT_FOR_BIT and rows:
-            return {"cls": ROUNDOFF, "cell": ROUNDOFF, "reason": f"{moved}; the replayed decode-vs-verify envelope "
-                                                                 f"(bf16 dense) does not move{tail}"}
+            return _named({"cls": ROUNDOFF, "cell": ROUNDOFF, "reason": f"{moved}; the replayed decode-vs-verify "
+                                                                        f"envelope (bf16 dense) does not move{tail}"},
+                          named)
         if pc.cls == BIT_FOR_BIT:
             return {"cls": BIT_FOR_BIT, "cell": BIT_FOR_BIT, "reason": "the same kernels dispatch for every shape "
                                                                        f"listed; the replayed envelope is identical{tail}"}
         reason = pc.reason.replace("the precision ladder says rounding",
                                    "rounding by construction (the replay reorders the same adds)")
-        return {"cls": pc.cls, "cell": pc.cls, "reason": f"replayed: {reason}" + (f"; {moved}" if rows else "")
-                + tail}
+        return _named({"cls": pc.cls, "cell": pc.cls, "reason": f"replayed: {reason}" + (f"; {moved}" if rows else "")
+                       + tail}, named if pc.cls != BIT_FOR_BIT else [])
     if not rows:
         return {"cls": BIT_FOR_BIT, "cell": BIT_FOR_BIT, "reason": "the same kernels dispatch for every shape listed"
                                                                    f" (no replay needed){tail}"}
@@ -433,6 +440,57 @@ def chip_class(pred: "Predictor", chip: str, old: str, new: str) -> dict[str, An
                                                            "(`gemmdrift changelog --replay` computes it)"}
 
 
+def _unmodelled(old: str, new: str) -> str:
+    """Why changed source files move no prediction: no modelled rule changed, or the ones that did (linked)
+    move none of the shapes listed."""
+    from ..dispatch import parse_version
+    from ..dispatch.commits import between
+
+    rs = between(parse_version(_version_of(old)), parse_version(_version_of(new)))
+    if not rs:
+        return "in nothing the dispatch rules or the replay model (no modelled rule changed between the two)."
+    return (f"the modelled rules that changed ({commit_links([r.name for r in rs])}) move none of the shapes "
+            "listed.")
+
+
+def _named(cell: dict[str, Any], names: Sequence[str]) -> dict[str, Any]:
+    """A predicted class's cell naming the pull requests of the rules that moved it ("ROUNDOFF (#3888)", linked)."""
+    from ..dispatch.commits import RULES
+
+    prs = list(dict.fromkeys((c.pr, c.pr_url) for n in names for c in RULES[n].commits))
+    if prs:
+        cell = {**cell, "cell": f"{cell['cell']} ({', '.join(f'[#{n}]({u})' for n, u in prs)})",
+                "prs": [n for n, _ in prs]}
+    return cell
+
+
+def calls(chip: Any):
+    """(key, op, choose's keywords) of every call the section predicts on ``chip``: each projection of each model
+    in bf16, q4 and q8, and attention, T = 1..T_MAX; key = (chip, model, weights, projection or "sdpa", T)."""
+    for _, model in MODELS:
+        for wname, bits in WEIGHTS:
+            for proj, K, N in projection_shapes(model):
+                for T in range(1, T_MAX + 1):
+                    if bits is None:
+                        yield (chip.name, model, wname, proj, T), "matmul", dict(T=T, K=K, N=N, dtype="bfloat16")
+                    else:
+                        yield ((chip.name, model, wname, proj, T), "quantized_matmul",
+                               dict(T=T, K=K, N=N, dtype="bfloat16", bits=bits, group_size=GROUP))
+        s = sdpa_shape(model)
+        for T in range(1, T_MAX + 1):
+            yield ((chip.name, model, "any", "sdpa", T), "sdpa",
+                   dict(T=T, K=s["k_len"], N=s["head_dim"], dtype="bfloat16", n_heads=s["n_heads"],
+                        n_kv_heads=s["n_kv_heads"]))
+
+
+def commit_links(names: Sequence[str]) -> str:
+    """The mlx commits of rules ``names`` as markdown links (hash, subject, pull request), or a dash."""
+    from ..dispatch.commits import RULES
+
+    said = [c.markdown() for n in names for c in RULES[n].commits]
+    return "; ".join(dict.fromkeys(said)) or "-"
+
+
 def compact(ts: Sequence[int]) -> str:
     from .pages import compact_ranges
 
@@ -444,7 +502,8 @@ def _short(reason: str) -> str:
     text = str(reason)
     for key in ("cuBLASLt", "NAX", "nax"):
         if key in text:
-            return {"nax": "NAX"}.get(key, key) + " (order unknown)"
+            return ("cuBLASLt (order chosen at run time)" if key == "cuBLASLt"
+                    else "NAX (order hidden in the hardware's matmul2d)")
     return text.split(":")[0][:80]
 
 

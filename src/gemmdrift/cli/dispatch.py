@@ -5,6 +5,12 @@ it answers for any chip from any machine. Example::
 
     gemmdrift dispatch --chip M3 --op matmul --dtype bfloat16 --K 640 --N 2048 --ts 1-33 --mlx 0.31.2
     gemmdrift dispatch --env results/kernels --K 640 --N 2048     # the chip, mlx and settings of that record
+    gemmdrift dispatch --chip M3 --K 640 --N 2048 --mlx 0.32.1 --vs 0.32.0   # what changed, and which mlx commit
+
+Releases: from v0.26.5, the first tag read, to the mirror's HEAD (846d176, mlx 0.32.2); an older ``--mlx`` or
+``--vs`` is refused (one line: older than the first tag read); a newer one takes the mirror's rules, and a
+``note:`` line says so. With ``--vs OLD``, each T where OLD's kernel or parameters differ names the mlx commit(s)
+and pull request(s) whose rule moved it (:func:`gemmdrift.dispatch.changed_by`).
 
 Shapes: ``matmul`` is ``x (T, K) @ W.T`` with W (N, K) (nn.Linear, no bias);
 ``quantized_matmul`` the same with W quantized (``--bits``, ``--group-size``,
@@ -42,6 +48,8 @@ def add_parser(sub) -> None:
     s.add_argument("--ts", default="1-33",
                    help="row counts T (query length for sdpa), e.g. 1-33 or 1,2,16 (default 1-33)")
     s.add_argument("--mlx", help="mlx release whose source decides (default: the installed mlx)")
+    s.add_argument("--vs", metavar="OLD", help="a second mlx release: where its kernel differs, name the mlx "
+                                               "commit(s) whose rule changed it")
     g = s.add_argument_group("quantized_matmul")
     g.add_argument("--bits", type=int, help="bits per weight (default mlx's for the mode: affine 4)")
     g.add_argument("--group-size", type=int, help="group size (default mlx's for the mode: affine 64)")
@@ -190,7 +198,7 @@ def records(args) -> tuple[list[dict[str, Any]], str]:
     """One record per T (T, kernel, label, params, source, note, chip, mlx), and a header line."""
     from dataclasses import replace
 
-    from ..dispatch import chip_named, choose, describe_chip, label, parse_version
+    from ..dispatch import changed_by, chip_named, choose, describe_chip, label
 
     recorded_mlx = None
     if args.env:
@@ -207,7 +215,10 @@ def records(args) -> tuple[list[dict[str, Any]], str]:
     ts = parse_ts(args.ts)
     check_op_flags(args)
     version = args.mlx or recorded_mlx or installed_mlx()
-    parse_version(version)
+    mlx_flag = "--mlx" if args.mlx else (f"--env {args.env} (its mlx)" if recorded_mlx else "the installed mlx")
+    for flag, v in ((mlx_flag, version), ("--vs", args.vs)):
+        if v is not None:
+            check_release(flag, v)
     shape: dict[str, Any]
     if args.op == "sdpa":
         for flag, v in (("--head-dim", args.head_dim), ("--kv-len", args.kv_len), ("--heads", args.heads),
@@ -234,20 +245,44 @@ def records(args) -> tuple[list[dict[str, Any]], str]:
             what += f" {args.mode} bits={bits} group_size={group}"
     from ..replay import FP_KERNELS
 
-    out = []
-    for t in ts:
-        c = choose(chip, args.op, T=t, dtype=args.dtype, mlx_version=version, **shape)
+    def named(c) -> tuple[str, str]:
         kernel = c.kernel
         if shape.get("mode", "affine") != "affine" and kernel in FP_KERNELS:  # fp_quantized.h's names, as replay's
             kernel = FP_KERNELS[kernel]
         said = label(c)
-        said = kernel + said[len(c.kernel):] if said.startswith(c.kernel) else said
-        out.append({"T": t, "kernel": kernel, "label": said, "params": dict(c.params), "source": c.source,
-                    "note": c.note, "chip": chip.name, "mlx": version})
+        return kernel, kernel + said[len(c.kernel):] if said.startswith(c.kernel) else said
+
+    out = []
+    for t in ts:
+        kw = dict(T=t, dtype=args.dtype, **shape)
+        c = choose(chip, args.op, mlx_version=version, **kw)
+        kernel, said = named(c)
+        rec = {"T": t, "kernel": kernel, "label": said, "params": dict(c.params), "source": c.source,
+               "note": c.note, "chip": chip.name, "mlx": version}
+        if args.vs:
+            o = choose(chip, args.op, mlx_version=args.vs, **kw)
+            rec["vs"] = {"mlx": args.vs, "kernel": named(o)[0], "label": named(o)[1], "params": dict(o.params)}
+            rec["changed_by"] = [{"rule": r.name, "first_tag": r.first_tag, "what": r.what,
+                                  "commits": [{"hash": m.hash, "subject": m.subject, "pr": m.pr,
+                                               "commit_url": m.commit_url, "pr_url": m.pr_url} for m in r.commits]}
+                                 for r in changed_by(chip, args.op, args.vs, version, **kw)]
+        out.append(rec)
+    vs = f" (against mlx {args.vs})" if args.vs else ""
     settings = ", ".join(w for w, _ in chip.settings)
     ignored = f" ({chip.note})" if "ignored" in chip.note else ""  # a record's setting its mlx does not read
-    return out, (f"{describe_chip(chip)}{ignored}; {what}; mlx {version}"
+    return out, (f"{describe_chip(chip)}{ignored}; {what}; mlx {version}{vs}"
                  + (f"; settings: {settings}" if settings else ""))
+
+
+def check_release(flag: str, text: str) -> None:
+    """One line for a release the rules cannot answer for: older than the first tag read."""
+    from ..dispatch import VERIFIED_FROM, parse_version
+
+    v = parse_version(text)
+    if v < VERIFIED_FROM:
+        first = ".".join(map(str, VERIFIED_FROM))
+        raise GemmdriftError(f"{flag} {text}: older than the first tag read (v{first}); dispatch was read from "
+                             f"v{first} on, older releases are not modelled")
 
 
 def cmd_dispatch(args) -> int:
@@ -266,4 +301,8 @@ def cmd_dispatch(args) -> int:
                           if k not in ("bits", "group_size", "mode", "head_dim", "v_head_dim", "k_len"))
         note = f"  [{r['note']}]" if r["note"] else ""
         print(f"T={r['T']:>4}  {r['kernel']:<22} {params:<48} {r['source']}{note}")
+        if "vs" in r and (r["vs"]["kernel"], r["vs"]["params"]) != (r["kernel"], r["params"]):
+            why = "; ".join(f"{c['hash']} {c['subject']} (#{c['pr']}, first in {x['first_tag']})"
+                            for x in r["changed_by"] for c in x["commits"])
+            print(f"        mlx {r['vs']['mlx']}: {r['vs']['label']}; changed by: {why or 'no single rule (several together)'}")
     return 0

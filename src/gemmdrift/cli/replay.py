@@ -98,8 +98,8 @@ def cmd_replay_check(args) -> int:
         from ..dispatch import VERIFIED_FROM
 
         if parse_version(args.mlx_version) < VERIFIED_FROM:  # as `dispatch --mlx` refuses it: before the load (D8)
-            raise GemmdriftError(f"--mlx-version {args.mlx_version}: dispatch was read from v"
-                                 f"{'.'.join(map(str, VERIFIED_FROM))} on; older releases are not modelled")
+            raise GemmdriftError(f"--mlx-version {args.mlx_version}: older than the first tag read (v"
+                                 f"{'.'.join(map(str, VERIFIED_FROM))}); older releases are not modelled")
     checks.check_out_dir(args.out)
     from ..replay import calib as replay_calib
 

@@ -1,9 +1,10 @@
 """Which kernel MLX dispatches for a given number of rows T, per chip and mlx version.
 
 Everything here was read from the mlx source (ml-explore/mlx at HEAD 846d176,
-0.32.2 in ``mlx/version.h``, and the tags v0.30.5, v0.31.2, v0.32.0, v0.32.1;
-where a condition changed, the first tag with the new one is named), not
-recalled: each rule names the file and function it models. It is pure
+0.32.2 in ``mlx/version.h``, the tags v0.30.5, v0.31.2, v0.32.0, v0.32.1, and
+every commit that touched the dispatch files from v0.26.5 on; where a condition
+changed, it is a named rule of :mod:`.commits` with its first tag, commit and
+pull request), not recalled: each rule names the file and function it models. It is pure
 Python with no mlx import, so it can label results from any machine.
 
 The structured interface (used by the reduction-order replayer):
@@ -23,9 +24,12 @@ source of truth. A drift between T=1 and T>1 can appear only where the kernel
 (or its reduction order) changes with T; :func:`thresholds` lists those change
 points for one shape: "from T on, this kernel runs".
 
-Version window: the rules were checked from v0.30.5 to HEAD. Older releases
-get nothing (not guessed: ``thresholds`` returns ``[]``, :func:`choose`
-refuses); releases newer than the mirror get HEAD's rules, and say so.
+Version window: the rules were read from v0.26.5 to HEAD (CUDA sdpa and the CPU
+from v0.30.5: :data:`.tags.READ_FROM`). Older releases get nothing (not guessed:
+``thresholds`` returns ``[]``, :func:`choose` refuses, saying the release is
+older than the first tag read); releases newer than the mirror get HEAD's
+rules, and say so in the Choice's note. ``choose(..., reverted={"gemv_wide"})``
+evaluates a release with named rules reverted (:func:`.commits.at`).
 
 CPU: the rule was read for Linux x86_64 (``cpu-linux-x86``: row-invariant by
 construction, no thresholds); any other platform is ``cpu-other``, not read
@@ -45,6 +49,7 @@ from .base import (BACKENDS, CPU_CBLAS, CPU_QUANTIZED, CPU_SIMD_GEMM, CUDA_GEMV,
                    CUDA_QUANTIZED, CUDA_SDPA, CUDA_SDPA_VECTOR, METAL_DEVICE, METAL_MATMUL, METAL_QUANTIZED,
                    METAL_SDPA, MIRROR_REVISION, MIRROR_VERSION, OPS, TAGS_READ, VERIFIED_FROM, Chip, Choice,
                    Version, parse_version)
+from .commits import RULES, at, between
 from .chips import (CHIPS, CPU_LINUX_X86, CPU_OTHER, DEFAULT_CHIP, SIZE_LABEL, chip_from_env, chip_named,
                     describe_chip, not_a_chip)
 from .metal import qmv_batch_limit
@@ -69,13 +74,15 @@ class Threshold(NamedTuple):
 def _version(mlx_version: str | Version) -> Version:
     version = mlx_version if isinstance(mlx_version, tuple) else parse_version(mlx_version)
     if version < VERIFIED_FROM:
-        raise GemmdriftError(f"mlx {'.'.join(map(str, version))}: dispatch was read from v0.30.5 on; "
-                             "older releases are not modelled")
+        first = ".".join(map(str, VERIFIED_FROM))
+        raise GemmdriftError(f"mlx {'.'.join(map(str, version))} is older than the first tag read (v{first}): "
+                             f"dispatch was read from v{first} on; older releases are not modelled")
     return version
 
 
 def choose(chip: Chip, op: str, *, T: int, K: int, N: int, dtype: str, mlx_version: str | Version,
-           bits: int | None = None, group_size: int | None = None, mode: str = "affine", **extra: Any) -> Choice:
+           bits: int | None = None, group_size: int | None = None, mode: str = "affine", reverted=(),
+           **extra: Any) -> Choice:
     """The kernel ``op`` dispatches on ``chip`` for T rows, as the mlx source of ``mlx_version`` reads.
 
     Args:
@@ -84,9 +91,11 @@ def choose(chip: Chip, op: str, *, T: int, K: int, N: int, dtype: str, mlx_versi
             (``quantized_matmul(x, w, transpose=True)``), or ``sdpa`` (T queries; K is the key
             length and N the head dim, unless ``k_len``/``head_dim`` are given).
         dtype: ``bfloat16``, ``float16`` or ``float32``.
-        mlx_version: e.g. ``"0.31.2"``; before 0.30.5 raises, newer than the mirror uses its rules.
+        mlx_version: e.g. ``"0.31.2"``; before 0.26.5 raises, newer than the mirror uses its rules.
         bits, group_size: quantization (default: mlx's per ``mode``, e.g. affine 4 bits, group 64).
         mode: ``affine``, ``mxfp4``, ``mxfp8`` or ``nvfp4``.
+        reverted: names of :data:`.commits.RULES` to evaluate as before their first tag (the release without
+            that change alone).
         **extra: ``tf32`` (MLX_ENABLE_TF32; default the chip's, which is a record's or mlx's 1); for matmul ``b_transposed`` (default
             True: ``x @ W.T`` with W (N, K); False: ``x @ W`` with W (K, N) row-major, gemv_t at T=1 on
             Metal, no gemv on CUDA; the CPU's rule, read for ``x @ W.T``, does not look at it); for sdpa ``n_heads``,
@@ -107,6 +116,8 @@ def choose(chip: Chip, op: str, *, T: int, K: int, N: int, dtype: str, mlx_versi
     if T < 1 or K < 1 or N < 1:
         raise GemmdriftError(f"T, K and N must be positive, got T={T}, K={K}, N={N}")
     version = _version(mlx_version)
+    if reverted:
+        version = at(version, reverted)
     choice = _choose_on(chip, op, T, K, N, dtype, version, bits, group_size, mode, extra)
     # The record's settings (MLX_ENABLE_TF32=0, MLX_METAL_GPU_ARCH, the macOS version): the one that changed
     # the kernel, or the parameters that decide its order, is named.
@@ -142,6 +153,30 @@ def _choose_on(chip: Chip, op: str, T: int, K: int, N: int, dtype: str, version:
                       _join(choice.note, f"mlx {'.'.join(map(str, version))} is newer than the source read "
                                          f"({MIRROR_REVISION}): the rules read there are used"))
     return choice
+
+
+def changed_by(chip: Chip, op: str, old: str | Version, new: str | Version, **kw: Any) -> list:
+    """The rules of :mod:`.commits` (first tag between ``old`` and ``new``) that move this call's kernel or its
+    parameters from one release to the other. The newer release with every such rule reverted dispatches as the
+    older one (tests/test_dispatch_commits.py); the rules are then restored one at a time, oldest first, and each
+    one whose restoring changes the Choice is named. ``kw``: :func:`choose`'s (T, K, N, dtype, ...). Empty when
+    both releases dispatch alike."""
+    def key(c: Choice) -> tuple:
+        return c.kernel, tuple(sorted(c.params.items()))
+
+    vo, vn = _version(old), _version(new)
+    newer = max(vo, vn)
+    if key(choose(chip, op, mlx_version=newer, **kw)) == key(choose(chip, op, mlx_version=min(vo, vn), **kw)):
+        return []
+    rules = between(vo, vn, chip.backend, op)
+    names = [r.name for r in rules]
+    out, prev = [], key(choose(chip, op, mlx_version=newer, reverted=names, **kw))
+    for i, rule in enumerate(rules):
+        cur = key(choose(chip, op, mlx_version=newer, reverted=names[i + 1:], **kw))
+        if cur != prev:
+            out.append(rule)
+        prev = cur
+    return out
 
 
 def _join(*notes: str) -> str:
@@ -265,7 +300,7 @@ def thresholds(backend: str, mlx_version: str, op: str, *, chip: str | Chip | No
 
     Args:
         backend: ``metal``, ``cuda`` or ``cpu`` (always empty: row-invariant on Linux x86, not read elsewhere).
-        mlx_version: e.g. ``"0.32.4"``; releases before 0.30.5 give ``[]``
+        mlx_version: e.g. ``"0.32.4"``; releases before 0.26.5 give ``[]``
             (their dispatch code was not read).
         op: ``matmul``, ``quantized_matmul`` or ``sdpa``.
         chip: a :class:`Chip` or a name (default M3 Max / sm90: a reference, for CPU data only).
@@ -282,7 +317,7 @@ def thresholds(backend: str, mlx_version: str, op: str, *, chip: str | Chip | No
     if max_t < 1:
         raise GemmdriftError(f"max_t must be at least 1, got {max_t}")
     version = parse_version(mlx_version)
-    if version < VERIFIED_FROM:
+    if version < VERIFIED_FROM:  # older than the first tag read: nothing is guessed
         return []
     chip_obj = resolve_chip(backend, chip)
     note = f"{chip_obj.name}, mlx {mlx_version}"
@@ -336,7 +371,7 @@ def cuda_sdpa_kernel(q_len: int, k_len: int, head_dim: int, n_heads: int, n_kv_h
 
 __all__ = ["Chip", "Choice", "Threshold", "CHIPS", "DEFAULT_CHIP", "SIZE_LABEL", "CPU_LINUX_X86", "CPU_OTHER",
            "CPU_NOTE", "BACKENDS", "OPS", "MIRROR_REVISION", "MIRROR_VERSION", "VERIFIED_FROM", "TAGS_READ",
-           "QUANT_DEFAULTS", "DTYPES", "chip_from_env", "chip_named", "describe_chip", "not_a_chip", "choose", "label",
+           "QUANT_DEFAULTS", "DTYPES", "RULES", "between", "changed_by", "chip_from_env", "chip_named", "describe_chip", "not_a_chip", "choose", "label",
            "kernel_for",
            "thresholds", "resolve_chip", "parse_version", "qmv_batch_limit", "metal_matmul_kernel",
            "metal_qmm_kernel", "metal_sdpa_kernel", "cuda_matmul_kernel", "cuda_qmm_kernel", "cuda_sdpa_kernel",

@@ -15,7 +15,11 @@ from ..errors import GemmdriftError
 # The mlx checkout every rule was read from (ml-explore/mlx), and the release tags compared with it.
 MIRROR_REVISION = "846d176 (mlx 0.32.2)"
 MIRROR_VERSION = (0, 32, 2)
-VERIFIED_FROM = (0, 30, 5)
+# The oldest tag read (issue 54: every commit that touched the files of dispatch.tags.SOURCES from v0.26.5 on was
+# read, and each rule change is a named rule of dispatch.commits); dispatch.tags.READ_FROM gives it per backend and op.
+VERIFIED_FROM = (0, 26, 5)
+# The tags whose dispatch sources were read as whole trees (the changelog lists them as releases of their own); the
+# others from VERIFIED_FROM were read through every commit between consecutive tags.
 TAGS_READ = ("v0.30.5", "v0.31.2", "v0.32.0", "v0.32.1", "846d176")
 
 METAL_MATMUL = "mlx/backend/metal/matmul.cpp"

@@ -1,12 +1,12 @@
-"""Every mlx release tag against the sources the dispatch rules were read from (issue 47, item 3).
+"""Every mlx release tag against the sources the dispatch rules were read from (issues 47 and 54).
 
-The rules of :mod:`gemmdrift.dispatch` were read from mlx v0.30.5 on (``VERIFIED_FROM``; every tag from there to
-the mirror's HEAD is modelled, a changed condition naming its first tag). For an older tag,
-``data/dispatch_tags.json`` (written by ``scripts/read_dispatch_tags.py`` from a clone of ml-explore/mlx: the git
-blob of every file in :data:`SOURCES` at every tag from v0.26.5) says whether the files one backend and op are
-decided by are byte-identical to a release whose rules were read: then that release's rules are its rules
-("as 0.30.5", naming the files compared); else its dispatch is not knowable, naming the files that differ.
-Standard library only.
+The rules of :mod:`gemmdrift.dispatch` were read for every tag from :data:`READ_FROM` of each backend and op to the
+mirror's HEAD (Metal and CUDA matmul, quantized matmul and sdpa from v0.26.5, through every commit that touched
+their files: :mod:`.commits`; the CPU from v0.30.5). A release in that window follows its own rules. A part older than its first tag read is "not read" (never "not knowable": that
+label is kept for orders chosen at run time or hidden in hardware), unless ``data/dispatch_tags.json`` (written
+by ``scripts/read_dispatch_tags.py`` from a clone of ml-explore/mlx: the git blob of every file in
+:data:`SOURCES` at every tag from v0.26.5) shows its files byte-identical to a release read: then that release's
+rules are its rules ("as 0.30.5", naming the files compared). Standard library only.
 """
 
 from __future__ import annotations
@@ -37,8 +37,17 @@ SOURCES: dict[tuple[str, str], tuple[str, ...]] = {
 }
 
 
+# The first tag whose rules were read, per (backend, op).
+READ_FROM: dict[tuple[str, str], Version] = {
+    **{("metal", op): VERIFIED_FROM for op in ("matmul", "quantized_matmul", "sdpa")},
+    **{("cuda", op): VERIFIED_FROM for op in ("matmul", "quantized_matmul", "sdpa")},
+    **{("cpu", op): (0, 30, 5) for op in ("matmul", "quantized_matmul", "sdpa")},
+}
+NOT_READ = "not read"
+
+
 class Rules(NamedTuple):
-    """Whose rules a release's (backend, op) dispatch follows: ``version`` (None: not knowable) and why."""
+    """Whose rules a release's (backend, op) dispatch follows: ``version`` (None: not read) and why."""
 
     version: str | None
     why: str  # "" when the rules were read for this release itself
@@ -57,9 +66,11 @@ def _v(text: str) -> Version:
     return parse_version(text)
 
 
-def read_releases() -> list[str]:
-    """The recorded releases whose rules were read (VERIFIED_FROM up to the mirror's HEAD), oldest first."""
-    return sorted((t for t in record()["tags"] if _v(t) >= VERIFIED_FROM), key=_v)
+def read_releases(backend: str | None = None, op: str | None = None) -> list[str]:
+    """The recorded releases whose rules were read (for ``backend`` and ``op``: from READ_FROM; else from
+    VERIFIED_FROM) up to the mirror's HEAD, oldest first."""
+    first = READ_FROM[(backend, op)] if backend else VERIFIED_FROM
+    return sorted((t for t in record()["tags"] if _v(t) >= first), key=_v)
 
 
 def _short(files) -> str:
@@ -67,32 +78,36 @@ def _short(files) -> str:
 
 
 def rules_for(version: str | Version, backend: str, op: str) -> Rules:
-    """Whose rules ``version``'s ``op`` on ``backend`` follows: its own from VERIFIED_FROM on (a release newer
-    than the mirror: the mirror's, said to be assumed); for an older tag,
-    the oldest read release whose files of (backend, op) are byte-identical ("as X.Y.Z (files compared: ...)");
-    else None, naming the files that differ from the oldest read release (or saying the tag was not recorded)."""
+    """Whose rules ``version``'s ``op`` on ``backend`` follows: its own from READ_FROM on (a release newer than the
+    mirror: the mirror's, said to be assumed); for an older tag, the oldest read release whose files of (backend,
+    op) are byte-identical ("as X.Y.Z (files compared: ...)"); else None: "not read", saying why."""
     v = version if isinstance(version, tuple) else _v(version)
     text = ".".join(map(str, v))
     newest = record().get("mirror_version")
     if newest and v > _v(newest):
         return Rules(newest, f"assumed as {newest} (newer than the source read, {record().get('mirror')}: "
                              "its files were not compared)")
-    if v >= VERIFIED_FROM:
+    first = READ_FROM[(backend, op)]
+    if v >= first:
         return Rules(text, "")
+    oldest = ".".join(map(str, VERIFIED_FROM))
+    if v < VERIFIED_FROM:
+        return Rules(None, f"{NOT_READ}: mlx {text} is older than the first tag read ({oldest})")
     files = SOURCES[(backend, op)]
     tags = record()["tags"]
     mine = tags.get(text)
-    first = ".".join(map(str, VERIFIED_FROM))
+    start = ".".join(map(str, first))
     if mine is None:
-        return Rules(None, f"mlx {text}'s source was not compared (not a recorded release tag): not knowable")
-    for read in read_releases():
+        return Rules(None, f"{NOT_READ}: mlx {text} is not a recorded release tag (its {backend} {op} rules were "
+                           f"read from {start} on)")
+    for read in read_releases(backend, op):
         theirs = tags[read]
         if all(mine.get(f) == theirs.get(f) for f in files) and any(mine.get(f) for f in files):
             return Rules(read, f"as {read} (files compared: {_short(files)})")
-    ref = tags.get(first, {})
+    ref = tags.get(start, {})
     differ = [f for f in files if mine.get(f) != ref.get(f)]
-    return Rules(None, f"not knowable: {_short(differ)} at v{text} {'differs' if len(differ) == 1 else 'differ'} "
-                       f"from every release read ({first} on)")
+    return Rules(None, f"{NOT_READ}: the {backend} {op} rules were read from {start} on, and {_short(differ)} at "
+                       f"v{text} {'differs' if len(differ) == 1 else 'differ'} from every release read")
 
 
 def same_sources(a: str, b: str, backend: str, op: str) -> bool | None:
@@ -104,4 +119,4 @@ def same_sources(a: str, b: str, backend: str, op: str) -> bool | None:
     return all(ta.get(f) == tb.get(f) for f in SOURCES[(backend, op)])
 
 
-__all__ = ["SOURCES", "Rules", "rules_for", "same_sources", "read_releases", "record", "DATA"]
+__all__ = ["SOURCES", "READ_FROM", "NOT_READ", "Rules", "rules_for", "same_sources", "read_releases", "record", "DATA"]

@@ -223,6 +223,9 @@ def version_axes(recipe: Recipe, mlx_version: str) -> Recipe:
     from ..dispatch import parse_version
 
     v = parse_version(mlx_version)
+    if recipe.kernel.startswith("fp_") and v < (0, 30, 4):  # fp_quantized.h changed until #2984 (v0.30.4)
+        raise GemmdriftError(f"mlx {'.'.join(map(str, v))}'s fp-mode Metal kernels (fp_quantized.h) were read from "
+                             "0.30.4 on; replay 0.30.4 or newer")
     if recipe.kernel in ("fp_qmm_t", "fp_qmm_t_splitk"):
         if v == (0, 32, 3):
             raise GemmdriftError("mlx 0.32.3's quantized Metal headers were not read; replay 0.32.2 or 0.32.4")

@@ -39,7 +39,7 @@ def plot_timeline(columns: Sequence[str], rows: Sequence[dict[str, Any]]):
             cell = row["cells"][c]
             colour = COLOURS.get(cell.get("cls")) or (NONE if cell["cell"] in ("-", "first") else OTHER)
             ax.add_patch(plt.Rectangle((j, i), 1, 1, facecolor=colour, edgecolor="white", linewidth=1.5))
-            text = SHORT.get(cell.get("cls") if cell.get("lm") else cell["cell"], cell["cell"])
+            text = SHORT.get(cell.get("cls") if cell.get("lm") or cell.get("prs") else cell["cell"], cell["cell"])
             ax.text(j + 0.5, i + 0.5, text + ("*" if cell.get("lm") else ""), ha="center", va="center", fontsize=6.5)
     ax.set_xlim(0, k)
     ax.set_ylim(n, 0)

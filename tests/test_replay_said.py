@@ -24,7 +24,7 @@ def test_m5_cell_is_not_knowable_where_its_verification_is_nax(tmp_path):
     p._cache[f"M5|{p.signature('M5', '0.32.1')}"] = {"verify:2": fig, "verify:3": fig}
     got = chip_class(p, "M5", "0.32.0", "0.32.1")
     assert got["cell"] == "not knowable" and got["cls"] is None
-    assert "NAX (order unknown): the order inside NAX's matmul2d is in the hardware" in got["reason"]
+    assert "the order inside NAX's matmul2d is in the hardware" in got["reason"]
     # Nothing cached for a side: that one is "not replayed" (`--replay` computes it).
     q = Predictor(cache=tmp_path / "empty.json")
     assert chip_class(q, "M5", "0.32.0", "0.32.1")["cell"] == "not replayed"

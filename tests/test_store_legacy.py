@@ -34,6 +34,9 @@ def test_old_layout_loads_as_a_result_of_its_kind(name):
         now = json.loads(files.to_json(summaries.summary(r)))
         for p in now.get("pairs", []):  # added later (issue 12): unknown (None) for a ladder run before it
             assert p.pop("ladder_true_float32", None) is None
+        for p in now.get("paths", []):  # added later (issue 53 item 16): the Ts measured, read from the old tables
+            ts = sorted(int(t) for t in r.tables["kernels"].loc[r.tables["kernels"]["path"] == p["path"], "T"].unique())
+            assert p.pop("Ts") == ts and set(p.pop("lm_head_Ts")) <= set(ts)
         assert now == json.loads((d / "summary.json").read_text())
     assert summaries.text(r)
 

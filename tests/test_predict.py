@@ -211,3 +211,14 @@ def test_the_main_job_keys_the_part_by_its_own_sizes_and_leaves_the_other_keys_a
     a = suite._key("predict", lm, s, asdict(predict.SIZES["quick"]))
     b = suite._key("predict", lm, s, asdict(replace(predict.SIZES["quick"], tokens=6)))
     assert a != b
+
+
+def test_a_shared_decode_reference_is_loaded_with_its_replayed_calls(lm, tmp_path, capsys):
+    """Bug (make run, after issue 53 item 11): the decode reference shared between M1's variants was copied without
+    the replayed calls saved beside it, so each variant after the first said "saved without its replayed calls:
+    computed again" and ran it again: the sharing saved nothing."""
+    capsys.readouterr()
+    result = predict.predict_drift(lm, SIZES, tokens=TOKENS, checkpoint=tmp_path / "checkpoint")
+    err = capsys.readouterr().err
+    assert "computed again" not in err
+    assert err.count("done before (resumed)") == len(result.inputs["variants"]["M1"]) - 1 > 0, err

@@ -169,13 +169,16 @@ def _share_reference(lm, tokens, sizes: PredictSizes, ref: str, src: Path, dst: 
     except TypeError:  # stack's run key changed shape: recompute the reference rather than guess its file
         _say("the decode reference is not shared (stack's run key changed): computed again")
         return False
-    name += ".npz"
-    if not (src / name).is_file():
+    # The taps and the replayed calls saved beside them (measure_stack counts those on a resumed run; taps without
+    # them are computed again): the calls first, as measure_stack writes them, the taps being the mark of a run.
+    names = [name + ".calls.json", name + ".npz"]
+    if not all((src / n).is_file() for n in names):
         return False
     dst.mkdir(parents=True, exist_ok=True)
-    if not (dst / name).is_file():
-        with atomic_path(dst / name) as tmp:
-            shutil.copyfile(src / name, tmp)
+    for n in names:
+        if not (dst / n).is_file():
+            with atomic_path(dst / n) as tmp:
+                shutil.copyfile(src / n, tmp)
     return True
 
 

@@ -184,3 +184,48 @@ def test_a_figure_the_tier_does_not_track():
     assert B.figures.wanted("bench_tier.TierState.track_state_bugs") == {
         "TierState.track_state_bugs": ("state", "state_bugs")}
     assert B.figures.parts_of(B.figures.wanted("TierStateCases.track_non_exact[KVCache/rollback]")) == ["state"]
+
+
+# ---------------------------------------------------------------- the command
+
+
+@pytest.mark.parametrize("argv,words", [
+    (["--good", "v0.0.9", "--bad", "v0.0.7", "--figure", "TierState.track_state_bugs"],
+     "--good v0.0.9: not a tag or commit of"),
+    (["--good", "v0.0.7", "--bad", "v0.0.0", "--figure", "TierState.track_state_bugs"], "the range is backwards"),
+    (["--good", "v0.0.0", "--bad", "v0.0.7", "--figure", "TierState.track_nothing"], "does not track it"),
+])
+def test_command_refuses_bad_input_in_one_line_before_any_build(planted, cache, capsys, argv, words):
+    """Bad input is one line and exit 2, and nothing is built or measured (no environment, no result)."""
+    from gemmdrift.cli import main
+
+    assert main(["bisect", "--repo", str(planted), *argv, "--results", str(cache / "r")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert words in err and "\n" not in err
+    assert not (cache / "r").exists() and not (cache / "cache" / "bisect").exists()
+
+
+def test_command_refuses_a_path_that_is_not_mlx_lm(tmp_path, capsys):
+    from gemmdrift.cli import main
+
+    assert main(["bisect", "--repo", str(tmp_path), "--good", "a", "--bad", "b", "--figure", "any"]) == 2
+    assert capsys.readouterr().err.strip().endswith("not a git repository (give a clone of mlx or mlx-lm)")
+
+
+def test_command_prints_the_first_commit(planted, cache, capsys, monkeypatch):
+    """The command's answer: the planted commit, its PR and both values (the tier's runner replaced by the plant's)."""
+    from gemmdrift.bisect import commits as C
+    from gemmdrift.bisect import figures as F
+    from gemmdrift.cli import main
+
+    monkeypatch.setattr(F, "wanted", lambda figure, root=F.ROOT: FIGS)
+    monkeypatch.setattr(C, "tier_runner", plant_runner)
+    monkeypatch.setitem(B.bisect.__kwdefaults__, "runner", plant_runner)
+    assert main(["bisect", "--repo", str(planted), "--good", "v0.0.0", "--bad", "v0.0.7", "--figure", "x",
+                 "--results", str(cache / "r"), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    shas = [c.sha for c in gitrepo.commit_range(planted, "v0.0.0", "v0.0.7")]
+    assert out["changed"] and out["first"]["commit"] == shas[CHANGE] and out["first"]["pr"] == 105
+    assert out["before"]["values"] == {"Plant.track_value": 1.0}
+    assert out["first"]["values"] == {"Plant.track_value": 1.0 + 2**-30}
+    assert shas[BROKEN] in out["skipped"]

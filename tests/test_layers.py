@@ -77,7 +77,7 @@ RANKS = {
     "view.history": 11.8, "view.timeline": 11.8, "view.upgrade": 11.8, "view.fingerprint": 11.8, "view.state": 11.8,
     "view.batch": 11.8, "view.summaries": 12, "view.plots": 12, "view.answer": 12.5,
     "cli.common": 0, "cli.golden": 1, "cli.dispatch": 1, "cli.replay": 1, "cli.primitives": 1, "cli.changelog": 1,
-    "cli.history": 1.5, "cli.upgrade": 1, "cli.batch": 1, "cli.attribute": 2, "cli": 3, "cli.doc": 4,
+    "cli.history": 1.5, "cli.upgrade": 1, "cli.bisect": 1, "cli.batch": 1, "cli.attribute": 2, "cli": 3, "cli.doc": 4,
 }
 
 

@@ -229,3 +229,15 @@ def test_command_prints_the_first_commit(planted, cache, capsys, monkeypatch):
     assert out["before"]["values"] == {"Plant.track_value": 1.0}
     assert out["first"]["values"] == {"Plant.track_value": 1.0 + 2**-30}
     assert shas[BROKEN] in out["skipped"]
+
+
+def test_a_figure_named_cannot_run_is_not_a_part_that_failed(planted, cache):
+    """The state part's figure ``cannot_run`` (a count of cases) once read as 'this part could not run': every commit
+    was skipped and the good end refused."""
+
+    def runner(python, parts):
+        got = plant_runner(python, parts)
+        return {"plant": {**got["plant"], "cannot_run": 4.0}}
+
+    b = B.bisect(planted, "v0.0.0", "v0.0.7", FIGS, results=cache / "r4", runner=runner)
+    assert b.outcome.exact and b.outcome.first == CHANGE

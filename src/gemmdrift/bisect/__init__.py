@@ -25,6 +25,7 @@ from typing import Any, Callable
 
 from ..errors import GemmdriftError
 from . import commits, figures, gitrepo
+from .worker import NOT_RUN
 from .search import SKIP, EndSkipped, Outcome, first_change
 
 
@@ -72,7 +73,7 @@ def bisect(repo: str | Path, good: str, bad: str, figure: str | dict[str, tuple[
         records[c.sha] = rec
         if rec.get("skipped"):
             return SKIP
-        cannot = [p for p in parts if "cannot_run" in (rec["parts"].get(p) or {})]
+        cannot = [p for p in parts if NOT_RUN in (rec["parts"].get(p) or {})]
         if cannot:  # this commit cannot run a part the figure needs: not decided either way
             return SKIP
         return figures.read(figs, rec["parts"])
@@ -82,8 +83,8 @@ def bisect(repo: str | Path, good: str, bad: str, figure: str | dict[str, tuple[
     except EndSkipped as e:
         c = rng[e.index]
         rec = records.get(c.sha, {})
-        why = rec.get("skipped") or "; ".join(f"{p}: {v.get('cannot_run')}" for p, v in rec.get("parts", {}).items()
-                                               if isinstance(v, dict) and "cannot_run" in v)
+        why = rec.get("skipped") or "; ".join(f"{p} cannot run: {v[NOT_RUN]}" for p, v in rec.get("parts", {}).items()
+                                               if isinstance(v, dict) and NOT_RUN in v)
         end = "--good" if e.index == 0 else "--bad"
         raise GemmdriftError(f"{end} {c.sha[:12]} cannot be measured ({why}): choose another end") from None
     return Bisection(project, repo, rng, figs, outcome, records, results)

@@ -10,7 +10,7 @@
   site-packages (a ``.pth`` file: the installed mlx and every other dependency, the same for every commit, so
   every difference is the commit's). Built in a temporary sibling and renamed when whole.
 * **Runner**: the tier parts the figures need, run in that interpreter with this checkout first on ``PYTHONPATH``
-  (``python -m gemmdrift.bisect.worker``): their figures, or ``cannot_run`` with the reason.
+  (``python -m gemmdrift.bisect.worker``): their figures, or ``_not_run`` with the reason.
 """
 
 from __future__ import annotations
@@ -114,7 +114,7 @@ def python_of(repo: Path, project: str, sha: str) -> Path:
 
 
 def tier_runner(python: Path, parts: Sequence[str]) -> dict[str, dict[str, Any]]:
-    """The tier parts in ``python`` (:mod:`gemmdrift.bisect.worker`): ``{part: figures | {"cannot_run": why}}``."""
+    """The tier parts in ``python`` (:mod:`gemmdrift.bisect.worker`): ``{part: figures | {"_not_run": why}}``."""
     from ..attribution.release_ops import checkout_env
 
     env = {**checkout_env(), "MLX_ENABLE_TF32": "0"}
@@ -149,7 +149,7 @@ def measure(repo: Path, project: str, commit: gitrepo.Commit, parts: Sequence[st
     for part in todo:  # one part at a time: each is saved as soon as it is measured
         t1 = time.perf_counter()
         got = runner(python, [part])
-        rec["parts"][part] = got.get(part, {"cannot_run": "the worker returned nothing"})
+        rec["parts"][part] = got.get(part, {"_not_run": "the worker returned nothing"})
         rec["seconds"][part] = round(time.perf_counter() - t1, 1)
         save(results, rec)
     say(f"{commit.sha[:12]}: measured {', '.join(todo)} in {time.perf_counter() - t0:.0f} s")

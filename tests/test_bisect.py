@@ -5,13 +5,12 @@ from __future__ import annotations
 import json
 import math
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from gemmdrift import bisect as B
-from gemmdrift.bisect import commits, gitrepo
+from gemmdrift.bisect import gitrepo
 from gemmdrift.bisect.search import SKIP, EndSkipped, first_change, same
 from gemmdrift.errors import GemmdriftError
 

@@ -1,7 +1,7 @@
 """The repository bisected: a git repository (bare or not) of mlx-lm or mlx, read with git alone.
 
 What is checked before any build (each a one-line :class:`GemmdriftError`): the path is a git repository holding
-mlx-lm (``mlx_lm/__init__.py``) or mlx (``mlx/`` and ``python/src``) at the good end; a name that is not a commit or
+mlx-lm (``mlx_lm/__init__.py``) or mlx (``mlx/`` and ``python/src``) at HEAD; a name that is not a commit or
 tag of it (the nearest tags are named); a range given backwards or of two commits that are not one line of
 history. The range is ``git rev-list --first-parent --reverse good..bad`` with ``good`` in front: the commits
 merged into the bad end's branch, in order.

@@ -240,3 +240,12 @@ def test_a_figure_named_cannot_run_is_not_a_part_that_failed(planted, cache):
 
     b = B.bisect(planted, "v0.0.0", "v0.0.7", FIGS, results=cache / "r4", runner=runner)
     assert b.outcome.exact and b.outcome.first == CHANGE
+
+
+def test_an_end_that_does_not_install_is_one_line_and_not_kept(planted, cache):
+    """An end that does not install (e.g. offline, a build tool missing) is refused, and its failure is not stored: a
+    rerun tries it again rather than refusing forever."""
+    shas = [c.sha for c in gitrepo.commit_range(planted, "v0.0.0", "v0.0.7")]
+    with pytest.raises(GemmdriftError, match=f"--bad {shas[BROKEN][:12]} cannot be measured .does not install"):
+        B.bisect(planted, "v0.0.0", shas[BROKEN], FIGS, results=cache / "r5", runner=plant_runner)
+    assert not (cache / "r5" / f"{shas[BROKEN]}.json").exists() and (cache / "r5" / f"{shas[0]}.json").exists()

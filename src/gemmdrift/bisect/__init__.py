@@ -86,6 +86,8 @@ def bisect(repo: str | Path, good: str, bad: str, figure: str | dict[str, tuple[
         why = rec.get("skipped") or "; ".join(f"{p} cannot run: {v[NOT_RUN]}" for p, v in rec.get("parts", {}).items()
                                                if isinstance(v, dict) and NOT_RUN in v)
         end = "--good" if e.index == 0 else "--bad"
+        if rec.get("skipped"):  # not kept: an end that does not install (no network, a missing build tool) is retried
+            (results / f"{c.sha}.json").unlink(missing_ok=True)
         raise GemmdriftError(f"{end} {c.sha[:12]} cannot be measured ({why}): choose another end") from None
     return Bisection(project, repo, rng, figs, outcome, records, results)
 

@@ -47,7 +47,7 @@ $(error INSTALLER=$(INSTALLER) is not an installer: use uv or pip)
 endif
 PIP_INSTALL = $(BIN)/python -m pip install --quiet --upgrade pip && $(BIN)/python -m pip install --quiet -e ".[$(EXTRAS)]"
 
-.PHONY: run test env bench golden docs clean changelog history-run
+.PHONY: run test env bench golden docs clean changelog history-run asv-mlx-lm
 
 $(BIN)/.installed-$(EXTRAS): pyproject.toml
 	@test -n "$(PYTHON)" && $(PYTHON) -c '$(PY_OK)' 2>/dev/null || { echo "make: no Python 3.10+$(if $(filter metal,$(BACKEND)), for arm64,) found (tried $(or $(PYTHON),$(PYTHONS))); install one, or give it as PYTHON=..." >&2; exit 2; }
@@ -85,6 +85,20 @@ bench: env
 # gemmdrift commit, into benchmarks/reference/reference-linux-cpu-tier; resumable (run it again after Ctrl-C).
 history-run: env
 	$(BIN)/python -m gemmdrift.history_run $(HISTORY_ARGS)
+
+# asv over mlx-lm's own commits (docs/bisect.md): asv.mlx-lm.conf.json, whose repo is .asv/mlx-lm.git (a clone of
+# ml-explore/mlx-lm), each commit built with uv and installed --no-deps over this .venv (mlx and the rest), the tier's
+# benchmarks from this checkout. ASV_MLX_LM: the asv command and its range or benchmark, e.g.
+#   make asv-mlx-lm ASV_MLX_LM='run --bench bench_tier.TierState.track_state_bugs v0.31.2..v0.31.3'
+#   make asv-mlx-lm ASV_MLX_LM='find --invert v0.31.2..v0.31.3 bench_tier.TierState.track_state_bugs'
+ASV_MLX_LM ?= run --bench bench_tier.TierState.track_state_bugs v0.31.2..v0.31.3
+TIER_PARTS ?= state
+asv-mlx-lm: env
+	@test -d .asv/mlx-lm.git || { echo "make asv-mlx-lm: no .asv/mlx-lm.git: git clone --bare <a clone of ml-explore/mlx-lm> .asv/mlx-lm.git" >&2; exit 2; }
+	$(BIN)/asv machine --config asv.mlx-lm.conf.json --yes
+	PATH="$(CURDIR)/$(BIN):$$PATH" GEMMDRIFT_TIER_PARTS=$(TIER_PARTS) MLX_ENABLE_TF32=0 \
+	GEMMDRIFT_BASE_SITE="$$($(BIN)/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")" \
+	$(BIN)/asv $(ASV_MLX_LM) --config asv.mlx-lm.conf.json --show-stderr
 
 # The shipped golden logits (src/gemmdrift/data/golden/linux-cpu): the embedded Gemma in bfloat16 over the
 # built-in essay and prompt set, decode and verify:2. Run on the Linux CPU backend with the mlx it records.

@@ -28,6 +28,8 @@ RESUMES = {
     "fingerprint": "finished paths x T are kept in {out}/.checkpoints; rerun the same command to resume",
     "upgrade": ("finished units (the op capture, each release's ops and runs, the speed) are kept in "
                 "{out}/.checkpoints/upgrade; rerun the same command to resume"),
+    "bisect": ("every commit measured (and every part of one) is kept in its results directory, one JSON per "
+               "commit, and every built environment in the cache; rerun the same command to resume"),
     "replay": "finished (projection, path) units are kept in {out}/checkpoint; rerun the same command to resume",
 }
 DIVERGE_SET = "finished prompts are kept in {out}/prompts; rerun the same command to resume"

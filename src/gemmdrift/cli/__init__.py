@@ -20,7 +20,7 @@ from pathlib import Path
 from ..state import bench as cachebench
 from .. import defaults as D
 from . import attribute as attribute_cli, changelog as changelog_cli, dispatch as dispatch_cli, golden as goldcli, replay as replay_cli
-from . import batch as batch_cli, history as history_cli, upgrade as upgrade_cli
+from . import batch as batch_cli, bisect as bisect_cli, history as history_cli, upgrade as upgrade_cli
 from ..machine import runenv
 from ..errors import GemmdriftError
 from ..ranges import default_split, parse_ints, parse_range  # noqa: F401  (moved; callers import them from here)
@@ -530,6 +530,7 @@ def build_parser() -> argparse.ArgumentParser:
     replay_cli.add_parser(sub)
     attribute_cli.add_parser(sub, sys.modules[__name__])  # which op (issue 29)
     upgrade_cli.add_parser(sub, sys.modules[__name__])  # should I upgrade mlx? (issue 48)
+    bisect_cli.add_parser(sub)  # which mlx-lm commit changed a tier figure (issue 55)
     runenv.add_flags(sub)  # --tf32 on every measuring command, --device on env
     return p
 

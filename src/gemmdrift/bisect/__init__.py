@@ -1,0 +1,134 @@
+"""Bisection: which commit of mlx-lm changed a figure of the tracking tier (issue 55).
+
+The flow, one way:
+
+* **what is measured**: a figure of the tracking tier (:mod:`.figures`: asv's benchmark name, or ``any`` answer
+  figure), read from the one tier part that computes it (``TierState.track_state_bugs`` -> the ``state`` part);
+  only the parts the figures need are run;
+* **over what**: the commits of a git repository of mlx-lm from a good end to a bad end (:mod:`.gitrepo`:
+  ``git rev-list --first-parent``), each installed into its own cached environment beside this mlx
+  (:mod:`.commits`);
+* **how**: :func:`.search.first_change` bisects to the first commit whose value differs from the good end's;
+  a commit that does not install is skipped and marked, and the search goes on (``git bisect skip``);
+* **stored**: one JSON per commit in the results directory, written after every part; a commit measured before
+  is read, never measured again, so Ctrl-C loses only the part under way.
+
+Measuring mlx itself needs a from-source build per commit: not done here (the command refuses an mlx repository).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from ..errors import GemmdriftError
+from . import commits, figures, gitrepo
+from .worker import NOT_RUN
+from .search import SKIP, EndSkipped, Outcome, first_change
+
+
+@dataclass
+class Bisection:
+    """A bisection's answer: the range, the figures, the search's outcome and every commit's record."""
+
+    project: str
+    repo: Path
+    range: list[gitrepo.Commit]
+    figures: dict[str, tuple[str, str]]
+    outcome: Outcome
+    records: dict[str, dict[str, Any]] = field(default_factory=dict)
+    results: Path | None = None
+
+    def value(self, i: int) -> Any:
+        return self.outcome.values.get(i)
+
+
+def plan(repo: str | Path, good: str, bad: str, figure: str | dict[str, tuple[str, str]]):
+    """Every check before any build: (project, the commits, the figures, the parts)."""
+    repo = Path(repo).expanduser()
+    project = gitrepo.project(repo)
+    figs = figures.wanted(figure) if isinstance(figure, str) else dict(figure)
+    rng = gitrepo.commit_range(repo, good, bad)
+    if project == "mlx":
+        raise GemmdriftError(f"--repo {repo} is mlx: bisecting mlx needs a from-source build of every commit, which "
+                             "this command does not do yet (issue 55; mlx-lm repositories work)")
+    return project, rng, figs, figures.parts_of(figs)
+
+
+def bisect(repo: str | Path, good: str, bad: str, figure: str | dict[str, tuple[str, str]], *,
+           results: Path | None = None, runner: commits.Runner = commits.tier_runner,
+           say: Callable[[str], None] = lambda s: None) -> Bisection:
+    """The first commit of ``good..bad`` at which the figure(s) change (see the module docstring)."""
+    project, rng, figs, parts = plan(repo, good, bad, figure)
+    repo = Path(repo).expanduser()
+    results = Path(results) if results else commits.default_results(project)
+    say(f"{project} {good}..{bad}: {len(rng)} commits; measuring {', '.join(parts)}; results in {results}")
+    records: dict[str, dict[str, Any]] = {}
+
+    def measure(i: int) -> Any:
+        c = rng[i]
+        rec = commits.measure(repo, project, c, parts, results, runner=runner, say=say)
+        records[c.sha] = rec
+        if rec.get("skipped"):
+            return SKIP
+        cannot = [p for p in parts if NOT_RUN in (rec["parts"].get(p) or {})]
+        if cannot:  # this commit cannot run a part the figure needs: not decided either way
+            return SKIP
+        return figures.read(figs, rec["parts"])
+
+    try:
+        outcome = first_change(len(rng), measure)
+    except EndSkipped as e:
+        c = rng[e.index]
+        rec = records.get(c.sha, {})
+        why = rec.get("skipped") or "; ".join(f"{p} cannot run: {v[NOT_RUN]}" for p, v in rec.get("parts", {}).items()
+                                               if isinstance(v, dict) and NOT_RUN in v)
+        end = "--good" if e.index == 0 else "--bad"
+        if rec.get("skipped"):  # not kept: an end that does not install (no network, a missing build tool) is retried
+            (results / f"{c.sha}.json").unlink(missing_ok=True)
+        raise GemmdriftError(f"{end} {c.sha[:12]} cannot be measured ({why}): choose another end") from None
+    return Bisection(project, repo, rng, figs, outcome, records, results)
+
+
+def _fmt(v: float) -> str:
+    if isinstance(v, float) and math.isnan(v):
+        return "not measured"
+    return f"{v:g}" if isinstance(v, float) and v == int(v) else repr(v)  # every bit of a non-integer
+
+
+def link(project: str, c: gitrepo.Commit) -> str:
+    base = gitrepo.PROJECTS.get(project, "")
+    return f"{base}/pull/{c.pr}" if c.pr and base else (f"{base}/commit/{c.sha}" if base else c.sha)
+
+
+def text(b: Bisection) -> str:
+    """The answer in words: the first commit that changes the figures, with the values on each side."""
+    o, rng = b.outcome, b.range
+    n_skip = sum(1 for r in b.records.values() if r.get("skipped"))
+    head = (f"{b.project} {rng[0].sha[:12]}..{rng[-1].sha[:12]} ({len(rng)} commits): {len(o.measured)} measured"
+            f", {n_skip} skipped")
+    if not o.changed:
+        vals = b.value(0)
+        shown = "; ".join(f"{k} {_fmt(v)}" for k, v in list(vals.items())[:6])
+        more = f" (and {len(vals) - 6} more)" if len(vals) > 6 else ""
+        return f"{head}\nno change in this range: {shown}{more} at both ends"
+    before, first = rng[o.before], rng[o.first]
+    a, z = b.value(o.before), b.value(o.first)
+    moved = [k for k in a if not (a[k] == z[k] or (math.isnan(a[k]) and math.isnan(z[k])))]
+    lines = [head]
+    if o.skipped:
+        cands = ", ".join(rng[i].sha[:12] for i in o.skipped)
+        lines.append(f"the first change is at one of the skipped commits {cands} or at:")
+    else:
+        lines.append("first change:")
+    pr = f" (PR #{first.pr}: {link(b.project, first)})" if first.pr else f" ({link(b.project, first)})"
+    lines.append(f"  {first.sha} {first.subject}{pr}")
+    lines.append(f"  after {before.sha[:12]} {before.subject}")
+    for k in moved:
+        lines.append(f"  {k}: {_fmt(a[k])} -> {_fmt(z[k])}")
+    return "\n".join(lines)
+
+
+__all__ = ["Bisection", "bisect", "plan", "text", "link"]

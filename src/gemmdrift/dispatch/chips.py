@@ -38,7 +38,6 @@ _METAL_ARCH = re.compile(r"^applegpu_g(\d\d)([a-z])$")
 _SM_ARCH = re.compile(r"^sm_?(\d+?)(\d)$")
 NAX_MACOS = (26, 2)
 NAX_MLX = (0, 30, 0)  # is_nax_available and the NAX kernels first appear in v0.30.0 (absent at v0.29.4)
-ARCH_VAR_MLX = (0, 31, 0)  # MLX_METAL_GPU_ARCH is read from v0.31.0 (d7a553c, #3176; absent at v0.30.6)
 TF32_VAR = "MLX_ENABLE_TF32"
 
 CPU_LINUX_X86 = "cpu-linux-x86"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import subprocess
 from pathlib import Path
 
@@ -249,3 +250,102 @@ def test_an_end_that_does_not_install_is_one_line_and_not_kept(planted, cache):
     with pytest.raises(GemmdriftError, match=f"--bad {shas[BROKEN][:12]} cannot be measured .does not install"):
         B.bisect(planted, "v0.0.0", shas[BROKEN], FIGS, results=cache / "r5", runner=plant_runner)
     assert not (cache / "r5" / f"{shas[BROKEN]}.json").exists() and (cache / "r5" / f"{shas[0]}.json").exists()
+
+
+# ---------------------------------------------------------------- a planted mlx repository, built by --build
+
+MLX_CHANGE = 2  # the mlx commit whose kernel rounds differently
+MLX_BROKEN = 1  # this commit's build fails
+
+
+@pytest.fixture(scope="module")
+def planted_mlx(tmp_path_factory):
+    """A tiny 'mlx' (mlx/ and python/src/, as mlx's tree has them) whose mlx.core.VALUE changes at commit 2; commit 1's
+    build script fails. The --build command copies the tree's package into the commit's environment."""
+    repo = tmp_path_factory.mktemp("planted") / "mlx"
+    (repo / "mlx").mkdir(parents=True)
+    (repo / "python" / "src").mkdir(parents=True)
+    (repo / "python" / "src" / "core.cpp").write_text("// bindings\n")
+    _git(repo, "init", "-q", "-b", "main")
+    for i in range(5):
+        (repo / "mlx" / "core.py").write_text(f"VALUE = {'2.0' if i >= MLX_CHANGE else '1.0'}\n")
+        (repo / "mlx" / "__init__.py").write_text(f"# commit {i}\n")
+        (repo / "build.sh").write_text("echo compiling; exit 1\n" if i == MLX_BROKEN else
+                                       'site=$("$GEMMDRIFT_PYTHON" -c "import sysconfig; print(sysconfig.get_paths()'
+                                       '[\'purelib\'])")\ncp -r "$GEMMDRIFT_SRC/mlx" "$site/"\n')
+        _git(repo, "add", "-A")
+        _git(repo, "commit", "-q", "-m", f"kernel {i} (#{200 + i})")
+        if i in (0, 4):
+            _git(repo, "tag", f"v0.9.{i}")
+    return repo
+
+
+def mlx_runner(python, parts):
+    p = subprocess.run([str(python), "-c", "import json, mlx.core as c; print(json.dumps([c.VALUE, c.__file__]))"],
+                       capture_output=True, text=True, check=True)
+    value, where = json.loads(p.stdout)
+    assert "/bisect/envs/mlx-" in where  # the commit's own build, not this interpreter's mlx
+    return {"plant": {"value": value}}
+
+
+def _installed_lm():
+    from importlib.metadata import version
+
+    return version("mlx-lm")
+
+
+def test_planted_mlx_repository_builds_each_commit_and_bisects(planted_mlx, cache):
+    """An mlx repository is bisected through the user's --build command: the commit whose build fails is skipped and
+    marked "does not build", the change is found exactly, and every record names the mlx-lm that ran the tier."""
+    lm = _installed_lm()  # already installed: nothing is downloaded
+    b = B.bisect(planted_mlx, "v0.9.0", "v0.9.4", FIGS, results=cache / "m", runner=mlx_runner,
+                 build="bash build.sh", mlx_lm=lm)
+    shas = [c.sha for c in b.range]
+    assert b.project == "mlx" and b.build.mlx_lm == lm
+    assert b.outcome.changed and b.outcome.first == MLX_CHANGE and b.outcome.before == 0
+    assert b.outcome.skipped == [MLX_BROKEN] and not b.outcome.exact
+    out = B.text(b)
+    assert f"with mlx-lm {lm}" in out and "kernel 2 (#202)" in out and "1 -> 2" in out
+    assert f"skipped commits {shas[MLX_BROKEN][:12]}" in out
+    broken = json.loads((cache / "m" / f"{shas[MLX_BROKEN]}.json").read_text())
+    assert broken["skipped"].startswith("does not build: the build command exited 1: compiling")
+    good = json.loads((cache / "m" / f"{shas[0]}.json").read_text())
+    assert good["mlx_lm"] == lm and good["mlx"] == f"built from {shas[0][:12]}"
+    logs = cache / "cache" / "bisect" / "logs"
+    assert (logs / f"mlx-{shas[MLX_BROKEN][:12]}-lm{lm}.log").read_text().strip() == "compiling"
+
+
+def test_a_build_that_does_not_install_mlx_is_a_commit_that_does_not_build(planted_mlx, cache):
+    """A build command that exits 0 but leaves no mlx in the commit's environment must not be measured with this
+    interpreter's mlx underneath (it would read the installed release's bits as the commit's)."""
+    with pytest.raises(GemmdriftError, match="did not install mlx into"):
+        B.bisect(planted_mlx, "v0.9.0", "v0.9.4", FIGS, results=cache / "m2", runner=mlx_runner, build="true",
+                 mlx_lm=_installed_lm())
+
+
+@pytest.mark.parametrize("kw,words", [
+    ({}, "is mlx: give --build CMD"),
+    ({"build": "no-such-builder --fast"}, "no-such-builder is not a command here"),
+    ({"build": "bash 'unclosed"}, "No closing quotation"),
+    ({"build": "bash build.sh", "mlx_lm": "latest"}, "--mlx-lm latest: not a release number"),
+    ({"build": "bash build.sh"}, "--good v0.9.0 is not a release the matrix pairs"),
+])
+def test_mlx_refusals_are_one_line_before_any_build(planted_mlx, cache, kw, words):
+    with pytest.raises(GemmdriftError, match=re.escape(words)) as e:
+        B.plan(planted_mlx, "v0.9.0", "v0.9.4", FIGS, **kw)
+    assert "\n" not in str(e.value)
+    assert not (cache / "cache" / "bisect").exists()
+
+
+def test_build_flags_are_refused_for_mlx_lm(planted):
+    with pytest.raises(GemmdriftError, match="--build is for an mlx repository"):
+        B.plan(planted, "v0.0.0", "v0.0.7", FIGS, build="bash x.sh")
+    with pytest.raises(GemmdriftError, match="--mlx-lm is for an mlx repository"):
+        B.plan(planted, "v0.0.0", "v0.0.7", FIGS, mlx_lm="0.30.2")
+
+
+def test_the_mlx_lm_defaults_to_the_matrix_pairing_of_the_good_end(tmp_path):
+    """mlx 0.29.4 ran with mlx-lm 0.30.2 in the history (asv.conf.json): a bisection from v0.29.4 uses it."""
+    from gemmdrift.bisect import _build_for
+
+    assert _build_for("mlx", tmp_path, "v0.29.4", "bash b.sh", None).mlx_lm == "0.30.2"

@@ -4,11 +4,19 @@
   holding the commit, its subject, the mlx release it ran with, the tier parts' figures (``parts``) and seconds,
   or ``skipped`` with the reason when the commit does not install. A commit's parts already there are never
   measured again, and a skipped commit is not tried again: an interrupted bisection resumes where it stopped.
-* **Environment** (mlx-lm, pure Python): one virtual environment per commit, cached under
-  ``<gemmdrift's cache>/bisect/envs/mlx-lm-<sha12>``: made with uv on this interpreter, holding only mlx-lm
-  installed ``--no-deps`` from a ``git archive`` export of the commit, layered over this interpreter's
-  site-packages (a ``.pth`` file: the installed mlx and every other dependency, the same for every commit, so
-  every difference is the commit's). Built in a temporary sibling and renamed when whole.
+* **Environment**: one virtual environment per commit, cached under ``<gemmdrift's cache>/bisect/envs/``, made
+  with uv on this interpreter and layered over this interpreter's site-packages (a ``.pth`` file: every other
+  dependency is the same for every commit, so every difference is the commit's). Built in a temporary sibling and
+  renamed when whole.
+
+  * mlx-lm (pure Python, ``mlx-lm-<sha12>``): the commit's tree (``git archive``) installed ``--no-deps``; the
+    installed mlx runs it.
+  * mlx (``mlx-<sha12>-lm<version>``): the mlx-lm release that ``Build.mlx_lm`` names, installed ``--no-deps``,
+    then the user's build command (``Build.command``, run by bash) with ``GEMMDRIFT_SRC`` (the commit's tree),
+    ``GEMMDRIFT_PYTHON`` (the environment's interpreter) and ``GEMMDRIFT_COMMIT``; it must install the commit's
+    mlx into that environment, which is checked (``mlx.core`` must load from it). gemmdrift ships no recipe that
+    builds mlx: how to compile it (compilers, BLAS, ccache) is the command's business. Its output goes to
+    ``<cache>/bisect/logs/<env>.log``; a command that fails is a commit that "does not build".
 * **Runner**: the tier parts the figures need, run in that interpreter with this checkout first on ``PYTHONPATH``
   (``python -m gemmdrift.bisect.worker``): their figures, or ``_not_run`` with the reason.
 """
@@ -16,12 +24,14 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
 import sysconfig
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -32,17 +42,30 @@ from . import gitrepo
 Runner = Callable[[Path, Sequence[str]], dict[str, dict[str, Any]]]
 
 
-def mlx_version() -> str:
+@dataclass(frozen=True)
+class Build:
+    """How an mlx commit becomes an environment: the build command, and the mlx-lm release that runs the tier."""
+
+    command: str
+    mlx_lm: str
+
+
+def _installed(dist: str) -> str:
     from importlib.metadata import PackageNotFoundError, version
 
     try:
-        return version("mlx")
+        return version(dist)
     except PackageNotFoundError:
         return "none"
 
 
-def default_results(project: str) -> Path:
-    return cache_dir() / "bisect" / "results" / f"{project}-on-mlx{mlx_version()}"
+def mlx_version() -> str:
+    return _installed("mlx")
+
+
+def default_results(project: str, build: Build | None = None) -> Path:
+    name = f"mlx-with-lm{build.mlx_lm}" if build else f"{project}-on-mlx{mlx_version()}"
+    return cache_dir() / "bisect" / "results" / name
 
 
 def load(results: Path, sha: str) -> dict[str, Any]:
@@ -69,27 +92,55 @@ def _last(text: str) -> str:
     return lines[-1][:300] if lines else "no output"
 
 
-def env_dir(project: str, sha: str) -> Path:
-    return cache_dir() / "bisect" / "envs" / f"{project}-{sha[:12]}"
+def env_dir(project: str, sha: str, build: Build | None = None) -> Path:
+    name = f"{project}-{sha[:12]}" + (f"-lm{build.mlx_lm}" if build else "")
+    return cache_dir() / "bisect" / "envs" / name
 
 
-def build_env(repo: Path, sha: str, where: Path, uv: str) -> None:
-    """The commit's environment at ``where`` (see the module docstring); GemmdriftError with the installer's last
-    line when the commit does not install."""
+def _run(cmd: Sequence[Any]) -> None:
+    p = subprocess.run([str(c) for c in cmd], capture_output=True, text=True)
+    if p.returncode != 0:
+        raise GemmdriftError(_last(p.stderr or p.stdout))
+
+
+def _build_mlx(src: Path, python: Path, sha: str, build: Build, log: Path) -> None:
+    """Run the user's build command on the commit's tree, its output to ``log``; then check that ``mlx.core`` loads
+    from the environment itself (not from this interpreter's site-packages underneath)."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "GEMMDRIFT_SRC": str(src), "GEMMDRIFT_PYTHON": str(python), "GEMMDRIFT_COMMIT": sha}
+    with open(log, "w") as f:
+        p = subprocess.run(["bash", "-c", build.command], cwd=src, env=env, stdout=f, stderr=subprocess.STDOUT)
+    if p.returncode != 0:
+        raise GemmdriftError(f"the build command exited {p.returncode}: {_last(log.read_text(errors='replace'))} "
+                             f"(log: {log})")
+    where = subprocess.run([str(python), "-c", "import mlx.core as mx; print(mx.__file__)"], capture_output=True,
+                           text=True, env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
+    home = str(python.parent.parent)
+    if where.returncode != 0 or not where.stdout.strip().startswith(home):
+        got = where.stdout.strip() or _last(where.stderr)
+        raise GemmdriftError(f"the build command did not install mlx into {home} (mlx.core: {got})")
+
+
+def build_env(repo: Path, sha: str, where: Path, uv: str, build: Build | None = None) -> None:
+    """The commit's environment at ``where`` (see the module docstring); GemmdriftError with the installer's (or
+    the build's) last line when the commit does not install."""
     where.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=where.name + ".", dir=where.parent))
     try:
         src, venv = tmp / "src", tmp / "venv"
+        python = venv / "bin" / "python"
         gitrepo.export(repo, sha, src)
-        for cmd in ([uv, "venv", "--quiet", "--python", sys.executable, venv],
-                    [uv, "pip", "install", "--quiet", "--no-deps", "--python", venv / "bin" / "python", src]):
-            p = subprocess.run([str(c) for c in cmd], capture_output=True, text=True)
-            if p.returncode != 0:
-                raise GemmdriftError(_last(p.stderr or p.stdout))
-        site = subprocess.run([str(venv / "bin" / "python"), "-c", "import sysconfig; print(sysconfig.get_paths()"
-                               "['purelib'])"], capture_output=True, text=True, check=True).stdout.strip()
+        _run([uv, "venv", "--quiet", "--python", sys.executable, venv])
+        site = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                              capture_output=True, text=True, check=True).stdout.strip()
         base = sysconfig.get_paths()["purelib"]
         Path(site, "zz_gemmdrift_base.pth").write_text(f"import site; site.addsitedir({base!r})\n")
+        if build is None:
+            _run([uv, "pip", "install", "--quiet", "--no-deps", "--python", python, src])
+        else:
+            if build.mlx_lm != _installed("mlx-lm"):  # the installed one comes with the layered site-packages
+                _run([uv, "pip", "install", "--quiet", "--no-deps", "--python", python, f"mlx-lm=={build.mlx_lm}"])
+            _build_mlx(src, python, sha, build, where.parent.parent / "logs" / f"{where.name}.log")
         shutil.rmtree(src)
         if where.exists():
             shutil.rmtree(where)
@@ -98,17 +149,17 @@ def build_env(repo: Path, sha: str, where: Path, uv: str) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def python_of(repo: Path, project: str, sha: str) -> Path:
+def python_of(repo: Path, project: str, sha: str, build: Build | None = None) -> Path:
     """The commit's interpreter, built once and cached."""
     from ..machine.interpreter import uv_path
 
-    where = env_dir(project, sha)
+    where = env_dir(project, sha, build)
     python = where / "bin" / "python"
     if not python.exists():
         uv = uv_path()
         if uv is None:
             raise GemmdriftError("uv is not installed (make env installs it in .venv)")
-        build_env(repo, sha, where, uv)
+        build_env(repo, sha, where, uv, build)
     return python
 
 
@@ -127,22 +178,27 @@ def tier_runner(python: Path, parts: Sequence[str]) -> dict[str, dict[str, Any]]
 
 
 def measure(repo: Path, project: str, commit: gitrepo.Commit, parts: Sequence[str], results: Path,
-            runner: Runner = tier_runner, say: Callable[[str], None] = lambda s: None) -> dict[str, Any]:
+            runner: Runner = tier_runner, say: Callable[[str], None] = lambda s: None,
+            build: Build | None = None) -> dict[str, Any]:
     """The commit's record with every part of ``parts`` measured (only the missing ones are run)."""
+    ran_with = ({"mlx": f"built from {commit.sha[:12]}", "mlx_lm": build.mlx_lm} if build else {"mlx": mlx_version()})
     rec = load(results, commit.sha) or {"commit": commit.sha, "subject": commit.subject, "project": project,
-                                        "mlx": mlx_version(), "parts": {}, "seconds": {}}
+                                        **ran_with, "parts": {}, "seconds": {}}
     if rec.get("skipped"):
         return rec
     todo = [p for p in parts if p not in rec["parts"]]
     if not todo:
         return rec
     t0 = time.perf_counter()
+    if build and not env_dir(project, commit.sha, build).exists():
+        say(f"{commit.sha[:12]}: building mlx ({commit.subject[:60]})")
     try:
-        python = python_of(repo, project, commit.sha)
+        python = python_of(repo, project, commit.sha, build)
     except GemmdriftError as e:
-        rec.update(skipped=f"does not install: {e}", install_s=round(time.perf_counter() - t0, 1))
+        verb = "does not build" if build else "does not install"
+        rec.update(skipped=f"{verb}: {e}", install_s=round(time.perf_counter() - t0, 1))
         save(results, rec)
-        say(f"{commit.sha[:12]}: skipped (does not install: {e})")
+        say(f"{commit.sha[:12]}: skipped ({verb}: {e})")
         return rec
     rec.setdefault("install_s", round(time.perf_counter() - t0, 1))
     for part in todo:  # one part at a time: each is saved as soon as it is measured

@@ -3,7 +3,7 @@
 Loads the embedded model as the tier's benchmarks do (benchmarks/common.model: bfloat16), runs each named tier
 part whole (:func:`gemmdrift.tracking.run_part`) and writes ``{part: figures}`` (``{"_not_run": reason}`` for a
 part this mlx-lm cannot run: never a figure's name, as the state part's own ``cannot_run`` count is one), with the
-mlx-lm it imported under ``"_mlx_lm"``.
+mlx-lm and the mlx it imported under ``"_mlx_lm"`` and ``"_mlx"``.
 """
 
 from __future__ import annotations
@@ -29,9 +29,11 @@ def main(argv=None) -> int:
     for part in [p for p in args.parts.split(",") if p]:
         r = tracking.run_part(lm, part)
         out[part] = dict(r.figures) if hasattr(r, "figures") else {NOT_RUN: r.get("cannot_run", "?")}
+    import mlx.core as mx
     import mlx_lm
 
     out["_mlx_lm"] = {"file": str(Path(mlx_lm.__file__).parent)}
+    out["_mlx"] = {"version": mx.__version__, "file": str(Path(mx.__file__).parent)}
     write_json(args.out, out)
     return 0
 

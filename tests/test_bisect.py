@@ -349,3 +349,40 @@ def test_the_mlx_lm_defaults_to_the_matrix_pairing_of_the_good_end(tmp_path):
     from gemmdrift.bisect import _build_for
 
     assert _build_for("mlx", tmp_path, "v0.29.4", "bash b.sh", None).mlx_lm == "0.30.2"
+
+
+# ---------------------------------------------------------------- the ends against the shipped release results
+
+
+def test_an_end_is_checked_against_the_shipped_release_result_bit_for_bit():
+    """The shipped history ran mlx 0.32.4 with mlx-lm 0.31.3: 42 STATE BUG cases (benchmarks/reference). An end that
+    measured 42 agrees; one that measured 42 + 2**-40 (a last-bit change) is named with both values."""
+    from gemmdrift.bisect import shipped
+
+    ok = shipped.check_end("mlx-lm", "v0.31.3", {"TierState.track_state_bugs": 42.0}, None, "0.32.4")
+    assert ok == {"pair": "mlx0.32.4-lm0.31.3", "same": ["TierState.track_state_bugs"], "differ": []}
+    bad = shipped.check_end("mlx-lm", "v0.31.3", {"TierState.track_state_bugs": 42.0 + 2**-40}, None, "0.32.4")
+    assert bad["differ"] == [("TierState.track_state_bugs", 42.0 + 2**-40, 42.0)]
+    line = shipped.describe("--bad", "ed1fca4cef15aa", bad)
+    assert "1 of 1 figures differ from the shipped mlx0.32.4-lm0.31.3 result" in line and "42.0 shipped" in line
+    # an mlx tag runs with the --mlx-lm release: mlx 0.29.4 with mlx-lm 0.30.2 is in the history (1 flip)
+    m = shipped.check_end("mlx", "v0.29.4", {"TierDecodeVsVerify.track_flips": 1.0}, "0.30.2", "0.32.4")
+    assert m["pair"] == "mlx0.29.4-lm0.30.2" and m["same"] == ["TierDecodeVsVerify.track_flips"]
+    assert "no result of mlx 0.29.4 with mlx-lm 0.26.4" in shipped.check_end("mlx", "v0.29.4", {}, "0.26.4", "x")["none"]
+    assert shipped.check_end("mlx", None, {}, "0.30.2", "x") == {"none": "not a release tag"}
+    assert shipped.figure_name("bench_tier.TierStateCases.track_non_exact", "KVCache/rollback") == \
+        "TierStateCases.track_non_exact[KVCache/rollback]"
+
+
+def test_the_command_checks_both_ends(planted, cache, capsys, monkeypatch):
+    """The planted ends are tags of no release the history ran: the answer says there is nothing to check against."""
+    from gemmdrift.bisect import figures as F
+    from gemmdrift.cli import main
+
+    monkeypatch.setattr(F, "wanted", lambda figure, root=F.ROOT: FIGS)
+    monkeypatch.setitem(B.bisect.__kwdefaults__, "runner", plant_runner)
+    assert main(["bisect", "--repo", str(planted), "--good", "v0.0.0", "--bad", "v0.0.7", "--figure", "x",
+                 "--results", str(cache / "r")]) == 0
+    out = capsys.readouterr().out
+    assert "--good " in out and "no shipped result to check against (the history has no result of mlx" in out
+    assert "with mlx-lm 0.0.7)" in out

@@ -111,3 +111,9 @@ def export(repo: Path, sha: str, where: Path) -> None:
     if arch.returncode != 0:
         raise GemmdriftError(f"git archive {sha[:12]}: {arch.stderr.decode(errors='replace').strip()[-200:]}")
     subprocess.run(["tar", "-x", "-C", str(where)], input=arch.stdout, check=True)
+
+
+def tag_of(repo: Path, sha: str) -> str | None:
+    """The release tag at exactly ``sha`` (the newest by number when several), or None."""
+    names = git(repo, "tag", "--points-at", sha, check=False).split()
+    return sorted(names, key=_vkey)[-1] if names else None

@@ -2,7 +2,8 @@
 
 Flags -> every check before any build (:func:`gemmdrift.bisect.plan`: the repository, both ends, the range's
 direction, the figure, and for mlx the build command and the mlx-lm release) -> one library call (:func:`gemmdrift.bisect.bisect`) -> the answer in words
-(:func:`gemmdrift.bisect.text`). Progress goes to stderr; ``--json`` prints the answer as JSON on stdout.
+(:func:`gemmdrift.bisect.text`), with both ends against the shipped release results
+(:func:`gemmdrift.bisect.shipped.check_ends`). Progress goes to stderr; ``--json`` prints the answer as JSON on stdout.
 """
 
 from __future__ import annotations
@@ -45,6 +46,9 @@ def cmd_bisect(args) -> int:
 
     b = B.bisect(repo, args.good, args.bad, args.figure, results=Path(args.results) if args.results else None,
                  say=say, **how)
+    from ..bisect import shipped
+
+    ends = shipped.check_ends(b)
     if args.json:
         o = b.outcome
         out = {"project": b.project, **({"mlx_lm": b.build.mlx_lm} if b.build else {}), "good": b.range[0].sha, "bad": b.range[-1].sha, "commits": len(b.range),
@@ -59,9 +63,12 @@ def cmd_bisect(args) -> int:
                        candidates=[b.range[i].sha for i in o.skipped] + [first.sha])
         else:
             out["values"] = b.value(0)
+        out["ends_vs_shipped"] = {end: {"commit": sha, **got} for end, sha, got in ends}
         print(json.dumps(out, indent=2, default=str))
     else:
         print(B.text(b))
+        for end, sha, got in ends:
+            print(shipped.describe(end, sha, got))
     return 0
 
 

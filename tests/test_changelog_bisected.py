@@ -124,10 +124,14 @@ def test_a_page_with_no_bisection_says_not_bisected_yet(tmp_path):
     assert "bisected" not in (out / "index.md").read_text()  # nothing marked, no footnote
 
 
-def test_an_mlx_bisection_and_the_history_we_have():
+def test_an_mlx_bisection_and_the_history_we_have(tmp_path):
     """mlx's range and mlx-lm's are each their own; what lies past the last tag of a history is outside it."""
-    mlx = B.Answer(project="mlx", range=("v0.29.4", "v0.30.0"), good="v0.29.4", bad="v0.30.0", ran_with="mlx-lm 0.30.2",
-                   figures=(FIG,), changed=True, commits=36, measured=7, skipped=())
+    d = plant(tmp_path, "mlx-v0.29.4..v0.30.0-with-lm0.30.2", {"answer.json": answer(GOOD, BAD, FIRST, BEFORE,
+                                                                                     project="mlx", pr=2772)})
+    (mlx,) = B.read_bisections([tmp_path / "bisect"])
+    assert (mlx.project, mlx.good, mlx.bad, mlx.ran_with) == ("mlx", "v0.29.4", "v0.30.0", "mlx-lm 0.30.2")
+    assert mlx.commit_link(FIRST) == f"https://github.com/ml-explore/mlx/commit/{FIRST}" and mlx.where == \
+        str(d / "answer.json")
     b = B.for_pair([mlx], "0.29.4", "0.30.6", [{"mlx_lm": ["0.30.2", "0.31.2"]}])
     assert b.answers == [mlx] and b.open == [("mlx", "0.30.0", "0.30.6"), ("mlx-lm", "0.30.2", "0.31.2")]
     assert B.for_pair([mlx], "0.29.3", "0.29.4").answers == []  # outside the page's range

@@ -173,3 +173,15 @@ def test_a_bisection_that_cannot_be_read_is_one_line_before_any_page(lm_tree, tm
                 load=False)
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
     assert "answer.json: KeyError" in r.stderr and not out.exists()
+
+
+def test_an_answer_over_many_figures_names_the_first_few_and_says_no_change():
+    from gemmdrift.changelog.pages import answer_line
+
+    figs = tuple(f"TierDivergence.track_{i}" for i in range(9))
+    a = B.Answer(project="mlx-lm", range=("v0.28.0", "v0.28.4"), good="v0.28.0", bad="v0.28.4", ran_with="mlx 0.32.4",
+                 figures=figs, changed=False, commits=12, measured=2, skipped=(), values={f: 1.0 for f in figs},
+                 where="x/answer.json")
+    line = answer_line(a)
+    assert "(`TierDivergence.track_0`, " in line and "`TierDivergence.track_5` and 3 more; 12 commits, 2 measured" in line
+    assert ": no change in this range (`TierDivergence.track_0` 1, " in line and "1 and 3 more at both ends)" in line

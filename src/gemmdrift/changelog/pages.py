@@ -114,11 +114,11 @@ def answer_line(a: Answer) -> str:
     """One bisection's answer: the first commit (linked hash, subject, pull request link), the commit before it,
     the figures that moved (before → after), and where the answer and the commits' JSON are stored."""
     n_skip = f"{len(a.skipped)} skipped" if a.skipped else "none skipped"
-    head = (f"**{_range(a)}**, run with {a.ran_with} ({', '.join(f'`{f}`' for f in a.figures)}; {a.commits} commits, "
-            f"{a.measured} measured, {n_skip})")
+    head = (f"**{_range(a)}**, run with {a.ran_with} ({_first_few(f'`{f}`' for f in a.figures)}; {a.commits} "
+            f"commits, {a.measured} measured, {n_skip})")
     stored = f"Stored: `{a.where}`, each measured commit's JSON beside it."
     if not a.changed:
-        vals = "; ".join(f"`{k}` {num(v)}" for k, v in a.values.items())
+        vals = _first_few(f"`{k}` {num(v)}" for k, v in a.values.items())
         return f"{head}: no change in this range ({vals} at both ends). {stored}"
     pr = a.first.get("pr")
     first = _commit(a, a.first) + (f", pull request [#{pr}]({a.pr_link(pr)})" if pr else ", no pull request named")
@@ -127,6 +127,12 @@ def answer_line(a: Answer) -> str:
           + " or at " if others else "the first commit that changes it is ")
     moved = "; ".join(f"`{k}` {num(x)} → {num(y)}" for k, x, y in a.moved()) or "no figure differs"
     return f"{head}: {at}{first}, after {_commit(a, a.before)}: {moved}. {stored}"
+
+
+def _first_few(items, n: int = 6) -> str:
+    """The first ``n`` items, and how many more (an answer over ``any`` figure has dozens)."""
+    items = list(items)
+    return ", ".join(items[:n]) + (f" and {len(items) - n} more" if len(items) > n else "")
 
 
 def _span(project: str, a: str, b: str) -> str:

@@ -104,7 +104,7 @@ def test_the_index_and_the_timeline_mark_the_bisected_pair(lm_tree, tmp_path, mo
     index = (out / "index.md").read_text()
     row = next(line for line in index.splitlines() if line.startswith("| 0.32.4+lm0.31.3 |"))
     assert ("[0.32.4+lm0.31.2](0.32.4+lm0.31.2..0.32.4+lm0.31.3.md) († bisected: "
-            f"[#4242](https://github.com/ml-explore/mlx-lm/pull/4242), [{'7' * 12}](https://github.com/ml-explore/"
+            f"[mlx-lm #4242](https://github.com/ml-explore/mlx-lm/pull/4242), [mlx-lm {'7' * 12}](https://github.com/ml-explore/"
             f"mlx-lm/commit/{'7' * 40}))") in row
     assert "† **Bisected to a commit**: see the page." in index
     (r,) = [r for r in drawn["rows"] if (r["from"], r["release"]) == ("0.32.4+lm0.31.2", "0.32.4+lm0.31.3")]
@@ -157,7 +157,7 @@ def test_the_shipped_pages_name_the_shipped_bisections():
         assert f"`TierState.track_state_bugs` {moved}" in both
     index = (SHIPPED / "index.md").read_text()
     row = next(line for line in index.splitlines() if "(0.32.4+lm0.30.2..0.32.4+lm0.30.7.md)" in line)
-    assert "(† bisected: [#743](https://github.com/ml-explore/mlx-lm/pull/743), [#843]" in row
+    assert "(† bisected: [mlx-lm #743](https://github.com/ml-explore/mlx-lm/pull/743), [mlx-lm #843]" in row
 
 
 def test_a_bisection_that_cannot_be_read_is_one_line_before_any_page(lm_tree, tmp_path, monkeypatch, capsys):

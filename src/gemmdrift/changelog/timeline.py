@@ -33,12 +33,12 @@ def measured_columns(pages: Sequence[tuple[Measured, Mapping[str, Any]]]) -> lis
 
 
 def bisected_to(b: PageBisections | None) -> list[str]:
-    """The first commits a pair's bisections found, as the index's "from" cell names them: the pull request's
-    number linked, else the commit's first 12 digits linked (each once)."""
+    """The first commits a pair's bisections found, as the index's "from" cell names them: the project and the pull
+    request's number linked, else the commit's first 12 digits linked (each once)."""
     out = []
     for a in (b.changed() if b is not None else []):
         pr, sha = a.first.get("pr"), str(a.first.get("commit", ""))
-        out.append(f"[#{pr}]({a.pr_link(pr)})" if pr else f"[{sha[:12]}]({a.commit_link(sha)})")
+        out.append(f"[{a.project} #{pr}]({a.pr_link(pr)})" if pr else f"[{a.project} {sha[:12]}]({a.commit_link(sha)})")
     return list(dict.fromkeys(out))
 
 
@@ -137,8 +137,9 @@ def index_blocks(columns: Sequence[str], table: Sequence[dict[str, Any]], inputs
     if any(row.get("bisected") for row in table):
         out.append(("p", f"{BISECTED} **Bisected to a commit**: see the page. A \"from\" cell that says \"{BISECTED} "
                          "bisected\" is a pair with a range bisected to the first commit that changed its figures "
-                         "(`gemmdrift bisect`), named by its pull request (else its hash); the figure marks that row's "
-                         f"measured cells other than BIT-FOR-BIT with {BISECTED}. The page's section \"Which commit "
+                         "(`gemmdrift bisect`), named by its project and pull request (else its hash); the figure "
+                         f"marks that row's measured cells other than BIT-FOR-BIT with {BISECTED}. The page's section "
+                         "\"Which commit "
                          "changed it\" gives each commit's hash, subject and pull request, and the figures before and "
                          "after."))
     return out

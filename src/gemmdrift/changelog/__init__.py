@@ -14,6 +14,9 @@ Three sections per pair of releases (labels as `gemmdrift history` and `gate` na
 * **Predicted per chip**, from the dispatch tables read from the mlx source and the replay
   (:mod:`gemmdrift.changelog.predicted`).
 
+Before them, **which commit changed it**: the bisections of the pair's ranges (:mod:`gemmdrift.changelog.bisected`),
+or what is not bisected yet or outside the history we have.
+
 This module gathers the measured part and the pairs; :mod:`gemmdrift.changelog.pages` writes the pages.
 """
 

@@ -15,6 +15,7 @@ from typing import Any, Mapping, Sequence
 
 from ..checks import split_release
 from . import Measured, page_name
+from .bisected import HISTORY_END, Answer, PageBisections
 
 Block = tuple
 
@@ -94,6 +95,69 @@ def measured_blocks(m: Measured) -> list[Block]:
                          for r in golden]))
         else:
             out.append(("p", "**Golden logits.** Not measured for both releases in these results."))
+    return out
+
+
+def _range(a: Answer) -> str:
+    """An answer's range: its two ends, and the directory's tags where an end is a commit inside them."""
+    ends = f"{a.good}..{a.bad}"
+    whole = f"{a.range[0]}..{a.range[1]}"
+    return f"{a.project} {ends}" + ("" if ends == whole else f" (inside {whole})")
+
+
+def _commit(a: Answer, c: Mapping[str, Any]) -> str:
+    sha = str(c.get("commit", ""))
+    return f"[{sha[:12]}]({a.commit_link(sha)}) \"{c.get('subject', '?')}\""
+
+
+def answer_line(a: Answer) -> str:
+    """One bisection's answer: the first commit (linked hash, subject, pull request link), the commit before it,
+    the figures that moved (before → after), and where the answer and the commits' JSON are stored."""
+    n_skip = f"{len(a.skipped)} skipped" if a.skipped else "none skipped"
+    head = (f"**{_range(a)}**, run with {a.ran_with} ({_first_few(f'`{f}`' for f in a.figures)}; {a.commits} "
+            f"commits, {a.measured} measured, {n_skip})")
+    stored = f"Stored: `{a.where}`, each measured commit's JSON beside it."
+    if not a.changed:
+        vals = _first_few(f"`{k}` {num(v)}" for k, v in a.values.items())
+        return f"{head}: no change in this range ({vals} at both ends). {stored}"
+    pr = a.first.get("pr")
+    first = _commit(a, a.first) + (f", pull request [#{pr}]({a.pr_link(pr)})" if pr else ", no pull request named")
+    others = [c for c in a.candidates if c != a.first.get("commit")]
+    at = ("the change is at one of the skipped commits " + ", ".join(f"[{c[:12]}]({a.commit_link(c)})" for c in others)
+          + " or at " if others else "the first commit that changes it is ")
+    moved = "; ".join(f"`{k}` {num(x)} → {num(y)}" for k, x, y in a.moved()) or "no figure differs"
+    return f"{head}: {at}{first}, after {_commit(a, a.before)}: {moved}. {stored}"
+
+
+def _first_few(items, n: int = 6) -> str:
+    """The first ``n`` items, and how many more (an answer over ``any`` figure has dozens)."""
+    items = list(items)
+    return ", ".join(items[:n]) + (f" and {len(items) - n} more" if len(items) > n else "")
+
+
+def _span(project: str, a: str, b: str) -> str:
+    return f"{project} {a} → {b}"
+
+
+def bisect_blocks(b: PageBisections) -> list[Block]:
+    """The "Which commit changed it" section: each bisection inside the pair's ranges
+    (:func:`gemmdrift.changelog.bisected.for_pair`), then the parts no bisection covers, in one line: not bisected
+    yet, or outside the history we have (never guessed)."""
+    out: list[Block] = [("h", 2, "Which commit changed it")]
+    if b.answers:
+        out.append(("p", "Bisected (`gemmdrift bisect`, `docs/bisect.md`): the first commit of each range at "
+                         "which the figures differ from the good end's, measured, not read from a commit message."))
+        out.append(("list", [answer_line(a) for a in b.answers]))
+    rest = []
+    if b.open:
+        rest.append(("Not bisected yet: " if not b.answers else "The rest is not bisected yet: ")
+                    + ", ".join(_span(*g) for g in b.open))
+    if b.outside:
+        rest.append("outside the history we have, so not bisected and no commit guessed: " + ", ".join(
+            f"{_span(*g)} ({g[0]}'s history here ends at tag v{HISTORY_END[g[0]]})" for g in b.outside))
+    if rest:
+        line = "; ".join(rest) + "."
+        out.append(("p", line[0].upper() + line[1:]))
     return out
 
 
@@ -252,15 +316,16 @@ def opening(m: Measured, pred: Mapping[str, Mapping[str, Any]] | None = None,
 
 
 def page(m: Measured, ops: Sequence[dict[str, Any]], predicted: Sequence[Block], inputs: str,
-         pred: Mapping[str, Mapping[str, Any]] | None = None) -> list[Block]:
-    """All blocks of one pair's page: the class first (see :func:`opening`), then the three sections."""
+         pred: Mapping[str, Mapping[str, Any]] | None = None, bisected: PageBisections | None = None) -> list[Block]:
+    """All blocks of one pair's page: the class first (see :func:`opening`), which commit changed it (the
+    bisections, :func:`bisect_blocks`), then the three sections."""
     (mo, lo), (mn, ln) = split_release(m.old), split_release(m.new)
     title = (f"mlx-lm {lo or '?'} → {ln or '?'} with mlx {mn}: what changed in the bits" if mo == mn else
              f"mlx {m.old} → {m.new}: what changed in the bits")
     cmd = f"gemmdrift changelog --from {m.old} --to {m.new}"
     return ([("h", 1, title)] + opening(m, pred, ops)
             + [("p", f"Written by `{cmd}` from {inputs}. Back to the [index](index.md).")]
-            + measured_blocks(m) + ops_blocks(m, ops) + list(predicted))
+            + (bisect_blocks(bisected) if bisected is not None else []) + measured_blocks(m) + ops_blocks(m, ops) + list(predicted))
 
 
 def index(rows: Sequence[tuple[str, str, str]], inputs: str) -> list[Block]:
@@ -338,4 +403,4 @@ def html(blocks: Sequence[Block]) -> str:
             f"</title><style>{style}</style></head>\n<body>\n" + "\n".join(body) + "\n</body></html>\n")
 
 
-__all__ = ["page", "index", "markdown", "html", "summary", "measured_blocks", "ops_blocks", "num"]
+__all__ = ["page", "index", "markdown", "html", "summary", "measured_blocks", "ops_blocks", "bisect_blocks", "num"]

@@ -14,11 +14,13 @@ from typing import Any, Mapping, Sequence
 
 from ..checks import split_release
 from . import Measured, page_name
+from .bisected import PageBisections
 from .classify import CLASSES
 from .pages import disagree, lm_also
 
 FIRST = "first"  # the oldest release: no pair ends at it
 NOT_MEASURED = "not measured"
+BISECTED = "†"  # the figure's mark of a measured cell whose pair was bisected to a commit
 
 
 def measured_columns(pages: Sequence[tuple[Measured, Mapping[str, Any]]]) -> list[str]:
@@ -30,12 +32,25 @@ def measured_columns(pages: Sequence[tuple[Measured, Mapping[str, Any]]]) -> lis
     return sorted(cols)
 
 
+def bisected_to(b: PageBisections | None) -> list[str]:
+    """The first commits a pair's bisections found, as the index's "from" cell names them: the project and the pull
+    request's number linked, else the commit's first 12 digits linked (each once)."""
+    out = []
+    for a in (b.changed() if b is not None else []):
+        pr, sha = a.first.get("pr"), str(a.first.get("commit", ""))
+        out.append(f"[{a.project} #{pr}]({a.pr_link(pr)})" if pr else f"[{a.project} {sha[:12]}]({a.commit_link(sha)})")
+    return list(dict.fromkeys(out))
+
+
 def rows(releases: Sequence[str], pages: Sequence[tuple[Measured, Mapping[str, Any]]],
-         chips: Sequence[str], have: Mapping[str, set[str]] | None = None) -> tuple[list[str], list[dict[str, Any]]]:
+         chips: Sequence[str], have: Mapping[str, set[str]] | None = None,
+         bisected: Mapping[tuple[str, str], PageBisections] | None = None) -> tuple[list[str], list[dict[str, Any]]]:
     """(columns, rows): a row per pair ending at a release (oldest first), and one for a release no pair ends at;
-    each row ``{"release", "from", "page", "cells": {column: {"cls", "cell", "reason"}}}``. ``pages`` holds each
-    pair's Measured and its predicted classes by chip; ``have`` each "machine (backend)"'s releases
-    (:func:`gemmdrift.changelog.releases_by_machine`; default: read from the pages)."""
+    each row ``{"release", "from", "page", "cells": {column: {"cls", "cell", "reason"}}, "bisected"}``. ``pages``
+    holds each pair's Measured and its predicted classes by chip; ``have`` each "machine (backend)"'s releases
+    (:func:`gemmdrift.changelog.releases_by_machine`; default: read from the pages); ``bisected`` each pair's
+    bisections (:func:`gemmdrift.changelog.bisected.for_pair`): a pair bisected to a commit lists the commits in
+    ``bisected``, and its measured cells with a class other than BIT-FOR-BIT are marked (``"bisected": True``)."""
     if have is None:
         have = {}
         for m, _ in pages:
@@ -69,10 +84,14 @@ def rows(releases: Sequence[str], pages: Sequence[tuple[Measured, Mapping[str, A
                     if lm and split_release(m.old)[0] != split_release(m.new)[0]:
                         # an mlx pair this machine ran with two mlx-lm releases: the class may be mlx-lm's
                         cells[c].update(cell=f"{e['class'].cls} ({lm} too)", lm=lm)
+            found = bisected_to((bisected or {}).get((m.old, m.new)))
+            for c in measured_cols:
+                if found and cells[c]["cls"] not in (None, "BIT-FOR-BIT"):
+                    cells[c]["bisected"] = True
             for c in chips:
                 cells[f"{c} (predicted)"] = dict(pred.get(c) or {"cls": None, "cell": "-", "reason": ""})
             out.append({"release": r, "from": m.old, "page": page_name(m.old, m.new), "cells": cells,
-                        "disagree": disagree(m)})
+                        "disagree": disagree(m), "bisected": found})
     return columns, out
 
 
@@ -91,6 +110,8 @@ def index_blocks(columns: Sequence[str], table: Sequence[dict[str, Any]], inputs
         link = f"[{row['from']}]({row['page']}.md)" if row["page"] else "-"
         if row.get("disagree"):  # no one class for the pair: each machine's cell is its own
             link += " (machines disagree)"
+        if row.get("bisected"):
+            link += f" ({BISECTED} bisected: {', '.join(row['bisected'])})"
         body.append([row["release"], link] + [row["cells"][c]["cell"] for c in columns])
     out: list[tuple] = [
         ("h", 1, "The numerics changelog of mlx"),
@@ -113,7 +134,15 @@ def index_blocks(columns: Sequence[str], table: Sequence[dict[str, Any]], inputs
     if figure:
         out.append(("img", "the timeline of classes", figure))
     out.append(("table", head, body))
+    if any(row.get("bisected") for row in table):
+        out.append(("p", f"{BISECTED} **Bisected to a commit**: see the page. A \"from\" cell that says \"{BISECTED} "
+                         "bisected\" is a pair with a range bisected to the first commit that changed its figures "
+                         "(`gemmdrift bisect`), named by its project and pull request (else its hash); the figure "
+                         f"marks that row's measured cells other than BIT-FOR-BIT with {BISECTED}. The page's section "
+                         "\"Which commit "
+                         "changed it\" gives each commit's hash, subject and pull request, and the figures before and "
+                         "after."))
     return out
 
 
-__all__ = ["rows", "index_blocks", "measured_columns", "worst", "FIRST", "NOT_MEASURED"]
+__all__ = ["rows", "index_blocks", "measured_columns", "worst", "bisected_to", "FIRST", "NOT_MEASURED", "BISECTED"]

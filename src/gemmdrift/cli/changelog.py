@@ -80,8 +80,15 @@ def cmd_changelog(args) -> int:
     from ..checks import check_out_dir
 
     check_out_dir(out)  # before any page is computed
+    from ..changelog.bisected import BISECT
+    from ..measure.history import REFERENCE_RESULTS
+
+    # the bisections: beside each results directory read, and the shipped ones where the results are this checkout's
+    bisect_dirs = [d / BISECT for d in dirs]
+    if not args.results and root is not None:
+        bisect_dirs.append(root / REFERENCE_RESULTS / BISECT)
     written = write_changelog(dirs, out, pair=(args.old, args.new) if args.old else None, ops_dirs=ops_dirs,
-                              root=root, predict=not args.no_predict, replay=args.replay)
+                              root=root, predict=not args.no_predict, replay=args.replay, bisect_dirs=bisect_dirs)
     if why:  # which results were read: said once the pages are written (a refusal is its one line alone)
         print(f"gemmdrift changelog: {why}", file=sys.stderr)
     for p in written:
@@ -91,14 +98,17 @@ def cmd_changelog(args) -> int:
 
 def write_changelog(results: Sequence[Path], out: Path, *, pair: tuple[str, str] | None = None,
                     ops_dirs: Sequence[Path] = (), root: Path | None = None, predict: bool = True,
-                    replay: bool = False, cache: Path | None = None) -> list[Path]:
+                    replay: bool = False, cache: Path | None = None,
+                    bisect_dirs: Sequence[Path] | None = None) -> list[Path]:
     """Write the pages (Markdown and HTML) of one pair, or of every consecutive pair and the index.
 
-    Every input error (unknown release, no common machine, corrupt results or ops files) raises before a page
-    is written. Returns the paths written.
+    ``bisect_dirs``: where the bisections are (:mod:`gemmdrift.changelog.bisected`; default each results
+    directory's ``bisect/``). Every input error (unknown release, no common machine, corrupt results, ops or
+    bisection files) raises before a page is written. Returns the paths written.
     """
     from .. import changelog as cl
     from ..changelog import pages as view
+    from ..changelog.bisected import BISECT, for_pair, read_bisections
     from ..files import write_text
     from ..measure.history import check_one_commit, read_results
 
@@ -125,7 +135,10 @@ def write_changelog(results: Sequence[Path], out: Path, *, pair: tuple[str, str]
     ops_text = [f"`{_rel(d, root)}`" for d in ops_dirs if Path(d).is_dir()]
     if ops_text:
         inputs += " (release comparisons of ops: " + ", ".join(ops_text) + ")"
+    dirs = [Path(d) / BISECT for d in results] if bisect_dirs is None else [Path(d) for d in bisect_dirs]
+    answers = read_bisections(dict.fromkeys(d.resolve() for d in dirs), shown=lambda p: _rel(p, root))
     pages: list[tuple[str, str, list, str]] = []
+    bisected = {}  # each pair's bisections
     classes: list[tuple[Any, dict]] = []  # each pair's Measured and its predicted class per chip
     predictor = None
     chips: tuple[str, ...] = ()
@@ -140,7 +153,8 @@ def write_changelog(results: Sequence[Path], out: Path, *, pair: tuple[str, str]
         predicted = predictor.blocks(old, new) if predictor is not None else []
         pred = {c: chip_class(predictor, c, old, new) for c in chips} if predictor is not None else {}
         classes.append((m, pred))
-        pages.append((old, new, view.page(m, ops, predicted, inputs, pred), view.summary(m, ops)))
+        bisected[(old, new)] = b = for_pair(answers, old, new, m.machines)
+        pages.append((old, new, view.page(m, ops, predicted, inputs, pred, b), view.summary(m, ops)))
     if predictor is not None:
         predictor.save()
     written = []
@@ -152,7 +166,8 @@ def write_changelog(results: Sequence[Path], out: Path, *, pair: tuple[str, str]
         from ..changelog import timeline
         from ..view.timeline import save_timeline
 
-        columns, rows = timeline.rows(cl.known_releases(df), classes, chips, have=cl.releases_by_machine(df))
+        columns, rows = timeline.rows(cl.known_releases(df), classes, chips, have=cl.releases_by_machine(df),
+                                      bisected=bisected)
         written.append(save_timeline(columns, rows, out / TIMELINE))
         idx = timeline.index_blocks(columns, rows, inputs, figure=TIMELINE)
         written.append(write_text(out / "index.md", view.markdown(idx)))

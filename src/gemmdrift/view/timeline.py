@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Sequence
 
+from ..changelog.timeline import BISECTED  # a measured cell whose pair was bisected to a commit
 from .figure import pyplot as _plt
 
 COLOURS = {"BIT-FOR-BIT": "#4caf50", "ROUNDOFF": "#ffc107", "ANSWER-CHANGING": "#e53935"}
@@ -40,7 +41,8 @@ def plot_timeline(columns: Sequence[str], rows: Sequence[dict[str, Any]]):
             colour = COLOURS.get(cell.get("cls")) or (NONE if cell["cell"] in ("-", "first") else OTHER)
             ax.add_patch(plt.Rectangle((j, i), 1, 1, facecolor=colour, edgecolor="white", linewidth=1.5))
             text = SHORT.get(cell.get("cls") if cell.get("lm") or cell.get("prs") else cell["cell"], cell["cell"])
-            ax.text(j + 0.5, i + 0.5, text + ("*" if cell.get("lm") else ""), ha="center", va="center", fontsize=6.5)
+            text += ("*" if cell.get("lm") else "") + (BISECTED if cell.get("bisected") else "")
+            ax.text(j + 0.5, i + 0.5, text, ha="center", va="center", fontsize=6.5)
     ax.set_xlim(0, k)
     ax.set_ylim(n, 0)
     ax.set_xticks([j + 0.5 for j in range(k)])
@@ -55,6 +57,8 @@ def plot_timeline(columns: Sequence[str], rows: Sequence[dict[str, Any]]):
     handles += [Patch(facecolor=OTHER, label="not measured (·) / not knowable (?) / not replayed (n/r)")]
     if any(r["cells"][c].get("lm") for r in rows for c in columns):
         handles += [Patch(facecolor=NONE, label="* mlx-lm changed too on that machine: the class may be mlx-lm's")]
+    if any(r["cells"][c].get("bisected") for r in rows for c in columns):
+        handles += [Patch(facecolor=NONE, label=f"{BISECTED} bisected to a commit: see the page")]
     ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.02), ncol=2, fontsize=7, frameon=False)
     ax.set_title("mlx releases, pair by pair: the class of each change", fontsize=9, pad=28)
     return fig

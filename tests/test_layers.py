@@ -43,7 +43,7 @@ WINGS = {
     "legacy": 13, "store": 14, "page": 14.5, "report": 15, "interrupts": 15, "suite": 16,
     "tracking": 16.5,  # the tracking tier (asv's default benchmarks): the suite's measurements at tracking sizes
     "history_run": 16.5,  # the whole asv history in one command (uv environments, resumable)
-    "bisect": 16.6,  # bisect/: which commit of mlx-lm changed a tier figure (issue 55)
+    "bisect": 16.6,  # bisect/: which commit of mlx-lm or mlx changed a tier figure (issue 55)
     "cli": 17,  # cli/: the command line and its parsers per command
     "clidoc": 18, "__main__": 18, "": 19,  # "" is the package itself (gemmdrift/__init__.py)
 }
@@ -72,7 +72,7 @@ RANKS = {
     "attribution.primitives_ops": 7.5, "attribution.verdict": 7.8, "attribution.hold": 7.8, "attribution.attribute": 8,
     "attribution.primitives": 8.6,
     "changelog.classify": 5, "changelog": 6, "changelog.bisected": 6.5, "changelog.pages": 7, "changelog.timeline": 8, "changelog.predicted": 12,
-    "bisect.search": 0, "bisect.gitrepo": 0, "bisect.figures": 1, "bisect.commits": 1, "bisect.worker": 1, "bisect": 2,
+    "bisect.search": 0, "bisect.gitrepo": 0, "bisect.figures": 1, "bisect.commits": 1, "bisect.worker": 1, "bisect.shipped": 2, "bisect": 2,
     "upgrade.envs": 0, "upgrade.worker": 0, "upgrade.judge": 1, "upgrade.measure": 2, "upgrade": 3,
     "view": 0, "view.figure": 1, "view.compare": 11, "view.predict": 11.5, "view.attribute": 11.6, "view.primitives": 11.7,
     "view.history": 11.8, "view.timeline": 11.8, "view.upgrade": 11.8, "view.fingerprint": 11.8, "view.state": 11.8,

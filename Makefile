@@ -47,7 +47,7 @@ $(error INSTALLER=$(INSTALLER) is not an installer: use uv or pip)
 endif
 PIP_INSTALL = $(BIN)/python -m pip install --quiet --upgrade pip && $(BIN)/python -m pip install --quiet -e ".[$(EXTRAS)]"
 
-.PHONY: run test env bench golden docs clean changelog history-run asv-mlx-lm
+.PHONY: run test env bench golden docs clean changelog history-run asv-mlx-lm asv-mlx
 
 $(BIN)/.installed-$(EXTRAS): pyproject.toml
 	@test -n "$(PYTHON)" && $(PYTHON) -c '$(PY_OK)' 2>/dev/null || { echo "make: no Python 3.10+$(if $(filter metal,$(BACKEND)), for arm64,) found (tried $(or $(PYTHON),$(PYTHONS))); install one, or give it as PYTHON=..." >&2; exit 2; }
@@ -99,6 +99,22 @@ asv-mlx-lm: env
 	PATH="$(CURDIR)/$(BIN):$$PATH" GEMMDRIFT_TIER_PARTS=$(TIER_PARTS) MLX_ENABLE_TF32=0 \
 	GEMMDRIFT_BASE_SITE="$$($(BIN)/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")" \
 	$(BIN)/asv $(ASV_MLX_LM) --config asv.mlx-lm.conf.json --show-stderr
+
+# asv over mlx's own commits (asv.mlx.conf.json, docs/bisect.md): each commit built by YOUR command (MLX_BUILD, as
+# `gemmdrift bisect --build`: it builds $$GEMMDRIFT_SRC into $$GEMMDRIFT_PYTHON's environment; gemmdrift ships no
+# recipe that builds mlx), run with one mlx-lm release (MLX_LM), the tier parts MLX_TIER_PARTS only.
+#   make asv-mlx MLX_BUILD=~/build-mlx.sh ASV_MLX='run --bench bench_tier.TierDecodeVsVerify.track_flips v0.30.0^!'
+ASV_MLX ?= run --bench bench_tier.TierDecodeVsVerify.track_flips v0.29.4..v0.30.0
+MLX_LM ?= 0.30.2
+MLX_TIER_PARTS ?= decode
+asv-mlx: env
+	@test -d .asv/mlx.git || { echo "make asv-mlx: no .asv/mlx.git: git clone --bare <a clone of ml-explore/mlx> .asv/mlx.git" >&2; exit 2; }
+	@test -n "$(MLX_BUILD)" || { echo "make asv-mlx: give MLX_BUILD=CMD, a command that builds \$$GEMMDRIFT_SRC into \$$GEMMDRIFT_PYTHON's environment (see docs/bisect.md)" >&2; exit 2; }
+	$(BIN)/asv machine --config asv.mlx.conf.json --yes
+	PATH="$(CURDIR)/$(BIN):$$PATH" GEMMDRIFT_TIER_PARTS=$(MLX_TIER_PARTS) MLX_ENABLE_TF32=0 \
+	GEMMDRIFT_MLX_BUILD='$(MLX_BUILD)' GEMMDRIFT_MLX_LM=$(MLX_LM) \
+	GEMMDRIFT_BASE_SITE="$$($(BIN)/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")" \
+	$(BIN)/asv $(ASV_MLX) --config asv.mlx.conf.json --show-stderr
 
 # The shipped golden logits (src/gemmdrift/data/golden/linux-cpu): the embedded Gemma in bfloat16 over the
 # built-in essay and prompt set, decode and verify:2. Run on the Linux CPU backend with the mlx it records.

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -386,3 +388,59 @@ def test_the_command_checks_both_ends(planted, cache, capsys, monkeypatch):
     out = capsys.readouterr().out
     assert "--good " in out and "no shipped result to check against (the history has no result of mlx" in out
     assert "with mlx-lm 0.0.7)" in out
+
+
+# ---------------------------------------------------------------- asv over mlx's own commits: the build step
+
+ASV_BUILD = Path(B.__file__).parent / "asv_build.py"
+
+
+@pytest.fixture()
+def asv_env(tmp_path):
+    """An empty environment, as asv makes one, and a tiny mlx tree."""
+    from gemmdrift.machine.interpreter import uv_path
+
+    d = tmp_path
+    subprocess.run([uv_path(), "venv", "--quiet", "--python", sys.executable, d / "env"], check=True)
+    (d / "tree" / "mlx").mkdir(parents=True)
+    (d / "tree" / "mlx" / "__init__.py").write_text("")
+    (d / "tree" / "mlx" / "core.py").write_text("VALUE = 3.0\n")
+    return d
+
+
+def _asv_build(d, build, **env):
+    import sysconfig
+
+    e = {k: v for k, v in os.environ.items() if not k.startswith("GEMMDRIFT_")}
+    e.update(GEMMDRIFT_MLX_BUILD=build, GEMMDRIFT_MLX_LM=_installed_lm(),
+             GEMMDRIFT_BASE_SITE=sysconfig.get_paths()["purelib"], **env)
+    return subprocess.run([str(d / "env" / "bin" / "python"), str(ASV_BUILD), str(d / "tree")], env=e,
+                          capture_output=True, text=True)
+
+
+def test_asv_build_runs_the_users_command_into_asvs_environment(asv_env):
+    """asv.mlx.conf.json's build step: the command builds the commit's tree into asv's environment, which is then
+    layered over gemmdrift's site-packages; mlx.core must load from the environment itself."""
+    copy = ('site=$("$GEMMDRIFT_PYTHON" -c "import sysconfig; print(sysconfig.get_paths()[\'purelib\'])")\n'
+            'cp -r "$GEMMDRIFT_SRC/mlx" "$site/"')
+    p = _asv_build(asv_env, copy)
+    assert p.returncode == 0, p.stderr
+    got = subprocess.run([str(asv_env / "env" / "bin" / "python"), "-c",
+                          "import mlx.core as c, numpy; print(c.VALUE, c.__file__)"], capture_output=True, text=True)
+    value, where = got.stdout.split()
+    assert value == "3.0" and where.startswith(str(asv_env / "env"))  # the build's, and numpy from the layer
+
+
+def test_asv_build_fails_a_commit_whose_build_fails_or_installs_nothing(asv_env):
+    assert _asv_build(asv_env, "exit 4").returncode == 1
+    p = _asv_build(asv_env, "true")
+    assert p.returncode == 1 and "did not install mlx into" in p.stderr
+    e = {k: v for k, v in os.environ.items() if not k.startswith("GEMMDRIFT_")}
+    p = subprocess.run([sys.executable, str(ASV_BUILD), "x"], env=e, capture_output=True, text=True)
+    assert p.returncode == 2 and p.stderr.count("\n") == 1 and "set GEMMDRIFT_MLX_BUILD" in p.stderr
+
+
+def test_asv_mlx_conf_runs_the_build_step_by_path():
+    conf = json.loads((Path(B.__file__).parents[3] / "asv.mlx.conf.json").read_text())
+    assert conf["build_command"] == ["python {conf_dir}/src/gemmdrift/bisect/asv_build.py {build_dir}"]
+    assert conf["repo"] == ".asv/mlx.git" and conf["benchmark_dir"] == "benchmarks"

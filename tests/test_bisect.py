@@ -287,7 +287,7 @@ def mlx_runner(python, parts):
                        capture_output=True, text=True, check=True)
     value, where = json.loads(p.stdout)
     assert "/bisect/envs/mlx-" in where  # the commit's own build, not this interpreter's mlx
-    return {"plant": {"value": value}}
+    return {"plant": {"value": value}, "_mlx": {"version": "0.9", "file": where}}
 
 
 def _installed_lm():
@@ -313,6 +313,7 @@ def test_planted_mlx_repository_builds_each_commit_and_bisects(planted_mlx, cach
     assert broken["skipped"].startswith("does not build: the build command exited 1: compiling")
     good = json.loads((cache / "m" / f"{shas[0]}.json").read_text())
     assert good["mlx_lm"] == lm and good["mlx"] == f"built from {shas[0][:12]}"
+    assert f"mlx-{shas[0][:12]}-lm{lm}" in good["mlx_imported"]["file"]  # which mlx the worker imported, recorded
     logs = cache / "cache" / "bisect" / "logs"
     assert (logs / f"mlx-{shas[MLX_BROKEN][:12]}-lm{lm}.log").read_text().strip() == "compiling"
 

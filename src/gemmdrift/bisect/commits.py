@@ -205,6 +205,7 @@ def measure(repo: Path, project: str, commit: gitrepo.Commit, parts: Sequence[st
         t1 = time.perf_counter()
         got = runner(python, [part])
         rec["parts"][part] = got.get(part, {"_not_run": "the worker returned nothing"})
+        rec.update({k.lstrip("_") + "_imported": got[k] for k in ("_mlx", "_mlx_lm") if k in got})
         rec["seconds"][part] = round(time.perf_counter() - t1, 1)
         save(results, rec)
     say(f"{commit.sha[:12]}: measured {', '.join(todo)} in {time.perf_counter() - t0:.0f} s")

@@ -278,7 +278,7 @@ def planted_mlx(tmp_path_factory):
         _git(repo, "add", "-A")
         _git(repo, "commit", "-q", "-m", f"kernel {i} (#{200 + i})")
         if i in (0, 4):
-            _git(repo, "tag", f"v0.9.{i}")
+            _git(repo, "tag", f"v0.99.{i}")
     return repo
 
 
@@ -300,7 +300,7 @@ def test_planted_mlx_repository_builds_each_commit_and_bisects(planted_mlx, cach
     """An mlx repository is bisected through the user's --build command: the commit whose build fails is skipped and
     marked "does not build", the change is found exactly, and every record names the mlx-lm that ran the tier."""
     lm = _installed_lm()  # already installed: nothing is downloaded
-    b = B.bisect(planted_mlx, "v0.9.0", "v0.9.4", FIGS, results=cache / "m", runner=mlx_runner,
+    b = B.bisect(planted_mlx, "v0.99.0", "v0.99.4", FIGS, results=cache / "m", runner=mlx_runner,
                  build="bash build.sh", mlx_lm=lm)
     shas = [c.sha for c in b.range]
     assert b.project == "mlx" and b.build.mlx_lm == lm
@@ -322,7 +322,7 @@ def test_a_build_that_does_not_install_mlx_is_a_commit_that_does_not_build(plant
     """A build command that exits 0 but leaves no mlx in the commit's environment must not be measured with this
     interpreter's mlx underneath (it would read the installed release's bits as the commit's)."""
     with pytest.raises(GemmdriftError, match="did not install mlx into"):
-        B.bisect(planted_mlx, "v0.9.0", "v0.9.4", FIGS, results=cache / "m2", runner=mlx_runner, build="true",
+        B.bisect(planted_mlx, "v0.99.0", "v0.99.4", FIGS, results=cache / "m2", runner=mlx_runner, build="true",
                  mlx_lm=_installed_lm())
 
 
@@ -331,11 +331,11 @@ def test_a_build_that_does_not_install_mlx_is_a_commit_that_does_not_build(plant
     ({"build": "no-such-builder --fast"}, "no-such-builder is not a command here"),
     ({"build": "bash 'unclosed"}, "No closing quotation"),
     ({"build": "bash build.sh", "mlx_lm": "latest"}, "--mlx-lm latest: not a release number"),
-    ({"build": "bash build.sh"}, "--good v0.9.0 is not a release the matrix pairs"),
+    ({"build": "bash build.sh"}, "--good v0.99.0 is not a release the matrix pairs"),
 ])
 def test_mlx_refusals_are_one_line_before_any_build(planted_mlx, cache, kw, words):
     with pytest.raises(GemmdriftError, match=re.escape(words)) as e:
-        B.plan(planted_mlx, "v0.9.0", "v0.9.4", FIGS, **kw)
+        B.plan(planted_mlx, "v0.99.0", "v0.99.4", FIGS, **kw)
     assert "\n" not in str(e.value)
     assert not (cache / "cache" / "bisect").exists()
 
@@ -352,6 +352,10 @@ def test_the_mlx_lm_defaults_to_the_matrix_pairing_of_the_good_end(tmp_path):
     from gemmdrift.bisect import _build_for
 
     assert _build_for("mlx", tmp_path, "v0.29.4", "bash b.sh", None).mlx_lm == "0.30.2"
+    # an mlx-lm that cannot run the good end's mlx is refused, naming the matrix's pairing (mlx-lm 0.32.2 needs a
+    # newer mlx than 0.29.4)
+    with pytest.raises(GemmdriftError, match="--mlx-lm 0.32.2 cannot run mlx 0.29.4.*pairs mlx 0.29.4 with mlx-lm 0.30.2"):
+        _build_for("mlx", tmp_path, "v0.29.4", "bash b.sh", "0.32.2")
 
 
 # ---------------------------------------------------------------- the ends against the shipped release results

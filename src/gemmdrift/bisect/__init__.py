@@ -71,17 +71,19 @@ def _build_for(project: str, repo: Path, good: str, build: str | None, mlx_lm: s
     prog = words[0] if words else ""
     if not (shutil.which(prog) or Path(prog).is_file() or prog in _SHELL_WORDS):
         raise GemmdriftError(f"--build {build!r}: {prog} is not a command here")
-    if mlx_lm is None:
-        from .. import matrix
+    from .. import matrix
 
-        pairs = matrix.main_line(matrix.read_conf())
-        tag = good.lstrip("v")
+    pairs = matrix.main_line(matrix.read_conf())
+    tag = good.lstrip("v")
+    if mlx_lm is None:
         if tag not in pairs:
             raise GemmdriftError(f"--good {good} is not a release the matrix pairs with an mlx-lm: give --mlx-lm "
                                  "VERSION, the mlx-lm release that runs the tier on every commit")
         mlx_lm = pairs[tag]
     if not re.fullmatch(r"\d+(\.\d+)+", mlx_lm):
         raise GemmdriftError(f"--mlx-lm {mlx_lm}: not a release number (e.g. 0.30.2)")
+    if re.fullmatch(r"\d+(\.\d+)+", tag):  # the good end is a release: its mlx-lm must be able to run it
+        matrix.check_pair(tag, mlx_lm, pairs)
     return commits.Build(build, mlx_lm)
 
 

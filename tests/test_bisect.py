@@ -326,6 +326,26 @@ def test_a_build_that_does_not_install_mlx_is_a_commit_that_does_not_build(plant
                  mlx_lm=_installed_lm())
 
 
+def test_a_build_whose_library_lies_outside_its_environment_does_not_build(tmp_path, monkeypatch):
+    """mlx's bindings once kept a RUNPATH naming the build directory: every cached environment then loaded the libmlx
+    of whichever commit was built last. Such a build is refused (the check reads the library the process loaded)."""
+    from gemmdrift.bisect import commits as C
+
+    py = tmp_path / "env" / "bin" / "python"
+    outside = subprocess.CompletedProcess([], 0, f"{tmp_path}/env/lib/mlx/core.so\n/build/tree/libmlx.so\n", "")
+    inside = subprocess.CompletedProcess([], 0, f"{tmp_path}/env/lib/mlx/core.so\n{tmp_path}/env/lib/libmlx.so\n", "")
+    real = subprocess.run
+    for got, ok in ((outside, False), (inside, True)):
+        monkeypatch.setattr(C.subprocess, "run", lambda cmd, *a, _g=got, **k: _g if cmd[:2] == [str(py), "-c"] else
+                            real(cmd, *a, **k))
+        build = C.Build("true", "0.30.2")
+        if ok:
+            C._build_mlx(tmp_path, py, "abc", build, tmp_path / "log")
+        else:
+            with pytest.raises(GemmdriftError, match="loads /build/tree/libmlx.so, outside its environment"):
+                C._build_mlx(tmp_path, py, "abc", build, tmp_path / "log")
+
+
 @pytest.mark.parametrize("kw,words", [
     ({}, "is mlx: give --build CMD"),
     ({"build": "no-such-builder --fast"}, "no-such-builder is not a command here"),
@@ -449,3 +469,15 @@ def test_asv_mlx_conf_runs_the_build_step_by_path():
     conf = json.loads((Path(B.__file__).parents[3] / "asv.mlx.conf.json").read_text())
     assert conf["build_command"] == ["python {conf_dir}/src/gemmdrift/bisect/asv_build.py {build_dir}"]
     assert conf["repo"] == ".asv/mlx.git" and conf["benchmark_dir"] == "benchmarks"
+
+
+def test_asv_build_reads_the_library_as_the_command_does():
+    """The two copies of the check (asv_build.py imports no gemmdrift) must stay one check."""
+    import importlib.util
+
+    from gemmdrift.bisect import commits as C
+
+    spec = importlib.util.spec_from_file_location("asv_build", ASV_BUILD)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert mod.WHERE == C._WHERE

@@ -10,8 +10,8 @@ environment is layered. In order:
 2. the mlx-lm release that runs the tier (``$GEMMDRIFT_MLX_LM``) is installed ``--no-deps``, once;
 3. ``$GEMMDRIFT_MLX_BUILD`` runs with bash in the commit's tree, with ``GEMMDRIFT_SRC`` (the tree),
    ``GEMMDRIFT_PYTHON`` (this interpreter) and ``GEMMDRIFT_COMMIT`` set, as ``--build`` does;
-4. ``mlx.core`` must then load from this environment itself, or the commit does not build (exit 1): a build that
-   installed nothing is never measured with another mlx underneath.
+4. ``mlx.core``, and the libmlx it loads, must then come from this environment itself, or the commit does not
+   build (exit 1): a build that installed nothing is never measured with another mlx underneath.
 
 gemmdrift ships no recipe that builds mlx: the command is the user's. A missing variable is one line and exit 2.
 """
@@ -49,13 +49,21 @@ def main(argv: list[str] | None = None) -> int:
         print(f"asv_build: the build command exited {rc}", file=sys.stderr)
         return 1
     env.pop("PYTHONPATH", None)
-    where = subprocess.run([sys.executable, "-c", "import mlx.core as mx; print(mx.__file__)"], capture_output=True,
-                           text=True, env=env)
-    if where.returncode != 0 or not where.stdout.strip().startswith(sys.prefix):
+    where = subprocess.run([sys.executable, "-c", WHERE], capture_output=True, text=True, env=env)
+    core, _, lib = where.stdout.strip().partition("\n")
+    if where.returncode != 0 or not core.startswith(sys.prefix):
         print(f"asv_build: the build command did not install mlx into {sys.prefix} "
-              f"(mlx.core: {where.stdout.strip() or where.stderr.strip()[-200:]})", file=sys.stderr)
+              f"(mlx.core: {core or where.stderr.strip()[-200:]})", file=sys.stderr)
+        return 1
+    if lib and not lib.startswith(sys.prefix):
+        print(f"asv_build: the built mlx.core loads {lib}, outside the environment {sys.prefix}", file=sys.stderr)
         return 1
     return 0
+
+
+# mlx.core's file and the libmlx it loaded, as commits._WHERE reads them (kept here: this file imports no gemmdrift)
+WHERE = ("import os, mlx.core as mx; print(mx.__file__); m = '/proc/self/maps'; print(next((l.split()[-1] for l in "
+         "open(m) if 'libmlx' in l), '') if os.path.exists(m) else '')")
 
 
 if __name__ == "__main__":

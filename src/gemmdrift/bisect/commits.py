@@ -113,12 +113,21 @@ def _build_mlx(src: Path, python: Path, sha: str, build: Build, log: Path) -> No
     if p.returncode != 0:
         raise GemmdriftError(f"the build command exited {p.returncode}: {_last(log.read_text(errors='replace'))} "
                              f"(log: {log})")
-    where = subprocess.run([str(python), "-c", "import mlx.core as mx; print(mx.__file__)"], capture_output=True,
-                           text=True, env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
+    where = subprocess.run([str(python), "-c", _WHERE], capture_output=True, text=True,
+                           env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
     home = str(python.parent.parent)
-    if where.returncode != 0 or not where.stdout.strip().startswith(home):
-        got = where.stdout.strip() or _last(where.stderr)
-        raise GemmdriftError(f"the build command did not install mlx into {home} (mlx.core: {got})")
+    core, _, lib = where.stdout.strip().partition("\n")
+    if where.returncode != 0 or not core.startswith(home):
+        raise GemmdriftError(f"the build command did not install mlx into {home} (mlx.core: "
+                             f"{core or _last(where.stderr)})")
+    if lib and not lib.startswith(home):  # e.g. a RUNPATH naming the build directory: the next build changes it
+        raise GemmdriftError(f"the built mlx.core loads {lib}, outside its environment {home}: a later build would "
+                             "change this commit's library (make the environment self-contained)")
+
+
+# mlx.core's file, and the libmlx it loaded (Linux: /proc/self/maps; elsewhere not known, so not checked)
+_WHERE = ("import os, mlx.core as mx; print(mx.__file__); m = '/proc/self/maps'; print(next((l.split()[-1] for l in "
+          "open(m) if 'libmlx' in l), '') if os.path.exists(m) else '')")
 
 
 def build_env(repo: Path, sha: str, where: Path, uv: str, build: Build | None = None) -> None:

@@ -1,0 +1,95 @@
+"""Issue 55 point 4, "No starred cell left": an mlx pair a machine ran with two mlx-lm releases is split at a bridge
+(mlx B with the older pair's mlx-lm), each step classed on its own; where no single mlx-lm installs with both mlx
+releases, the page says so and why."""
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from gemmdrift.cli.changelog import write_changelog
+from test_changelog import ROOT, write_release
+
+
+def _release(root, mlx, lm, date, **figures):
+    write_release(root, "m1", mlx, date, **figures)
+    f = root / "m1" / f"aaaaaaaa-env-{mlx}.json"
+    f.write_text(f.read_text().replace('"mlx-lm": "0.31.3"', f'"mlx-lm": "{lm}"'))
+
+
+SAME = dict(dlogit=(0.5, 0.5), tree=1.0, rope=0.0, kld=0.0)
+
+
+@pytest.fixture
+def history(tmp_path):
+    """The main line: 0.30.1 with mlx-lm 0.30.2, 0.30.3 with 0.30.5, 0.30.4 with 0.31.2 (every pair changes mlx-lm
+    too). mlx-lm 0.30.5 moves the envelope; mlx 0.30.4 moves a summation tree."""
+    root = tmp_path / "results"
+    _release(root, "0.30.1", "0.30.2", 1, **SAME)
+    _release(root, "0.30.3", "0.30.5", 2, **{**SAME, "dlogit": (0.5, 0.75)})
+    _release(root, "0.30.4", "0.31.2", 3, **{**SAME, "dlogit": (0.5, 0.75), "tree": 2.0})
+    return root
+
+
+def test_a_bridge_splits_the_pair_into_mlxs_change_and_mlx_lms(history, tmp_path):
+    """With the bridges 0.30.3+lm0.30.2 (the figures of 0.30.1: mlx moved nothing) and 0.30.4+lm0.30.5 (the tree
+    moved, the envelope as 0.30.3's: mlx moved the tree, mlx-lm nothing), each page names whose change it was, with
+    each step's class, and the index cell says it instead of "(mlx-lm X → Y too)"."""
+    bridges = history / "bridges"
+    _release(bridges, "0.30.3", "0.30.2", 4, **SAME)
+    _release(bridges, "0.30.4", "0.30.5", 5, **{**SAME, "dlogit": (0.5, 0.75), "tree": 2.0})
+    out = tmp_path / "pages"
+    write_changelog([history], out, predict=False)
+    lm = (out / "0.30.1..0.30.3.md").read_text()
+    assert "## Whose change moved the figures" in lm
+    assert "the bridge is mlx 0.30.3 with mlx-lm 0.30.2 (`bridges/`, all at gemmdrift aaaaaaaa)" in lm
+    assert "- mlx 0.30.1 → 0.30.3 with mlx-lm 0.30.2: **BIT-FOR-BIT** (" in lm
+    steps = re.findall(r"^- (.*)$", lm.split("## Whose change")[1].split("\n## ")[0], re.M)
+    assert steps[1].startswith("mlx-lm 0.30.2 → 0.30.5 with mlx 0.30.3: **ANSWER-CHANGING** (")
+    assert steps[1].endswith("; it moved `bench_stack.DecodeVsVerify.track_max_abs_dlogit[verify3]` 0.5 → 0.75)")
+    assert "The bridge splits it: see \"Whose change moved the figures\"." in lm
+    assert "So on m1 (cpu) it is **mlx-lm's change** (ANSWER-CHANGING for the pair)." in lm
+    mlx = (out / "0.30.3..0.30.4.md").read_text()
+    assert "- mlx 0.30.3 → 0.30.4 with mlx-lm 0.30.5: **ANSWER-CHANGING** (" in mlx
+    assert "- mlx-lm 0.30.5 → 0.31.2 with mlx 0.30.4: **BIT-FOR-BIT** (" in mlx
+    assert "it is **mlx's change**" in mlx
+    index = (out / "index.md").read_text()
+    assert ("| 0.30.3 | [0.30.1](0.30.1..0.30.3.md) | ANSWER-CHANGING (mlx-lm's change: mlx 0.30.1 → 0.30.3 "
+            "BIT-FOR-BIT, mlx-lm 0.30.2 → 0.30.5 ANSWER-CHANGING) |") in index
+    assert ("| 0.30.4 | [0.30.3](0.30.3..0.30.4.md) | ANSWER-CHANGING (mlx's change: mlx 0.30.3 → 0.30.4 "
+            "ANSWER-CHANGING, mlx-lm 0.30.5 → 0.31.2 BIT-FOR-BIT) |") in index
+    assert " too)" not in index
+    # the bridges stay apart: the history's labels and pages are the same as without them
+    assert not (out / "0.30.3+lm0.30.2..0.30.3+lm0.30.5.md").exists() and "+lm" not in index
+
+
+def test_without_a_bridge_the_page_says_why(history, tmp_path):
+    """The bridge 0.30.3+lm0.30.2 did not install (the status file's reason), and mlx-lm 0.30.5 asks for mlx >= 0.30.3
+    (its wheel's requirement), so it cannot run 0.30.1: no single mlx-lm installs with both, and the page says both
+    reasons. A bridge that was never run says so too; the index keeps "(mlx-lm X → Y too)"."""
+    bridges = history / "bridges"
+    bridges.mkdir()
+    status = {"commit": "a" * 40, "machine": "m1", "envs": {"mlx0.30.3-lm0.30.2": {
+        "mlx": "0.30.3", "mlx_lm": "0.30.2", "state": "not installable", "reason": "planted: no wheel for this"}}}
+    (bridges / "m1.status.json").write_text(json.dumps(status))
+    out = tmp_path / "pages"
+    write_changelog([history], out, predict=False)
+    page = (out / "0.30.1..0.30.3.md").read_text()
+    assert ("On m1 (cpu) the pair changes mlx 0.30.1 → 0.30.3 and mlx-lm 0.30.2 → 0.30.5 at once, and is not split: "
+            "no single mlx-lm installs with both mlx 0.30.1 and mlx 0.30.3: mlx 0.30.3 with mlx-lm 0.30.2 not "
+            "installable: planted: no wheel for this; mlx-lm 0.30.5 cannot run mlx 0.30.1: mlx-lm 0.30.5 needs "
+            "mlx >= 0.30.3.") in page
+    other = (out / "0.30.3..0.30.4.md").read_text()
+    assert "is not split: the bridge, mlx 0.30.4 with mlx-lm 0.30.5, was not measured on this machine." in other
+    index = (out / "index.md").read_text()
+    assert "| 0.30.3 | [0.30.1](0.30.1..0.30.3.md) | ANSWER-CHANGING (mlx-lm 0.30.2 → 0.30.5 too) |" in index
+
+
+def test_a_pair_with_one_mlx_lm_has_no_such_section(tmp_path):
+    root = tmp_path / "results"
+    _release(root, "0.30.5", "0.31.2", 1, **SAME)
+    _release(root, "0.30.6", "0.31.2", 2, **{**SAME, "tree": 2.0})
+    out = tmp_path / "pages"
+    write_changelog([root], out, predict=False)
+    assert "Whose change" not in (out / "0.30.5..0.30.6.md").read_text()

@@ -93,3 +93,21 @@ def test_a_pair_with_one_mlx_lm_has_no_such_section(tmp_path):
     out = tmp_path / "pages"
     write_changelog([root], out, predict=False)
     assert "Whose change" not in (out / "0.30.5..0.30.6.md").read_text()
+
+
+def test_the_mlx_lm_axis_is_a_bridge_too(tmp_path):
+    """mlx 0.32.4 with mlx-lm 0.31.3 (the mlx-lm axis, in the history's own results) bridges 0.31.2 (with 0.31.3) →
+    0.32.4 (with 0.32.2): the page splits the pair with it, saying where it is."""
+    root = tmp_path / "results"
+    _release(root, "0.31.2", "0.31.3", 1, **SAME)
+    _release(root, "0.32.4", "0.31.3", 2, **SAME)
+    f = root / "m1" / "aaaaaaaa-env-0.32.4.json"
+    f.rename(root / "m1" / "aaaaaaaa-env-0.32.4-lm0.31.3.json")
+    _release(root, "0.32.4", "0.32.2", 3, **{**SAME, "rope": 1.0})
+    out = tmp_path / "pages"
+    write_changelog([root], out, predict=False)
+    page = (out / "0.31.2..0.32.4+lm0.32.2.md").read_text()
+    assert "the bridge is mlx 0.32.4 with mlx-lm 0.31.3 (the history's results, all at gemmdrift aaaaaaaa)" in page
+    assert "- mlx 0.31.2 → 0.32.4 with mlx-lm 0.31.3: **BIT-FOR-BIT** (" in page
+    assert "- mlx-lm 0.31.3 → 0.32.2 with mlx 0.32.4: **ANSWER-CHANGING** (" in page
+    assert "it is **mlx-lm's change**" in page

@@ -88,9 +88,10 @@ def split_entry(df: pd.DataFrame, bridges: pd.DataFrame | None, status: Mapping,
     machine, backend = e["machine"], e["backend"]
     why = []
     for mlx, lm in ((b, x), (a, y)):
-        found = _rows(bridges, machine, backend, mlx, lm)
-        if not found.empty:
-            return _split(df, found, m, e, (mlx, lm))
+        for where, rows in ((BRIDGES + "/", bridges), ("the history's results", df)):  # the mlx-lm axis is one
+            found = _rows(rows, machine, backend, mlx, lm)
+            if not found.empty:
+                return {**_split(df, found, m, e, (mlx, lm)), "where": where}
         why.append(_refusal(mlx, lm) or _not_run(status, machine, mlx, lm))
     if all(why):
         return {"why": f"no single mlx-lm installs with both mlx {a} and mlx {b}: {why[0]}; {why[1]}"}
@@ -175,8 +176,9 @@ def blocks(m: Measured) -> list[tuple]:
         mlx, lm = s["bridge"]
         at = (f", all at gemmdrift {s['commits'][0]}" if len(s["commits"]) == 1 else
               f", at gemmdrift {', '.join(s['commits'])} (a difference could be gemmdrift's)")
+        where = f"`{s['where']}`" if s["where"].endswith("/") else s["where"]
         out.append(("p", f"On {who}, measured with one mlx-lm on both mlx releases: the bridge is mlx {mlx} with "
-                         f"mlx-lm {lm} (`bridges/`{at}). The pair is two steps, each changing one package:"))
+                         f"mlx-lm {lm} ({where}{at}). The pair is two steps, each changing one package:"))
         out.append(("list", [f"{_step_name(pkg, p, q)}: **{st['class'].cls}** ({st['class'].reason}{_moved(st)})"
                              for pkg, st, p, q in s["steps"]]))
         out.append(("p", f"So on {who} it is **{s['whose']}** ({e['class'].cls} for the pair)."))

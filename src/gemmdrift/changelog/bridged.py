@@ -118,7 +118,7 @@ def _split(df: pd.DataFrame, bridge_rows: pd.DataFrame, m: Measured, e: Mapping[
         package = MLX if p[0] != q[0] else LM
         steps.append((package, step, p, q))
     moved = [pkg for pkg, s, _, _ in steps if s["class"].cls != "BIT-FOR-BIT"]
-    whose = ("neither moved a figure" if not moved else f"{moved[0]}'s change" if len(moved) == 1 else
+    whose = ("neither change moved a figure" if not moved else f"{moved[0]}'s change" if len(moved) == 1 else
              "both changes moved figures")
     commits = sorted(set(sub["commit"]))
     return {"bridge": bridge, "steps": steps, "whose": whose, "commits": commits}
@@ -175,13 +175,13 @@ def blocks(m: Measured) -> list[tuple]:
             continue
         mlx, lm = s["bridge"]
         at = (f", all at gemmdrift {s['commits'][0]}" if len(s["commits"]) == 1 else
-              f", at gemmdrift {', '.join(s['commits'])} (a difference could be gemmdrift's)")
+              f"; measured at gemmdrift {' and '.join(s['commits'])}: a difference could be gemmdrift's")
         where = f"`{s['where']}`" if s["where"].endswith("/") else s["where"]
         out.append(("p", f"On {who}, measured with one mlx-lm on both mlx releases: the bridge is mlx {mlx} with "
                          f"mlx-lm {lm} ({where}{at}). The pair is two steps, each changing one package:"))
         out.append(("list", [f"{_step_name(pkg, p, q)}: **{st['class'].cls}** ({st['class'].reason}{_moved(st)})"
                              for pkg, st, p, q in s["steps"]]))
-        out.append(("p", f"So on {who} it is **{s['whose']}** ({e['class'].cls} for the pair)."))
+        out.append(("p", f"So on {who}: **{s['whose']}** ({e['class'].cls} for the pair)."))
     return out
 
 

@@ -101,3 +101,30 @@ def test_ctrl_c_stops_asv_and_the_server_it_started_in_its_own_group(tmp_path):
     if alive:
         os.kill(server, signal.SIGKILL)
     assert not alive, "the planted benchmark server outlived the interrupt"
+
+
+def test_the_bridges_run_apart_at_the_historys_commit(tmp_path, monkeypatch, capsys):
+    """Issue 55 point 4: a bridge entry (mlx 0.30.6 with the older mlx-lm 0.30.2 of the pair 0.29.4 -> 0.30.6) is
+    not part of the history's run (its results would relabel mlx 0.30.6); --bridges runs the bridges alone, into
+    <results>/bridges, at the commit the history's status file records (not HEAD)."""
+    root = _repo(tmp_path, git=True)
+    conf = json.loads((root / "asv.conf.json").read_text())
+    conf["include"] += [{"sys_platform": "linux", "req": {"mlx": m, "mlx-cpu": m, "mlx-lm": lm}}
+                        for m, lm in [("0.30.6", "0.31.2"), ("0.30.6", "0.30.2"), ("0.32.4", "0.31.3")]]
+    (root / "asv.conf.json").write_text(json.dumps(conf))
+    from gemmdrift import matrix
+
+    assert [lab for lab, _ in matrix.bridges(conf)] == ["mlx0.30.6-lm0.30.2"]  # 0.32.4's older one is the axis
+    ref = root / "benchmarks" / "reference"
+    ref.mkdir(parents=True)
+    old = "37c30d38588d0a386038d533656798e9bcd4f3b8"
+    (ref / f"{history_run.MACHINE}.status.json").write_text(json.dumps({"commit": old, "envs": {}}))
+    monkeypatch.setattr(history_run, "resolve_commit", lambda _root, rev: rev)
+    rc, err = main(capsys, monkeypatch, root, "--dry-run")
+    assert rc == 0 and "4 environments at gemmdrift 37c30d38" in err and "mlx0.30.6-lm0.30.2" not in err, err
+    rc, err = main(capsys, monkeypatch, root, "--bridges", "--dry-run")
+    assert rc == 0 and "1 environment at gemmdrift 37c30d38" in err and "would run mlx0.30.6-lm0.30.2" in err, err
+    rc, err = main(capsys, monkeypatch, root, "--only", "mlx0.30.6-lm0.30.2", "--dry-run")
+    assert rc == 2 and err.strip() == "history: --only mlx0.30.6-lm0.30.2: a bridge entry: give --bridges", err
+    rc, err = main(capsys, monkeypatch, root, "--bridges", "--only", "mlx0.29.4-lm0.30.2", "--dry-run")
+    assert rc == 2 and err.strip() == "history: --only mlx0.29.4-lm0.30.2: not a bridge entry: leave out --bridges"

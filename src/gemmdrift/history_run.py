@@ -30,7 +30,7 @@ from typing import Any, Sequence
 
 from .errors import GemmdriftError
 from .files import atomic_path, cache_dir
-from .matrix import entries, env_label, releases  # noqa: F401  (the matrix: one source, gemmdrift.matrix)
+from .matrix import bridges, entries, env_label, releases  # noqa: F401  (the matrix: one source, gemmdrift.matrix)
 
 MACHINE = "reference-linux-cpu-tier"
 WORK = Path(".asv") / "history"
@@ -40,6 +40,7 @@ RUNNER = "asv_runner"
 # What the history runs: the tier and the environment record. asv would start a process for each of the ~500 cases of
 # the opt-in main-job benchmarks only to record it as skipped (minutes on a loaded 2-core machine).
 BENCH = r"^bench_(tier|env)\."
+BRIDGES = "bridges"  # the bridges' results: apart from the history's, so that its labels stay (changelog.bridged)
 
 
 def requirement_specs(req: dict[str, str]) -> list[str]:
@@ -276,21 +277,30 @@ def run_asv(cmd: Sequence[Any], cwd: Path, env: dict[str, str], log: Path) -> in
 
 def run_history(root: Path, *, machine: str = MACHINE, results: Path | None = None, commit: str | None = None,
                 only: Sequence[str] = (), bench: str | None = BENCH, dry_run: bool = False,
-                retry: bool = False) -> dict[str, Any]:
+                retry: bool = False, bridged: bool = False) -> dict[str, Any]:
     """Measure every Linux entry of ``root``'s asv.conf.json not yet finished (see the module docstring);
-    returns the status. ``retry``: run the environments whose asv run failed again."""
+    returns the status. ``retry``: run the environments whose asv run failed again. ``bridged``: the bridge
+    entries (:func:`gemmdrift.matrix.bridges`) instead of the others, into ``<results>/bridges`` by default, at the
+    history's gemmdrift commit by default."""
     root = root.resolve()
-    results = (results or root / "benchmarks" / "reference").resolve()
+    history = (root / "benchmarks" / "reference").resolve()
+    results = (results or (history / BRIDGES if bridged else history)).resolve()
     conf = json.loads((root / "asv.conf.json").read_text())
-    todo = entries(conf, "linux")
+    bridge_labels = {lab for lab, _ in bridges(conf, "linux")}
+    todo = [(lab, r) for lab, r in entries(conf, "linux") if (lab in bridge_labels) == bridged]
     labels = [lab for lab, _ in todo]
     unknown = [x for x in only if x not in labels]
+    if unknown and (unknown[0] in bridge_labels) != bridged:
+        raise GemmdriftError(f"--only {unknown[0]}: " + ("a bridge entry: give --bridges" if not bridged else
+                                                         "not a bridge entry: leave out --bridges"))
     if unknown:
         raise GemmdriftError(f"--only {unknown[0]}: no such entry (the entries: {', '.join(labels)})")
     if only:
         todo = [(lab, r) for lab, r in todo if lab in only]
     status_path = results / f"{machine}.status.json"
     status = read_status(status_path)
+    if bridged and not (commit or status.get("commit")):  # the bridges split the history's pairs: its commit
+        commit = read_status(history / f"{machine}.status.json").get("commit")
     commit = resolve_commit(root, commit or status.get("commit") or "HEAD")
     check_commit(status, commit, status_path)
     status.setdefault("envs", {})
@@ -377,6 +387,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--bench", default=BENCH, help=f"asv's --bench regex (default {BENCH!r}: the tier and the "
                    "environment record; '': everything, the opt-in benchmarks recorded as skipped)")
     p.add_argument("--retry", action="store_true", help="run the environments whose asv run failed again")
+    p.add_argument("--bridges", action="store_true", help="the bridge entries instead (mlx B with the older mlx-lm "
+                   "of a pair; default results benchmarks/reference/bridges, at the history's commit)")
     p.add_argument("--dry-run", action="store_true", help="list the environments still to run, run nothing")
     return p
 
@@ -397,7 +409,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         status = run_history(root, machine=args.machine, results=Path(args.results) if args.results else None,
                              commit=args.commit, only=only, bench=args.bench, dry_run=args.dry_run,
-                             retry=args.retry)
+                             retry=args.retry, bridged=args.bridges)
     except GemmdriftError as e:
         print(f"history: {e}", file=sys.stderr)
         return 2

@@ -3,7 +3,8 @@
 ``gemmdrift upgrade`` (which mlx-lm an environment of an mlx release gets, which cached environment is the one
 asked for), ``python -m gemmdrift.history_run`` (the environments it builds) and ``tests/test_tier.py`` read the
 pairs here. The main line pairs each mlx with the newest mlx-lm its entries list (the newest whose wheel's
-requirement on mlx it meets, docs/tracking.md#the-matrix); mlx 0.32.4's other entries are the mlx-lm axis.
+requirement on mlx it meets, docs/tracking.md#the-matrix); mlx 0.32.4's other entries are the mlx-lm axis, and any
+other mlx's older mlx-lm entry is a bridge (:func:`bridges`).
 
 Whether an mlx-lm can run an mlx at all is :data:`MLX_LM_NEEDS`: each mlx-lm's own requirement on mlx, read from
 its wheels' metadata (2026-12-06). From mlx-lm 0.28.3 the requirement is on macOS and the ``cpu`` extra only, so
@@ -102,6 +103,17 @@ def main_line(conf: dict[str, Any], platform: str | None = None) -> dict[str, st
         if mlx and lm and (mlx not in out or vkey(lm) > vkey(out[mlx])):
             out[mlx] = lm
     return out
+
+
+def bridges(conf: dict[str, Any], platform: str = "linux") -> list[tuple[str, dict[str, str]]]:
+    """The bridge entries of ``platform``: an mlx with an mlx-lm other than its main line's, where that mlx is not
+    the newest (whose other entries are the mlx-lm axis). A bridge measures mlx B with the older mlx-lm X of a pair
+    mlx A with X -> B with Y, so that the pair splits into mlx's change and mlx-lm's (docs/tracking.md#bridges);
+    its results live apart (``benchmarks/reference/bridges``), so the history's labels stay the same."""
+    main = main_line(conf, platform)
+    newest = max(main, key=vkey, default="")
+    return [(lab, r) for lab, r in entries(conf, platform)
+            if r.get("mlx") != newest and r.get("mlx-lm") != main.get(r.get("mlx", ""))]
 
 
 def needs(mlx_lm: str) -> tuple[str | None, bool]:

@@ -62,8 +62,10 @@ def measured_blocks(m: Measured) -> list[Block]:
                              "a changed figure is mlx-lm's change (its model code, its cache-state verdicts), "
                              "not mlx's."))
         elif lm:
+            split = (" The bridge splits it: see \"Whose change moved the figures\"." if e.get("split", {}).get("steps")
+                     else "")
             out.append(("p", f"On this machine the pair changes mlx-lm too ({lm}): a changed figure may be "
-                             "mlx-lm's (its cache-state verdicts are mlx-lm's code) as well as mlx's."))
+                             "mlx-lm's (its cache-state verdicts are mlx-lm's code) as well as mlx's." + split))
         n_changed = e["compared"] - e["identical"]
         if not n_changed:
             out.append(("p", f"No drift figure changed: {e['identical']} of {e['compared']} drift figures identical "
@@ -316,16 +318,19 @@ def opening(m: Measured, pred: Mapping[str, Mapping[str, Any]] | None = None,
 
 
 def page(m: Measured, ops: Sequence[dict[str, Any]], predicted: Sequence[Block], inputs: str,
-         pred: Mapping[str, Mapping[str, Any]] | None = None, bisected: PageBisections | None = None) -> list[Block]:
+         pred: Mapping[str, Mapping[str, Any]] | None = None, bisected: PageBisections | None = None,
+         whose: Sequence[Block] = ()) -> list[Block]:
     """All blocks of one pair's page: the class first (see :func:`opening`), which commit changed it (the
-    bisections, :func:`bisect_blocks`), then the three sections."""
+    bisections, :func:`bisect_blocks`), whose change moved the figures (``whose``, the bridges' section:
+    :func:`gemmdrift.changelog.bridged.blocks`), then the three sections."""
     (mo, lo), (mn, ln) = split_release(m.old), split_release(m.new)
     title = (f"mlx-lm {lo or '?'} → {ln or '?'} with mlx {mn}: what changed in the bits" if mo == mn else
              f"mlx {m.old} → {m.new}: what changed in the bits")
     cmd = f"gemmdrift changelog --from {m.old} --to {m.new}"
     return ([("h", 1, title)] + opening(m, pred, ops)
             + [("p", f"Written by `{cmd}` from {inputs}. Back to the [index](index.md).")]
-            + (bisect_blocks(bisected) if bisected is not None else []) + measured_blocks(m) + ops_blocks(m, ops) + list(predicted))
+            + (bisect_blocks(bisected) if bisected is not None else []) + list(whose) + measured_blocks(m)
+            + ops_blocks(m, ops) + list(predicted))
 
 
 def index(rows: Sequence[tuple[str, str, str]], inputs: str) -> list[Block]:

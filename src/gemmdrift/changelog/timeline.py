@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any, Mapping, Sequence
 
 from ..checks import split_release
-from . import Measured, page_name
+from . import Measured, bridged, page_name
 from .bisected import PageBisections
 from .classify import CLASSES
 from .pages import disagree, lm_also
@@ -81,7 +81,9 @@ def rows(releases: Sequence[str], pages: Sequence[tuple[Measured, Mapping[str, A
                 else:
                     cells[c] = {"cls": e["class"].cls, "cell": e["class"].cls, "reason": e["class"].reason}
                     lm = lm_also(e)
-                    if lm and split_release(m.old)[0] != split_release(m.new)[0]:
+                    if e.get("split", {}).get("steps"):  # split at a bridge: whose change it was
+                        cells[c].update(cell=bridged.cell(e), whose=bridged.short(e))
+                    elif lm and split_release(m.old)[0] != split_release(m.new)[0]:
                         # an mlx pair this machine ran with two mlx-lm releases: the class may be mlx-lm's
                         cells[c].update(cell=f"{e['class'].cls} ({lm} too)", lm=lm)
             found = bisected_to((bisected or {}).get((m.old, m.new)))

@@ -103,7 +103,8 @@ def write_changelog(results: Sequence[Path], out: Path, *, pair: tuple[str, str]
     """Write the pages (Markdown and HTML) of one pair, or of every consecutive pair and the index.
 
     ``bisect_dirs``: where the bisections are (:mod:`gemmdrift.changelog.bisected`; default each results
-    directory's ``bisect/``). Every input error (unknown release, no common machine, corrupt results, ops or
+    directory's ``bisect/``). The bridges (:mod:`gemmdrift.changelog.bridged`) are read from each results
+    directory's ``bridges/``. Every input error (unknown release, no common machine, corrupt results, ops or
     bisection files) raises before a page is written. Returns the paths written.
     """
     from .. import changelog as cl
@@ -137,6 +138,10 @@ def write_changelog(results: Sequence[Path], out: Path, *, pair: tuple[str, str]
         inputs += " (release comparisons of ops: " + ", ".join(ops_text) + ")"
     dirs = [Path(d) / BISECT for d in results] if bisect_dirs is None else [Path(d) for d in bisect_dirs]
     answers = read_bisections(dict.fromkeys(d.resolve() for d in dirs), shown=lambda p: _rel(p, root))
+    from ..changelog import bridged
+
+    # the bridges (one mlx-lm on both mlx releases of a pair): beside each results directory
+    bridge_df, bridge_status = bridged.read_bridges([Path(d) / bridged.BRIDGES for d in results])
     pages: list[tuple[str, str, list, str]] = []
     bisected = {}  # each pair's bisections
     classes: list[tuple[Any, dict]] = []  # each pair's Measured and its predicted class per chip
@@ -154,7 +159,9 @@ def write_changelog(results: Sequence[Path], out: Path, *, pair: tuple[str, str]
         pred = {c: chip_class(predictor, c, old, new) for c in chips} if predictor is not None else {}
         classes.append((m, pred))
         bisected[(old, new)] = b = for_pair(answers, old, new, m.machines)
-        pages.append((old, new, view.page(m, ops, predicted, inputs, pred, b), view.summary(m, ops)))
+        bridged.attach(df, bridge_df, bridge_status, m)
+        pages.append((old, new, view.page(m, ops, predicted, inputs, pred, b, bridged.blocks(m)),
+                      view.summary(m, ops)))
     if predictor is not None:
         predictor.save()
     written = []

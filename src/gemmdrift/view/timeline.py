@@ -40,8 +40,11 @@ def plot_timeline(columns: Sequence[str], rows: Sequence[dict[str, Any]]):
             cell = row["cells"][c]
             colour = COLOURS.get(cell.get("cls")) or (NONE if cell["cell"] in ("-", "first") else OTHER)
             ax.add_patch(plt.Rectangle((j, i), 1, 1, facecolor=colour, edgecolor="white", linewidth=1.5))
-            text = SHORT.get(cell.get("cls") if cell.get("lm") or cell.get("prs") else cell["cell"], cell["cell"])
+            text = SHORT.get(cell.get("cls") if cell.get("lm") or cell.get("prs") or "whose" in cell else cell["cell"],
+                             cell["cell"])
             text += ("*" if cell.get("lm") else "") + (BISECTED if cell.get("bisected") else "")
+            if cell.get("whose"):  # split at a bridge: the package(s) whose change moved figures
+                text += f" [{cell['whose'].replace('mlx-lm', 'lm')}]"
             ax.text(j + 0.5, i + 0.5, text, ha="center", va="center", fontsize=6.5)
     ax.set_xlim(0, k)
     ax.set_ylim(n, 0)
@@ -57,6 +60,9 @@ def plot_timeline(columns: Sequence[str], rows: Sequence[dict[str, Any]]):
     handles += [Patch(facecolor=OTHER, label="not measured (·) / not knowable (?) / not replayed (n/r)")]
     if any(r["cells"][c].get("lm") for r in rows for c in columns):
         handles += [Patch(facecolor=NONE, label="* mlx-lm changed too on that machine: the class may be mlx-lm's")]
+    if any(r["cells"][c].get("whose") for r in rows for c in columns):
+        handles += [Patch(facecolor=NONE, label="[mlx] / [lm]: whose change moved the figures (split at a bridge, "
+                                                "one mlx-lm on both mlx releases)")]
     if any(r["cells"][c].get("bisected") for r in rows for c in columns):
         handles += [Patch(facecolor=NONE, label=f"{BISECTED} bisected to a commit: see the page")]
     ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.02), ncol=2, fontsize=7, frameon=False)

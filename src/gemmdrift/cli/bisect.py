@@ -7,12 +7,12 @@ direction, the figure) -> one library call (:func:`gemmdrift.bisect.bisect`) -> 
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from pathlib import Path
 
 from ..errors import GemmdriftError
+from ..files import to_json
 
 REPO_VAR = "GEMMDRIFT_MLX_LM_REPO"
 
@@ -55,7 +55,7 @@ def cmd_bisect(args) -> int:
                        candidates=[b.range[i].sha for i in o.skipped] + [first.sha])
         else:
             out["values"] = b.value(0)
-        print(json.dumps(out, indent=2, default=str))
+        print(to_json(out))  # a figure not measured (NaN) is null: JSON has no NaN
     else:
         print(B.text(b))
     return 0

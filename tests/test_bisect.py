@@ -481,3 +481,25 @@ def test_asv_build_reads_the_library_as_the_command_does():
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     assert mod.WHERE == C._WHERE
+
+def test_command_json_writes_a_figure_not_measured_as_null(planted, cache, capsys, monkeypatch):
+    """``--figure any`` run for real (mlx-lm v0.27.1 -> v0.28.4): figures not measured at a commit (a cache operation
+    that cannot run yet) are NaN, and ``--json`` printed them as ``NaN``, which is not JSON (a strict reader
+    refuses it). Not measured is ``null``, as every other JSON file of gemmdrift writes it."""
+    from gemmdrift.bisect import commits as C
+    from gemmdrift.bisect import figures as F
+    from gemmdrift.cli import main
+
+    figs = {**FIGS, "Plant.track_absent": ("plant", "absent")}  # the runner never gives 'absent': NaN on both sides
+    monkeypatch.setattr(F, "wanted", lambda figure, root=F.ROOT: figs)
+    monkeypatch.setattr(C, "tier_runner", plant_runner)
+    monkeypatch.setitem(B.bisect.__kwdefaults__, "runner", plant_runner)
+    assert main(["bisect", "--repo", str(planted), "--good", "v0.0.0", "--bad", "v0.0.7", "--figure", "any",
+                 "--results", str(cache / "r6"), "--json"]) == 0
+
+    def refuse(name):
+        raise AssertionError(f"{name} is not JSON")
+
+    out = json.loads(capsys.readouterr().out, parse_constant=refuse)
+    assert out["before"]["values"] == {"Plant.track_value": 1.0, "Plant.track_absent": None}
+    assert out["first"]["values"] == {"Plant.track_value": 1.0 + 2**-30, "Plant.track_absent": None}

@@ -8,12 +8,12 @@ direction, the figure, and for mlx the build command and the mlx-lm release) -> 
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from pathlib import Path
 
 from ..errors import GemmdriftError
+from ..files import to_json
 
 REPO_VAR = "GEMMDRIFT_MLX_LM_REPO"
 REPO_VARS = {"mlx-lm": REPO_VAR, "mlx": "GEMMDRIFT_MLX_REPO"}
@@ -64,7 +64,7 @@ def cmd_bisect(args) -> int:
         else:
             out["values"] = b.value(0)
         out["ends_vs_shipped"] = {end: {"commit": sha, **got} for end, sha, got in ends}
-        print(json.dumps(out, indent=2, default=str))
+        print(to_json(out))  # a figure not measured (NaN) is null: JSON has no NaN
     else:
         print(B.text(b))
         for end, sha, got in ends:

@@ -108,8 +108,10 @@ def test_prepare_check_honours_the_64_mib_limit_and_limit_mib(tmp_path):
     small = _saved_pack(tmp_path / "small", {"w.whl": 1000})
     assert _prepare("--check", "--pack", str(small)).returncode == 0
     tree = plan.tree_bytes(ROOT) / MIB  # a limit under this checkout's tree refuses every call
-    r = _prepare("--check", "--pack", str(small), "--limit-mib", f"{tree * 0.9:.2f}")
-    assert r.returncode == 2 and f"over the {tree * 0.9:.2f} MiB a call may send" in r.stderr
+    limit = f"{tree * 0.9:.2f}"
+    r = _prepare("--check", "--pack", str(small), "--limit-mib", limit)
+    # the message prints the limit with :g ("5.4", never "5.40": once the tree grew to 6.0 MiB this assertion failed)
+    assert r.returncode == 2 and f"over the {float(limit):g} MiB a call may send" in r.stderr
 
 
 @pytest.mark.parametrize("flags, message", [

@@ -72,7 +72,7 @@ RANKS = {
     "attribution.primitives_ops": 7.5, "attribution.verdict": 7.8, "attribution.hold": 7.8, "attribution.attribute": 8,
     "attribution.primitives": 8.6,
     "changelog.classify": 5, "changelog": 6, "changelog.bisected": 6.5, "changelog.pages": 7, "changelog.bridged": 7.5, "changelog.timeline": 8, "changelog.predicted": 12,
-    "bisect.search": 0, "bisect.gitrepo": 0, "bisect.figures": 1, "bisect.commits": 1, "bisect.worker": 1, "bisect.shipped": 2, "bisect.asv_build": 0, "bisect": 2,
+    "bisect.search": 0, "bisect.gitrepo": 0, "bisect.figures": 1, "bisect.commits": 1, "bisect.worker": 1, "bisect.shipped": 2, "bisect.asv_build": 0, "bisect.asv_json": 1.5, "bisect": 2,
     "upgrade.envs": 0, "upgrade.worker": 0, "upgrade.judge": 1, "upgrade.measure": 2, "upgrade": 3,
     "view": 0, "view.figure": 1, "view.compare": 11, "view.predict": 11.5, "view.attribute": 11.6, "view.primitives": 11.7,
     "view.history": 11.8, "view.timeline": 11.8, "view.upgrade": 11.8, "view.fingerprint": 11.8, "view.state": 11.8,

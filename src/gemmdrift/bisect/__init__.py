@@ -11,7 +11,8 @@ The flow, one way:
 * **how**: :func:`.search.first_change` bisects to the first commit whose value differs from the good end's;
   a commit that does not install is skipped and marked, and the search goes on (``git bisect skip``);
 * **stored**: one JSON per commit in the results directory, written after every part; a commit measured before
-  is read, never measured again, so Ctrl-C loses only the part under way.
+  is read, never measured again, so Ctrl-C loses only the part under way; at the end, every measured commit of
+  the directory as asv's own results JSON too, under ``<results>/asv/`` (:mod:`.asv_json`).
 
 gemmdrift ships no recipe that builds mlx (how to compile a commit of it is the ``--build`` command's business); it
 exports each commit's tree, runs the command, checks that the environment's ``mlx.core`` is the built one, and
@@ -29,7 +30,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..errors import GemmdriftError
-from . import commits, figures, gitrepo
+from . import asv_json, commits, figures, gitrepo
 from .worker import NOT_RUN
 from .search import SKIP, EndSkipped, Outcome, first_change
 
@@ -135,6 +136,7 @@ def bisect(repo: str | Path, good: str, bad: str, figure: str | dict[str, tuple[
         if rec.get("skipped"):  # not kept: an end that does not install (no network, a missing build tool) is retried
             (results / f"{c.sha}.json").unlink(missing_ok=True)
         raise GemmdriftError(f"{end} {c.sha[:12]} cannot be measured ({why}): choose another end") from None
+    asv_json.write(results, repo)
     return Bisection(project, repo, rng, figs, outcome, records, results, how)
 
 

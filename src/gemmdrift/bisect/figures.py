@@ -43,15 +43,18 @@ class _Parts(dict):
         return _Part(self.seen, part)
 
 
-@lru_cache(maxsize=None)
-def tier_figures(root: Path = ROOT) -> dict[str, tuple[str, str]]:
-    """``{figure name: (tier part, key of the part's figures)}`` for every tracking-tier benchmark."""
+def tier_module(root: Path = ROOT):
+    """benchmarks/bench_tier.py of the checkout ``root``, imported."""
     if not (root / "benchmarks" / "bench_tier.py").is_file():
         raise GemmdriftError(f"bisect needs a gemmdrift checkout (no benchmarks/bench_tier.py under {root})")
     if str(root) not in sys.path:
         sys.path.insert(0, str(root))
-    mod = importlib.import_module("benchmarks.bench_tier")
-    out: dict[str, tuple[str, str]] = {}
+    return importlib.import_module("benchmarks.bench_tier")
+
+
+def tier_benchmarks(root: Path = ROOT):
+    """``(asv name without the module, bound track_ method, its parameter lists)`` for every tier benchmark."""
+    mod = tier_module(root)
     for cname, cls in inspect.getmembers(mod, inspect.isclass):
         if not cname.startswith("Tier") or cls.__module__ != mod.__name__:
             continue
@@ -59,13 +62,19 @@ def tier_figures(root: Path = ROOT) -> dict[str, tuple[str, str]]:
         if params and not isinstance(params[0], (list, tuple)):
             params = [params]
         for mname in sorted(m for m in dir(cls) if m.startswith("track_")):
-            for combo in itertools.product(*params) if params else [()]:
-                rec = _Parts()
-                getattr(cls(), mname)(rec, *combo)
-                if len(rec.seen) != 1:
-                    continue
-                name = f"{cname}.{mname}" + (f"[{', '.join(str(c) for c in combo)}]" if combo else "")
-                out[name] = rec.seen[0]
+            yield f"{cname}.{mname}", getattr(cls(), mname), [list(p) for p in params]
+
+
+@lru_cache(maxsize=None)
+def tier_figures(root: Path = ROOT) -> dict[str, tuple[str, str]]:
+    """``{figure name: (tier part, key of the part's figures)}`` for every tracking-tier benchmark."""
+    out: dict[str, tuple[str, str]] = {}
+    for name, method, params in tier_benchmarks(root):
+        for combo in itertools.product(*params):
+            rec = _Parts()
+            method(rec, *combo)
+            if len(rec.seen) == 1:
+                out[name + (f"[{', '.join(str(c) for c in combo)}]" if combo else "")] = rec.seen[0]
     return out
 
 

@@ -84,7 +84,7 @@ bench: env
 # The whole history (docs/tracking.md): every Linux entry of asv.conf.json, one uv-built environment each, at one
 # gemmdrift commit, into benchmarks/reference/reference-linux-cpu-tier; resumable (run it again after Ctrl-C).
 history-run: env
-	$(BIN)/python -m gemmdrift.history_run $(HISTORY_ARGS)
+	$(BIN)/python -m gemmdrift.history.releases $(HISTORY_ARGS)
 
 # asv over mlx-lm's own commits (docs/bisect.md): asv.mlx-lm.conf.json, whose repo is .asv/mlx-lm.git (a clone of
 # ml-explore/mlx-lm), each commit built with uv and installed --no-deps over this .venv (mlx and the rest), the tier's

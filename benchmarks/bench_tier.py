@@ -1,10 +1,10 @@
 """The tracking tier (issue 47): what `asv run` runs by default, every effect the history tracks, in minutes.
 
-One setup_cache (``_Tier``) runs the tier's parts side by side (gemmdrift.tracking.measure_tier: each whole, in a
+One setup_cache (``_Tier``) runs the tier's parts side by side (gemmdrift.history.tier.measure_tier: each whole, in a
 process of its own) and returns each part's figures; each track_ looks one up by name (NaN when it was not measured:
-asv records it as skipped, never 0). The sizes are the tier's (gemmdrift.tracking.TIER), not the main job's: the
+asv records it as skipped, never 0). The sizes are the tier's (gemmdrift.history.tier.TIER), not the main job's: the
 main job's figures (the other bench_ modules) keep their names and run with GEMMDRIFT_BENCH_FULL=1.
-GEMMDRIFT_TIER_PARTS=decode,prefill computes a subset (parts: gemmdrift.tracking.PARTS; the others are skipped).
+GEMMDRIFT_TIER_PARTS=decode,prefill computes a subset (parts: gemmdrift.history.tier.PARTS; the others are skipped).
 """
 
 from . import common
@@ -33,17 +33,17 @@ def _get(f, part, *name):
 
 
 class _Tier:
-    """gemmdrift.tracking.measure_tier: the tier's parts side by side; every tier benchmark inherits this setup."""
+    """gemmdrift.history.tier.measure_tier: the tier's parts side by side; every tier benchmark inherits this setup."""
 
     timeout = 3600
 
     def setup_cache(self):
         import os
 
-        from gemmdrift import tracking
+        from gemmdrift.history import tier
 
         only = [p.strip() for p in os.environ.get("GEMMDRIFT_TIER_PARTS", "").split(",") if p.strip()]
-        return tracking.measure_tier(common.model(), only=only)
+        return tier.measure_tier(common.model(), only=only)
 
     setup_cache.timeout = 3600
 

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from gemmdrift import bisect as B
-from gemmdrift.bisect import gitrepo
-from gemmdrift.bisect.search import SKIP, EndSkipped, first_change, same
+from gemmdrift.history import bisect as B
+from gemmdrift.history.bisect import gitrepo
+from gemmdrift.history.bisect.search import SKIP, EndSkipped, first_change, same
 from gemmdrift.errors import GemmdriftError
 
 
@@ -216,8 +216,8 @@ def test_command_refuses_a_path_that_is_not_mlx_lm(tmp_path, capsys):
 
 def test_command_prints_the_first_commit(planted, cache, capsys, monkeypatch):
     """The command's answer: the planted commit, its PR and both values (the tier's runner replaced by the plant's)."""
-    from gemmdrift.bisect import commits as C
-    from gemmdrift.bisect import figures as F
+    from gemmdrift.history.bisect import commits as C
+    from gemmdrift.history.bisect import figures as F
     from gemmdrift.cli import main
 
     monkeypatch.setattr(F, "wanted", lambda figure, root=F.ROOT: FIGS)
@@ -329,7 +329,7 @@ def test_a_build_that_does_not_install_mlx_is_a_commit_that_does_not_build(plant
 def test_a_build_whose_library_lies_outside_its_environment_does_not_build(tmp_path, monkeypatch):
     """mlx's bindings once kept a RUNPATH naming the build directory: every cached environment then loaded the libmlx
     of whichever commit was built last. Such a build is refused (the check reads the library the process loaded)."""
-    from gemmdrift.bisect import commits as C
+    from gemmdrift.history.bisect import commits as C
 
     py = tmp_path / "env" / "bin" / "python"
     outside = subprocess.CompletedProcess([], 0, f"{tmp_path}/env/lib/mlx/core.so\n/build/tree/libmlx.so\n", "")
@@ -369,7 +369,7 @@ def test_build_flags_are_refused_for_mlx_lm(planted):
 
 def test_the_mlx_lm_defaults_to_the_matrix_pairing_of_the_good_end(tmp_path):
     """mlx 0.29.4 ran with mlx-lm 0.30.2 in the history (asv.conf.json): a bisection from v0.29.4 uses it."""
-    from gemmdrift.bisect import _build_for
+    from gemmdrift.history.bisect import _build_for
 
     assert _build_for("mlx", tmp_path, "v0.29.4", "bash b.sh", None).mlx_lm == "0.30.2"
     # an mlx-lm that cannot run the good end's mlx is refused, naming the matrix's pairing (mlx-lm 0.32.2 needs a
@@ -384,7 +384,7 @@ def test_the_mlx_lm_defaults_to_the_matrix_pairing_of_the_good_end(tmp_path):
 def test_an_end_is_checked_against_the_shipped_release_result_bit_for_bit():
     """The shipped history ran mlx 0.32.4 with mlx-lm 0.31.3: 42 STATE BUG cases (benchmarks/reference). An end that
     measured 42 agrees; one that measured 42 + 2**-40 (a last-bit change) is named with both values."""
-    from gemmdrift.bisect import shipped
+    from gemmdrift.history.bisect import shipped
 
     ok = shipped.check_end("mlx-lm", "v0.31.3", {"TierState.track_state_bugs": 42.0}, None, "0.32.4")
     assert ok == {"pair": "mlx0.32.4-lm0.31.3", "same": ["TierState.track_state_bugs"], "differ": []}
@@ -403,7 +403,7 @@ def test_an_end_is_checked_against_the_shipped_release_result_bit_for_bit():
 
 def test_the_command_checks_both_ends(planted, cache, capsys, monkeypatch):
     """The planted ends are tags of no release the history ran: the answer says there is nothing to check against."""
-    from gemmdrift.bisect import figures as F
+    from gemmdrift.history.bisect import figures as F
     from gemmdrift.cli import main
 
     monkeypatch.setattr(F, "wanted", lambda figure, root=F.ROOT: FIGS)
@@ -467,7 +467,7 @@ def test_asv_build_fails_a_commit_whose_build_fails_or_installs_nothing(asv_env)
 
 def test_asv_mlx_conf_runs_the_build_step_by_path():
     conf = json.loads((Path(B.__file__).parents[3] / "asv.mlx.conf.json").read_text())
-    assert conf["build_command"] == ["python {conf_dir}/src/gemmdrift/bisect/asv_build.py {build_dir}"]
+    assert conf["build_command"] == ["python {conf_dir}/src/gemmdrift/history/bisect/asv_build.py {build_dir}"]
     assert conf["repo"] == ".asv/mlx.git" and conf["benchmark_dir"] == "benchmarks"
 
 
@@ -475,7 +475,7 @@ def test_asv_build_reads_the_library_as_the_command_does():
     """The two copies of the check (asv_build.py imports no gemmdrift) must stay one check."""
     import importlib.util
 
-    from gemmdrift.bisect import commits as C
+    from gemmdrift.history.bisect import commits as C
 
     spec = importlib.util.spec_from_file_location("asv_build", ASV_BUILD)
     mod = importlib.util.module_from_spec(spec)
@@ -486,8 +486,8 @@ def test_command_json_writes_a_figure_not_measured_as_null(planted, cache, capsy
     """``--figure any`` run for real (mlx-lm v0.27.1 -> v0.28.4): figures not measured at a commit (a cache operation
     that cannot run yet) are NaN, and ``--json`` printed them as ``NaN``, which is not JSON (a strict reader
     refuses it). Not measured is ``null``, as every other JSON file of gemmdrift writes it."""
-    from gemmdrift.bisect import commits as C
-    from gemmdrift.bisect import figures as F
+    from gemmdrift.history.bisect import commits as C
+    from gemmdrift.history.bisect import figures as F
     from gemmdrift.cli import main
 
     figs = {**FIGS, "Plant.track_absent": ("plant", "absent")}  # the runner never gives 'absent': NaN on both sides

@@ -1,4 +1,4 @@
-"""A bisection's commits as asv's own results JSON (gemmdrift.bisect.asv_json, issue 55).
+"""A bisection's commits as asv's own results JSON (gemmdrift.history.bisect.asv_json, issue 55).
 
 The known answer is asv's: benchmarks/reference/bisect/asv-mlx-with-lm0.30.2 holds what ``asv run`` wrote over
 mlx's commits 6f35017d and f46877bc (track_flips 1.0 and 0.0), and the bisection's own records of the same two
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from gemmdrift.bisect import asv_json
+from gemmdrift.history.bisect import asv_json
 
 REF = Path(__file__).resolve().parents[1] / "benchmarks" / "reference" / "bisect"
 RECORDS = REF / "mlx-v0.29.4..v0.30.0-with-lm0.30.2"

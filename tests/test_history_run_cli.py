@@ -1,4 +1,4 @@
-"""Issue 53 (PROBE-DEFECTS-4 items 13, 20, 29): ``python -m gemmdrift.history_run``'s flags and its Ctrl-C.
+"""Issue 53 (PROBE-DEFECTS-4 items 13, 20, 29): ``python -m gemmdrift.history.releases``'s flags and its Ctrl-C.
 
 An empty ``--only`` selected all 29 environments, an unknown ``--commit`` printed git's usage line, a dry run said
 "1 environments" and then counted every environment of the status file, and Ctrl-C left asv's benchmark server
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from gemmdrift import history_run
+from gemmdrift.history import releases as history_run
 
 
 def _repo(tmp_path: Path, git: bool = False) -> Path:

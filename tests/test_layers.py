@@ -21,7 +21,7 @@ WINGS = {
     # the shared ground, standing alone at the top: no gemmdrift imports but errors
     "errors": 0, "defaults": 0, "text": 0, "metrics": 0, "files": 1, "schedules": 1, "checks": 1,
     "directions": 1,  # which way is better for every tracked figure (the gate, the changelog, upgrade)
-    "matrix": 2,  # the mlx <-> mlx-lm pairing, read from asv.conf.json (upgrade, history_run, the tests)
+    "matrix": 2,  # the mlx <-> mlx-lm pairing, read from asv.conf.json (upgrade, history/, the tests)
     "ranges": 2,  # list and range arguments ('1-17,24', 'A:B') and the default split of a stream
     "prompts": 2, "result": 2,
     "machine": 3,  # machine/: backend wheels, platform facts, memory, the environment record, runenv
@@ -41,9 +41,10 @@ WINGS = {
     "upgrade": 11.5,  # upgrade/: should I upgrade mlx? two releases' interpreters, the class of the change
     "view": 12,  # view/: summaries, printed text, figures and report sections per kind
     "legacy": 13, "store": 14, "page": 14.5, "report": 15, "interrupts": 15, "suite": 16,
-    "tracking": 16.5,  # the tracking tier (asv's default benchmarks): the suite's measurements at tracking sizes
-    "history_run": 16.5,  # the whole asv history in one command (uv environments, resumable)
-    "bisect": 16.6,  # bisect/: which commit of mlx-lm or mlx changed a tier figure (issue 55)
+    # history/: what the history measures (the tracking tier), over what (the releases and bridges of
+    # asv.conf.json; the commits of mlx-lm and mlx, bisected), and how it stores it (asv's results directories)
+    "history": 16.5,
+    "history_run": 16.6,  # python -m gemmdrift.history_run, kept working
     "cli": 17,  # cli/: the command line and its parsers per command
     "clidoc": 18, "__main__": 18, "": 19,  # "" is the package itself (gemmdrift/__init__.py)
 }
@@ -72,7 +73,10 @@ RANKS = {
     "attribution.primitives_ops": 7.5, "attribution.verdict": 7.8, "attribution.hold": 7.8, "attribution.attribute": 8,
     "attribution.primitives": 8.6,
     "changelog.classify": 5, "changelog": 6, "changelog.bisected": 6.5, "changelog.pages": 7, "changelog.bridged": 7.5, "changelog.timeline": 8, "changelog.predicted": 12,
-    "bisect.search": 0, "bisect.gitrepo": 0, "bisect.figures": 1, "bisect.commits": 1, "bisect.worker": 1, "bisect.shipped": 2, "bisect.asv_build": 0, "bisect.asv_json": 1.5, "bisect": 2,
+    "history": 0, "history.asvfiles": 0, "history.tier": 0, "history.releases": 1,
+    "history.bisect.search": 2, "history.bisect.gitrepo": 2, "history.bisect.asv_build": 2, "history.bisect.figures": 3,
+    "history.bisect.commits": 3, "history.bisect.worker": 3, "history.bisect.asv_json": 3.5,
+    "history.bisect.shipped": 3.5, "history.bisect": 4,
     "upgrade.envs": 0, "upgrade.worker": 0, "upgrade.judge": 1, "upgrade.measure": 2, "upgrade": 3,
     "view": 0, "view.figure": 1, "view.compare": 11, "view.predict": 11.5, "view.attribute": 11.6, "view.primitives": 11.7,
     "view.history": 11.8, "view.timeline": 11.8, "view.upgrade": 11.8, "view.fingerprint": 11.8, "view.state": 11.8,

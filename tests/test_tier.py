@@ -1,4 +1,4 @@
-"""The tracking tier (gemmdrift.tracking, benchmarks/bench_tier.py) and the history command (gemmdrift.history_run).
+"""The tracking tier (gemmdrift.history.tier, benchmarks/bench_tier.py) and the history command (gemmdrift.history.releases).
 
 Small on purpose: the edge figures on planted per-position tables (known answers), every tier benchmark reading the
 figure its part computes (planted figures, and one run of every part on the tiny model), the opt-in main-job
@@ -21,7 +21,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from benchmarks import bench_tier, common  # noqa: E402
-from gemmdrift import history_run, tracking  # noqa: E402
+from gemmdrift.history import releases as history_run, tier as tracking  # noqa: E402
 from gemmdrift.errors import GemmdriftError  # noqa: E402
 
 

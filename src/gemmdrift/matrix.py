@@ -1,7 +1,7 @@
 """The mlx <-> mlx-lm pairing: one source, asv.conf.json's matrix (issue 53).
 
 ``gemmdrift upgrade`` (which mlx-lm an environment of an mlx release gets, which cached environment is the one
-asked for), ``python -m gemmdrift.history_run`` (the environments it builds) and ``tests/test_tier.py`` read the
+asked for), ``python -m gemmdrift.history.releases`` (the environments it builds) and ``tests/test_tier.py`` read the
 pairs here. The main line pairs each mlx with the newest mlx-lm its entries list (the newest whose wheel's
 requirement on mlx it meets, docs/tracking.md#the-matrix); mlx 0.32.4's other entries are the mlx-lm axis, and any
 other mlx's older mlx-lm entry is a bridge (:func:`bridges`).

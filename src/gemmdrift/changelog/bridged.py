@@ -6,7 +6,7 @@ same machine: mlx B with mlx-lm X (else mlx A with mlx-lm Y, where X cannot run 
 each changing one package: A+X → B+X is mlx's change alone, B+X → B+Y mlx-lm's alone (with the other bridge,
 A+X → A+Y is mlx-lm's, A+Y → B+Y mlx's). Each step is classed by the changelog's own :func:`gemmdrift.changelog.measured`.
 
-The bridges' results live apart from the history's, in ``<results>/bridges/`` (``python -m gemmdrift.history_run
+The bridges' results live apart from the history's, in ``<results>/bridges/`` (``python -m gemmdrift.history.releases
 --bridges``): beside the history they would name a second mlx-lm for mlx B, and every label of B would change
 (``0.29.0`` would become ``0.29.0+lm0.27.1``), with every page name and every command line that names it. Their
 status file (``bridges/<machine>.status.json``) says why a bridge was not installable; an mlx-lm that asks for a

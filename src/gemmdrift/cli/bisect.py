@@ -1,9 +1,9 @@
 """``gemmdrift bisect``: the first commit of mlx-lm or mlx at which a tracking-tier figure changes (issue 55).
 
-Flags -> every check before any build (:func:`gemmdrift.bisect.plan`: the repository, both ends, the range's
-direction, the figure, and for mlx the build command and the mlx-lm release) -> one library call (:func:`gemmdrift.bisect.bisect`) -> the answer in words
-(:func:`gemmdrift.bisect.text`), with both ends against the shipped release results
-(:func:`gemmdrift.bisect.shipped.check_ends`). Progress goes to stderr; ``--json`` prints the answer as JSON on stdout.
+Flags -> every check before any build (:func:`gemmdrift.history.bisect.plan`: the repository, both ends, the range's
+direction, the figure, and for mlx the build command and the mlx-lm release) -> one library call (:func:`gemmdrift.history.bisect.bisect`) -> the answer in words
+(:func:`gemmdrift.history.bisect.text`), with both ends against the shipped release results
+(:func:`gemmdrift.history.bisect.shipped.check_ends`). Progress goes to stderr; ``--json`` prints the answer as JSON on stdout.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ def repo_path(text: str) -> Path:
 
 
 def cmd_bisect(args) -> int:
-    from .. import bisect as B
+    from ..history import bisect as B
 
     repo = repo_path(args.repo)
     how = dict(build=args.build, mlx_lm=args.mlx_lm)
@@ -46,7 +46,7 @@ def cmd_bisect(args) -> int:
 
     b = B.bisect(repo, args.good, args.bad, args.figure, results=Path(args.results) if args.results else None,
                  say=say, **how)
-    from ..bisect import shipped
+    from ..history.bisect import shipped
 
     ends = shipped.check_ends(b)
     if args.json:

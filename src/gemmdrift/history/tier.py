@@ -29,8 +29,8 @@ from typing import Any
 
 import numpy as np
 
-from . import suite
-from .result import Verdict
+from .. import suite
+from ..result import Verdict
 
 WINDOW_EDGE = 512  # the embedded Gemma's sliding window: positions 0..511 fill it
 ROPE_EDGE = 256  # the last integer position bfloat16 holds exactly past 128 (8 significant bits)
@@ -94,7 +94,7 @@ LADDER_CODES = {Verdict.NO_DRIFT.value: 0.0, Verdict.ROUNDING.value: 1.0, Verdic
 
 def decode_part(lm, tier: dict[str, Any] | None = None):
     """Decode vs verify:2 across the window's edge, with the ladder (see the module docstring)."""
-    from .measure.stack import measure_stack, pair_verdict
+    from ..measure.stack import measure_stack, pair_verdict
 
     t = {**TIER, **(tier or {})}
     tokens = suite.stream(lm, t["decode_tokens"])
@@ -110,7 +110,7 @@ def decode_part(lm, tier: dict[str, Any] | None = None):
 
 def prefill_part(lm, tier: dict[str, Any] | None = None):
     """One chunk vs chunks of 128 across the RoPE edge (see the module docstring)."""
-    from .measure.stack import measure_stack
+    from ..measure.stack import measure_stack
 
     t = {**TIER, **(tier or {})}
     tokens = suite.stream(lm, t["prefill_tokens"])
@@ -123,7 +123,7 @@ def prefill_part(lm, tier: dict[str, Any] | None = None):
 def state_part(lm, tier: dict[str, Any] | None = None):
     """The cache-state sweep, every operation, past the window, k = 2; plus the cases that cannot run (not applicable
     or not checked: an operation or class this mlx-lm lacks) and all cases."""
-    from .state import measure_state
+    from ..state import measure_state
 
     t = {**TIER, **(tier or {})}
     r = measure_state(lm, operations=t["state_operations"], where=t["state_where"], ks=t["state_ks"])
@@ -136,7 +136,7 @@ def state_part(lm, tier: dict[str, Any] | None = None):
 
 def diverge_part(lm, tier: dict[str, Any] | None = None):
     """The divergence probe: where the streams part, the first divergence's verdict and the stream's."""
-    from .measure.diverge import measure_diverge
+    from ..measure.diverge import measure_diverge
 
     t = {**TIER, **(tier or {})}
     r = measure_diverge(lm, suite.stream(lm, t["diverge_prompt"]), t["diverge_n"], k=2,
@@ -154,7 +154,7 @@ def diverge_part(lm, tier: dict[str, Any] | None = None):
 
 def kernels_part(lm, tier: dict[str, Any] | None = None):
     """GEMV vs GEMM rows on every projection of two decoder layers (the LM head's T sweep is the main suite's)."""
-    from . import kernels
+    from .. import kernels
 
     t = {**TIER, **(tier or {})}
     projs = kernels.projections(lm, layers=list(t["kernel_layers"]))
@@ -169,7 +169,7 @@ def fingerprint_part(lm, tier: dict[str, Any] | None = None):
 
 
 def ops_part(lm, tier: dict[str, Any] | None = None):
-    from .kernels import measure_ops
+    from ..kernels import measure_ops
 
     t = {**TIER, **(tier or {})}
     return measure_ops(lm, **t["ops"])
@@ -200,7 +200,7 @@ def parts(only: Any = (), tier: dict[str, Any] | None = None) -> dict[str, tuple
     ``tier``: sizes replacing :data:`TIER`'s (tests)."""
     unknown = [p for p in only if p not in FUNCTIONS]
     if unknown:
-        from .errors import GemmdriftError
+        from ..errors import GemmdriftError
 
         raise GemmdriftError(f"unknown tier part {unknown[0]!r} (choose from {', '.join(PARTS)})")
     return {p: (run_part, dict(part=p, tier=tier)) for p in PARTS if not only or p in only}

@@ -14,7 +14,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import GemmdriftError
+from ...errors import GemmdriftError
 
 PR = re.compile(r"\(#(\d+)\)\s*$|^Merge pull request #(\d+)")
 PROJECTS = {"mlx-lm": "https://github.com/ml-explore/mlx-lm", "mlx": "https://github.com/ml-explore/mlx"}

@@ -1,7 +1,7 @@
 """asv's build step for mlx's own commits (``asv.mlx.conf.json``): the user's build command, as ``gemmdrift bisect``
 runs it.
 
-Run by path, with the asv environment's interpreter (``python {conf_dir}/src/gemmdrift/bisect/asv_build.py
+Run by path, with the asv environment's interpreter (``python {conf_dir}/src/gemmdrift/history/bisect/asv_build.py
 {build_dir}``), so it needs nothing but the standard library: gemmdrift is not importable there before the
 environment is layered. In order:
 

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from ..errors import GemmdriftError
+from ...errors import GemmdriftError
 from . import asv_json, commits, figures, gitrepo
 from .worker import NOT_RUN
 from .search import SKIP, EndSkipped, Outcome, first_change
@@ -72,7 +72,7 @@ def _build_for(project: str, repo: Path, good: str, build: str | None, mlx_lm: s
     prog = words[0] if words else ""
     if not (shutil.which(prog) or Path(prog).is_file() or prog in _SHELL_WORDS):
         raise GemmdriftError(f"--build {build!r}: {prog} is not a command here")
-    from .. import matrix
+    from ... import matrix
 
     pairs = matrix.main_line(matrix.read_conf())
     tag = good.lstrip("v")

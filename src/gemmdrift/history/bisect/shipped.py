@@ -13,7 +13,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-TIER_MACHINE = "reference-linux-cpu-tier"  # the history's tier results (history_run.MACHINE)
+from ..asvfiles import MACHINE
 
 
 def figure_name(benchmark: str, params: str) -> str:
@@ -24,14 +24,14 @@ def figure_name(benchmark: str, params: str) -> str:
 
 def shipped_figures(mlx: str, mlx_lm: str, root: Path | None = None) -> dict[str, float]:
     """The shipped tier figures of the pair (mlx, mlx-lm), or {} when the history has no such result."""
-    from ..matrix import project_root
-    from ..measure.history import REFERENCE_RESULTS, read_results
+    from ...matrix import project_root
+    from ...measure.history import REFERENCE_RESULTS, read_results
 
     root = root if root is not None else (project_root() or Path(".")) / REFERENCE_RESULTS
-    if not (root / TIER_MACHINE).is_dir():
+    if not (root / MACHINE).is_dir():
         return {}
     df = read_results(root)
-    rows = df[(df.machine == TIER_MACHINE) & (df.mlx == mlx) & (df.mlx_lm == mlx_lm)
+    rows = df[(df.machine == MACHINE) & (df.mlx == mlx) & (df.mlx_lm == mlx_lm)
               & df.benchmark.str.startswith("bench_tier.")]
     return {figure_name(b, p or ""): float(v) for b, p, v in zip(rows.benchmark, rows.params, rows.value)}
 

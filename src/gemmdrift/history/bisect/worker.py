@@ -1,7 +1,7 @@
-"""What runs inside a commit's interpreter: ``python -m gemmdrift.bisect.worker --parts state --out F.json``.
+"""What runs inside a commit's interpreter: ``python -m gemmdrift.history.bisect.worker --parts state --out F.json``.
 
 Loads the embedded model as the tier's benchmarks do (benchmarks/common.model: bfloat16), runs each named tier
-part whole (:func:`gemmdrift.tracking.run_part`) and writes ``{part: figures}`` (``{"_not_run": reason}`` for a
+part whole (:func:`gemmdrift.history.tier.run_part`) and writes ``{part: figures}`` (``{"_not_run": reason}`` for a
 part this mlx-lm cannot run: never a figure's name, as the state part's own ``cannot_run`` count is one), with the
 mlx-lm and the mlx it imported under ``"_mlx_lm"`` and ``"_mlx"``.
 """
@@ -16,18 +16,18 @@ NOT_RUN = "_not_run"
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m gemmdrift.bisect.worker")
+    ap = argparse.ArgumentParser(prog="python -m gemmdrift.history.bisect.worker")
     ap.add_argument("--parts", required=True)
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
-    from .. import tracking
-    from ..files import write_json
-    from ..model import load_model
+    from .. import tier
+    from ...files import write_json
+    from ...model import load_model
 
     lm = load_model("embedded", dtype="bfloat16")
     out = {}
     for part in [p for p in args.parts.split(",") if p]:
-        r = tracking.run_part(lm, part)
+        r = tier.run_part(lm, part)
         out[part] = dict(r.figures) if hasattr(r, "figures") else {NOT_RUN: r.get("cannot_run", "?")}
     import mlx.core as mx
     import mlx_lm

@@ -1,13 +1,14 @@
 """How results are stored, second form: each measured commit as asv's own results JSON (issue 55).
 
 A bisection's records (``<results>/<sha>.json``) are gemmdrift's; this writes beside them what ``asv run`` over the
-bisected repository would have written for the tracking tier, so that ``asv publish`` and ``gemmdrift history``
-read commit-level results as they read release-level ones:
+bisected repository would have written for the tracking tier, so that asv (``compare``, ``publish``) reads the
+commit-level results as it reads the release-level ones:
 
 * ``<results>/asv/benchmarks.json``: the tier benchmarks' entries of asv's benchmark list (the shipped one);
-* ``<results>/asv/<machine>/machine.json`` and ``<results>/asv/<machine>/<sha8>-<env>.json``, asv's results format
-  2: ``commit_hash`` the bisected repository's commit, ``date`` its author date (as asv records it), the environment named after what
-  ran beside it (``bisect-lm0.30.2`` for an mlx commit, ``bisect-mlx0.32.4`` for an mlx-lm one).
+* ``<results>/asv/<machine>/machine.json`` and ``<results>/asv/<machine>/<sha8>-<env>.json``, asv's results
+  format 2: ``commit_hash`` the bisected repository's commit, ``date`` its author date (as asv records it), the
+  environment named after what ran beside it (``bisect-lm0.30.2`` for an mlx commit, ``bisect-mlx0.32.4`` for an
+  mlx-lm one).
 
 Each benchmark's value is computed by benchmarks/bench_tier.py's own ``track_`` method from the commit's part
 figures, as asv computes it from the tier's setup_cache, so the names, parameters (asv's ``repr`` strings),
@@ -24,8 +25,8 @@ import platform
 from pathlib import Path
 from typing import Any
 
-from ..errors import GemmdriftError
-from ..files import atomic_path
+from ...errors import GemmdriftError
+from ...files import atomic_path
 from . import figures, gitrepo
 
 PREFIX = "bench_tier."
@@ -90,7 +91,7 @@ def _write(path: Path, data: dict[str, Any]) -> None:
 def write(results: Path, repo: Path, machine: str | None = None, root: Path = figures.ROOT) -> list[Path]:
     """asv JSON for every measured commit of the results directory ``results`` (the commits of ``repo``); returns
     the commit files written. Run after every bisection: it rewrites all of them, each from its record."""
-    from ..history_run import write_machine
+    from ..asvfiles import write_machine
 
     machine = machine or machine_name()
     out = results / "asv"

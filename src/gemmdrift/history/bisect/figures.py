@@ -18,9 +18,9 @@ import sys
 from functools import lru_cache
 from pathlib import Path
 
-from ..errors import GemmdriftError
+from ...errors import GemmdriftError
 
-ROOT = Path(__file__).resolve().parents[3]  # the checkout: src/gemmdrift/bisect -> the repository root
+ROOT = Path(__file__).resolve().parents[4]  # the checkout: src/gemmdrift/history/bisect -> the repository root
 ANY = "any"
 
 
@@ -81,7 +81,7 @@ def tier_figures(root: Path = ROOT) -> dict[str, tuple[str, str]]:
 def wanted(figure: str, root: Path = ROOT) -> dict[str, tuple[str, str]]:
     """The figures ``figure`` names (one, or every answer figure for ``any``); a one-line error listing the
     tracked figures when the tier does not track it."""
-    from ..changelog.classify import is_answer_figure
+    from ...changelog.classify import is_answer_figure
 
     known = tier_figures(root)
     if figure == ANY:
@@ -97,7 +97,7 @@ def wanted(figure: str, root: Path = ROOT) -> dict[str, tuple[str, str]]:
 
 def parts_of(figs: dict[str, tuple[str, str]]) -> list[str]:
     """The tier parts those figures need, in the tier's order (any other part after: the tests' planted ones)."""
-    from ..tracking import PARTS
+    from ..tier import PARTS
 
     need = {p for p, _ in figs.values()}
     return [p for p in PARTS if p in need] + sorted(need - set(PARTS))

@@ -18,7 +18,7 @@
     builds mlx: how to compile it (compilers, BLAS, ccache) is the command's business. Its output goes to
     ``<cache>/bisect/logs/<env>.log``; a command that fails is a commit that "does not build".
 * **Runner**: the tier parts the figures need, run in that interpreter with this checkout first on ``PYTHONPATH``
-  (``python -m gemmdrift.bisect.worker``): their figures, or ``_not_run`` with the reason.
+  (``python -m gemmdrift.history.bisect.worker``): their figures, or ``_not_run`` with the reason.
 """
 
 from __future__ import annotations
@@ -35,8 +35,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from ..errors import GemmdriftError
-from ..files import atomic_path, cache_dir, to_json
+from ...errors import GemmdriftError
+from ...files import atomic_path, cache_dir, to_json
 from . import gitrepo
 
 Runner = Callable[[Path, Sequence[str]], dict[str, dict[str, Any]]]
@@ -160,7 +160,7 @@ def build_env(repo: Path, sha: str, where: Path, uv: str, build: Build | None = 
 
 def python_of(repo: Path, project: str, sha: str, build: Build | None = None) -> Path:
     """The commit's interpreter, built once and cached."""
-    from ..machine.interpreter import uv_path
+    from ...machine.interpreter import uv_path
 
     where = env_dir(project, sha, build)
     python = where / "bin" / "python"
@@ -173,13 +173,13 @@ def python_of(repo: Path, project: str, sha: str, build: Build | None = None) ->
 
 
 def tier_runner(python: Path, parts: Sequence[str]) -> dict[str, dict[str, Any]]:
-    """The tier parts in ``python`` (:mod:`gemmdrift.bisect.worker`): ``{part: figures | {"_not_run": why}}``."""
-    from ..attribution.release_ops import checkout_env
+    """The tier parts in ``python`` (:mod:`gemmdrift.history.bisect.worker`): ``{part: figures | {"_not_run": why}}``."""
+    from ...attribution.release_ops import checkout_env
 
     env = {**checkout_env(), "MLX_ENABLE_TF32": "0"}
     with tempfile.TemporaryDirectory() as d:
         out = Path(d) / "figures.json"
-        p = subprocess.run([str(python), "-m", "gemmdrift.bisect.worker", "--parts", ",".join(parts), "--out",
+        p = subprocess.run([str(python), "-m", "gemmdrift.history.bisect.worker", "--parts", ",".join(parts), "--out",
                             str(out)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         if p.returncode != 0 or not out.exists():
             raise GemmdriftError(f"measuring in {python} failed (exit {p.returncode}): {_last(p.stderr)}")

@@ -466,8 +466,10 @@ def test_asv_build_fails_a_commit_whose_build_fails_or_installs_nothing(asv_env)
 
 
 def test_asv_mlx_conf_runs_the_build_step_by_path():
-    conf = json.loads((Path(B.__file__).parents[3] / "asv.mlx.conf.json").read_text())
+    root = Path(B.__file__).parents[4]
+    conf = json.loads((root / "asv.mlx.conf.json").read_text())
     assert conf["build_command"] == ["python {conf_dir}/src/gemmdrift/history/bisect/asv_build.py {build_dir}"]
+    assert Path(conf["build_command"][0].split()[1].format(conf_dir=root)) == ASV_BUILD  # the step asv runs is this one
     assert conf["repo"] == ".asv/mlx.git" and conf["benchmark_dir"] == "benchmarks"
 
 

@@ -60,6 +60,28 @@ def test_each_commit_gives_asvs_own_values(results, dated):
             for f in written} == {1.0, 0.0}
 
 
+def test_every_commit_asv_find_measured_agrees_with_the_bisection(tmp_path, monkeypatch):
+    """`asv find` over the same range (shipped beside the records) measured six of the bisection's seven commits:
+    converted, each record gives the value asv's own run recorded there."""
+    res = tmp_path / "all"
+    shutil.copytree(RECORDS, res)
+    runs = [json.loads(f.read_text()) for f in ASV_RUN.glob("*-virtualenv-*.json")]
+    theirs = {d["commit_hash"]: d for d in runs}
+    dates = {sha: str(d["date"] // 1000) for sha, d in theirs.items()}
+    dates["60d80a3728a8cc002c121ff6c89ae74bf63df53b"] = "1762875870"  # v0.29.4 (asv find starts after it)
+    monkeypatch.setattr(asv_json.gitrepo, "git", lambda repo, *a: dates[a[-1]])
+    written = asv_json.write(res, Path("mlx"), machine="vm")
+    assert len(written) == 7
+    name = "bench_tier.TierDecodeVsVerify.track_flips"
+    both = 0
+    for f in written:
+        ours = json.loads(f.read_text())
+        if ours["commit_hash"] in theirs:
+            both += 1
+            assert ours["results"][name][:3] == theirs[ours["commit_hash"]]["results"][name][:3]
+    assert both == 6
+
+
 def test_only_the_measured_parts_and_parameters_as_asv_writes_them(results, dated):
     sha = "6f35017d1baf7764a01893dc54e818dd5cc94aa5"
     rec = json.loads((results / f"{sha}.json").read_text())

@@ -124,6 +124,20 @@ def test_a_page_with_no_bisection_says_not_bisected_yet(tmp_path):
     assert "bisected" not in (out / "index.md").read_text()  # nothing marked, no footnote
 
 
+def test_a_bit_for_bit_pair_has_nothing_to_bisect(tmp_path):
+    """Not "not bisected yet": a pair whose figures are all equal moved nothing that a bisection could find."""
+    results = tmp_path / "results"
+    write_release(results, "m1", "0.30.5", 1, dlogit=(0.5, 0.5), tree=1.0, rope=0.0, kld=0.0)
+    write_release(results, "m1", "0.30.6", 2, dlogit=(0.5, 0.5), tree=1.0, rope=0.0, kld=0.0)
+    out = tmp_path / "pages"
+    write_changelog([results], out, predict=False)
+    page = (out / "0.30.5..0.30.6.md").read_text()
+    assert "**Class: BIT-FOR-BIT**" in page
+    assert ("## Which commit changed it\n\nNothing to bisect in mlx 0.30.5 → 0.30.6 (BIT-FOR-BIT on every machine "
+            "measured).\n") in page
+    assert "not bisected yet" not in page.lower()
+
+
 def test_an_mlx_bisection_and_the_history_we_have(tmp_path):
     """mlx's range and mlx-lm's are each their own; what lies past the last tag of a history is outside it."""
     d = plant(tmp_path, "mlx-v0.29.4..v0.30.0-with-lm0.30.2", {"answer.json": answer(GOOD, BAD, FIRST, BEFORE,

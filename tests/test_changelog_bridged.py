@@ -50,10 +50,15 @@ def test_a_bridge_splits_the_pair_into_mlxs_change_and_mlx_lms(history, tmp_path
     assert steps[1].endswith("; it moved `bench_stack.DecodeVsVerify.track_max_abs_dlogit[verify3]` 0.5 → 0.75)")
     assert "The bridge splits it: see \"Whose change moved the figures\"." in lm
     assert "So on m1 (cpu): **mlx-lm's change** (ANSWER-CHANGING for the pair)." in lm
+    # the bridge settles mlx's range: nothing to bisect there, mlx-lm's is still to bisect
+    assert ("## Which commit changed it\n\nNothing to bisect in mlx 0.30.1 → 0.30.3 (BIT-FOR-BIT with mlx-lm 0.30.2 "
+            "on both sides (the bridge)); not bisected yet: mlx-lm 0.30.2 → 0.30.5.\n") in lm
     mlx = (out / "0.30.3..0.30.4.md").read_text()
     assert "- mlx 0.30.3 → 0.30.4 with mlx-lm 0.30.5: **ANSWER-CHANGING** (" in mlx
     assert "- mlx-lm 0.30.5 → 0.31.2 with mlx 0.30.4: **BIT-FOR-BIT** (" in mlx
     assert "So on m1 (cpu): **mlx's change** (ANSWER-CHANGING for the pair)." in mlx
+    assert ("Nothing to bisect in mlx-lm 0.30.5 → 0.31.2 (BIT-FOR-BIT with mlx 0.30.4 on both sides (the bridge)); "
+            "not bisected yet: mlx 0.30.3 → 0.30.4.") in mlx
     index = (out / "index.md").read_text()
     assert ("| 0.30.3 | [0.30.1](0.30.1..0.30.3.md) | ANSWER-CHANGING (mlx-lm's change: mlx 0.30.1 → 0.30.3 "
             "BIT-FOR-BIT, mlx-lm 0.30.2 → 0.30.5 ANSWER-CHANGING) |") in index

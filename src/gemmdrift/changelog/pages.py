@@ -141,22 +141,45 @@ def _span(project: str, a: str, b: str) -> str:
     return f"{project} {a} → {b}"
 
 
-def bisect_blocks(b: PageBisections) -> list[Block]:
+def nothing_moved(m: Measured | None, package: str) -> str:
+    """Why ``package``'s range of the pair needs no bisection, or "" when a machine saw it move: the pair is
+    BIT-FOR-BIT on every machine measured, or, where it is not, its step of that package is (the bridge: the other
+    package held fixed, :mod:`gemmdrift.changelog.bridged`)."""
+    if m is None or not m.machines:
+        return ""
+    moved = [e for e in m.machines if e["class"].cls != "BIT-FOR-BIT"]
+    if not moved:
+        return "BIT-FOR-BIT on every machine measured"
+    for e in moved:
+        steps = [(s, p, q) for pkg, s, p, q in (e.get("split") or {}).get("steps", []) if pkg == package]
+        if not steps or any(s["class"].cls != "BIT-FOR-BIT" for s, _, _ in steps):
+            return ""
+    (_, p, q), other = steps[0], "mlx-lm" if package == "mlx" else "mlx"
+    held = p[1] if package == "mlx" else p[0]
+    return f"BIT-FOR-BIT with {other} {held} on both sides (the bridge)"
+
+
+def bisect_blocks(b: PageBisections, m: Measured | None = None) -> list[Block]:
     """The "Which commit changed it" section: each bisection inside the pair's ranges
-    (:func:`gemmdrift.changelog.bisected.for_pair`), then the parts no bisection covers, in one line: not bisected
-    yet, or outside the history we have (never guessed)."""
+    (:func:`gemmdrift.changelog.bisected.for_pair`), then the parts no bisection covers, in one line: nothing to
+    bisect (the range moved no figure: :func:`nothing_moved`), not bisected yet, or outside the history we have
+    (never guessed)."""
     out: list[Block] = [("h", 2, "Which commit changed it")]
     if b.answers:
         out.append(("p", "Bisected (`gemmdrift bisect`, `docs/bisect.md`): the first commit of each range at "
                          "which the figures differ from the good end's, measured, not read from a commit message."))
         out.append(("list", [answer_line(a) for a in b.answers]))
+    why = {g: nothing_moved(m, g[0]) for g in [*b.open, *b.outside]}
+    still, outside = [g for g in b.open if not why[g]], [g for g in b.outside if not why[g]]
     rest = []
-    if b.open:
-        rest.append(("Not bisected yet: " if not b.answers else "The rest is not bisected yet: ")
-                    + ", ".join(_span(*g) for g in b.open))
-    if b.outside:
+    if any(why.values()):
+        rest.append("nothing to bisect in " + ", ".join(f"{_span(*g)} ({w})" for g, w in why.items() if w))
+    if still:
+        rest.append(("not bisected yet: " if not b.answers else "the rest is not bisected yet: ")
+                    + ", ".join(_span(*g) for g in still))
+    if outside:
         rest.append("outside the history we have, so not bisected and no commit guessed: " + ", ".join(
-            f"{_span(*g)} ({g[0]}'s history here ends at tag v{HISTORY_END[g[0]]})" for g in b.outside))
+            f"{_span(*g)} ({g[0]}'s history here ends at tag v{HISTORY_END[g[0]]})" for g in outside))
     if rest:
         line = "; ".join(rest) + "."
         out.append(("p", line[0].upper() + line[1:]))
@@ -329,7 +352,7 @@ def page(m: Measured, ops: Sequence[dict[str, Any]], predicted: Sequence[Block],
     cmd = f"gemmdrift changelog --from {m.old} --to {m.new}"
     return ([("h", 1, title)] + opening(m, pred, ops)
             + [("p", f"Written by `{cmd}` from {inputs}. Back to the [index](index.md).")]
-            + (bisect_blocks(bisected) if bisected is not None else []) + list(whose) + measured_blocks(m)
+            + (bisect_blocks(bisected, m) if bisected is not None else []) + list(whose) + measured_blocks(m)
             + ops_blocks(m, ops) + list(predicted))
 
 
@@ -408,4 +431,4 @@ def html(blocks: Sequence[Block]) -> str:
             f"</title><style>{style}</style></head>\n<body>\n" + "\n".join(body) + "\n</body></html>\n")
 
 
-__all__ = ["page", "index", "markdown", "html", "summary", "measured_blocks", "ops_blocks", "bisect_blocks", "num"]
+__all__ = ["page", "index", "markdown", "html", "summary", "measured_blocks", "ops_blocks", "bisect_blocks", "nothing_moved", "num"]

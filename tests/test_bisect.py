@@ -138,6 +138,7 @@ def test_planted_repository_bisects_to_the_known_commit(planted, cache):
     for i in b.outcome.measured:
         rec = json.loads((res / f"{shas[i]}.json").read_text())
         assert ("skipped" in rec) == (i == BROKEN)
+        assert ("measured_at" in rec) == (i != BROKEN)  # when (asv's started_at)
     # resumed: nothing is measured or built again
     n = len(calls)
     b2 = B.bisect(planted, "v0.0.0", "v0.0.7", FIGS, results=res, runner=runner)

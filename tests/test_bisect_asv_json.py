@@ -97,6 +97,7 @@ def test_only_the_measured_parts_and_parameters_as_asv_writes_them(results, date
     rel = rec["parts"]["decode"]
     assert value == [rel[f"rel_l2/{PAIR}/accumulated/{tap}"] for tap in ("layer 0", "layer 5", "layer 17", "logits")]
     assert d["env_name"] == "bisect-lm0.30.2" and d["requirements"] == {"mlx-lm": "0.30.2"}
+    assert d["results"]["bench_tier.TierDecodeLayers.track_rel_l2"][3] == d["date"]  # no measured_at kept: the date
     bench = json.loads((results / "asv" / "benchmarks.json").read_text())
     assert set(d["results"]) <= set(bench) and bench["version"] == 2  # the union over the commits
     assert all(bench[n]["version"] == d["results"][n][2] for n in d["results"])
@@ -140,6 +141,8 @@ def test_the_commit_date_comes_from_the_repository(tmp_path):
     res = tmp_path / "res"
     res.mkdir()
     rec = json.loads((RECORDS / "f46877bc08b58e7da12063fae380013b9be7fec8.json").read_text())
-    (res / f"{sha}.json").write_text(json.dumps({**rec, "commit": sha}))
+    (res / f"{sha}.json").write_text(json.dumps({**rec, "commit": sha, "measured_at": 1796000000123}))
     (f,) = asv_json.write(res, repo, machine="m")
-    assert json.loads(f.read_text())["date"] == 1700000000 * 1000
+    d = json.loads(f.read_text())
+    assert d["date"] == 1700000000 * 1000
+    assert {r[3] for r in d["results"].values()} == {1796000000123}  # started_at: when it was measured

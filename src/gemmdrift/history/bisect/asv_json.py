@@ -13,7 +13,8 @@ commit-level results as it reads the release-level ones:
 Each benchmark's value is computed by benchmarks/bench_tier.py's own ``track_`` method from the commit's part
 figures, as asv computes it from the tier's setup_cache, so the names, parameters (asv's ``repr`` strings),
 versions and NaN-as-null are asv's. A benchmark is written where the commit measured the part it reads; a commit
-that was skipped (does not build or install) has no file.
+that was skipped (does not build or install) has no file. ``started_at`` is when the record's last part was
+measured (``measured_at``), or the commit's date for a record written before it was kept.
 """
 
 from __future__ import annotations
@@ -74,7 +75,7 @@ def commit_file(rec: dict[str, Any], date_ms: int, machine: str, root: Path = fi
     results = {}
     for name, r in tier_results(parts, root).items():
         dur = secs.get(part_of[name.removeprefix(PREFIX)])
-        results[name] = [r["result"], r["params"], r["version"], date_ms, dur]
+        results[name] = [r["result"], r["params"], r["version"], rec.get("measured_at", date_ms), dur]
     python = ".".join(platform.python_version_tuple()[:2])
     return {"commit_hash": rec["commit"], "env_name": env, "date": date_ms,
             "params": {"machine": machine, "python": python, **req}, "python": python, "requirements": req,

@@ -216,6 +216,7 @@ def measure(repo: Path, project: str, commit: gitrepo.Commit, parts: Sequence[st
         rec["parts"][part] = got.get(part, {"_not_run": "the worker returned nothing"})
         rec.update({k.lstrip("_") + "_imported": got[k] for k in ("_mlx", "_mlx_lm") if k in got})
         rec["seconds"][part] = round(time.perf_counter() - t1, 1)
+        rec["measured_at"] = int(time.time() * 1000)  # asv's started_at (ms since the epoch)
         save(results, rec)
     say(f"{commit.sha[:12]}: measured {', '.join(todo)} in {time.perf_counter() - t0:.0f} s")
     return rec

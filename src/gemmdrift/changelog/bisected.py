@@ -9,10 +9,12 @@ A bisection lives in a directory of its own under a results directory's ``bisect
 It holds one JSON per measured commit (``<sha>.json``) and one or more answers, each the output of
 ``gemmdrift bisect --json`` (``answer.json``: the directory's whole range; ``answer-<A>..<B>.json``: a second
 bisection inside it, its ends a tag or the first 12 digits of a commit; one whose two ends are tags,
-``answer-v0.30.2..v0.30.5.json``, lies on the release line as that range, not the directory's). A directory with
-no answer (asv's own result set, ``asv-mlx-lm-on-mlx0.32.4``) is not a bisection. An answer's ends are commits:
-each is named by its tag where the directory's name or the answer file's name gives it (``answer.json``'s ends are
-the directory's tags; an answer may also carry ``good_tag``/``bad_tag``), else by its first 12 digits.
+``answer-v0.30.2..v0.30.5.json``, lies on the release line as that range, not the directory's;
+``answer-<A>..<B>.<what>.json``: another figure's answer over the same ends, ``what`` a word naming it). A
+directory with no answer (asv's own result set, ``asv-mlx-lm-on-mlx0.32.4``) is not a bisection. An answer's ends
+are commits: each is named by its tag where the directory's name or the answer file's name gives it
+(``answer.json``'s ends are the directory's tags; an answer may also carry ``good_tag``/``bad_tag``), else by its
+first 12 digits.
 
 A page's pair contains a bisection when the bisected range of its package lies inside the page's range of that
 package, compared as release versions (mlx-lm 0.30.2 -> 0.31.3 contains v0.30.2..v0.30.7 and v0.31.2..v0.31.3).
@@ -43,7 +45,8 @@ OTHER = {"on-mlx": "mlx", "with-lm": "mlx-lm"}  # the directory name's suffix ->
 _V = r"v\d+(?:\.\d+)*"
 _DIR = re.compile(rf"(?P<project>mlx-lm|mlx)-(?P<good>{_V})\.\.(?P<bad>{_V})"
                   rf"-(?P<how>on-mlx|with-lm)(?P<other>\d+(?:\.\d+)*)")
-_ANSWER = re.compile(r"answer(?:-(?P<good>[^/]+?)\.\.(?P<bad>[^/]+))?\.json")
+# answer.json, answer-<A>..<B>.json, answer-<A>..<B>.<what>.json (another figure's answer over the same ends)
+_ANSWER = re.compile(r"answer(?:-(?P<good>[^/]+?)\.\.(?P<bad>[^/]+?)(?:\.(?P<what>[A-Za-z][\w-]*))?)?\.json")
 
 
 def vkey(version: str) -> tuple[int, ...]:

@@ -210,7 +210,7 @@ def test_an_answer_with_tags_as_ends_is_its_own_range_on_the_release_line(tmp_pa
         f"answer-{MID[:12]}..v0.30.7.json": answer(MID, BAD, "7" * 40, "8" * 40),
         "answer-v0.30.2..v0.30.5.CacheList-trim.json": answer(GOOD, MID, "9" * 40, FIRST),  # another figure's
     })
-    other, step, whole, late = B.read_bisections([tmp_path / "bisect"])  # by range: v0.30.2..v0.30.5 first
+    step, other, whole, late = B.read_bisections([tmp_path / "bisect"])  # by range; the count's before another's
     assert (other.range, other.first["commit"]) == (("v0.30.2", "v0.30.5"), "9" * 40)
     assert (step.good, step.bad, step.range) == ("v0.30.2", "v0.30.5", ("v0.30.2", "v0.30.5"))
     assert whole.range == late.range == ("v0.30.2", "v0.30.7") and late.good == "v0.30.5"  # MID named by the tag

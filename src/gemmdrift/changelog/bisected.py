@@ -151,8 +151,14 @@ def read_bisections(dirs: Iterable[Path], shown=str) -> list[Answer]:
         if Path(d).is_dir():
             for sub in sorted(p for p in Path(d).iterdir() if p.is_dir()):
                 out += read_dir(sub, shown)
-    # by range; in one directory, its whole range's answer first, then those inside it (a later change)
-    return sorted(out, key=lambda a: (a.project, a.covers(), a.good != a.range[0], a.where))
+    # by range; in one directory, its whole range's answer first, then those inside it (a later change); over the
+    # same ends, answer-<A>..<B>.json before answer-<A>..<B>.<what>.json (another figure's)
+    return sorted(out, key=lambda a: (a.project, a.covers(), a.good != a.range[0], _other_figure(a.where), a.where))
+
+
+def _other_figure(where: str) -> bool:
+    m = _ANSWER.fullmatch(Path(where).name)
+    return bool(m and m["what"])
 
 
 # ------------------------------------------------------------------ a page's ranges and its bisections

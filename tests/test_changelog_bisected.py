@@ -199,3 +199,22 @@ def test_an_answer_over_many_figures_names_the_first_few_and_says_no_change():
     line = answer_line(a)
     assert "(`TierDivergence.track_0`, " in line and "`TierDivergence.track_5` and 3 more; 12 commits, 2 measured" in line
     assert ": no change in this range (`TierDivergence.track_0` 1, " in line and "1 and 3 more at both ends)" in line
+
+
+def test_an_answer_with_tags_as_ends_is_its_own_range_on_the_release_line(tmp_path):
+    """answer-v0.30.2..v0.30.5.json inside mlx-lm-v0.30.2..v0.30.7's directory lies at mlx-lm 0.30.2 -> 0.30.5: the
+    page of that step names it and has no gap; one with a commit as an end stays the directory's range."""
+    plant(tmp_path, "mlx-lm-v0.30.2..v0.30.7-on-mlx0.32.4", {
+        "answer.json": answer(GOOD, BAD, FIRST, BEFORE),
+        "answer-v0.30.2..v0.30.5.json": answer(GOOD, MID, FIRST, BEFORE),
+        f"answer-{MID[:12]}..v0.30.7.json": answer(MID, BAD, "7" * 40, "8" * 40),
+        "answer-v0.30.2..v0.30.5.CacheList-trim.json": answer(GOOD, MID, "9" * 40, FIRST),  # another figure's
+    })
+    step, other, whole, late = B.read_bisections([tmp_path / "bisect"])  # by range; the count's before another's
+    assert (other.range, other.first["commit"]) == (("v0.30.2", "v0.30.5"), "9" * 40)
+    assert (step.good, step.bad, step.range) == ("v0.30.2", "v0.30.5", ("v0.30.2", "v0.30.5"))
+    assert whole.range == late.range == ("v0.30.2", "v0.30.7") and late.good == "v0.30.5"  # MID named by the tag
+    page = B.for_pair([whole, step, other, late], "0.30.1", "0.30.3", [{"mlx_lm": ["0.30.2", "0.30.5"]}])
+    assert page.answers == [step, other] and page.open == [("mlx", "0.30.1", "0.30.3")]  # mlx-lm's step covered
+    assert B.for_pair([whole, step, late], "0.30.3", "0.30.4", [{"mlx_lm": ["0.30.5", "0.30.7"]}]).open[1:] == \
+        [("mlx-lm", "0.30.5", "0.30.7")]

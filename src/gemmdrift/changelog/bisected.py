@@ -8,10 +8,13 @@ A bisection lives in a directory of its own under a results directory's ``bisect
 
 It holds one JSON per measured commit (``<sha>.json``) and one or more answers, each the output of
 ``gemmdrift bisect --json`` (``answer.json``: the directory's whole range; ``answer-<A>..<B>.json``: a second
-bisection inside it, its ends a tag or the first 12 digits of a commit). A directory with no answer (asv's own
-result set, ``asv-mlx-lm-on-mlx0.32.4``) is not a bisection. An answer's ends are commits: each is named by its
-tag where the directory's name or the answer file's name gives it (``answer.json``'s ends are the directory's
-tags; an answer may also carry ``good_tag``/``bad_tag``), else by its first 12 digits.
+bisection inside it, its ends a tag or the first 12 digits of a commit; one whose two ends are tags,
+``answer-v0.30.2..v0.30.5.json``, lies on the release line as that range, not the directory's;
+``answer-<A>..<B>.<what>.json``: another figure's answer over the same ends, ``what`` a word naming it). A
+directory with no answer (asv's own result set, ``asv-mlx-lm-on-mlx0.32.4``) is not a bisection. An answer's ends
+are commits: each is named by its tag where the directory's name or the answer file's name gives it
+(``answer.json``'s ends are the directory's tags; an answer may also carry ``good_tag``/``bad_tag``), else by its
+first 12 digits.
 
 A page's pair contains a bisection when the bisected range of its package lies inside the page's range of that
 package, compared as release versions (mlx-lm 0.30.2 -> 0.31.3 contains v0.30.2..v0.30.7 and v0.31.2..v0.31.3).
@@ -42,7 +45,8 @@ OTHER = {"on-mlx": "mlx", "with-lm": "mlx-lm"}  # the directory name's suffix ->
 _V = r"v\d+(?:\.\d+)*"
 _DIR = re.compile(rf"(?P<project>mlx-lm|mlx)-(?P<good>{_V})\.\.(?P<bad>{_V})"
                   rf"-(?P<how>on-mlx|with-lm)(?P<other>\d+(?:\.\d+)*)")
-_ANSWER = re.compile(r"answer(?:-(?P<good>[^/]+?)\.\.(?P<bad>[^/]+))?\.json")
+# answer.json, answer-<A>..<B>.json, answer-<A>..<B>.<what>.json (another figure's answer over the same ends)
+_ANSWER = re.compile(r"answer(?:-(?P<good>[^/]+?)\.\.(?P<bad>[^/]+?)(?:\.(?P<what>[A-Za-z][\w-]*))?)?\.json")
 
 
 def vkey(version: str) -> tuple[int, ...]:
@@ -55,7 +59,7 @@ class Answer:
     """One answer of a bisection, as the pages print it."""
 
     project: str  # "mlx-lm" or "mlx": whose commits were bisected
-    range: tuple[str, str]  # the directory's tags ("v0.30.2", "v0.30.7"): where on the release line it lies
+    range: tuple[str, str]  # the directory's tags ("v0.30.2", "v0.30.7"), or the answer file's when both are tags
     good: str  # the good end as it is named: its tag, else its first 12 digits
     bad: str
     ran_with: str  # what was held fixed: "mlx 0.32.4", "mlx-lm 0.30.2"
@@ -125,8 +129,10 @@ def read_dir(d: Path, shown=str) -> list[Answer]:
                 tags[str(sha)] = str(name)
     out = []
     for p, doc in docs.items():
+        a = _ANSWER.fullmatch(p.name)
+        own = a["good"] and all(re.fullmatch(_V, e) for e in (a["good"], a["bad"]))  # tags as ends: its own range
         out.append(Answer(
-            project=m["project"], range=(m["good"], m["bad"]),
+            project=m["project"], range=(a["good"], a["bad"]) if own else (m["good"], m["bad"]),
             good=tags.get(str(doc["good"]), str(doc["good"])[:12]), bad=tags.get(str(doc["bad"]), str(doc["bad"])[:12]),
             ran_with=f"{OTHER[m['how']]} {m['other']}", figures=tuple(doc["figures"]), changed=bool(doc["changed"]),
             commits=int(doc.get("commits") or 0), measured=len(doc.get("measured") or ()),
@@ -145,8 +151,14 @@ def read_bisections(dirs: Iterable[Path], shown=str) -> list[Answer]:
         if Path(d).is_dir():
             for sub in sorted(p for p in Path(d).iterdir() if p.is_dir()):
                 out += read_dir(sub, shown)
-    # by range; in one directory, its whole range's answer first, then those inside it (a later change)
-    return sorted(out, key=lambda a: (a.project, a.covers(), a.good != a.range[0], a.where))
+    # by range; in one directory, its whole range's answer first, then those inside it (a later change); over the
+    # same ends, answer-<A>..<B>.json before answer-<A>..<B>.<what>.json (another figure's)
+    return sorted(out, key=lambda a: (a.project, a.covers(), a.good != a.range[0], _other_figure(a.where), a.where))
+
+
+def _other_figure(where: str) -> bool:
+    m = _ANSWER.fullmatch(Path(where).name)
+    return bool(m and m["what"])
 
 
 # ------------------------------------------------------------------ a page's ranges and its bisections

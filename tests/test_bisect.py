@@ -145,6 +145,21 @@ def test_planted_repository_bisects_to_the_known_commit(planted, cache):
     assert len(calls) == n and b2.outcome.first == CHANGE
 
 
+def test_a_cached_environment_is_layered_over_this_interpreter_again(planted, cache):
+    """An environment made by a checkout that is gone (its .pth names a removed worktree's site-packages) lacked
+    numpy and every other dependency, and the measurement failed: it is layered over this interpreter again."""
+    from gemmdrift.history.bisect import commits as C
+
+    sha = gitrepo.commit_range(planted, "v0.0.0", "v0.0.7")[0].sha
+    python = C.python_of(planted, "mlx-lm", sha)
+    (pth,) = python.parent.parent.glob(f"lib/python*/site-packages/{C.BASE_PTH}")
+    pth.write_text("import site; site.addsitedir('/nonexistent/removed-worktree/site-packages')\n")
+    probe = [str(python), "-c", "import numpy, mlx_lm"]
+    assert subprocess.run(probe, capture_output=True).returncode != 0  # the stale layer: no numpy
+    assert C.python_of(planted, "mlx-lm", sha) == python  # cached, not built again
+    assert subprocess.run(probe, capture_output=True).returncode == 0
+
+
 def test_planted_repository_skips_the_commit_that_does_not_install(planted, cache):
     shas = [c.sha for c in gitrepo.commit_range(planted, "v0.0.0", "v0.0.7")]
     b = B.bisect(planted, shas[2], shas[5], FIGS, results=cache / "r2", runner=plant_runner)

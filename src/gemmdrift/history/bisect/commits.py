@@ -140,10 +140,7 @@ def build_env(repo: Path, sha: str, where: Path, uv: str, build: Build | None = 
         python = venv / "bin" / "python"
         gitrepo.export(repo, sha, src)
         _run([uv, "venv", "--quiet", "--python", sys.executable, venv])
-        site = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                              capture_output=True, text=True, check=True).stdout.strip()
-        base = sysconfig.get_paths()["purelib"]
-        Path(site, "zz_gemmdrift_base.pth").write_text(f"import site; site.addsitedir({base!r})\n")
+        layer(venv)
         if build is None:
             _run([uv, "pip", "install", "--quiet", "--no-deps", "--python", python, src])
         else:
@@ -158,8 +155,26 @@ def build_env(repo: Path, sha: str, where: Path, uv: str, build: Build | None = 
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+BASE_PTH = "zz_gemmdrift_base.pth"
+
+
+def layer(venv: Path) -> None:
+    """Layer the environment ``venv`` over this interpreter's site-packages (a .pth file), so that every commit runs
+    with the same mlx (for mlx-lm), numpy and the rest. Called for a cached environment too: the checkout whose
+    interpreter made it may be gone (a removed worktree), and its environment would then lack everything but the
+    commit's own package."""
+    site = next(venv.glob("lib/python*/site-packages"), None)
+    if site is None:
+        raise GemmdriftError(f"{venv} is not a virtual environment (no lib/python*/site-packages)")
+    line = f"import site; site.addsitedir({sysconfig.get_paths()['purelib']!r})\n"
+    pth = site / BASE_PTH
+    if not pth.exists() or pth.read_text() != line:
+        with atomic_path(pth) as tmp:
+            tmp.write_text(line)
+
+
 def python_of(repo: Path, project: str, sha: str, build: Build | None = None) -> Path:
-    """The commit's interpreter, built once and cached."""
+    """The commit's interpreter, built once and cached (and layered over this interpreter: :func:`layer`)."""
     from ...machine.interpreter import uv_path
 
     where = env_dir(project, sha, build)
@@ -169,6 +184,8 @@ def python_of(repo: Path, project: str, sha: str, build: Build | None = None) ->
         if uv is None:
             raise GemmdriftError("uv is not installed (make env installs it in .venv)")
         build_env(repo, sha, where, uv, build)
+    else:
+        layer(where)
     return python
 
 

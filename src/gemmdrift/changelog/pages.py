@@ -431,4 +431,5 @@ def html(blocks: Sequence[Block]) -> str:
             f"</title><style>{style}</style></head>\n<body>\n" + "\n".join(body) + "\n</body></html>\n")
 
 
-__all__ = ["page", "index", "markdown", "html", "summary", "measured_blocks", "ops_blocks", "bisect_blocks", "nothing_moved", "num"]
+__all__ = ["page", "index", "markdown", "html", "summary", "measured_blocks", "ops_blocks", "bisect_blocks",
+           "nothing_moved", "num"]

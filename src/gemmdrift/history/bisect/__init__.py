@@ -1,4 +1,4 @@
-"""Bisection: which commit of mlx-lm changed a figure of the tracking tier (issue 55).
+"""Bisection: which commit of mlx-lm or mlx changed a figure of the tracking tier (issue 55).
 
 The flow, one way:
 

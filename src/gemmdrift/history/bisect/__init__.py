@@ -32,7 +32,7 @@ from typing import Any, Callable
 from ...errors import GemmdriftError
 from . import asv_json, commits, figures, gitrepo
 from .worker import NOT_RUN
-from .search import SKIP, EndSkipped, Outcome, first_change
+from .search import SKIP, EndSkipped, Outcome, first_change, same
 
 
 @dataclass
@@ -165,7 +165,7 @@ def text(b: Bisection) -> str:
         return f"{head}\nno change in this range: {shown}{more} at both ends"
     before, first = rng[o.before], rng[o.first]
     a, z = b.value(o.before), b.value(o.first)
-    moved = [k for k in a if not (a[k] == z[k] or (math.isnan(a[k]) and math.isnan(z[k])))]
+    moved = [k for k in a if not same(a[k], z[k])]
     lines = [head]
     if o.skipped:
         cands = ", ".join(rng[i].sha[:12] for i in o.skipped)

@@ -48,7 +48,7 @@ def _value(v: Any) -> float | None:
 
 
 def tier_results(parts: dict[str, Any], root: Path = figures.ROOT) -> dict[str, dict[str, Any]]:
-    """``{asv name: {"result", "params", "version"}}`` for every tier benchmark whose part is in ``parts``."""
+    """``{asv name: {"result", "params", "version", "part"}}`` for every tier benchmark whose part is in ``parts``."""
     part_of = {name.partition("[")[0]: part for name, (part, _) in figures.tier_figures(root).items()}
     out = {}
     for name, method, params in figures.tier_benchmarks(root):
@@ -56,7 +56,7 @@ def tier_results(parts: dict[str, Any], root: Path = figures.ROOT) -> dict[str, 
             continue
         out[PREFIX + name] = {"result": [_value(method(parts, *c)) for c in itertools.product(*params)],
                               "params": [[repr(p) for p in ps] for ps in params],
-                              "version": str(getattr(method, "version", ""))}
+                              "version": str(getattr(method, "version", "")), "part": part_of[name]}
     return out
 
 
@@ -71,11 +71,8 @@ def commit_file(rec: dict[str, Any], date_ms: int, machine: str, root: Path = fi
     env, req = _env(rec)
     parts = {p: f for p, f in (rec.get("parts") or {}).items() if isinstance(f, dict)}
     secs = rec.get("seconds") or {}
-    part_of = {name.partition("[")[0]: part for name, (part, _) in figures.tier_figures(root).items()}
-    results = {}
-    for name, r in tier_results(parts, root).items():
-        dur = secs.get(part_of[name.removeprefix(PREFIX)])
-        results[name] = [r["result"], r["params"], r["version"], rec.get("measured_at", date_ms), dur]
+    results = {name: [r["result"], r["params"], r["version"], rec.get("measured_at", date_ms), secs.get(r["part"])]
+               for name, r in tier_results(parts, root).items()}
     python = ".".join(platform.python_version_tuple()[:2])
     return {"commit_hash": rec["commit"], "env_name": env, "date": date_ms,
             "params": {"machine": machine, "python": python, **req}, "python": python, "requirements": req,

@@ -9,11 +9,11 @@ An end that is not a tag, or a pair the history never ran, is said to have no sh
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Any
 
 from ..asvfiles import MACHINE
+from .search import same
 
 
 def figure_name(benchmark: str, params: str) -> str:
@@ -36,18 +36,14 @@ def shipped_figures(mlx: str, mlx_lm: str, root: Path | None = None) -> dict[str
     return {figure_name(b, p or ""): float(v) for b, p, v in zip(rows.benchmark, rows.params, rows.value)}
 
 
-def _same(a: float, b: float) -> bool:
-    return a == b or (math.isnan(a) and math.isnan(b))
-
-
 def compare(measured: dict[str, float], shipped: dict[str, float]) -> tuple[list[str], list[tuple[str, float, float]]]:
     """(the figures equal bit for bit, [(figure, measured, shipped)] for those that differ); a figure the shipped
     result lacks is in neither."""
-    same, differ = [], []
+    equal, differ = [], []
     for k, v in measured.items():
         if k in shipped:
-            (same.append(k) if _same(v, shipped[k]) else differ.append((k, v, shipped[k])))
-    return same, differ
+            (equal.append(k) if same(v, shipped[k]) else differ.append((k, v, shipped[k])))
+    return equal, differ
 
 
 def end_pair(project: str, tag: str, mlx_lm: str | None, installed_mlx: str) -> tuple[str, str]:
